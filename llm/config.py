@@ -1,0 +1,143 @@
+"""The one training config of off-policy GRPO (Algorithm 1 of PAPER.md).
+
+Field names follow TRL's GRPOConfig where the concept is the same; new concepts carry their
+paper symbol in the docstring. Every bad value raises ``ValueError("<field>: <reason>")``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Literal
+
+from grpo_theory.validation import EPS_MAX
+
+
+@dataclasses.dataclass
+class GRPOConfig:
+    """Off-policy GRPO (Mroueh et al., arXiv 2505.22257) on a causal language model."""
+
+    # ---- model and data --------------------------------------------------------------------
+    model_name_or_path: str = ""
+    """Local model directory or hub name. Empty: the built-in tiny Qwen2 (built and cached locally)."""
+    dataset: str = "arithmetic"
+    """'arithmetic' (built in), a GSM8K-format JSONL file (question, answer ending in '#### N'), or 'hf:<name>'."""
+    reward_fn: str = ""
+    """Optional reward as 'module:function' mapping (completion, answer) to [0, 1]; default: the task's own."""
+    output_dir: str = "runs/arithmetic"
+    """Run directory: config.json, metrics.jsonl, checkpoints, samples. Re-using it resumes the run."""
+    seed: int = 0
+    """Seeds prompt order, sampling and initialisation."""
+
+    # ---- Algorithm 1 -----------------------------------------------------------------------
+    max_steps: int = 100
+    """Number of training steps k."""
+    prompts_per_step: int = 16
+    """Prompts per step; each gets num_generations completions (TRL counts completions instead)."""
+    num_generations: int = 8
+    """G: completions sampled per prompt (a group)."""
+    num_iterations: int = 1
+    """i: optimiser steps on each batch (TRL's num_iterations; i > 1 is sample reuse)."""
+    sync_period: int = 1
+    """v: copy the trainer's weights into the sampler every v steps (alpha = pi_{k - lag}, lag < v)."""
+    ref_sync_steps: int = 0
+    """Reset pi_ref <- pi_theta every this many steps (0: pi_ref stays the initial model)."""
+    window_generation: bool = True
+    """Generate the prompts of the whole sync window in one sampler call (alpha is frozen for v steps)."""
+
+    # ---- objective -------------------------------------------------------------------------
+    epsilon: float = 0.2
+    """Clip width of f_eps: pi/alpha may move at most epsilon away from pi_k/alpha."""
+    beta: float = 0.04
+    """KL(pi || pi_ref) weight (k3 estimator, per token). 0 skips the reference model."""
+    loss_type: Literal["grpo", "dapo", "dr_grpo"] = "dapo"
+    """Normaliser: grpo = mean over each sequence's tokens then over sequences; dapo = over all
+    tokens of the batch; dr_grpo = over (sequences x max_completion_length)."""
+    scale_rewards: Literal["group", "none"] = "group"
+    """group: A = (r - mean)/sqrt(var + variance_eps) per group (the paper's whitening); none: r - mean."""
+    variance_eps: float = 1e-4
+    """eps of sigma_{alpha,eps} = sqrt(var + eps) in the advantage and the bound (Theorem 1 needs <= 3/4)."""
+    mask_zero_std_groups: bool = True
+    """Drop groups whose rewards are all equal (sigma_alpha = 0) from the loss and its normaliser."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """Importance ratios per token (default) or per sequence (exp of summed log-ratios; high variance)."""
+    behaviour_logprobs: Literal["sampler", "recompute"] = "sampler"
+    """log alpha from the sampler (cheap) or recomputed by the trainer with the lagged weights (exact).
+    The gap between the two is logged as sampling/logp_diff_* whenever both are computed."""
+
+    # ---- optimisation and sampling ---------------------------------------------------------
+    learning_rate: float = 1e-3
+    """AdamW learning rate (the default suits the tiny built-in model; use ~1e-6 for 0.5B+ models)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clip (0 disables)."""
+    max_completion_length: int = 6
+    """Largest number of generated tokens per completion."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probabilities on both sides are of softmax(logits / temperature)."""
+
+    # ---- machinery -------------------------------------------------------------------------
+    sampler: Literal["auto", "vllm", "transformers"] = "auto"
+    """'vllm' (in-process engine), 'transformers' (generate on a copy of the weights), 'auto': vllm if importable."""
+    device: str = "auto"
+    """'auto' (cuda if available), 'cpu' or 'cuda[:n]' for the trainer."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Weights and sampling precision; log-probabilities and losses are always float32."""
+    tv_diagnostics: bool = True
+    """Log token-level TV upper bounds from full next-token distributions (two extra forward passes)."""
+    logging_steps: int = 1
+    """Print a progress line every this many steps (metrics.jsonl always gets every step)."""
+    save_steps: int = 50
+    """Checkpoint every this many steps (and at the end, and on Ctrl-C). 0: only at the end."""
+    num_threads: int = 0
+    """torch CPU threads (0: torch's default)."""
+    progress: bool = True
+    """Show a tqdm progress bar."""
+
+    def __post_init__(self):
+        def need(cond: bool, field: str, why: str):
+            if not cond:
+                raise ValueError(f"{field}: {why}, got {getattr(self, field)!r}")
+
+        need(self.max_steps >= 1, "max_steps", "must be >= 1")
+        need(self.prompts_per_step >= 1, "prompts_per_step", "must be >= 1")
+        need(self.num_generations >= 2, "num_generations", "a group needs G >= 2 completions")
+        need(self.num_iterations >= 1, "num_iterations", "must be >= 1")
+        need(self.sync_period >= 1, "sync_period", "v must be >= 1")
+        need(self.ref_sync_steps >= 0, "ref_sync_steps", "must be >= 0")
+        need(0 <= self.epsilon < 10, "epsilon", "the clip width must lie in [0, 10)")
+        need(self.beta >= 0, "beta", "must be >= 0")
+        need(0 <= self.variance_eps <= EPS_MAX, "variance_eps", "must lie in [0, 3/4] (Theorem 1)")
+        need(self.learning_rate > 0, "learning_rate", "must be > 0")
+        need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        need(self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0")
+        need(self.max_completion_length >= 1, "max_completion_length", "must be >= 1")
+        need(self.temperature > 0, "temperature", "must be > 0")
+        need(self.logging_steps >= 1, "logging_steps", "must be >= 1")
+        need(self.save_steps >= 0, "save_steps", "must be >= 0")
+        need(self.num_threads >= 0, "num_threads", "must be >= 0")
+        need(bool(self.output_dir), "output_dir", "must not be empty")
+        need(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
+             "device", "expected auto, cpu or cuda[:n]")
+
+    # ---- derived values ----------------------------------------------------------------------
+    @property
+    def completions_per_step(self) -> int:
+        return self.prompts_per_step * self.num_generations
+
+    @property
+    def num_syncs(self) -> int:
+        """Weight copies into the sampler over the run (one at every step k with k % v == 0)."""
+        return -(-self.max_steps // self.sync_period)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json_file(cls, path: str | Path) -> "GRPOConfig":
+        return cls(**json.loads(Path(path).read_text()))
+
+    def replace(self, **changes) -> "GRPOConfig":
+        return dataclasses.replace(self, **changes)

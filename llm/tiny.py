@@ -1,0 +1,155 @@
+"""The built-in tiny model: a small Qwen2 with a character-level tokenizer, built locally.
+
+Nothing is downloaded. ``tiny_model_dir()`` builds the model once, warms it up with supervised
+training on the arithmetic task until its sampled accuracy (temperature 1) enters the band
+[WARMUP_TARGET, 0.6], saves it as a normal model directory (config, safetensors, tokenizer) that
+transformers and vLLM both load, and caches it keyed by every setting that affects it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .tasks import Task, arithmetic_task
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+#: Printable ASCII plus newline: enough for arithmetic and small GSM8K-style tests.
+CHARS = [chr(i) for i in range(32, 127)] + ["\n"]
+#: Warm-up stops once sampled accuracy reaches this (the start of RL must leave room to improve).
+WARMUP_TARGET = 0.2
+WARMUP_BAND = (0.1, 0.6)
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    hidden_size: int = 128
+    num_hidden_layers: int = 3
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    intermediate_size: int = 256
+    max_position_embeddings: int = 64
+    warmup_batch: int = 64
+    warmup_lr: float = 3e-3
+    warmup_max_steps: int = 3000
+    warmup_eval_every: int = 25
+    seed: int = 0
+    version: int = 1  # bump when the recipe changes
+
+
+def build_tokenizer():
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {PAD: 0, EOS: 1, UNK: 2}
+    for c in CHARS:
+        vocab[c] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD, unk_token=UNK,
+                                   padding_side="left")
+
+
+def build_model(spec: TinySpec, vocab_size: int):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.num_key_value_heads,
+        intermediate_size=spec.intermediate_size, max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=True, bos_token_id=None, eos_token_id=1, pad_token_id=0, torch_dtype="float32",
+    )
+    torch.manual_seed(spec.seed)
+    return Qwen2ForCausalLM(config)
+
+
+def _supervised_batch(tokenizer, task: Task, idx: np.ndarray):
+    """Right-padded prompt+answer+EOS sequences with labels on the answer and EOS only."""
+    ids, labels = [], []
+    for i in idx:
+        p = tokenizer(task.prompts[i]).input_ids
+        a = tokenizer(task.answers[i]).input_ids + [tokenizer.eos_token_id]
+        ids.append(p + a)
+        labels.append([-100] * len(p) + a)
+    n = max(map(len, ids))
+    pad = tokenizer.pad_token_id
+    x = torch.tensor([s + [pad] * (n - len(s)) for s in ids])
+    y = torch.tensor([s + [-100] * (n - len(s)) for s in labels])
+    return x, (x != pad).long(), y
+
+
+@torch.no_grad()
+def sampled_accuracy(model, tokenizer, task: Task, n: int, seed: int, max_new_tokens: int = 4) -> float:
+    """Fraction of n prompts answered exactly, sampling at temperature 1 (no top-k/top-p)."""
+    rng = np.random.default_rng(seed)
+    idx = task.sample(rng, n)
+    enc = tokenizer([task.prompts[i] for i in idx], return_tensors="pt", padding=True)
+    torch.manual_seed(seed)
+    out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                         max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+    comps = tokenizer.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+    return float(task.score(comps, [task.answers[i] for i in idx]).mean())
+
+
+def warm_up(model, tokenizer, task: Task, spec: TinySpec, log=print) -> float:
+    """Supervised training until sampled accuracy >= WARMUP_TARGET; returns that accuracy."""
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.warmup_lr)
+    rng = np.random.default_rng(spec.seed)
+    acc = 0.0
+    for step in range(1, spec.warmup_max_steps + 1):
+        model.train()
+        x, m, y = _supervised_batch(tokenizer, task, task.sample(rng, spec.warmup_batch))
+        loss = model(input_ids=x, attention_mask=m, labels=y).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % spec.warmup_eval_every == 0:
+            model.eval()
+            acc = sampled_accuracy(model, tokenizer, task, 256, seed=spec.seed + step)
+            log(f"  warm-up step {step}: loss {loss.item():.3f}, sampled accuracy {acc:.1%}")
+            if acc >= WARMUP_TARGET:
+                break
+    model.eval()
+    return acc
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("OFFPOLICY_GRPO_CACHE", Path.home() / ".cache" / "offpolicy_grpo"))
+
+
+def tiny_model_dir(spec: TinySpec = TinySpec(), log=print) -> Path:
+    """Path of the warmed-up tiny model directory, building it on first use (about 20-60 s)."""
+    key = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:12]
+    final = cache_root() / f"tiny-qwen2-arith-{key}"
+    if (final / "warmup.json").is_file():
+        return final
+    log(f"building the built-in tiny model (cached afterwards in {final})")
+    torch.manual_seed(spec.seed)
+    tokenizer = build_tokenizer()
+    model = build_model(spec, len(tokenizer))
+    n_params = sum(p.numel() for p in model.parameters())
+    task = arithmetic_task()
+    acc = warm_up(model, tokenizer, task, spec, log=log)
+    if not WARMUP_BAND[0] <= acc <= WARMUP_BAND[1]:
+        raise RuntimeError(f"tiny model warm-up ended at sampled accuracy {acc:.1%}, outside {WARMUP_BAND}")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".building-"))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "warmup.json").write_text(json.dumps({"spec": asdict(spec), "sampled_accuracy": acc,
+                                                  "parameters": n_params}, indent=1))
+    try:
+        tmp.rename(final)
+    except OSError:  # built concurrently by another process: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"tiny model: {n_params / 1e6:.2f}M parameters, sampled accuracy after warm-up {acc:.1%}")
+    return final

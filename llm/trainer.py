@@ -7,6 +7,8 @@ weights go to the sampler every ``sync_period`` (v) steps and to pi_ref every ``
 from __future__ import annotations
 
 import copy
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,7 +106,7 @@ def padded(rows: list[list[float]], t: int, device) -> torch.Tensor:
     return torch.tensor([r + [0.0] * (t - len(r)) for r in rows], dtype=torch.float32, device=device)
 
 
-def make_sampler(config: GRPOConfig, model, tokenizer, model_path: str) -> Sampler:
+def make_sampler(config: GRPOConfig, model, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
     kind = config.sampler
     if kind == "auto":
         from .vllm_sampler import vllm_available
@@ -114,12 +116,19 @@ def make_sampler(config: GRPOConfig, model, tokenizer, model_path: str) -> Sampl
         from .vllm_sampler import VLLMSampler
 
         return VLLMSampler(model_path, dtype=config.dtype, seed=config.seed,
-                           max_model_len=_max_model_len(model, config), eos_token_id=tokenizer.eos_token_id)
+                           max_model_len=_max_model_len(model, config, max_prompt_tokens),
+                           eos_token_id=tokenizer.eos_token_id)
     return TransformersSampler(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
 
 
-def _max_model_len(model, config: GRPOConfig) -> int:
-    return int(getattr(model.config, "max_position_embeddings", 2048))
+def _max_model_len(model, config: GRPOConfig, max_prompt_tokens: int) -> int:
+    """Longest sequence the engine must hold: the longest prompt plus the completion budget."""
+    limit = int(getattr(model.config, "max_position_embeddings", 1 << 20))
+    need = max_prompt_tokens + config.max_completion_length
+    if need > limit:
+        raise ValueError(f"max_completion_length: prompts of {max_prompt_tokens} tokens plus "
+                         f"{config.max_completion_length} generated exceed the model's {limit} positions")
+    return need
 
 
 def copy_weights(dst: torch.nn.Module, src: torch.nn.Module) -> None:
@@ -161,7 +170,8 @@ def train(config: GRPOConfig, log=print) -> Path:
     if policy.config.vocab_size < len(tokenizer):
         raise ValueError("model_name_or_path: tokenizer is larger than the model's vocabulary")
     opt = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
-    sampler = make_sampler(config, policy, tokenizer, model_path)
+    max_prompt_tokens = max(len(ids) for ids in tokenizer(list(task.prompts)).input_ids)
+    sampler = make_sampler(config, policy, tokenizer, model_path, max_prompt_tokens)
     # alpha's weights on the trainer side: for recomputed behaviour log-probs, TV diagnostics and
     # checkpoints (the transformers sampler's own copy serves; vLLM needs a separate copy).
     alpha_model = sampler.model if isinstance(sampler, TransformersSampler) else frozen_copy(policy)
@@ -195,12 +205,15 @@ def train(config: GRPOConfig, log=print) -> Path:
     def prompts_of(step: int) -> list[int]:
         return task.sample(np.random.default_rng([config.seed, step]), P).tolist()
 
+    stop = GracefulStop(log)
     window: dict[int, Rollout] = {}
     last_sync = start - start % v
     bar = tqdm(total=config.max_steps, initial=start, disable=not config.progress, dynamic_ncols=True, unit="step")
     step = start
     try:
         for step in range(start, config.max_steps):
+            if stop.requested:
+                break
             timings = {"time/sync": 0.0, "time/generate": 0.0}
             # ---- sync: every v steps the sampler gets the trainer's weights (alpha <- pi_theta)
             # (at step 0 the sampler already holds the initial weights)
@@ -329,18 +342,47 @@ def train(config: GRPOConfig, log=print) -> Path:
             if not config.progress and (step % config.logging_steps == 0 or step + 1 == config.max_steps):
                 log(f"step {step}: reward {row['reward']:.3f}  tv(pi_k,alpha) {row['tv/pi_k_alpha']:.4f}  "
                     f"bound/lower_tight {row['bound/lower_tight']:+.4f}  improvement {row['improvement']:+.4f}")
-        step = config.max_steps
-    except KeyboardInterrupt:
+        else:
+            step = config.max_steps
+    except KeyboardInterrupt:  # a second Ctrl-C: the step in progress is inconsistent, keep the last checkpoint
         bar.close()
-        _save(run, policy, opt, sampler, alpha_model, ref_model, step, last_sync)
-        log(f"interrupted: checkpoint saved at step {step} in {run.path}; run the same command to resume")
+        stop.restore()
+        log(f"aborted during step {step}; the last checkpoint in {run.path} is kept (run the same command to resume)")
         raise
+    finally:
+        stop.restore()
     bar.close()
+    if stop.requested:
+        _save(run, policy, opt, sampler, alpha_model, ref_model, step, last_sync)
+        log(f"interrupted: checkpoint saved after step {step - 1} in {run.path}; run the same command to resume")
+        raise KeyboardInterrupt
     _save(run, policy, opt, sampler, alpha_model, ref_model, config.max_steps, last_sync)
     policy.save_pretrained(run.path / "final_model")
     tokenizer.save_pretrained(run.path / "final_model")
     sampler.close()
     return run.path
+
+
+class GracefulStop:
+    """First Ctrl-C: finish the current step, checkpoint, exit. Second Ctrl-C: abort at once."""
+
+    def __init__(self, log):
+        self.requested = False
+        self._log = log
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        self._log("Ctrl-C: finishing this step, then saving a checkpoint (Ctrl-C again to abort)")
+
+    def restore(self):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
 
 
 def _save(run: RunDir, policy, opt, sampler, alpha_model, ref_model, next_step: int, last_sync: int) -> None:

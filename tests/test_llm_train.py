@@ -1,5 +1,8 @@
 """End-to-end training on the built-in task with the transformers sampler (CPU, tiny model)."""
 
+import os
+import signal
+
 import numpy as np
 import pytest
 import torch
@@ -70,17 +73,18 @@ def test_resume_continues_the_same_run(tmp_path, monkeypatch):
     calls = {"n": 0}
     real = trainer.group_bound_estimates
 
-    def interrupt_at_step_3(*a, **k):
+    def ctrl_c_during_step_3(*a, **k):  # Ctrl-C arrives after step 3's optimiser update
         calls["n"] += 1
         if calls["n"] == 4:
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)
         return real(*a, **k)
 
-    monkeypatch.setattr(trainer, "group_bound_estimates", interrupt_at_step_3)
+    monkeypatch.setattr(trainer, "group_bound_estimates", ctrl_c_during_step_3)
     cfg = _config(tmp_path, "resumed", **kw)
     with pytest.raises(KeyboardInterrupt):
         train(cfg, log=lambda *a: None)
-    assert [r["step"] for r in read_metrics(cfg.output_dir)] == [0, 1, 2]
+    # step 3 was finished and logged, then the run saved and stopped
+    assert [r["step"] for r in read_metrics(cfg.output_dir)] == [0, 1, 2, 3]
     monkeypatch.setattr(trainer, "group_bound_estimates", real)
     resumed = read_metrics(train(cfg, log=lambda *a: None))
     assert [r["step"] for r in resumed] == list(range(6))

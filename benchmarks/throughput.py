@@ -1,0 +1,234 @@
+"""Throughput benchmark, everything measured side by side in one run: ``make benchmark``.
+
+Prints one table: our trainer with the vLLM sampler at v = 1, 4, 10, our trainer with the
+transformers sampler, and TRL's GRPOTrainer, on the same locally built ~19M-parameter Qwen2
+(character tokenizer, random weights), the built-in arithmetic prompts, G = 16, 4 prompts per
+step (64 completions), completions of up to 64 tokens, one optimiser step per batch, beta = 0,
+fp32 (``--dtype bfloat16`` for the bf16 variant). Then a roofline (achieved FLOP/s of generation
+and training against this machine's matmul rate, measured in the same run) and a step-time model
+t(v) = generate + train + sync/v fitted to the measured split, which predicts the v = 10 speed-up
+here and, fed with the paper's 7B timings, the sync cost those timings imply.
+
+Steps are timed over whole sync windows after a warm-up window (vLLM's first call compiles), so
+window-batched generation is charged in full. TRL runs in its own process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+#: The 19M-parameter benchmark model (hidden 512, 6 layers, MLP 1408): N ≈ 19.3M.
+BENCH_SPEC = dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=8,
+                  intermediate_size=1408, max_position_embeddings=128)
+PROMPTS, G, MAX_TOKENS = 4, 16, 64
+#: The paper's colocated 7B measurement (Qwen2.5-7B, TP 4): iterations per second at v = 1 and v = 10.
+PAPER_ITS = {1: 0.02828, 10: 0.03828}
+
+
+def build_bench_model(path: Path, dtype: str = "float32") -> Path:
+    if (path / "config.json").is_file():
+        return path
+    from llm.tiny import TinySpec, build_model, build_tokenizer
+
+    tok = build_tokenizer()
+    model = build_model(TinySpec(**{k: v for k, v in BENCH_SPEC.items()}), len(tok))
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def matmul_flops(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times)
+
+
+@dataclass
+class Row:
+    name: str
+    steps_per_s: float
+    gen_tokens_per_s: float
+    s_generate: float
+    s_train: float
+    s_sync: float
+    s_other: float
+    gen_tokens: float
+    train_tokens: float
+    forwards: int  # forward-only passes over the batch per step besides the trained one
+    note: str = ""
+
+
+def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: Path, windows: int = 2) -> Row:
+    """Run our trainer for ``windows`` sync windows (at least 4 steps each); time the last ones."""
+    from llm import GRPOConfig, train
+    from llm.rundir import read_metrics
+
+    per_window = max(v, 4 if v == 1 else v)
+    steps = per_window * windows
+    cfg = GRPOConfig(model_name_or_path=str(model_dir), output_dir=str(out / name), sampler=sampler,
+                     sync_period=v, max_steps=steps, prompts_per_step=PROMPTS, num_generations=G,
+                     max_completion_length=MAX_TOKENS, beta=0.0, tv_diagnostics=False, dtype=dtype,
+                     progress=False, save_steps=0, learning_rate=1e-5)
+    train(cfg, log=lambda *a: None)
+    rows = read_metrics(cfg.output_dir)[per_window:]
+    tot = lambda k: sum(r[k] for r in rows)  # noqa: E731
+    wall = sum(sum(v_ for k, v_ in r.items() if k.startswith("time/")) for r in rows)
+    gen_tok = sum(r["completions/mean_length"] * PROMPTS * G for r in rows)
+    prompt_tok = 5.0 * PROMPTS * G  # arithmetic prompts are 4-5 characters
+    return Row(name, len(rows) / wall, gen_tok / tot("time/generate"), tot("time/generate") / len(rows),
+               tot("time/train") / len(rows), tot("time/sync") / len(rows),
+               (wall - tot("time/generate") - tot("time/train") - tot("time/sync")) / len(rows),
+               gen_tok / len(rows), gen_tok / len(rows) + prompt_tok, forwards=2)
+
+
+TRL_SCRIPT = r'''
+import json, sys, time, os
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+from datasets import Dataset
+from transformers import TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+model_dir, out, use_vllm, dtype, steps = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4], int(sys.argv[5])
+sys.path.insert(0, sys.argv[6])
+from llm.tasks import arithmetic_task
+task = arithmetic_task()
+ds = Dataset.from_dict({"prompt": list(task.prompts) * 4, "answer": list(task.answers) * 4})
+def reward(completions, answer, **kw):
+    return [float(c.strip() == a) for c, a in zip(completions, answer)]
+times = []
+class Clock(TrainerCallback):
+    def on_step_begin(self, args, state, control, **kw): self.t = time.perf_counter()
+    def on_step_end(self, args, state, control, **kw): times.append(time.perf_counter() - self.t)
+lengths = []
+class Len(TrainerCallback):
+    def on_log(self, args, state, control, logs=None, **kw):
+        if logs and "completions/mean_length" in logs: lengths.append(logs["completions/mean_length"])
+cfg = GRPOConfig(output_dir=out, per_device_train_batch_size=%(B)d, num_generations=%(G)d,
+                 max_completion_length=%(T)d, beta=0.0, num_iterations=1, learning_rate=1e-5, max_steps=steps,
+                 logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, bf16=dtype == "bfloat16",
+                 use_vllm=use_vllm, vllm_mode="colocate", temperature=1.0, top_k=0, top_p=1.0,
+                 dataloader_num_workers=0, shuffle_dataset=False)
+trainer = GRPOTrainer(model=model_dir, reward_funcs=reward, args=cfg, train_dataset=ds, callbacks=[Clock(), Len()])
+trainer.train()
+print("RESULT " + json.dumps({"times": times, "lengths": lengths}))
+''' % dict(B=PROMPTS * G, G=G, T=MAX_TOKENS)
+
+
+def run_trl(model_dir: Path, dtype: str, out: Path, python: str, steps: int = 5) -> tuple[Row | None, str]:
+    script = out / "trl_bench.py"
+    script.write_text(TRL_SCRIPT)
+    notes = []
+    for use_vllm in (True, False):
+        mode = "TRL vLLM colocate" if use_vllm else "TRL transformers generate"
+        res = subprocess.run([python, str(script), str(model_dir), str(out / "trl"), "1" if use_vllm else "0",
+                              dtype, str(steps), str(ROOT)], capture_output=True, text=True, timeout=3600)
+        line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
+        if res.returncode != 0 or not line:
+            err = [ln for ln in (res.stderr or "").splitlines() if ln.strip()]
+            notes.append(f"{mode} failed: {err[-1][:160] if err else 'no output'}")
+            continue
+        data = json.loads(line[0][7:])
+        t = data["times"][1:]  # the first step includes start-up
+        mean_len = statistics.mean(data["lengths"]) if data["lengths"] else float("nan")
+        sec = statistics.mean(t)
+        gen_tok = mean_len * PROMPTS * G
+        return Row(mode, 1 / sec, float("nan"), float("nan"), float("nan"), float("nan"), float("nan"),
+                   gen_tok, gen_tok + 5.0 * PROMPTS * G, forwards=0, note="; ".join(notes)), "; ".join(notes)
+    return None, "; ".join(notes)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--trl-python", default=str(ROOT / ".venv-bench" / "bin" / "python"),
+                    help="Python of an environment with TRL installed ('' skips TRL)")
+    ap.add_argument("--out", default=str(ROOT / "runs" / "benchmark"))
+    ap.add_argument("--skip-transformers", action="store_true")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from llm.tiny import cache_root
+
+    model_dir = build_bench_model(cache_root() / "bench-qwen2-19m")
+    n_params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+    print(f"model: Qwen2, {n_params / 1e6:.1f}M parameters; {PROMPTS} prompts x G={G}, <= {MAX_TOKENS} tokens, "
+          f"{args.dtype}, torch threads {torch.get_num_threads()}", flush=True)
+
+    rows: list[Row] = []
+    for v in (1, 4, 10):
+        rows.append(run_ours(f"ours vLLM v={v}", model_dir, "vllm", v, args.dtype, out))
+        print(f"  done: {rows[-1].name}: {rows[-1].steps_per_s:.3f} steps/s", flush=True)
+    if not args.skip_transformers:
+        rows.append(run_ours("ours transformers v=1", model_dir, "transformers", 1, args.dtype, out, windows=2))
+        print(f"  done: {rows[-1].name}", flush=True)
+    trl_note = "TRL skipped"
+    if args.trl_python and Path(args.trl_python).exists():
+        trl, trl_note = run_trl(model_dir, args.dtype, out, args.trl_python)
+        if trl is not None:
+            rows.append(trl)
+            print(f"  done: {trl.name}", flush=True)
+    f32, bf16 = matmul_flops(torch.float32), matmul_flops(torch.bfloat16)
+    peak = bf16 if args.dtype == "bfloat16" else f32
+
+    print(f"\nmatmul rate measured now: fp32 {f32 / 1e9:.0f} GFLOP/s, bf16 {bf16 / 1e9:.0f} GFLOP/s "
+          f"(2048x2048, median of 10)\n")
+    head = f"| {'configuration':<26} | steps/s | gen tok/s | s generate | s train | s sync | s other | gen eff. | train eff. |"
+    print(head)
+    print("|" + "---|" * 9)
+    for r in rows:
+        gen_eff = 2 * n_params * r.gen_tokens / r.s_generate / peak if r.s_generate == r.s_generate else float("nan")
+        # train: fwd+bwd (6N per token) + forward-only passes (2N per token each)
+        train_eff = ((6 + 2 * r.forwards) * n_params * r.train_tokens / r.s_train / peak
+                     if r.s_train == r.s_train else float("nan"))
+        print(f"| {r.name:<26} | {r.steps_per_s:7.3f} | {r.gen_tokens_per_s:9.0f} | {r.s_generate:10.3f} | "
+              f"{r.s_train:7.3f} | {r.s_sync:6.4f} | {r.s_other:7.3f} | {gen_eff:8.0%} | {train_eff:10.0%} |")
+    by = {r.name: r for r in rows}
+    base = by["ours vLLM v=1"]
+    print()
+    for r in rows:
+        if r is not base:
+            print(f"ratio {r.name} / ours vLLM v=1 (steps/s): {r.steps_per_s / base.steps_per_s:.2f}x")
+    trl = next((r for r in rows if r.name.startswith("TRL")), None)
+    if trl is not None:
+        for v in (1, 10):
+            print(f"ratio ours vLLM v={v} / {trl.name} (steps/s): {by[f'ours vLLM v={v}'].steps_per_s / trl.steps_per_s:.2f}x")
+    print(f"TRL: {trl_note or 'ran'}")
+
+    # Step-time model fitted at v = 1: t(v) = g + tr + o + s / v (generation time per step unchanged).
+    g, tr, o, s = base.s_generate, base.s_train, base.s_other, base.s_sync
+    pred = (g + tr + o + s) / (g + tr + o + s / 10)
+    meas = by["ours vLLM v=10"].steps_per_s / base.steps_per_s
+    print(f"\nstep-time model t(v) = generate + train + other + sync/v, fitted at v=1: "
+          f"{g:.3f} + {tr:.3f} + {o:.3f} + {s:.4f}/v s")
+    print(f"  predicted v=10 speed-up {pred:.4f}x; measured {meas:.3f}x "
+          f"(window-batched generation: {by['ours vLLM v=10'].s_generate:.3f} s/step vs {g:.3f})")
+    t1, t10 = 1 / PAPER_ITS[1], 1 / PAPER_ITS[10]
+    s_paper = (t1 - t10) / (1 - 1 / 10)
+    print(f"  paper 7B (TP 4): {t1:.1f} s/step at v=1, {t10:.1f} at v=10 ({PAPER_ITS[10] / PAPER_ITS[1]:.2f}x): "
+          f"the model implies a sync-and-related cost of {s_paper:.1f} s per sync = {s_paper / t1:.0%} of a v=1 step; "
+          f"here sync is {s / (g + tr + o + s):.2%} of a step, so the model predicts {pred:.3f}x")
+    (out / "results.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -22,10 +22,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)
 
-# The main job: the exact check of Theorem 1, then off-policy GRPO on the built-in task.
+# The main job: the exact check of Theorem 1, then off-policy GRPO (v = 4) on the built-in task and
+# tiny model (vLLM sampler). A second `make run` finds the finished run and only prints its summary.
 run: $(STAMP)
 	$(PY) -m grpo_theory.check
-	@if [ -f llm/train.py ]; then $(PY) -m llm.train; fi
+	$(PY) -m llm.train --sync-period 4 --output-dir runs/arithmetic_v4
 
 # The whole test suite (hypothesis profile `ci` when CI is set, else the quicker `dev`).
 test: $(STAMP)
@@ -40,6 +41,17 @@ experiments: $(STAMP)
 
 figures: experiments
 	$(PY) figures/plot_all.py runs
+
+# Throughput benchmark; TRL goes into its own environment (.venv-bench), never into .venv.
+BENCH_VENV := .venv-bench
+$(BENCH_VENV)/.installed: pyproject.toml
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e ".[llm,cpu]" "trl==1.16.0" 2>&1 | { grep -v -e "^WARNING: Location" -e "BuildBackendWarning" || true; }
+	$(BENCH_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $@
+
+benchmark: $(STAMP) $(BENCH_VENV)/.installed
+	$(PY) benchmarks/throughput.py
 
 clean-venv:
 	rm -rf $(VENV)

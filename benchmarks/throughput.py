@@ -88,7 +88,10 @@ def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: 
     cfg = GRPOConfig(model_name_or_path=str(model_dir), output_dir=str(out / name), sampler=sampler,
                      sync_period=v, max_steps=steps, prompts_per_step=PROMPTS, num_generations=G,
                      max_completion_length=MAX_TOKENS, beta=0.0, tv_diagnostics=False, dtype=dtype,
-                     progress=False, save_steps=0, learning_rate=1e-5)
+                     progress=False, save_steps=0, learning_rate=1e-5,
+                     # a random model earns no reward: without the mask every step still does the full
+                     # forward/backward (zero advantages), as TRL does, so the work compared is equal
+                     mask_zero_std_groups=False)
     train(cfg, log=lambda *a: None)
     rows = read_metrics(cfg.output_dir)[per_window:]
     tot = lambda k: sum(r[k] for r in rows)  # noqa: E731

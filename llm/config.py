@@ -84,7 +84,8 @@ class GRPOConfig:
     device: str = "auto"
     """'auto' (cuda if available), 'cpu' or 'cuda[:n]' for the trainer."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Weights and sampling precision; log-probabilities and losses are always float32."""
+    """bfloat16: the vLLM sampler runs in bf16 and the trainer's forward passes under bf16 autocast
+    (weights and optimiser stay float32); log-probabilities and losses are always float32."""
     tv_diagnostics: bool = True
     """Log token-level TV upper bounds from full next-token distributions (two extra forward passes)."""
     logging_steps: int = 1

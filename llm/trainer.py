@@ -25,8 +25,9 @@ from .rundir import RunDir
 from .sampler import Rollout, Sampler, TransformersSampler
 from .tasks import load_task
 
-#: Warn when sampler and trainer log-probs of the same tokens differ by more than this right after a sync.
-SYNC_LOGP_TOLERANCE = 1e-4
+#: Warn when sampler and trainer log-probs of the same tokens differ by more than this right after a
+#: sync: float32 engines agree to ~1e-6; bfloat16 ones differ by rounding (~1e-2).
+SYNC_LOGP_TOLERANCE = {"float32": 1e-4, "bfloat16": 0.25}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -55,7 +56,7 @@ def load_policy(path: str, dtype: str, device: torch.device):
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # float32 master weights
     except OSError as exc:
         raise ValueError(f"model_name_or_path: cannot load {path!r} ({exc})") from None
     if tokenizer.pad_token_id is None:
@@ -90,11 +91,18 @@ def make_batch(prompt_ids: list[list[int]], completions: list[list[int]], pad: i
                  torch.tensor(cmask, device=device), lp)
 
 
+#: Mixed precision of the trainer's forward passes (set from config.dtype by ``train``): weights and
+#: optimiser stay float32, matmuls run in this dtype under autocast, log-probs are float32.
+_AUTOCAST: dict = {"dtype": None}
+
+
 def completion_logprobs(model, batch: Batch, temperature: float, full: bool = False):
     """log softmax(logits / T) of the completion tokens, float32, (B, T); with ``full`` also the
     whole next-token distributions (B, T, V)."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                   position_ids=batch.position_ids, use_cache=False).logits
+    dtype = _AUTOCAST["dtype"]
+    with torch.autocast(batch.input_ids.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                       position_ids=batch.position_ids, use_cache=False).logits
     t = batch.completion_ids.shape[1]
     logits = logits[:, batch.prompt_width - 1: batch.prompt_width - 1 + t].float() / temperature
     logp_full = torch.log_softmax(logits, dim=-1)
@@ -159,6 +167,9 @@ def train(config: GRPOConfig, log=print) -> Path:
 
     run = RunDir(config)
     ckpt = run.open()  # writes config.json before step 0
+    if ckpt is not None and ckpt["step"] >= config.max_steps:
+        log(f"{run.path} already holds a finished run of {ckpt['step']} steps (raise --max-steps to continue it)")
+        return run.path
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     torch.manual_seed(config.seed)
@@ -166,6 +177,7 @@ def train(config: GRPOConfig, log=print) -> Path:
     task = load_task(config.dataset, config.reward_fn)
     model_path = resolve_model_path(config, log=log)
     policy, tokenizer = load_policy(model_path, config.dtype, device)
+    _AUTOCAST["dtype"] = torch.bfloat16 if config.dtype == "bfloat16" else None
     policy.train()
     if policy.config.vocab_size < len(tokenizer):
         raise ValueError("model_name_or_path: tokenizer is larger than the model's vocabulary")
@@ -262,9 +274,8 @@ def train(config: GRPOConfig, log=print) -> Path:
             adv_t = torch.tensor(adv.reshape(-1), dtype=torch.float32, device=device)
             seq_mask = torch.tensor(np.repeat(keep, G), dtype=torch.float32, device=device)
 
-            # ---- log-probabilities: pi_k (trainer at step start), alpha (sampler or recomputed), pi_ref
+            # ---- log-probabilities: alpha (sampler or recomputed), pi_ref; pi_k comes from the first inner step
             with torch.no_grad():
-                logp_k, full_k = completion_logprobs(policy, batch, config.temperature, full=True)
                 logp_alpha_re, full_alpha = (completion_logprobs(alpha_model, batch, config.temperature, full=True)
                                              if need_alpha else (None, None))
                 logp_ref = completion_logprobs(ref_model, batch, config.temperature)[0] if ref_model is not None else None
@@ -276,8 +287,10 @@ def train(config: GRPOConfig, log=print) -> Path:
 
             # ---- optimise: i steps on the clipped off-policy objective (+ beta KL)
             stats, grad_norm = {}, 0.0
-            for _ in range(config.num_iterations):
-                logp, _ = completion_logprobs(policy, batch, config.temperature)
+            for it in range(config.num_iterations):
+                logp, full = completion_logprobs(policy, batch, config.temperature, full=it == 0)
+                if it == 0:  # the policy before any update is pi_k: its forward gives log pi_k (no extra pass)
+                    logp_k, full_k = logp.detach(), full.detach()
                 loss, stats = grpo_loss(
                     logp, logp_k, logp_alpha, adv_t, batch.completion_mask, clip=config.epsilon,
                     loss_type=config.loss_type, ratio_level=config.ratio_level,
@@ -320,9 +333,9 @@ def train(config: GRPOConfig, log=print) -> Path:
                 diff = ((logp_alpha_sampler - logp_alpha_re).abs() * cm)
                 row["sampling/logp_diff_mean"] = float(diff.sum() / cm.sum())
                 row["sampling/logp_diff_max"] = float(diff.max())
-                if lag == 0 and row["sampling/logp_diff_max"] > SYNC_LOGP_TOLERANCE:
+                if lag == 0 and row["sampling/logp_diff_max"] > SYNC_LOGP_TOLERANCE[config.dtype]:
                     bar.write(f"WARNING step {step}: sampler and trainer log-probs differ by up to "
-                              f"{row['sampling/logp_diff_max']:.2e} right after a weight sync (> {SYNC_LOGP_TOLERANCE:g}): "
+                              f"{row['sampling/logp_diff_max']:.2e} right after a weight sync (> {SYNC_LOGP_TOLERANCE[config.dtype]:g}): "
                               "the sampler may hold stale weights")
             timings["time/diagnostics"] = time.perf_counter() - t0
             row.update(timings)

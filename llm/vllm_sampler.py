@@ -97,6 +97,7 @@ class VLLMSampler:
                  gpu_memory_utilization: float = 0.3):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in process: weights are shared by reference
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KV_GIB)
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # set it to INFO to see the engine's own log
         from vllm import LLM
 
         threads = torch.get_num_threads()

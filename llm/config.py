@@ -86,6 +86,9 @@ class GRPOConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"
     """bfloat16: the vLLM sampler runs in bf16 and the trainer's forward passes under bf16 autocast
     (weights and optimiser stay float32); log-probabilities and losses are always float32."""
+    verify_sync: bool = True
+    """Right after every sync, recompute log alpha with the trainer and compare with the sampler's
+    (sampling/logp_diff_*; a loud warning if they disagree). One forward pass per v steps."""
     tv_diagnostics: bool = True
     """Log token-level TV upper bounds from full next-token distributions (two extra forward passes)."""
     logging_steps: int = 1

@@ -276,8 +276,10 @@ def train(config: GRPOConfig, log=print) -> Path:
 
             # ---- log-probabilities: alpha (sampler or recomputed), pi_ref; pi_k comes from the first inner step
             with torch.no_grad():
-                logp_alpha_re, full_alpha = (completion_logprobs(alpha_model, batch, config.temperature, full=True)
-                                             if need_alpha else (None, None))
+                # alpha recomputed: always when needed for diagnostics/recompute, else right after a sync
+                # (one forward per v steps) so that a stale sampler is always caught
+                logp_alpha_re, full_alpha = (completion_logprobs(alpha_model, batch, config.temperature, full=need_alpha)
+                                             if need_alpha or (lag == 0 and config.verify_sync) else (None, None))
                 logp_ref = completion_logprobs(ref_model, batch, config.temperature)[0] if ref_model is not None else None
             logp_alpha_sampler = padded(roll.logprobs, T, device) if roll.logprobs is not None else None
             if config.behaviour_logprobs == "recompute" or logp_alpha_sampler is None:

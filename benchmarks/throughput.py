@@ -74,7 +74,7 @@ class Row:
     s_other: float
     gen_tokens: float
     train_tokens: float
-    forwards: int  # forward-only passes over the batch per step besides the trained one
+    s_alpha: float = 0.0  # trainer-side forward with alpha's weights (sync verification)
     note: str = ""
 
 
@@ -83,6 +83,9 @@ def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: 
     from llm import GRPOConfig, train
     from llm.rundir import read_metrics
 
+    import shutil
+
+    shutil.rmtree(out / name, ignore_errors=True)  # a fresh run, never a resumed one
     per_window = max(v, 4 if v == 1 else v)
     steps = per_window * windows
     cfg = GRPOConfig(model_name_or_path=str(model_dir), output_dir=str(out / name), sampler=sampler,
@@ -94,14 +97,15 @@ def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: 
                      mask_zero_std_groups=False)
     train(cfg, log=lambda *a: None)
     rows = read_metrics(cfg.output_dir)[per_window:]
-    tot = lambda k: sum(r[k] for r in rows)  # noqa: E731
+    tot = lambda k: sum(r.get(k, 0.0) for r in rows)  # noqa: E731
     wall = sum(sum(v_ for k, v_ in r.items() if k.startswith("time/")) for r in rows)
     gen_tok = sum(r["completions/mean_length"] * PROMPTS * G for r in rows)
     prompt_tok = 5.0 * PROMPTS * G  # arithmetic prompts are 4-5 characters
     return Row(name, len(rows) / wall, gen_tok / tot("time/generate"), tot("time/generate") / len(rows),
                tot("time/train") / len(rows), tot("time/sync") / len(rows),
-               (wall - tot("time/generate") - tot("time/train") - tot("time/sync")) / len(rows),
-               gen_tok / len(rows), gen_tok / len(rows) + prompt_tok, forwards=2)
+               (wall - tot("time/generate") - tot("time/train") - tot("time/sync") - tot("time/alpha_forward")) / len(rows),
+               gen_tok / len(rows), gen_tok / len(rows) + prompt_tok,
+               s_alpha=tot("time/alpha_forward") / len(rows))
 
 
 TRL_SCRIPT = r'''
@@ -155,7 +159,7 @@ def run_trl(model_dir: Path, dtype: str, out: Path, python: str, steps: int = 5)
         sec = statistics.mean(t)
         gen_tok = mean_len * PROMPTS * G
         return Row(mode, 1 / sec, float("nan"), float("nan"), float("nan"), float("nan"), float("nan"),
-                   gen_tok, gen_tok + 5.0 * PROMPTS * G, forwards=0, note="; ".join(notes)), "; ".join(notes)
+                   gen_tok, gen_tok + 5.0 * PROMPTS * G, note="; ".join(notes)), "; ".join(notes)
     return None, "; ".join(notes)
 
 
@@ -194,16 +198,17 @@ def main() -> int:
 
     print(f"\nmatmul rate measured now: fp32 {f32 / 1e9:.0f} GFLOP/s, bf16 {bf16 / 1e9:.0f} GFLOP/s "
           f"(2048x2048, median of 10)\n")
-    head = f"| {'configuration':<26} | steps/s | gen tok/s | s generate | s train | s sync | s other | gen eff. | train eff. |"
+    head = (f"| {'configuration':<26} | steps/s | gen tok/s | s generate | s train | s sync | s verify | s other "
+            "| gen eff. | train eff. |")
     print(head)
-    print("|" + "---|" * 9)
+    print("|" + "---|" * 10)
     for r in rows:
         gen_eff = 2 * n_params * r.gen_tokens / r.s_generate / peak if r.s_generate == r.s_generate else float("nan")
-        # train: fwd+bwd (6N per token) + forward-only passes (2N per token each)
-        train_eff = ((6 + 2 * r.forwards) * n_params * r.train_tokens / r.s_train / peak
+        # train: fwd+bwd (6N per token); the sync-verification forward (2N per token) is timed apart
+        train_eff = (6 * n_params * r.train_tokens / r.s_train / peak
                      if r.s_train == r.s_train else float("nan"))
         print(f"| {r.name:<26} | {r.steps_per_s:7.3f} | {r.gen_tokens_per_s:9.0f} | {r.s_generate:10.3f} | "
-              f"{r.s_train:7.3f} | {r.s_sync:6.4f} | {r.s_other:7.3f} | {gen_eff:8.0%} | {train_eff:10.0%} |")
+              f"{r.s_train:7.3f} | {r.s_sync:6.4f} | {r.s_alpha:8.3f} | {r.s_other:7.3f} | {gen_eff:8.0%} | {train_eff:10.0%} |")
     by = {r.name: r for r in rows}
     base = by["ours vLLM v=1"]
     print()
@@ -216,22 +221,25 @@ def main() -> int:
             print(f"ratio ours vLLM v={v} / {trl.name} (steps/s): {by[f'ours vLLM v={v}'].steps_per_s / trl.steps_per_s:.2f}x")
     print(f"TRL: {trl_note or 'ran'}")
 
-    # Step-time model fitted at v = 1: t(v) = g + tr + o + s / v (generation time per step unchanged).
-    g, tr, o, s = base.s_generate, base.s_train, base.s_other, base.s_sync
-    pred = (g + tr + o + s) / (g + tr + o + s / 10)
+    # Step-time model fitted at v = 1: t(v) = g + tr + o + (s + a) / v, with s the weight copy and a the
+    # sync-verification forward, both paid once per sync (generation time per step unchanged).
+    g, o, s, a = base.s_generate, base.s_other, base.s_sync, base.s_alpha
+    tr = base.s_train
+    pred = (g + tr + o + s + a) / (g + tr + o + (s + a) / 10)
     meas = by["ours vLLM v=10"].steps_per_s / base.steps_per_s
-    print(f"\nstep-time model t(v) = generate + train + other + sync/v, fitted at v=1: "
-          f"{g:.3f} + {tr:.3f} + {o:.3f} + {s:.4f}/v s")
+    print(f"\nstep-time model t(v) = generate + train + other + (sync + verify)/v, fitted at v=1: "
+          f"{g:.3f} + {tr:.3f} + {o:.3f} + ({s:.4f} + {a:.3f})/v s")
     g10 = by["ours vLLM v=10"].s_generate
-    pred_w = (g + tr + o + s) / (g10 + tr + o + s / 10)
-    print(f"  from sync savings alone: predicted v=10 speed-up {pred:.4f}x; measured {meas:.3f}x")
+    pred_w = (g + tr + o + s + a) / (g10 + tr + o + (s + a) / 10)
+    print(f"  from per-sync savings alone: predicted v=10 speed-up {pred:.3f}x; measured {meas:.3f}x")
     print(f"  with the measured window-batched generation time at v=10 ({g10:.3f} s/step vs {g:.3f}): "
           f"predicted {pred_w:.3f}x; measured {meas:.3f}x")
     t1, t10 = 1 / PAPER_ITS[1], 1 / PAPER_ITS[10]
     s_paper = (t1 - t10) / (1 - 1 / 10)
     print(f"  paper 7B (TP 4): {t1:.1f} s/step at v=1, {t10:.1f} at v=10 ({PAPER_ITS[10] / PAPER_ITS[1]:.2f}x): "
           f"the model implies a sync-and-related cost of {s_paper:.1f} s per sync = {s_paper / t1:.0%} of a v=1 step; "
-          f"here sync is {s / (g + tr + o + s):.2%} of a step, so the model predicts {pred:.3f}x")
+          f"here sync + verification are {(s + a) / (g + tr + o + s + a):.1%} of a v=1 step (the weight copy alone "
+          f"{s / (g + tr + o + s + a):.2%})")
     (out / "results.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
     return 0
 

@@ -9,7 +9,8 @@ import numpy as np
 from .rundir import read_metrics
 
 COLUMNS = ["reward", "tv/pi_k_alpha", "tv/pi_k_alpha_tok_ub", "tv/pi_new_alpha", "improvement",
-           "bound/surrogate", "bound/lower", "bound/lower_tight", "is_weight/max", "sampling/logp_diff_max"]
+           "bound/surrogate", "bound/lower", "bound/lower_tight", "bound/lower_tight_nonzero_std",
+           "improvement_nonzero_std", "is_weight/max", "sampling/logp_diff_max"]
 
 
 def summarise(run_dir: str | Path, window: int = 10) -> str:

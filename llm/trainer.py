@@ -275,11 +275,13 @@ def train(config: GRPOConfig, log=print) -> Path:
             seq_mask = torch.tensor(np.repeat(keep, G), dtype=torch.float32, device=device)
 
             # ---- log-probabilities: alpha (sampler or recomputed), pi_ref; pi_k comes from the first inner step
+            t_alpha = time.perf_counter()
             with torch.no_grad():
                 # alpha recomputed: always when needed for diagnostics/recompute, else right after a sync
                 # (one forward per v steps) so that a stale sampler is always caught
                 logp_alpha_re, full_alpha = (completion_logprobs(alpha_model, batch, config.temperature, full=need_alpha)
                                              if need_alpha or (lag == 0 and config.verify_sync) else (None, None))
+                timings["time/alpha_forward"] = time.perf_counter() - t_alpha
                 logp_ref = completion_logprobs(ref_model, batch, config.temperature)[0] if ref_model is not None else None
             logp_alpha_sampler = padded(roll.logprobs, T, device) if roll.logprobs is not None else None
             if config.behaviour_logprobs == "recompute" or logp_alpha_sampler is None:
@@ -305,7 +307,7 @@ def train(config: GRPOConfig, log=print) -> Path:
                 if config.max_grad_norm > 0:
                     grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm))
                 opt.step()
-            timings["time/train"] = time.perf_counter() - t0
+            timings["time/train"] = time.perf_counter() - t0 - timings["time/alpha_forward"]
 
             # ---- diagnose: TV distances and Theorem 1 terms (grpo_theory) on this batch
             t0 = time.perf_counter()

@@ -138,13 +138,14 @@ def llm_runs(llm_dirs: list[Path]) -> None:
     for d in present:
         rows = read_metrics(d)
         k = [r["step"] for r in rows]
-        axes[0].plot(k, np.convolve([r["reward"] for r in rows], np.ones(5) / 5, "same"), label=d.name)
+        smooth = np.convolve([r["reward"] for r in rows], np.ones(5) / 5, "valid")  # no edge artefacts
+        axes[0].plot(k[4:], smooth, label=d.name)
         axes[1].plot(k, [r["tv/pi_k_alpha"] for r in rows], label=f"{d.name} IS estimate")
         if "tv/pi_k_alpha_tok_ub" in rows[0]:
             axes[1].plot(k, [r["tv/pi_k_alpha_tok_ub"] for r in rows], "--", label=f"{d.name} token upper bound")
         axes[2].plot(k, [r["bound/lower_tight_nonzero_std"] for r in rows], label=f"{d.name} tight bound")
         axes[2].plot(k, [r["improvement_nonzero_std"] for r in rows], ":", label=f"{d.name} IS improvement")
-    axes[0].set_title("reward (5-step mean)")
+    axes[0].set_title("reward (mean of the last 5 steps)")
     axes[1].set_title("TV(pi_k, alpha)")
     axes[2].set_title("Theorem 1 on prompts with reward variance")
     for ax in axes:

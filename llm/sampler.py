@@ -41,22 +41,33 @@ class Sampler(Protocol):
         ...
 
 
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` in eval mode with gradients off (alpha's or pi_ref's weights)."""
+    m = copy.deepcopy(model).eval()
+    for p in m.parameters():
+        p.requires_grad_(False)
+    return m
+
+
+@torch.no_grad()
+def copy_weights(dst: torch.nn.Module, src: torch.nn.Module) -> None:
+    """dst <- src, parameter by parameter (same architecture)."""
+    source = dict(src.named_parameters())
+    for name, p in dst.named_parameters():
+        p.copy_(source[name].detach())
+
+
 class TransformersSampler:
     """alpha as its own copy of the trainer's model, sampled with ``transformers.generate``."""
 
     name = "transformers"
 
     def __init__(self, model: torch.nn.Module, eos_token_id: int, pad_token_id: int):
-        self.model = copy.deepcopy(model).eval()
-        for p in self.model.parameters():
-            p.requires_grad_(False)
+        self.model = frozen_copy(model)
         self.eos, self.pad = eos_token_id, pad_token_id
 
-    @torch.no_grad()
     def load_weights(self, model: torch.nn.Module) -> None:
-        src = dict(model.named_parameters())
-        for name, p in self.model.named_parameters():
-            p.copy_(src[name].detach())
+        copy_weights(self.model, model)
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int) -> Rollout:

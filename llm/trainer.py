@@ -6,7 +6,6 @@ weights go to the sampler every ``sync_period`` (v) steps and to pi_ref every ``
 
 from __future__ import annotations
 
-import copy
 import signal
 import threading
 import time
@@ -22,7 +21,7 @@ from .config import GRPOConfig
 from .diagnostics import entropy_rows, group_bound_estimates, token_tv_upper_bound
 from .loss import grpo_loss
 from .rundir import RunDir
-from .sampler import Rollout, Sampler, TransformersSampler
+from .sampler import Rollout, Sampler, TransformersSampler, copy_weights, frozen_copy
 from .tasks import load_task
 
 #: Warn when sampler and trainer log-probs of the same tokens differ by more than this (worst token of
@@ -139,19 +138,6 @@ def _max_model_len(model, config: GRPOConfig, max_prompt_tokens: int) -> int:
         raise ValueError(f"max_completion_length: prompts of {max_prompt_tokens} tokens plus "
                          f"{config.max_completion_length} generated exceed the model's {limit} positions")
     return need
-
-
-def copy_weights(dst: torch.nn.Module, src: torch.nn.Module) -> None:
-    with torch.no_grad():
-        for (_, d), (_, s) in zip(dst.named_parameters(), src.named_parameters()):
-            d.copy_(s)
-
-
-def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    m = copy.deepcopy(model).eval()
-    for p in m.parameters():
-        p.requires_grad_(False)
-    return m
 
 
 def step_seed(seed: int, step: int) -> int:

@@ -20,7 +20,7 @@ from grpo_theory import (
     whitened_advantage,
 )
 
-from .strategies import bandits, n_actions, policies, rewards
+from .strategies import bandits, n_actions, policies
 
 ATOL = 1e-12
 

@@ -15,7 +15,7 @@ from grpo_theory import (
 )
 from grpo_theory.check import CheckConfig, rounding_tolerance, run_check
 
-from .strategies import bandits, policies, rewards
+from .strategies import bandits
 
 #: Equality cases must hold to this absolute tolerance.
 EQUALITY_ATOL = 1e-12

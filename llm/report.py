@@ -20,12 +20,12 @@ def summarise(run_dir: str | Path, window: int = 10) -> str:
     n = min(window, len(rows))
     first, last = rows[:n], rows[-n:]
     lines = [f"run {run_dir}: {len(rows)} steps (means over the first and last {n} steps)",
-             f"  {'metric':<26}{'first':>12}{'last':>12}"]
+             f"  {'metric':<32}{'first':>12}{'last':>12}"]
     for c in COLUMNS:
         if c in rows[0]:
             a = np.mean([r[c] for r in first if c in r])
             b = np.mean([r[c] for r in last if c in r])
-            lines.append(f"  {c:<26}{a:>12.4f}{b:>12.4f}")
+            lines.append(f"  {c:<32}{a:>12.4g}{b:>12.4g}")
     t = np.median([sum(r.get(k, 0.0) for k in r if k.startswith("time/")) for r in rows])
     lines.append(f"  median seconds per step: {t:.3f}")
     return "\n".join(lines)

@@ -26,7 +26,7 @@ from .check import rounding_tolerance
 from .cli import parse, run_main
 from .instances import softmax
 from .runio import MetricsWriter, write_config
-from .validation import EPS_MAX
+from .validation import EPS_MAX, require
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,23 +73,19 @@ class SimConfig:
     """Run directory for config.json and metrics.jsonl ('' : do not write)."""
 
     def __post_init__(self):
-        def need(cond, field, why):
-            if not cond:
-                raise ValueError(f"{field}: {why}, got {getattr(self, field)!r}")
-
-        need(self.n_prompts >= 1, "n_prompts", "must be >= 1")
-        need(self.n_actions >= 2, "n_actions", "must be >= 2")
-        need(self.init_scale >= 0, "init_scale", "must be >= 0")
-        need(1 <= self.prompts_per_step, "prompts_per_step", "must be >= 1")
-        need(self.num_generations >= 2, "num_generations", "a group needs G >= 2")
-        need(self.num_iterations >= 1, "num_iterations", "must be >= 1")
-        need(self.sync_period >= 1, "sync_period", "v must be >= 1")
-        need(self.epsilon >= 0, "epsilon", "must be >= 0")
-        need(self.beta >= 0, "beta", "must be >= 0")
-        need(self.ref_sync_steps >= 0, "ref_sync_steps", "must be >= 0")
-        need(0 <= self.variance_eps <= EPS_MAX, "variance_eps", "must lie in [0, 3/4] (Theorem 1)")
-        need(self.learning_rate > 0, "learning_rate", "must be > 0")
-        need(self.max_steps >= 1, "max_steps", "must be >= 1")
+        require(self, self.n_prompts >= 1, "n_prompts", "must be >= 1")
+        require(self, self.n_actions >= 2, "n_actions", "must be >= 2")
+        require(self, self.init_scale >= 0, "init_scale", "must be >= 0")
+        require(self, 1 <= self.prompts_per_step, "prompts_per_step", "must be >= 1")
+        require(self, self.num_generations >= 2, "num_generations", "a group needs G >= 2")
+        require(self, self.num_iterations >= 1, "num_iterations", "must be >= 1")
+        require(self, self.sync_period >= 1, "sync_period", "v must be >= 1")
+        require(self, self.epsilon >= 0, "epsilon", "must be >= 0")
+        require(self, self.beta >= 0, "beta", "must be >= 0")
+        require(self, self.ref_sync_steps >= 0, "ref_sync_steps", "must be >= 0")
+        require(self, 0 <= self.variance_eps <= EPS_MAX, "variance_eps", "must lie in [0, 3/4] (Theorem 1)")
+        require(self, self.learning_rate > 0, "learning_rate", "must be > 0")
+        require(self, self.max_steps >= 1, "max_steps", "must be >= 1")
 
 
 @dataclasses.dataclass

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from grpo_theory.validation import EPS_MAX
+from grpo_theory.validation import EPS_MAX, require
 
 
 @dataclasses.dataclass
@@ -101,29 +101,25 @@ class GRPOConfig:
     """Show a tqdm progress bar."""
 
     def __post_init__(self):
-        def need(cond: bool, field: str, why: str):
-            if not cond:
-                raise ValueError(f"{field}: {why}, got {getattr(self, field)!r}")
-
-        need(self.max_steps >= 1, "max_steps", "must be >= 1")
-        need(self.prompts_per_step >= 1, "prompts_per_step", "must be >= 1")
-        need(self.num_generations >= 2, "num_generations", "a group needs G >= 2 completions")
-        need(self.num_iterations >= 1, "num_iterations", "must be >= 1")
-        need(self.sync_period >= 1, "sync_period", "v must be >= 1")
-        need(self.ref_sync_steps >= 0, "ref_sync_steps", "must be >= 0")
-        need(0 <= self.epsilon < 10, "epsilon", "the clip width must lie in [0, 10)")
-        need(self.beta >= 0, "beta", "must be >= 0")
-        need(0 <= self.variance_eps <= EPS_MAX, "variance_eps", "must lie in [0, 3/4] (Theorem 1)")
-        need(self.learning_rate > 0, "learning_rate", "must be > 0")
-        need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
-        need(self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0")
-        need(self.max_completion_length >= 1, "max_completion_length", "must be >= 1")
-        need(self.temperature > 0, "temperature", "must be > 0")
-        need(self.logging_steps >= 1, "logging_steps", "must be >= 1")
-        need(self.save_steps >= 0, "save_steps", "must be >= 0")
-        need(self.num_threads >= 0, "num_threads", "must be >= 0")
-        need(bool(self.output_dir), "output_dir", "must not be empty")
-        need(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
+        require(self, self.max_steps >= 1, "max_steps", "must be >= 1")
+        require(self, self.prompts_per_step >= 1, "prompts_per_step", "must be >= 1")
+        require(self, self.num_generations >= 2, "num_generations", "a group needs G >= 2 completions")
+        require(self, self.num_iterations >= 1, "num_iterations", "must be >= 1")
+        require(self, self.sync_period >= 1, "sync_period", "v must be >= 1")
+        require(self, self.ref_sync_steps >= 0, "ref_sync_steps", "must be >= 0")
+        require(self, 0 <= self.epsilon < 10, "epsilon", "the clip width must lie in [0, 10)")
+        require(self, self.beta >= 0, "beta", "must be >= 0")
+        require(self, 0 <= self.variance_eps <= EPS_MAX, "variance_eps", "must lie in [0, 3/4] (Theorem 1)")
+        require(self, self.learning_rate > 0, "learning_rate", "must be > 0")
+        require(self, self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        require(self, self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0")
+        require(self, self.max_completion_length >= 1, "max_completion_length", "must be >= 1")
+        require(self, self.temperature > 0, "temperature", "must be > 0")
+        require(self, self.logging_steps >= 1, "logging_steps", "must be >= 1")
+        require(self, self.save_steps >= 0, "save_steps", "must be >= 0")
+        require(self, self.num_threads >= 0, "num_threads", "must be >= 0")
+        require(self, bool(self.output_dir), "output_dir", "must not be empty")
+        require(self, self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
              "device", "expected auto, cpu or cuda[:n]")
 
     # ---- derived values ----------------------------------------------------------------------

@@ -120,7 +120,7 @@ class GRPOConfig:
         require(self, self.num_threads >= 0, "num_threads", "must be >= 0")
         require(self, bool(self.output_dir), "output_dir", "must not be empty")
         require(self, self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
-             "device", "expected auto, cpu or cuda[:n]")
+                "device", "expected auto, cpu or cuda[:n]")
 
     # ---- derived values ----------------------------------------------------------------------
     @property

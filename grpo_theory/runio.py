@@ -8,14 +8,19 @@ import os
 from pathlib import Path
 
 
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def write_config(run_dir: str | Path, config) -> Path:
     """Write the resolved config (a dataclass) as config.json, atomically; returns the directory."""
     path = Path(run_dir)
     path.mkdir(parents=True, exist_ok=True)
     data = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
-    tmp = path / "config.json.tmp"
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path / "config.json")
+    atomic_write_text(path / "config.json", json.dumps(data, indent=1, sort_keys=True))
     return path
 
 

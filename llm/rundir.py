@@ -17,16 +17,14 @@ from pathlib import Path
 
 import torch
 
+from grpo_theory.runio import MetricsWriter, atomic_write_text, read_metrics, write_config
+
 from .config import GRPOConfig
+
+__all__ = ["RunDir", "read_metrics", "RESUMABLE_FIELDS"]
 
 #: Fields that may change when a run is resumed (they do not change what a step computes).
 RESUMABLE_FIELDS = {"max_steps", "logging_steps", "save_steps", "progress", "num_threads", "output_dir"}
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 class RunDir:
@@ -64,7 +62,7 @@ class RunDir:
         else:
             for name in ("metrics.jsonl", "samples.jsonl"):
                 (self.path / name).unlink(missing_ok=True)
-        _atomic_write_text(self.path / "config.json", self.config.to_json())
+        write_config(self.path, self.config)
         return ckpt
 
     def _truncate_metrics(self, next_step: int) -> None:
@@ -79,12 +77,10 @@ class RunDir:
                 continue  # a line cut by a crash
             if row.get("step", math.inf) < next_step:
                 keep.append(line)
-        _atomic_write_text(self.metrics_path, "".join(k + "\n" for k in keep))
+        atomic_write_text(self.metrics_path, "".join(k + "\n" for k in keep))
 
     def append_metrics(self, row: dict) -> None:
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(row, allow_nan=True) + "\n")
-            f.flush()
+        MetricsWriter(self.path, fresh=False).write(row)
 
     def append_samples(self, rows: list[dict]) -> None:
         with (self.path / "samples.jsonl").open("a") as f:
@@ -95,9 +91,3 @@ class RunDir:
         tmp = self.checkpoint_path.with_name("checkpoint.pt.tmp")
         torch.save(state, tmp)
         os.replace(tmp, self.checkpoint_path)
-
-
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    """All rows of a run's metrics.jsonl."""
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

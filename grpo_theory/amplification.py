@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import expit
 
-from .core import expected_reward, whitened_advantage
+from .core import whitened_advantage
 from .validation import as_policy, as_reward
 
 #: Grid used to bracket the fixed points of h before bisection.
@@ -145,8 +145,3 @@ def mirror_success_iterates(p_ref, beta, eps, n_steps: int) -> np.ndarray:
         p = expit(logit)
         out.append(p)
     return np.stack(out)
-
-
-def success_probability(pi, r) -> np.ndarray:
-    """p = J(pi) for a {0, 1} reward table: the probability of success."""
-    return expected_reward(pi, r)

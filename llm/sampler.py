@@ -8,7 +8,6 @@ weights are exact); ``load_weights`` copies the trainer's current weights in (al
 from __future__ import annotations
 
 import copy
-import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -93,9 +92,3 @@ class TransformersSampler:
 
     def close(self) -> None:
         self.model = None
-
-
-def timed(fn, *args, **kwargs):
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - t0

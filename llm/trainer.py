@@ -52,7 +52,8 @@ def resolve_model_path(config: GRPOConfig, log=print) -> str:
     return str(tiny_model_dir(log=log))
 
 
-def load_policy(path: str, dtype: str, device: torch.device):
+def load_policy(path: str, device: torch.device):
+    """The policy with float32 master weights (bf16 runs use autocast) and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -164,14 +165,14 @@ def train(config: GRPOConfig, log=print) -> Path:
     device = resolve_device(config.device)
     task = load_task(config.dataset, config.reward_fn)
     model_path = resolve_model_path(config, log=log)
-    policy, tokenizer = load_policy(model_path, config.dtype, device)
+    policy, tokenizer = load_policy(model_path, device)
     _AUTOCAST["dtype"] = torch.bfloat16 if config.dtype == "bfloat16" else None
     policy.train()
     if policy.config.vocab_size < len(tokenizer):
         raise ValueError("model_name_or_path: tokenizer is larger than the model's vocabulary")
     opt = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
-    max_prompt_tokens = max(len(ids) for ids in tokenizer(list(task.prompts)).input_ids)
-    sampler = make_sampler(config, policy, tokenizer, model_path, max_prompt_tokens)
+    prompt_tokens = tokenizer(list(task.prompts)).input_ids  # once; indexed by prompt every step
+    sampler = make_sampler(config, policy, tokenizer, model_path, max(map(len, prompt_tokens)))
     # alpha's weights on the trainer side: for recomputed behaviour log-probs, TV diagnostics and
     # checkpoints (the transformers sampler's own copy serves; vLLM needs a separate copy).
     alpha_model = sampler.model if isinstance(sampler, TransformersSampler) else frozen_copy(policy)
@@ -236,7 +237,7 @@ def train(config: GRPOConfig, log=print) -> Path:
                 w0 = step - step % v if config.window_generation else step
                 steps = list(range(w0, min(w0 + v, config.max_steps))) if config.window_generation else [step]
                 all_idx = [i for s in steps for i in prompts_of(s)]
-                roll = sampler.generate([tokenizer(task.prompts[i]).input_ids for i in all_idx], G,
+                roll = sampler.generate([prompt_tokens[i] for i in all_idx], G,
                                         config.max_completion_length, config.temperature, step_seed(config.seed, w0))
                 for j, s in enumerate(steps):
                     if s >= step:
@@ -256,7 +257,7 @@ def train(config: GRPOConfig, log=print) -> Path:
             adv = gt.group_advantages(rewards, config.variance_eps, scale=config.scale_rewards == "group")
             zero_std = np.ptp(rewards, axis=1) == 0
             keep = ~zero_std if config.mask_zero_std_groups else np.ones(P, bool)
-            prompt_ids = [tokenizer(task.prompts[i]).input_ids for i in idx for _ in range(G)]
+            prompt_ids = [prompt_tokens[i] for i in idx for _ in range(G)]
             batch = make_batch(prompt_ids, roll.completion_ids, tokenizer.pad_token_id, device)
             T = batch.completion_ids.shape[1]
             adv_t = torch.tensor(adv.reshape(-1), dtype=torch.float32, device=device)

@@ -114,7 +114,7 @@ def test_metrics_rows_after_the_checkpoint_are_dropped_on_resume(tmp_path):
 
 def test_positions_match_generation_with_left_padding():
     """Trainer log-probs of a batch with left-padded prompts equal those of each sequence alone."""
-    policy, tok = load_policy(str(tiny_model_dir()), "float32", torch.device("cpu"))
+    policy, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))
     prompts = [tok("1+2=").input_ids, tok("13+7=").input_ids]
     comps = [tok("3").input_ids + [tok.eos_token_id], tok("20").input_ids + [tok.eos_token_id]]
     with torch.no_grad():

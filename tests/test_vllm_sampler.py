@@ -20,7 +20,7 @@ def engine():
     from llm.vllm_sampler import VLLMSampler
 
     path = str(tiny_model_dir())
-    policy, tok = load_policy(path, "float32", torch.device("cpu"))
+    policy, tok = load_policy(path, torch.device("cpu"))
     sampler = VLLMSampler(path, dtype="float32", seed=0, max_model_len=64, eos_token_id=tok.eos_token_id)
     yield sampler, policy, tok
     sampler.close()

@@ -59,9 +59,3 @@ def check_same_actions(**arrays: np.ndarray) -> None:
     except ValueError:
         detail = ", ".join(f"{k}: {arrays[k].shape}" for k in names)
         raise ValueError(f"shapes do not broadcast ({detail})") from None
-
-
-def require(config, cond: bool, field: str, why: str) -> None:
-    """Config validation: raise ``ValueError("<field>: <why>, got <value>")`` unless ``cond``."""
-    if not cond:
-        raise ValueError(f"{field}: {why}, got {getattr(config, field)!r}")

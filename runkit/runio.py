@@ -1,4 +1,4 @@
-"""Run directories shared by the bandit simulator and the LLM trainer: config.json + metrics.jsonl."""
+"""Run directories shared by the bandit simulator and the LLM trainer: ``config.json`` + ``metrics.jsonl``."""
 
 from __future__ import annotations
 
@@ -50,3 +50,11 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 
 def read_config(run_dir: str | Path) -> dict:
     return json.loads((Path(run_dir) / "config.json").read_text())
+
+
+def load_runs(root: str | Path) -> dict[str, list[list[dict]]]:
+    """{configuration directory name: [metrics rows of each ``seed*`` run directory]} under ``root``."""
+    out = {}
+    for conf in sorted(p for p in Path(root).iterdir() if p.is_dir()):
+        out[conf.name] = [read_metrics(s) for s in sorted(conf.glob("seed*"))]
+    return out

@@ -18,8 +18,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import grpo_theory as gt  # noqa: E402
-from grpo_theory.experiments import ABLATION, V_SWEEP, load_runs, slug  # noqa: E402
-from grpo_theory.runio import read_metrics  # noqa: E402
+from grpo_theory.experiments import ABLATION, V_SWEEP, slug  # noqa: E402
+from grpo_theory.simulate import final_j  # noqa: E402
+from runkit.runio import load_runs, read_metrics  # noqa: E402
 
 HERE = Path(__file__).parent
 
@@ -94,7 +95,7 @@ def tv_and_j_vs_v(runs_root: Path) -> None:
         if not seeds:
             continue
         t = [np.mean([r["tv/pi_k_alpha"] for r in rows]) for rows in seeds]
-        f = [rows[-1]["j/pi_k"] + rows[-1]["improvement"] for rows in seeds]
+        f = [final_j(rows) for rows in seeds]
         vs.append(v); tv.append(np.mean(t)); tv_s.append(np.std(t)); fj.append(np.mean(f)); fj_s.append(np.std(f))
     fig, ax = plt.subplots(figsize=(5.5, 4))
     ax.errorbar(vs, tv, tv_s, marker="o", color="C0", capsize=3)

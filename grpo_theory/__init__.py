@@ -1,7 +1,7 @@
 """Exact, tabular mathematics of off-policy GRPO (Mroueh et al., arXiv 2505.22257).
 
-Pure numpy functions, float64, vectorised over leading batch dimensions; see PAPER.md for the
-statements and README.md for the symbol table.
+Pure numpy functions, float64, vectorised over leading batch dimensions; docs/theory.md states the
+mathematics (its section numbers are the ones docstrings cite) and README.md has the symbol table.
 """
 
 from .amplification import (
@@ -20,7 +20,9 @@ from .core import (
     bernoulli_penalty_weight,
     bound_constant,
     bound_terms,
+    clip_flags,
     clip_objective,
+    clip_window,
     clipped_surrogate,
     combine_bound,
     expected_reward,
@@ -30,6 +32,7 @@ from .core import (
     lag_penalty,
     penalty_weight,
     reward_std,
+    softmax,
     surrogate,
     tv_distance,
     tv_penalty,
@@ -42,7 +45,9 @@ __all__ = [
     "bernoulli_penalty_weight",
     "bound_constant",
     "bound_terms",
+    "clip_flags",
     "clip_objective",
+    "clip_window",
     "clipped_surrogate",
     "closed_form_iterates",
     "combine_bound",
@@ -55,6 +60,7 @@ __all__ = [
     "mirror_success_iterates",
     "penalty_weight",
     "reward_std",
+    "softmax",
     "success_fixed_point",
     "success_fixed_points",
     "success_iterates",

@@ -1,4 +1,4 @@
-"""Success amplification (Mroueh, arXiv 2503.06639; PAPER.md, last section).
+"""Success amplification (Mroueh, arXiv 2503.06639; docs/theory.md, §9).
 
 With {0, 1} rewards, no clipping, KL to pi_ref with weight beta and eps > 0, the success
 probability of one prompt follows p_n = h(p_{n-1}), p_0 = p_ref, with

@@ -1,4 +1,4 @@
-"""Exact quantities of off-policy GRPO on finite action sets (PAPER.md, "Objects" and Theorem 1).
+"""Exact quantities of off-policy GRPO on finite action sets (docs/theory.md, §1-§6).
 
 Pure functions, float64, vectorised over leading batch dimensions: a policy or a reward table is
 an array of shape ``(..., n_actions)`` and results have shape ``(...)`` unless said otherwise.
@@ -23,8 +23,15 @@ PAPER_CONSTANT = 2.0
 
 
 # ----------------------------------------------------------------------------------------------
-# Expectations and distances
+# Policies, expectations and distances
 # ----------------------------------------------------------------------------------------------
+
+
+def softmax(logits) -> np.ndarray:
+    """The softmax-tabular policy exp(z) / sum exp(z) over the last axis (shifted by the max, so no overflow)."""
+    z = np.asarray(logits, dtype=np.float64)
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 def expected_reward(pi, r) -> np.ndarray:
@@ -137,8 +144,28 @@ def surrogate(pi, alpha, r, eps) -> np.ndarray:
     return np.sum((pi - alpha) * a, axis=-1)
 
 
+def clip_window(ratio_k, clip):
+    """The interval [max(r' - clip, 0), r' + clip] the ratio r = pi/alpha may move in (docs/theory.md, §6).
+
+    ``ratio_k`` = r' = pi_k/alpha. Returns ``(low, high)``. With r' = 1 it is PPO's [1 - clip, 1 + clip].
+    """
+    ratio_k = np.asarray(ratio_k, dtype=np.float64)
+    return np.maximum(ratio_k - clip, 0.0), ratio_k + clip
+
+
+def clip_flags(ratio, ratio_k, adv, clip):
+    """Where the clip of f_eps stops the gradient: ``(low, high)`` boolean arrays.
+
+    low: r below the window with a negative advantage; high: r above it with a positive advantage.
+    Elsewhere the unclipped branch r a of the min is active and the gradient flows through r.
+    """
+    ratio, adv = np.asarray(ratio, dtype=np.float64), np.asarray(adv, dtype=np.float64)
+    low, high = clip_window(ratio_k, clip)
+    return (ratio < low) & (adv < 0), (ratio > high) & (adv > 0)
+
+
 def clip_objective(ratio, ratio_k, adv, clip):
-    """f_eps(r, r', a) = min(r a, clip(r, max(r' - clip, 0), r' + clip) a), elementwise.
+    """f_eps(r, r', a) = min(r a, clip(r, max(r' - clip, 0), r' + clip) a), elementwise (docs/theory.md, §6).
 
     ``ratio`` = pi/alpha, ``ratio_k`` = pi_k/alpha, ``adv`` = A_alpha. With r' = 1 this is PPO's
     clipping. Works on numpy arrays; the torch loss in ``llm`` is tested against it.
@@ -146,7 +173,7 @@ def clip_objective(ratio, ratio_k, adv, clip):
     ratio, ratio_k, adv, clip = (np.asarray(x, dtype=np.float64) for x in (ratio, ratio_k, adv, clip))
     if not np.all(np.isfinite(clip)) or np.any(clip < 0):
         raise ValueError(f"clip: must be >= 0, got {clip!r}")
-    clipped = np.clip(ratio, np.maximum(ratio_k - clip, 0.0), ratio_k + clip)
+    clipped = np.clip(ratio, *clip_window(ratio_k, clip))
     return np.minimum(ratio * adv, clipped * adv)
 
 

@@ -20,9 +20,9 @@ from typing import Literal
 
 import numpy as np
 
-from .cli import parse, run_main
-from .runio import read_metrics
-from .simulate import SimConfig, final_j, simulate
+from runkit.cli import parse, run_main
+
+from .simulate import SimConfig, bound_violations, final_j, simulate, steps_to_target
 
 ABLATION = {
     "on-policy (v=1, i=1)": dict(sync_period=1, num_iterations=1),
@@ -80,13 +80,6 @@ def _pm(xs, fmt: str = ".3f") -> str:
     return f"{np.nanmean(xs):{fmt}} ± {np.nanstd(xs):{fmt}}"
 
 
-def steps_to_target(rows: list[dict], target: float) -> float:
-    for r in rows:
-        if r["j/pi_k"] + r["improvement"] >= target:
-            return r["step"] + 1
-    return float("nan")
-
-
 def ablation(cfg: ExperimentConfig) -> str:
     lines = [f"| configuration | final J | steps to J >= {cfg.target_j} | wall time (s) | weight syncs |",
              "|---|---|---|---|---|"]
@@ -94,7 +87,7 @@ def ablation(cfg: ExperimentConfig) -> str:
         fj, st, wt = [], [], []
         for seed in range(cfg.seeds):
             sim, rows, secs = _run(cfg, "ablation", name, seed, **kw)
-            fj.append(final_j(sim, rows))
+            fj.append(final_j(rows))
             st.append(steps_to_target(rows, cfg.target_j))
             wt.append(secs)
         reached = f"{np.sum(~np.isnan(st))}/{cfg.seeds} reach; " if np.any(np.isnan(st)) else ""
@@ -110,12 +103,11 @@ def vsweep(cfg: ExperimentConfig) -> str:
         fj, tv, pos, pos_t, viol = [], [], [], [], 0
         for seed in range(cfg.seeds):
             sim, rows, _ = _run(cfg, "vsweep", f"v{v}", seed, sync_period=v)
-            fj.append(final_j(sim, rows))
+            fj.append(final_j(rows))
             tv.append(np.mean([r["tv/pi_k_alpha"] for r in rows]))
             pos.append(np.mean([r["bound/lower"] > 0 for r in rows]))
             pos_t.append(np.mean([r["bound/lower_tight"] > 0 for r in rows]))
-            viol += sum((r["bound/slack"] < -r["bound/tolerance"]) + (r["bound/slack_tight"] < -r["bound/tolerance_tight"])
-                        for r in rows)
+            viol += bound_violations(rows) + bound_violations(rows, tight=True)
         lines.append(f"| {v} | {_pm(fj)} | {_pm(tv)} | {_pm(pos)} | {_pm(pos_t)} | {viol} |")
     return "\n".join(lines)
 
@@ -135,14 +127,6 @@ def main(args: list[str] | None = None) -> int:
         path.write_text(text)
         print(f"## {exp} ({time.perf_counter() - t0:.1f} s; {path})\n{text}")
     return 0
-
-
-def load_runs(root: str | Path) -> dict[str, list[list[dict]]]:
-    """{configuration directory name: [metrics rows of each seed]} under ``root`` (for the figures)."""
-    out = {}
-    for conf in sorted(p for p in Path(root).iterdir() if p.is_dir()):
-        out[conf.name] = [read_metrics(s) for s in sorted(conf.glob("seed*"))]
-    return out
 
 
 if __name__ == "__main__":

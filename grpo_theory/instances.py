@@ -11,6 +11,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .core import softmax
+
 
 class Instances(NamedTuple):
     """A batch of single-prompt bandits; policies and rewards have shape (n, n_actions)."""
@@ -20,12 +22,6 @@ class Instances(NamedTuple):
     alpha: np.ndarray
     r: np.ndarray
     eps: np.ndarray
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    z = logits - logits.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)
 
 
 def random_policy_logits(rng: np.random.Generator, n: int, n_actions: int,

@@ -1,4 +1,4 @@
-"""Algorithm 1 of PAPER.md on a tabular contextual bandit, with Theorem 1 evaluated exactly per step.
+"""Algorithm 1 (docs/theory.md, §7) on a tabular contextual bandit, with Theorem 1 evaluated exactly per step.
 
 ``python -m grpo_theory.simulate --help``. A softmax-tabular policy over ``n_actions`` responses for
 each of ``n_prompts`` prompts; the server policy alpha is the trainer policy at the last sync
@@ -20,13 +20,15 @@ import time
 from typing import Literal
 
 import numpy as np
+from tqdm.auto import tqdm
+
+from runkit.cli import parse, run_main
+from runkit.runio import MetricsWriter, write_config
+from runkit.validation import require
 
 from . import core
-from .check import rounding_tolerance
-from .cli import parse, run_main
-from .instances import softmax
-from .runio import MetricsWriter, write_config
-from .validation import EPS_MAX, require
+from .numerics import rounding_tolerance
+from .validation import EPS_MAX
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,16 +112,106 @@ def make_bandit(config: SimConfig) -> Bandit:
     return Bandit(np.full(P, 1.0 / P), table, logits)
 
 
-def _clip_active(ratio, ratio_k, adv, clip):
-    """1 where the gradient of f_clip flows through r (the unclipped branch of the min is active)."""
-    lo, hi = np.maximum(ratio_k - clip, 0.0), ratio_k + clip
-    return ~(((ratio > hi) & (adv > 0)) | ((ratio < lo) & (adv < 0)))
+@dataclasses.dataclass
+class Rollout:
+    """One step's data under alpha: the prompts, and either sampled groups or the exact tables."""
+
+    xs: np.ndarray                 # (B,) prompt indices (all prompts in population mode)
+    keep: np.ndarray               # (B,) bool: prompts the zero-variance mask keeps
+    reward: float                  # mean sampled reward (population: exact E_x J(alpha))
+    frac_zero_std: float           # fraction of groups with all-equal rewards (population: prompt mass)
+    ys: np.ndarray | None = None   # (B, G) sampled responses; None in population mode
+    adv: np.ndarray | None = None  # (B, G) group advantages, or (P, n) exact A_alpha in population mode
 
 
-def _kl_grad(pi, ref):
+def sample_rollout(config: SimConfig, bandit: Bandit, alpha: np.ndarray, rng: np.random.Generator) -> Rollout:
+    """Rollout, score and advantages (Algorithm 1): G responses per prompt from alpha, or the G -> inf limit."""
+    R, rho, eps = bandit.table, bandit.rho, config.variance_eps
+    P, n = R.shape
+    if config.population:
+        sigma = core.reward_std(alpha, R)
+        keep = sigma > 0 if config.mask_zero_std_groups else np.ones(P, bool)
+        return Rollout(np.arange(P), keep, float(np.sum(rho * core.expected_reward(alpha, R))),
+                       float(np.sum(rho * (sigma == 0))), adv=core.whitened_advantage(alpha, R, eps))
+    B, G = config.prompts_per_step, config.num_generations
+    xs = rng.choice(P, size=B, p=rho)
+    cum = np.cumsum(alpha[xs], axis=1)
+    ys = np.minimum((rng.random((B, G, 1)) > cum[:, None, :]).sum(-1), n - 1)  # (B, G) inverse CDF
+    r_exp = R[xs[:, None], ys]
+    r = (rng.random((B, G)) < r_exp).astype(float) if config.stochastic_rewards else r_exp
+    zero = np.ptp(r, axis=1) == 0
+    keep = ~zero if config.mask_zero_std_groups else np.ones(B, bool)
+    return Rollout(xs, keep, float(r.mean()), float(zero.mean()), ys=ys, adv=core.group_advantages(r, eps))
+
+
+def kl_gradient(pi, ref):
     """d/d logits of KL(pi || ref) for pi = softmax(logits): pi (log pi - log ref - KL)."""
     kl = np.sum(pi * (np.log(pi) - np.log(ref)), axis=-1, keepdims=True)
     return pi * (np.log(pi) - np.log(ref) - kl)
+
+
+def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, pi_k, alpha, ref):
+    """Gradient w.r.t. the logits ``theta`` of the step's objective, and the clip fractions.
+
+    The objective (docs/theory.md, §6-§7) is the mean over kept groups of f_eps(pi/alpha, pi_k/alpha, A)
+    (sampled mode: over the G samples of each group; population mode: exact, rho-weighted, E_alpha),
+    minus beta KL(pi || pi_ref) on the step's prompts. Returns ``(grad, clip_low, clip_high)``.
+    """
+    pi = core.softmax(theta)
+    grad = np.zeros_like(theta)
+    clip = config.epsilon
+    if config.population:
+        rho, adv = bandit.rho, roll.adv
+        ratio, ratio_k = pi / alpha, pi_k / alpha
+        low, high = core.clip_flags(ratio, ratio_k, adv, clip)
+        g_y = pi * adv * ~(low | high)  # alpha * A * r * active, per action
+        g = g_y - pi * g_y.sum(axis=1, keepdims=True)  # chain rule through softmax
+        grad += (rho * roll.keep)[:, None] * g
+        clip_low = float(np.sum(rho[:, None] * alpha * low))
+        clip_high = float(np.sum(rho[:, None] * alpha * high))
+    else:
+        xs, ys, adv, keep = roll.xs, roll.ys, roll.adv, roll.keep
+        B, G = ys.shape
+        p_y, a_y, k_y = pi[xs[:, None], ys], alpha[xs[:, None], ys], pi_k[xs[:, None], ys]
+        ratio, ratio_k = p_y / a_y, k_y / a_y
+        low, high = core.clip_flags(ratio, ratio_k, adv, clip)
+        coef = adv * ratio * ~(low | high) * keep[:, None] / max(int(keep.sum()) * G, 1)  # (B, G)
+        onehot_sum = np.zeros((B, theta.shape[1]))
+        np.add.at(onehot_sum, (np.repeat(np.arange(B)[:, None], G, axis=1), ys), coef)
+        g = onehot_sum - pi[xs] * coef.sum(axis=1, keepdims=True)
+        np.add.at(grad, xs, g)
+        clip_low, clip_high = float(np.mean(low)), float(np.mean(high))
+    if config.beta > 0:  # exact KL on the batch's prompts (all prompts, rho-weighted, in population mode)
+        kg = kl_gradient(pi[roll.xs], ref[roll.xs])
+        if config.population:
+            grad -= config.beta * bandit.rho[:, None] * kg
+        else:
+            np.add.at(grad, roll.xs, -config.beta * kg / len(roll.xs))
+    return grad, clip_low, clip_high
+
+
+def exact_diagnostics(bandit: Bandit, pi_new, pi_k, alpha, ref, eps: float) -> dict[str, float]:
+    """J(pi_k), the realised improvement J(pi_{k+1}) - J(pi_k) and every Theorem 1 term, exact and
+    rho-weighted, with the float64 allowance of each bound (docs/theory.md, §3 and §10)."""
+    R, rho = bandit.table, bandit.rho
+    improvement_x = core.expected_reward(pi_new, R) - core.expected_reward(pi_k, R)
+    row = {"j/pi_k": float(np.sum(rho * core.expected_reward(pi_k, R))),
+           "improvement": float(np.sum(rho * improvement_x)),
+           "kl": float(np.sum(rho * core.kl_divergence(pi_new, ref))),
+           "tv/pi_new_alpha": float(np.sum(rho * core.tv_distance(pi_new, alpha))),
+           "tv/pi_k_alpha": float(np.sum(rho * core.tv_distance(pi_k, alpha)))}
+    for suffix, tight in (("", False), ("_tight", True)):
+        t = core.bound_terms(pi_new, pi_k, alpha, R, eps, tight=tight)
+        tol = rounding_tolerance(alpha, R, eps, t, tight)
+        lower = float(np.sum(rho * t.lower)) if np.all(np.isfinite(t.lower)) else float("-inf")
+        row[f"bound/lower{suffix}"] = lower
+        row[f"bound/slack{suffix}"] = row["improvement"] - lower
+        row[f"bound/tolerance{suffix}"] = float(np.sum(rho * tol))
+        if not tight:
+            row["bound/surrogate"] = float(np.sum(rho * t.surrogate))
+            row["bound/penalty_tv"] = float(np.sum(rho * t.penalty_tv))
+            row["bound/penalty_lag"] = float(np.sum(rho * t.penalty_lag))
+    return row
 
 
 def simulate(config: SimConfig, progress: bool = False) -> list[dict]:
@@ -133,130 +225,73 @@ def simulate(config: SimConfig, progress: bool = False) -> list[dict]:
     theta = bandit.logits0.copy()
     theta_alpha = theta.copy()
     theta_ref = theta.copy()
-    R, rho = bandit.table, bandit.rho
-    P, n = R.shape
-    eps, clip = config.variance_eps, config.epsilon
     rows = []
     last_sync = 0
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=config.max_steps, unit="step")
+    bar = tqdm(total=config.max_steps, unit="step", disable=not progress)
     t_start = time.perf_counter()
     for step in range(config.max_steps):
         # ---- sync: every v steps the server gets the trainer's weights
         if step % config.sync_period == 0:
             theta_alpha = theta.copy()
             last_sync = step
-        pi_k, alpha, ref = softmax(theta), softmax(theta_alpha), softmax(theta_ref)
-
+        pi_k, alpha, ref = core.softmax(theta), core.softmax(theta_alpha), core.softmax(theta_ref)
         # ---- rollout + score + advantages
-        if config.population:
-            xs = np.arange(P)
-            weight_x = rho.copy()
-            sigma = core.reward_std(alpha, R)
-            keep = sigma > 0 if config.mask_zero_std_groups else np.ones(P, bool)
-            adv_table = core.whitened_advantage(alpha, R, eps)  # (P, n)
-            sampled_reward = float(np.sum(rho * core.expected_reward(alpha, R)))
-            frac_zero = float(np.sum(rho * (sigma == 0)))
-        else:
-            B, G = config.prompts_per_step, config.num_generations
-            xs = rng.choice(P, size=B, p=rho)
-            cum = np.cumsum(alpha[xs], axis=1)
-            ys = np.minimum((rng.random((B, G, 1)) > cum[:, None, :]).sum(-1), n - 1)  # (B, G) inverse CDF
-            r_exp = R[xs[:, None], ys]
-            r = (rng.random((B, G)) < r_exp).astype(float) if config.stochastic_rewards else r_exp
-            adv = core.group_advantages(r, eps)
-            zero = np.ptp(r, axis=1) == 0
-            keep = ~zero if config.mask_zero_std_groups else np.ones(B, bool)
-            sampled_reward = float(r.mean())
-            frac_zero = float(zero.mean())
-
+        roll = sample_rollout(config, bandit, alpha, rng)
         # ---- optimise: i gradient-ascent steps on L^c - beta KL
-        clipped_low = clipped_high = 0.0
         for _ in range(config.num_iterations):
-            pi = softmax(theta)
-            grad = np.zeros_like(theta)
-            if config.population:
-                ratio, ratio_k = pi / alpha, pi_k / alpha
-                act = _clip_active(ratio, ratio_k, adv_table, clip)
-                g_y = pi * adv_table * act  # alpha * A * r * active, per action
-                g = g_y - pi * g_y.sum(axis=1, keepdims=True)  # chain rule through softmax
-                grad += (weight_x * keep)[:, None] * g
-                lo, hi = np.maximum(ratio_k - clip, 0.0), ratio_k + clip
-                clipped_low = float(np.sum(rho[:, None] * alpha * ((ratio < lo) & (adv_table < 0))))
-                clipped_high = float(np.sum(rho[:, None] * alpha * ((ratio > hi) & (adv_table > 0))))
-            else:
-                bi = np.arange(B)[:, None]
-                p_y, a_y, k_y = pi[xs[:, None], ys], alpha[xs[:, None], ys], pi_k[xs[:, None], ys]
-                ratio, ratio_k = p_y / a_y, k_y / a_y
-                act = _clip_active(ratio, ratio_k, adv, clip)
-                coef = adv * ratio * act * keep[:, None] / max(int(keep.sum()) * G, 1)  # (B, G)
-                onehot_sum = np.zeros((B, n))
-                np.add.at(onehot_sum, (np.repeat(bi, G, axis=1), ys), coef)
-                g = onehot_sum - pi[xs] * coef.sum(axis=1, keepdims=True)
-                np.add.at(grad, xs, g)
-                lo, hi = np.maximum(ratio_k - clip, 0.0), ratio_k + clip
-                clipped_low = float(np.mean((ratio < lo) & (adv < 0)))
-                clipped_high = float(np.mean((ratio > hi) & (adv > 0)))
-            if config.beta > 0:  # exact KL on the batch's prompts (all prompts, rho-weighted, in population mode)
-                kg = _kl_grad(pi[xs], ref[xs])
-                if config.population:
-                    grad -= config.beta * rho[:, None] * kg
-                else:
-                    np.add.at(grad, xs, -config.beta * kg / len(xs))
+            grad, clip_low, clip_high = objective_gradient(config, bandit, roll, theta, pi_k, alpha, ref)
             theta = theta + config.learning_rate * grad
-        pi_new = softmax(theta)
-
         # ---- exact diagnostics (Theorem 1 per prompt, prompt-weighted)
-        improvement_x = core.expected_reward(pi_new, R) - core.expected_reward(pi_k, R)
-        row = {"step": step, "lag": step - last_sync, "reward": sampled_reward,
-               "j/pi_k": float(np.sum(rho * core.expected_reward(pi_k, R))),
-               "improvement": float(np.sum(rho * improvement_x)),
-               "frac_reward_zero_std": frac_zero,
-               "kl": float(np.sum(rho * core.kl_divergence(pi_new, ref))),
-               "clip_ratio/low_mean": clipped_low, "clip_ratio/high_mean": clipped_high,
-               "tv/pi_new_alpha": float(np.sum(rho * core.tv_distance(pi_new, alpha))),
-               "tv/pi_k_alpha": float(np.sum(rho * core.tv_distance(pi_k, alpha)))}
-        for suffix, tight in (("", False), ("_tight", True)):
-            t = core.bound_terms(pi_new, pi_k, alpha, R, eps, tight=tight)
-            tol = rounding_tolerance(alpha, R, eps, t, tight)
-            lower = float(np.sum(rho * t.lower)) if np.all(np.isfinite(t.lower)) else float("-inf")
-            row[f"bound/lower{suffix}"] = lower
-            row[f"bound/slack{suffix}"] = row["improvement"] - lower
-            row[f"bound/tolerance{suffix}"] = float(np.sum(rho * tol))
-            if not tight:
-                row["bound/surrogate"] = float(np.sum(rho * t.surrogate))
-                row["bound/penalty_tv"] = float(np.sum(rho * t.penalty_tv))
-                row["bound/penalty_lag"] = float(np.sum(rho * t.penalty_lag))
+        row = {"step": step, "lag": step - last_sync, "reward": roll.reward, "frac_reward_zero_std": roll.frac_zero_std,
+               "clip_ratio/low_mean": clip_low, "clip_ratio/high_mean": clip_high}
+        row.update(exact_diagnostics(bandit, core.softmax(theta), pi_k, alpha, ref, config.variance_eps))
         row["time/elapsed"] = time.perf_counter() - t_start
         rows.append(row)
         if writer is not None:
             writer.write(row)
-
         # ---- reference reset
         if config.ref_sync_steps and (step + 1) % config.ref_sync_steps == 0:
             theta_ref = theta.copy()
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(J=f"{row['j/pi_k']:.3f}", tv=f"{row['tv/pi_k_alpha']:.3f}")
-    if bar is not None:
-        bar.close()
+        bar.update(1)
+        bar.set_postfix(J=f"{row['j/pi_k']:.3f}", tv=f"{row['tv/pi_k_alpha']:.3f}")
+    bar.close()
     return rows
 
 
-def final_j(config: SimConfig, rows: list[dict]) -> float:
+# ----------------------------------------------------------------------------------------------
+# Reading a run's rows (used by the command below, the experiments, the figures and the notebook)
+# ----------------------------------------------------------------------------------------------
+
+
+def final_j(rows: list[dict]) -> float:
     """J of the final policy: J(pi_k) at the last step plus its exact improvement."""
-    return rows[-1]["j/pi_k"] + rows[-1]["improvement"]
+    return j_after(rows[-1])
+
+
+def j_after(row: dict) -> float:
+    """J(pi_{k+1}) of one step's row: J(pi_k) plus the exact improvement."""
+    return row["j/pi_k"] + row["improvement"]
+
+
+def steps_to_target(rows: list[dict], target: float) -> float:
+    """Number of steps until J(pi_{k+1}) first reaches ``target`` (NaN if never)."""
+    for r in rows:
+        if j_after(r) >= target:
+            return r["step"] + 1
+    return float("nan")
+
+
+def bound_violations(rows: list[dict], tight: bool = False) -> int:
+    """Steps where the exact bound exceeds the realised improvement by more than its float64 allowance."""
+    suffix = "_tight" if tight else ""
+    return sum(r[f"bound/slack{suffix}"] < -r[f"bound/tolerance{suffix}"] for r in rows)
 
 
 def main(args: list[str] | None = None) -> int:
     config = parse(SimConfig, args, prog="python -m grpo_theory.simulate", description=__doc__.splitlines()[0])
     rows = simulate(config, progress=True)
-    viol = sum(r["bound/slack"] < -r["bound/tolerance"] for r in rows)
-    viol_t = sum(r["bound/slack_tight"] < -r["bound/tolerance_tight"] for r in rows)
-    print(f"J: {rows[0]['j/pi_k']:.4f} -> {final_j(config, rows):.4f} in {config.max_steps} steps "
+    viol, viol_t = bound_violations(rows), bound_violations(rows, tight=True)
+    print(f"J: {rows[0]['j/pi_k']:.4f} -> {final_j(rows):.4f} in {config.max_steps} steps "
           f"({config.max_steps / rows[-1]['time/elapsed']:.0f} steps/s)")
     print(f"mean TV(pi_k, alpha) {np.mean([r['tv/pi_k_alpha'] for r in rows]):.4f}; "
           f"bound > 0 on {np.mean([r['bound/lower'] > 0 for r in rows]):.1%} (paper) / "

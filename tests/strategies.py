@@ -5,7 +5,7 @@ eps in [0, 3/4]."""
 import numpy as np
 from hypothesis import strategies as st
 
-from grpo_theory.instances import softmax
+from grpo_theory.core import softmax
 
 n_actions = st.integers(min_value=2, max_value=8)
 eps_values = st.one_of(st.just(0.0), st.just(0.75), st.floats(min_value=0.0, max_value=0.75))

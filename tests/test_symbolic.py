@@ -12,8 +12,8 @@ N = 200
 
 
 def test_bernoulli_variance_is_p_one_minus_p():
-    assert sp.simplify(S.bernoulli_variance() - S.p * (1 - S.p)) == 0
-    f = sp.lambdify(S.p, S.bernoulli_variance())
+    assert sp.simplify(S.bernoulli_variance_expr() - S.p * (1 - S.p)) == 0
+    f = sp.lambdify(S.p, S.bernoulli_variance_expr())
     p = RNG.uniform(0, 1, N)
     samples = RNG.random((N, 20000)) < p[:, None]
     assert np.allclose(f(p), p * (1 - p))
@@ -22,11 +22,11 @@ def test_bernoulli_variance_is_p_one_minus_p():
 
 @pytest.mark.parametrize("n_actions", [2, 3, 4])
 def test_surrogate_identity_symbolic(n_actions):
-    assert S.surrogate_identity(n_actions) == 0
+    assert S.surrogate_identity_residual(n_actions) == 0
 
 
 def test_penalty_weight_matches_numpy():
-    f = sp.lambdify((S.p, S.eps), S.penalty_weight())
+    f = sp.lambdify((S.p, S.eps), S.penalty_weight_expr())
     p, eps = RNG.uniform(0, 1, N), RNG.uniform(0, 0.75, N)
     assert np.allclose(f(p, eps), bernoulli_penalty_weight(p, eps), rtol=1e-12)
 
@@ -45,32 +45,32 @@ def test_penalty_weight_limits():
 
 
 def test_ppo_reduction():
-    assert S.ppo_reduction() == 0
+    assert S.ppo_reduction_residual() == 0
 
 
 def test_f_eps_matches_numpy():
     r_, rk_, a_, c_ = sp.symbols("r rk a c", real=True)
-    f = sp.lambdify((r_, rk_, a_, c_), S.f_eps(r_, rk_, a_, c_))
+    f = sp.lambdify((r_, rk_, a_, c_), S.f_eps_expr(r_, rk_, a_, c_))
     ratio, ratio_k, adv, clip = RNG.uniform(0, 3, N), RNG.uniform(0, 3, N), RNG.normal(size=N), RNG.uniform(0, 1, N)
     expected = np.array([float(f(*x)) for x in zip(ratio, ratio_k, adv, clip)])
     assert np.allclose(clip_objective(ratio, ratio_k, adv, clip), expected, atol=1e-14)
 
 
 def test_success_map_matches_numpy_and_policy_form():
-    h = sp.lambdify((S.p, S.p_ref, S.beta, S.eps), S.success_map())
-    h_pol = sp.lambdify((S.p, S.p_ref, S.beta, S.eps), S.success_map_from_policy())
+    h = sp.lambdify((S.p, S.p_ref, S.beta, S.eps), S.success_map_expr())
+    h_pol = sp.lambdify((S.p, S.p_ref, S.beta, S.eps), S.success_map_from_policy_expr())
     args = RNG.uniform(0, 1, N), RNG.uniform(0.01, 0.99, N), RNG.uniform(0.05, 2, N), RNG.uniform(1e-3, 0.75, N)
     assert np.allclose(h(*args), success_map(*args), rtol=1e-12)
     assert np.allclose(h_pol(*args), success_map(*args), rtol=1e-10)
 
 
 def test_success_map_derivative():
-    dh = sp.lambdify((S.p, S.p_ref, S.beta, S.eps), S.success_map_derivative())
+    dh = sp.lambdify((S.p, S.p_ref, S.beta, S.eps), S.success_map_derivative_expr())
     args = RNG.uniform(0.01, 0.99, N), RNG.uniform(0.01, 0.99, N), RNG.uniform(0.05, 2, N), RNG.uniform(1e-3, 0.75, N)
     assert np.allclose(dh(*args), success_map_derivative(*args), rtol=1e-9, atol=1e-12)
 
 
 def test_convergence_threshold():
-    thr = sp.lambdify((S.p, S.eps), S.convergence_threshold())
+    thr = sp.lambdify((S.p, S.eps), S.convergence_threshold_expr())
     p, eps = RNG.uniform(0.01, 0.99, N), RNG.uniform(1e-3, 0.75, N)
     assert np.allclose(thr(p, eps), local_convergence_beta(p, eps), rtol=1e-12)

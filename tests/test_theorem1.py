@@ -1,4 +1,4 @@
-"""Property tests: one inequality of PAPER.md per test (Theorem 1, Corollary 1, the tight bound)."""
+"""Property tests: one inequality of docs/theory.md per test (Theorem 1, Corollary 1, the tight bound)."""
 
 import numpy as np
 import pytest
@@ -13,7 +13,8 @@ from grpo_theory import (
     surrogate,
     tv_distance,
 )
-from grpo_theory.check import CheckConfig, rounding_tolerance, run_check
+from grpo_theory.check import CheckConfig, run_check
+from grpo_theory.numerics import rounding_tolerance
 
 from .strategies import bandits
 

@@ -3,11 +3,11 @@
 from .config import GRPOConfig
 
 
-def train(config: GRPOConfig, log=print):
-    """Run Algorithm 1 (see ``llm.trainer.train``); returns the run directory."""
-    from .trainer import train as _train
+def train(config: GRPOConfig, log=print, callbacks=()):
+    """Run Algorithm 1 with ``config`` (``llm.trainer.train``); returns the run directory."""
+    from .trainer import train as _train  # torch and transformers load here, not at ``import llm``
 
-    return _train(config, log=log)
+    return _train(config, log=log, callbacks=callbacks)
 
 
 __all__ = ["GRPOConfig", "train"]

@@ -1,4 +1,4 @@
-"""The one training config of off-policy GRPO (Algorithm 1 of PAPER.md).
+"""The one training config of off-policy GRPO (Algorithm 1, docs/theory.md §7).
 
 Field names follow TRL's GRPOConfig where the concept is the same; new concepts carry their
 paper symbol in the docstring. Every bad value raises ``ValueError("<field>: <reason>")``.
@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from grpo_theory.validation import EPS_MAX, require
+from grpo_theory.validation import EPS_MAX
+from runkit.validation import require
 
 
 @dataclasses.dataclass

@@ -1,4 +1,4 @@
-"""Per-step estimates of the TV distances and of every term of Theorem 1 on a language model.
+"""Per-step estimates of the TV distances and of every term of Theorem 1 on a language model (docs/theory.md, §8).
 
 All estimates use the step's own batch: G completions per prompt sampled from alpha.
 
@@ -44,6 +44,33 @@ def entropy_rows(logp: torch.Tensor) -> torch.Tensor:
     """Entropy of each row of a (..., V) log-probability tensor, in nats."""
     p = logp.float().exp()
     return -(p * logp.float()).sum(dim=-1)
+
+
+def mean_entropy(logp_full: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean next-token entropy over the completion positions where ``mask`` (B, T) is 1."""
+    return float((entropy_rows(logp_full) * mask).sum() / mask.sum())
+
+
+def sequence_log_ratio(logp: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor, P: int, G: int) -> np.ndarray:
+    """log pi(y|x)/alpha(y|x) of every completion, summed over its tokens: float64 array of shape (P, G)."""
+    return ((logp - logp_alpha) * mask).sum(1).cpu().numpy().reshape(P, G)
+
+
+def rollout_metrics(rewards: np.ndarray, zero_std: np.ndarray, completions: list[list[int]], eos: int) -> dict[str, float]:
+    """Sampled rewards (P, G), all-equal-reward groups and completion lengths of a step."""
+    return {
+        "reward": float(rewards.mean()),
+        "reward_std": float(rewards.std()),
+        "frac_reward_zero_std": float(zero_std.mean()),
+        "completions/mean_length": float(np.mean([len(c) for c in completions])),
+        "completions/clipped_ratio": float(np.mean([len(c) == 0 or c[-1] != eos for c in completions])),
+    }
+
+
+def sampler_gap(logp_sampler: torch.Tensor, logp_trainer: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """|sampler's log alpha - trainer's recomputation| over the completion tokens: mean and worst token."""
+    diff = (logp_sampler - logp_trainer).abs() * mask
+    return {"sampling/logp_diff_mean": float(diff.sum() / mask.sum()), "sampling/logp_diff_max": float(diff.max())}
 
 
 def token_tv_upper_bound(logp_a_full: torch.Tensor, logp_b_full: torch.Tensor, mask: torch.Tensor) -> float:

@@ -1,4 +1,4 @@
-"""The off-policy clipped GRPO loss: a pure function of tensors (PAPER.md, "Clipped surrogate").
+"""The off-policy clipped GRPO loss: a pure function of tensors (docs/theory.md, §6).
 
 Per completion token (or per sequence with ``ratio_level="sequence"``):
 
@@ -20,10 +20,21 @@ import torch
 LossType = Literal["grpo", "dapo", "dr_grpo"]
 
 
+def clip_window_torch(ratio_k: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """[max(r' - clip, 0), r' + clip]; the torch twin of ``grpo_theory.clip_window`` (tested equal)."""
+    return torch.clamp(ratio_k - clip, min=0.0), ratio_k + clip
+
+
+def clip_flags_torch(ratio: torch.Tensor, ratio_k: torch.Tensor, adv: torch.Tensor, clip: float):
+    """Where the clip stops the gradient, ``(low, high)``; the torch twin of ``grpo_theory.clip_flags``."""
+    low, high = clip_window_torch(ratio_k, clip)
+    return (ratio < low) & (adv < 0), (ratio > high) & (adv > 0)
+
+
 def clip_objective_torch(ratio: torch.Tensor, ratio_k: torch.Tensor, adv: torch.Tensor, clip: float) -> torch.Tensor:
     """f_eps(r, r', a) elementwise; the torch twin of ``grpo_theory.clip_objective`` (tested equal)."""
-    low = torch.clamp(ratio_k - clip, min=0.0)
-    clipped = torch.minimum(torch.maximum(ratio, low), ratio_k + clip)
+    low, high = clip_window_torch(ratio_k, clip)
+    clipped = torch.minimum(torch.maximum(ratio, low), high)
     return torch.minimum(ratio * adv, clipped * adv)
 
 
@@ -103,9 +114,8 @@ def grpo_loss(
 
     with torch.no_grad():
         n = mask.sum().clamp(min=1.0)
-        low = torch.clamp(ratio_k - clip, min=0.0)
-        is_low = ((ratio < low) & (adv < 0)).to(mask.dtype) * mask
-        is_high = ((ratio > ratio_k + clip) & (adv > 0)).to(mask.dtype) * mask
+        flag_low, flag_high = clip_flags_torch(ratio, ratio_k, adv, clip)
+        is_low, is_high = flag_low.to(mask.dtype) * mask, flag_high.to(mask.dtype) * mask
         on = mask > 0
         rk = ratio_k[on] if on.any() else torch.ones(1)
         stats = {

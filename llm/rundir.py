@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from grpo_theory.runio import MetricsWriter, atomic_write_text, read_metrics, write_config
+from runkit.runio import MetricsWriter, atomic_write_text, read_metrics, write_config
 
 from .config import GRPOConfig
 

@@ -1,4 +1,4 @@
-"""Samplers hold the behaviour policy alpha and generate groups of completions.
+"""Samplers hold the behaviour policy alpha and generate groups of completions (docs/theory.md, §1 and §7).
 
 The interface is small: ``generate`` returns completion token ids and the behaviour log-probs of
 the sampled tokens (log softmax(logits / temperature), no top-k / top-p, so the importance
@@ -7,11 +7,12 @@ weights are exact); ``load_weights`` copies the trainer's current weights in (al
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from .model import copy_weights, frozen_copy
 
 
 @dataclass
@@ -38,22 +39,6 @@ class Sampler(Protocol):
 
     def close(self) -> None:
         ...
-
-
-def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of ``model`` in eval mode with gradients off (alpha's or pi_ref's weights)."""
-    m = copy.deepcopy(model).eval()
-    for p in m.parameters():
-        p.requires_grad_(False)
-    return m
-
-
-@torch.no_grad()
-def copy_weights(dst: torch.nn.Module, src: torch.nn.Module) -> None:
-    """dst <- src, parameter by parameter (same architecture)."""
-    source = dict(src.named_parameters())
-    for name, p in dst.named_parameters():
-        p.copy_(source[name].detach())
 
 
 class TransformersSampler:
@@ -92,3 +77,29 @@ class TransformersSampler:
 
     def close(self) -> None:
         self.model = None
+
+
+def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
+    """The sampler ``config.sampler`` names ('auto': vLLM when it imports), holding alpha = the initial policy."""
+    kind = config.sampler
+    if kind == "auto":
+        from .vllm_sampler import vllm_available
+
+        kind = "vllm" if vllm_available() else "transformers"
+    if kind == "vllm":
+        from .vllm_sampler import VLLMSampler
+
+        return VLLMSampler(model_path, dtype=config.dtype, seed=config.seed,
+                           max_model_len=max_model_len(policy, config, max_prompt_tokens),
+                           eos_token_id=tokenizer.eos_token_id)
+    return TransformersSampler(policy, tokenizer.eos_token_id, tokenizer.pad_token_id)
+
+
+def max_model_len(model: torch.nn.Module, config, max_prompt_tokens: int) -> int:
+    """Longest sequence the engine must hold: the longest prompt plus the completion budget."""
+    limit = int(getattr(model.config, "max_position_embeddings", 1 << 20))
+    need = max_prompt_tokens + config.max_completion_length
+    if need > limit:
+        raise ValueError(f"max_completion_length: prompts of {max_prompt_tokens} tokens plus "
+                         f"{config.max_completion_length} generated exceed the model's {limit} positions")
+    return need

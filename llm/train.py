@@ -2,12 +2,20 @@
 
 Every field of ``llm.GRPOConfig`` is an option (``--help`` lists them with their documentation).
 With no options it trains the built-in tiny model on the built-in arithmetic task.
+
+Importing this module sets the attribute ``llm.train`` to it, hiding the function ``llm.train``; the
+module is therefore callable with the function's signature, so ``llm.train(config)`` works whatever
+was imported before.
 """
 
 from __future__ import annotations
 
-from grpo_theory.cli import parse, run_main
+import sys
+import types
 
+from runkit.cli import parse, run_main
+
+from . import train as _train_function
 from .config import GRPOConfig
 
 PROG = "python -m llm.train"
@@ -15,14 +23,19 @@ PROG = "python -m llm.train"
 
 def main(args: list[str] | None = None) -> int:
     config = parse(GRPOConfig, args, prog=PROG, description="Off-policy GRPO (arXiv 2505.22257) with per-step TV and bound logging.")
-    from .trainer import train  # heavy imports after parsing, so --help and errors are fast
-
-    run_dir = train(config)
+    run_dir = _train_function(config)
     from .report import summarise
 
     print(summarise(run_dir))
     return 0
 
+
+class _CallableModule(types.ModuleType):
+    def __call__(self, config: GRPOConfig, log=print, callbacks=()):
+        return _train_function(config, log=log, callbacks=callbacks)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
     run_main(main, prog=PROG)

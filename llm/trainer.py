@@ -1,14 +1,26 @@
-"""Algorithm 1 of PAPER.md on a causal language model: ``train(config)``.
+"""Algorithm 1 (docs/theory.md, §7) on a causal language model: ``train(config)``.
 
-Read top to bottom: each step does rollout, score, advantages, optimise, diagnose, log; the
-weights go to the sampler every ``sync_period`` (v) steps and to pi_ref every ``ref_sync_steps``.
+``train`` is a loop over named phases, one function each, in the order a step runs them:
+
+    sync        every v steps the sampler gets the trainer's weights (alpha <- pi_theta)
+    rollout     G completions per prompt from alpha                        (``llm.rollout``)
+    score       verifiable rewards in [0, 1]                               (``score``)
+    advantages  group whitening and the zero-variance mask                 (``advantages``)
+    behaviour   log alpha (sampler's or recomputed) and log pi_ref         (``behaviour_logprobs``)
+    optimise    i steps on the clipped off-policy objective (+ beta KL)    (``optimise``)
+    diagnose    TV distances and Theorem 1 terms (``diagnose``, estimates in ``llm.diagnostics``)
+    log         one row of metrics.jsonl                                   (``llm.rundir``)
+    checkpoint  every ``save_steps`` steps, at the end and on Ctrl-C       (``save_checkpoint``)
+
+Every knob is read where it acts: ``sync_period`` (v) at the sync, ``num_iterations`` (i) in
+``optimise``, ``ref_sync_steps`` at the reference reset.
 """
 
 from __future__ import annotations
 
-import signal
-import threading
+import contextlib
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,13 +28,17 @@ import numpy as np
 import torch
 
 import grpo_theory as gt
+from runkit.interrupt import GracefulStop
 
+from . import diagnostics as dg
+from .batch import Batch, completion_logprobs, make_batch, padded
 from .config import GRPOConfig
-from .diagnostics import entropy_rows, group_bound_estimates, token_tv_upper_bound
 from .loss import grpo_loss
+from .model import Precision, copy_weights, frozen_copy, load_policy, resolve_device, resolve_model_path
+from .rollout import RolloutWindow
 from .rundir import RunDir
-from .sampler import Rollout, Sampler, TransformersSampler, copy_weights, frozen_copy
-from .tasks import load_task
+from .sampler import Rollout, Sampler, TransformersSampler, make_sampler
+from .tasks import Task, load_task
 
 #: Warn when sampler and trainer log-probs of the same tokens differ by more than this (worst token of
 #: the batch) right after a sync. float32 engines agree to ~5e-6 per token at the median and up to
@@ -30,135 +46,32 @@ from .tasks import load_task
 #: rounding (~2e-2). A stale engine is off by more than 1 nat.
 SYNC_LOGP_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25}
 
+StepCallback = Callable[[int, dict], None]
+
 
 # ----------------------------------------------------------------------------------------------
-# Helpers: model loading, batches, log-probabilities
+# What a run holds
 # ----------------------------------------------------------------------------------------------
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device: {device!r} requested but CUDA is not available")
-    return torch.device(device)
-
-
-def resolve_model_path(config: GRPOConfig, log=print) -> str:
-    if config.model_name_or_path:
-        return config.model_name_or_path
-    from .tiny import tiny_model_dir
-
-    return str(tiny_model_dir(log=log))
-
-
-def load_policy(path: str, device: torch.device):
-    """The policy with float32 master weights (bf16 runs use autocast) and its tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # float32 master weights
-    except OSError as exc:
-        raise ValueError(f"model_name_or_path: cannot load {path!r} ({exc})") from None
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model.to(device), tokenizer
 
 
 @dataclass
-class Batch:
-    """Prompt (left-padded) + completion (right-padded) sequences of one step, B = P x G rows."""
+class Models:
+    """The policy pi_theta and everything around it: optimiser, sampler (alpha), and the trainer-side
+    copies of alpha's weights (``alpha``: for recomputed log-probs, TV diagnostics and checkpoints; the
+    transformers sampler's own copy serves) and of pi_ref (``ref``, None when beta = 0)."""
 
-    input_ids: torch.Tensor       # (B, Lp + T)
-    attention_mask: torch.Tensor  # (B, Lp + T)
-    position_ids: torch.Tensor    # (B, Lp + T), counted from each sequence's first real token
-    completion_ids: torch.Tensor  # (B, T)
-    completion_mask: torch.Tensor  # (B, T) float, 1 on generated tokens (EOS included)
-    prompt_width: int
-
-
-def make_batch(prompt_ids: list[list[int]], completions: list[list[int]], pad: int, device) -> Batch:
-    lp = max(map(len, prompt_ids))
-    t = max(1, max(map(len, completions)))
-    rows, masks, comp, cmask = [], [], [], []
-    for p, c in zip(prompt_ids, completions):
-        rows.append([pad] * (lp - len(p)) + p + c + [pad] * (t - len(c)))
-        masks.append([0] * (lp - len(p)) + [1] * (len(p) + len(c)) + [0] * (t - len(c)))
-        comp.append(c + [pad] * (t - len(c)))
-        cmask.append([1.0] * len(c) + [0.0] * (t - len(c)))
-    attn = torch.tensor(masks, device=device)
-    pos = (attn.cumsum(dim=1) - 1).clamp(min=0)
-    return Batch(torch.tensor(rows, device=device), attn, pos, torch.tensor(comp, device=device),
-                 torch.tensor(cmask, device=device), lp)
+    policy: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    sampler: Sampler
+    alpha: torch.nn.Module
+    ref: torch.nn.Module | None
+    tokenizer: object
+    device: torch.device
+    precision: Precision
 
 
-#: Mixed precision of the trainer's forward passes (set from config.dtype by ``train``): weights and
-#: optimiser stay float32, matmuls run in this dtype under autocast, log-probs are float32.
-_AUTOCAST: dict = {"dtype": None}
-
-
-def completion_logprobs(model, batch: Batch, temperature: float, full: bool = False):
-    """log softmax(logits / T) of the completion tokens, float32, (B, T); with ``full`` also the
-    whole next-token distributions (B, T, V)."""
-    dtype = _AUTOCAST["dtype"]
-    with torch.autocast(batch.input_ids.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                       position_ids=batch.position_ids, use_cache=False).logits
-    t = batch.completion_ids.shape[1]
-    logits = logits[:, batch.prompt_width - 1: batch.prompt_width - 1 + t].float() / temperature
-    logp_full = torch.log_softmax(logits, dim=-1)
-    logp = logp_full.gather(-1, batch.completion_ids[..., None]).squeeze(-1)
-    return (logp, logp_full) if full else (logp, None)
-
-
-def padded(rows: list[list[float]], t: int, device) -> torch.Tensor:
-    return torch.tensor([r + [0.0] * (t - len(r)) for r in rows], dtype=torch.float32, device=device)
-
-
-def make_sampler(config: GRPOConfig, model, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
-    kind = config.sampler
-    if kind == "auto":
-        from .vllm_sampler import vllm_available
-
-        kind = "vllm" if vllm_available() else "transformers"
-    if kind == "vllm":
-        from .vllm_sampler import VLLMSampler
-
-        return VLLMSampler(model_path, dtype=config.dtype, seed=config.seed,
-                           max_model_len=_max_model_len(model, config, max_prompt_tokens),
-                           eos_token_id=tokenizer.eos_token_id)
-    return TransformersSampler(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
-
-
-def _max_model_len(model, config: GRPOConfig, max_prompt_tokens: int) -> int:
-    """Longest sequence the engine must hold: the longest prompt plus the completion budget."""
-    limit = int(getattr(model.config, "max_position_embeddings", 1 << 20))
-    need = max_prompt_tokens + config.max_completion_length
-    if need > limit:
-        raise ValueError(f"max_completion_length: prompts of {max_prompt_tokens} tokens plus "
-                         f"{config.max_completion_length} generated exceed the model's {limit} positions")
-    return need
-
-
-def step_seed(seed: int, step: int) -> int:
-    return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
-
-
-# ----------------------------------------------------------------------------------------------
-# The training loop
-# ----------------------------------------------------------------------------------------------
-
-
-def train(config: GRPOConfig, log=print) -> Path:
-    """Run Algorithm 1 with ``config``; returns the run directory. Resumes if it holds a checkpoint."""
-    from tqdm.auto import tqdm
-
-    run = RunDir(config)
-    ckpt = run.open()  # writes config.json before step 0
-    if ckpt is not None and ckpt["step"] >= config.max_steps:
-        log(f"{run.path} already holds a finished run of {ckpt['step']} steps (raise --max-steps to continue it)")
-        return run.path
+def setup(config: GRPOConfig, log=print) -> tuple[Models, Task, list[list[int]], str]:
+    """Load the task, the policy and its tokenizer, the optimiser and the sampler (alpha = the policy)."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     torch.manual_seed(config.seed)
@@ -166,188 +79,257 @@ def train(config: GRPOConfig, log=print) -> Path:
     task = load_task(config.dataset, config.reward_fn)
     model_path = resolve_model_path(config, log=log)
     policy, tokenizer = load_policy(model_path, device)
-    _AUTOCAST["dtype"] = torch.bfloat16 if config.dtype == "bfloat16" else None
     policy.train()
-    if policy.config.vocab_size < len(tokenizer):
-        raise ValueError("model_name_or_path: tokenizer is larger than the model's vocabulary")
     opt = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     prompt_tokens = tokenizer(list(task.prompts)).input_ids  # once; indexed by prompt every step
     sampler = make_sampler(config, policy, tokenizer, model_path, max(map(len, prompt_tokens)))
-    # alpha's weights on the trainer side: for recomputed behaviour log-probs, TV diagnostics and
-    # checkpoints (the transformers sampler's own copy serves; vLLM needs a separate copy).
-    alpha_model = sampler.model if isinstance(sampler, TransformersSampler) else frozen_copy(policy)
-    need_alpha = config.behaviour_logprobs == "recompute" or config.tv_diagnostics
-    ref_model = frozen_copy(policy) if config.beta > 0 else None
+    alpha = sampler.model if isinstance(sampler, TransformersSampler) else frozen_copy(policy)
+    ref = frozen_copy(policy) if config.beta > 0 else None
+    return (Models(policy, opt, sampler, alpha, ref, tokenizer, device, Precision.from_config(config)),
+            task, prompt_tokens, model_path)
 
-    start = 0
-    if ckpt is not None:
-        start = ckpt["step"]
-        policy.load_state_dict(ckpt["policy"])
-        opt.load_state_dict(ckpt["optimizer"])
-        alpha_tmp = frozen_copy(policy)
-        alpha_tmp.load_state_dict(ckpt["alpha"])
-        sampler.load_weights(alpha_tmp)
-        if alpha_model is not getattr(sampler, "model", None):
-            copy_weights(alpha_model, alpha_tmp)
-        if ref_model is not None:
-            ref_model.load_state_dict(ckpt["ref"])
-        del alpha_tmp
+
+# ----------------------------------------------------------------------------------------------
+# The phases of a step
+# ----------------------------------------------------------------------------------------------
+
+
+def sync_weights(models: Models, source: torch.nn.Module | None = None) -> None:
+    """alpha <- ``source`` (the policy by default): into the sampler and the trainer-side copy of alpha."""
+    source = models.policy if source is None else source
+    models.sampler.load_weights(source)
+    if models.alpha is not getattr(models.sampler, "model", None):
+        copy_weights(models.alpha, source)
+
+
+def score(task: Task, tokenizer, prompt_idx: list[int], roll: Rollout, G: int) -> tuple[np.ndarray, list[str]]:
+    """Rewards of the P x G completions, shape (P, G), and the decoded completions."""
+    texts = tokenizer.batch_decode(roll.completion_ids, skip_special_tokens=True)
+    answers = [task.answers[i] for i in prompt_idx for _ in range(G)]
+    return task.score(texts, answers).reshape(len(prompt_idx), G), texts
+
+
+@dataclass
+class Groups:
+    """Per-group quantities of a step: advantages (P, G), all-equal-reward groups and the groups the loss keeps."""
+
+    advantages: np.ndarray
+    zero_std: np.ndarray
+    keep: np.ndarray
+
+
+def advantages(rewards: np.ndarray, config: GRPOConfig) -> Groups:
+    """Group whitening with ``grpo_theory.group_advantages`` and the zero-variance mask (docs/theory.md, §5)."""
+    adv = gt.group_advantages(rewards, config.variance_eps, scale=config.scale_rewards == "group")
+    zero_std = np.ptp(rewards, axis=1) == 0
+    keep = ~zero_std if config.mask_zero_std_groups else np.ones(len(rewards), bool)
+    return Groups(adv, zero_std, keep)
+
+
+@dataclass
+class Behaviour:
+    """log alpha of the completion tokens, (B, T) float32: the one the loss uses (``logp``), the sampler's
+    report and the trainer's recomputation with alpha's weights (each None when not available), and
+    alpha's full next-token distributions (only for the token-level TV diagnostics)."""
+
+    logp: torch.Tensor
+    from_sampler: torch.Tensor | None
+    recomputed: torch.Tensor | None
+    full: torch.Tensor | None
+
+
+def behaviour_logprobs(config: GRPOConfig, models: Models, batch: Batch, roll: Rollout, lag: int) -> Behaviour:
+    """log alpha from the sampler, recomputed by the trainer when the config needs it, and right after
+    every sync when ``verify_sync`` is on (one forward per v steps), so a stale sampler is always caught."""
+    T = batch.completion_ids.shape[1]
+    from_sampler = padded(roll.logprobs, T, models.device) if roll.logprobs is not None else None
+    recomputed = full = None
+    need = config.behaviour_logprobs == "recompute" or config.tv_diagnostics or from_sampler is None
+    if need or (lag == 0 and config.verify_sync):
+        with torch.no_grad():
+            recomputed, full = completion_logprobs(models.alpha, batch, config.temperature, models.precision,
+                                                   full=config.tv_diagnostics)
+    use_sampler = config.behaviour_logprobs == "sampler" and from_sampler is not None
+    return Behaviour(from_sampler if use_sampler else recomputed, from_sampler, recomputed, full)
+
+
+def reference_logprobs(config: GRPOConfig, models: Models, batch: Batch) -> torch.Tensor | None:
+    """log pi_ref of the completion tokens (None when beta = 0)."""
+    if models.ref is None:
+        return None
+    with torch.no_grad():
+        return completion_logprobs(models.ref, batch, config.temperature, models.precision)[0]
+
+
+@dataclass
+class Optimised:
+    """What the optimise phase leaves: log pi_k (and its full distributions), the last inner step's loss
+    statistics and the gradient norm."""
+
+    logp_k: torch.Tensor
+    full_k: torch.Tensor
+    stats: dict
+    grad_norm: float
+
+
+def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, logp_alpha: torch.Tensor,
+             logp_ref: torch.Tensor | None) -> Optimised:
+    """i = ``num_iterations`` optimiser steps on the clipped off-policy objective (docs/theory.md, §6).
+
+    The policy before any update is pi_k, so the first inner step's forward gives log pi_k at no extra cost.
+    """
+    G = config.num_generations
+    adv = torch.tensor(groups.advantages.reshape(-1), dtype=torch.float32, device=models.device)
+    seq_mask = torch.tensor(np.repeat(groups.keep, G), dtype=torch.float32, device=models.device)
+    stats, grad_norm = {}, 0.0
+    for it in range(config.num_iterations):
+        logp, full = completion_logprobs(models.policy, batch, config.temperature, models.precision, full=it == 0)
+        if it == 0:
+            logp_k, full_k = logp.detach(), full.detach()
+        loss, stats = grpo_loss(
+            logp, logp_k, logp_alpha, adv, batch.completion_mask, clip=config.epsilon,
+            loss_type=config.loss_type, ratio_level=config.ratio_level,
+            max_completion_length=config.max_completion_length, beta=config.beta,
+            logp_ref=logp_ref, sequence_mask=seq_mask)
+        if stats["num_loss_tokens"] == 0:
+            break  # every group masked: nothing to learn from this batch
+        models.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if config.max_grad_norm > 0:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(models.policy.parameters(), config.max_grad_norm))
+        models.optimizer.step()
+    return Optimised(logp_k, full_k, stats, grad_norm)
+
+
+def diagnose(config: GRPOConfig, models: Models, batch: Batch, rewards: np.ndarray, groups: Groups,
+             roll: Rollout, behaviour: Behaviour, optimised: Optimised) -> dict[str, float]:
+    """Metrics of the step: rollout statistics, the loss's statistics, TV distances and every Theorem 1
+    term estimated on this batch (``llm.diagnostics``; one forward pass of pi_{k+1})."""
+    with torch.no_grad():
+        logp_new, full_new = completion_logprobs(models.policy, batch, config.temperature, models.precision,
+                                                 full=config.tv_diagnostics)
+    cm = batch.completion_mask
+    P, G = rewards.shape
+    row = dg.rollout_metrics(rewards, groups.zero_std, roll.completion_ids, models.tokenizer.eos_token_id)
+    row["entropy"] = dg.mean_entropy(optimised.full_k, cm)
+    row["grad_norm"] = optimised.grad_norm
+    row.update({k: v for k, v in optimised.stats.items() if k != "num_loss_tokens"})
+    row.update(dg.group_bound_estimates(rewards, dg.sequence_log_ratio(optimised.logp_k, behaviour.logp, cm, P, G),
+                                        dg.sequence_log_ratio(logp_new, behaviour.logp, cm, P, G), config.variance_eps))
+    if behaviour.full is not None:
+        row["tv/pi_k_alpha_tok_ub"] = dg.token_tv_upper_bound(optimised.full_k, behaviour.full, cm)
+        row["tv/pi_new_alpha_tok_ub"] = dg.token_tv_upper_bound(full_new, behaviour.full, cm)
+    if behaviour.from_sampler is not None and behaviour.recomputed is not None:
+        row.update(dg.sampler_gap(behaviour.from_sampler, behaviour.recomputed, cm))
+    return row
+
+
+def save_checkpoint(run: RunDir, models: Models, next_step: int) -> None:
+    """Everything a resumed run needs: policy, optimiser, the lagged alpha and pi_ref."""
+    run.save_checkpoint({
+        "step": next_step,
+        "policy": models.policy.state_dict(),
+        "optimizer": models.optimizer.state_dict(),
+        "alpha": models.alpha.state_dict(),
+        "ref": models.ref.state_dict() if models.ref is not None else None,
+    })
+
+
+def restore_checkpoint(models: Models, ckpt: dict) -> int:
+    """Load a checkpoint into ``models`` (alpha's weights re-sent to the sampler); returns the next step."""
+    models.policy.load_state_dict(ckpt["policy"])
+    models.optimizer.load_state_dict(ckpt["optimizer"])
+    alpha = frozen_copy(models.policy)
+    alpha.load_state_dict(ckpt["alpha"])
+    sync_weights(models, source=alpha)
+    if models.ref is not None:
+        models.ref.load_state_dict(ckpt["ref"])
+    return ckpt["step"]
+
+
+#: Timed phases of a step, in order; every metrics row carries ``time/<phase>`` for each (0 when skipped).
+PHASES = ("sync", "generate", "score", "behaviour", "reference", "optimise", "diagnostics")
+
+
+class PhaseTimer:
+    """Wall-clock seconds of each phase of a step, as ``time/<phase>`` metrics."""
+
+    def __init__(self, phases: Sequence[str] = PHASES):
+        self.seconds: dict[str, float] = {f"time/{p}": 0.0 for p in phases}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            key = f"time/{phase}"
+            self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
+
+
+# ----------------------------------------------------------------------------------------------
+# The loop
+# ----------------------------------------------------------------------------------------------
+
+
+def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ()) -> Path:
+    """Run Algorithm 1 with ``config``; returns the run directory. Resumes if it holds a checkpoint.
+
+    ``callbacks`` are called as ``cb(step, row)`` after each step's metrics row is written.
+    """
+    from tqdm.auto import tqdm
+
+    run = RunDir(config)
+    ckpt = run.open()  # writes config.json before step 0
+    if ckpt is not None and ckpt["step"] >= config.max_steps:
+        log(f"{run.path} already holds a finished run of {ckpt['step']} steps (raise --max-steps to continue it)")
+        return run.path
+    models, task, prompt_tokens, model_path = setup(config, log)
+    start = restore_checkpoint(models, ckpt) if ckpt is not None else 0
+    if start:
         log(f"resuming {run.path} at step {start}")
-
-    P, G, v = config.prompts_per_step, config.num_generations, config.sync_period
-    n_params = sum(p.numel() for p in policy.parameters())
-    log(f"off-policy GRPO: model {model_path} ({n_params / 1e6:.2f}M params, {config.dtype}, {device}), "
-        f"sampler {sampler.name}, task {task.name} ({len(task.prompts)} prompts)")
-    log(f"  per step: {P} prompts x G={G} = {config.completions_per_step} completions, "
-        f"<= {config.completions_per_step * config.max_completion_length} generated tokens, "
-        f"i={config.num_iterations} optimiser steps; v={v}: {config.num_syncs} weight syncs over "
-        f"{config.max_steps} steps (saves {config.max_steps - config.num_syncs})")
-
-    def prompts_of(step: int) -> list[int]:
-        return task.sample(np.random.default_rng([config.seed, step]), P).tolist()
-
+    log_arithmetic(config, models, task, model_path, log)
+    rollouts = RolloutWindow(config, task, prompt_tokens, models.sampler)
     stop = GracefulStop(log)
-    window: dict[int, Rollout] = {}
-    last_sync = start - start % v
     bar = tqdm(total=config.max_steps, initial=start, disable=not config.progress, dynamic_ncols=True, unit="step")
     step = start
     try:
         for step in range(start, config.max_steps):
             if stop.requested:
                 break
-            timings = {"time/sync": 0.0, "time/generate": 0.0}
-            # ---- sync: every v steps the sampler gets the trainer's weights (alpha <- pi_theta)
-            # (at step 0 the sampler already holds the initial weights)
-            if step % v == 0 and step > 0:
-                t0 = time.perf_counter()
-                sampler.load_weights(policy)
-                if alpha_model is not getattr(sampler, "model", None):
-                    copy_weights(alpha_model, policy)
-                timings["time/sync"] = time.perf_counter() - t0
-                last_sync = step
-                window.clear()
-            lag = step - last_sync
-
-            # ---- rollout: G completions per prompt from alpha (the whole window at once if enabled)
-            idx = prompts_of(step)
-            if step not in window:
-                t0 = time.perf_counter()
-                # A window always starts at its first step (also when resuming inside it), so a resumed
-                # run draws exactly the completions the interrupted one did.
-                w0 = step - step % v if config.window_generation else step
-                steps = list(range(w0, min(w0 + v, config.max_steps))) if config.window_generation else [step]
-                all_idx = [i for s in steps for i in prompts_of(s)]
-                roll = sampler.generate([prompt_tokens[i] for i in all_idx], G,
-                                        config.max_completion_length, config.temperature, step_seed(config.seed, w0))
-                for j, s in enumerate(steps):
-                    if s >= step:
-                        window[s] = roll.slice(j * P * G, (j + 1) * P * G)
-                timings["time/generate"] = time.perf_counter() - t0
-            roll = window.pop(step)
-
-            # ---- score: verifiable rewards in [0, 1]
-            t0 = time.perf_counter()
-            texts = tokenizer.batch_decode(roll.completion_ids, skip_special_tokens=True)
-            answers = [task.answers[i] for i in idx for _ in range(G)]
-            rewards = task.score(texts, answers).reshape(P, G)
-            timings["time/score"] = time.perf_counter() - t0
-
-            # ---- advantages: group whitening (grpo_theory), zero-variance mask
-            t0 = time.perf_counter()
-            adv = gt.group_advantages(rewards, config.variance_eps, scale=config.scale_rewards == "group")
-            zero_std = np.ptp(rewards, axis=1) == 0
-            keep = ~zero_std if config.mask_zero_std_groups else np.ones(P, bool)
-            prompt_ids = [prompt_tokens[i] for i in idx for _ in range(G)]
-            batch = make_batch(prompt_ids, roll.completion_ids, tokenizer.pad_token_id, device)
-            T = batch.completion_ids.shape[1]
-            adv_t = torch.tensor(adv.reshape(-1), dtype=torch.float32, device=device)
-            seq_mask = torch.tensor(np.repeat(keep, G), dtype=torch.float32, device=device)
-
-            # ---- log-probabilities: alpha (sampler or recomputed), pi_ref; pi_k comes from the first inner step
-            t_alpha = time.perf_counter()
-            with torch.no_grad():
-                # alpha recomputed: always when needed for diagnostics/recompute, else right after a sync
-                # (one forward per v steps) so that a stale sampler is always caught
-                logp_alpha_re, full_alpha = (completion_logprobs(alpha_model, batch, config.temperature, full=need_alpha)
-                                             if need_alpha or (lag == 0 and config.verify_sync) else (None, None))
-                timings["time/alpha_forward"] = time.perf_counter() - t_alpha
-                logp_ref = completion_logprobs(ref_model, batch, config.temperature)[0] if ref_model is not None else None
-            logp_alpha_sampler = padded(roll.logprobs, T, device) if roll.logprobs is not None else None
-            if config.behaviour_logprobs == "recompute" or logp_alpha_sampler is None:
-                logp_alpha = logp_alpha_re
-            else:
-                logp_alpha = logp_alpha_sampler
-
-            # ---- optimise: i steps on the clipped off-policy objective (+ beta KL)
-            stats, grad_norm = {}, 0.0
-            for it in range(config.num_iterations):
-                logp, full = completion_logprobs(policy, batch, config.temperature, full=it == 0)
-                if it == 0:  # the policy before any update is pi_k: its forward gives log pi_k (no extra pass)
-                    logp_k, full_k = logp.detach(), full.detach()
-                loss, stats = grpo_loss(
-                    logp, logp_k, logp_alpha, adv_t, batch.completion_mask, clip=config.epsilon,
-                    loss_type=config.loss_type, ratio_level=config.ratio_level,
-                    max_completion_length=config.max_completion_length, beta=config.beta,
-                    logp_ref=logp_ref, sequence_mask=seq_mask)
-                if stats["num_loss_tokens"] == 0:
-                    break  # every group masked: nothing to learn from this batch
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if config.max_grad_norm > 0:
-                    grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm))
-                opt.step()
-            timings["time/train"] = time.perf_counter() - t0 - timings["time/alpha_forward"]
-
-            # ---- diagnose: TV distances and Theorem 1 terms (grpo_theory) on this batch
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                logp_new, full_new = completion_logprobs(policy, batch, config.temperature, full=config.tv_diagnostics)
-            cm = batch.completion_mask
-            seq_lr_k = ((logp_k - logp_alpha) * cm).sum(1).cpu().numpy().reshape(P, G)
-            seq_lr_new = ((logp_new - logp_alpha) * cm).sum(1).cpu().numpy().reshape(P, G)
-            row = {"step": step, "lag": lag}
-            lengths = cm.sum(1)
-            row.update({
-                "reward": float(rewards.mean()),
-                "reward_std": float(rewards.std()),
-                "frac_reward_zero_std": float(zero_std.mean()),
-                "completions/mean_length": float(lengths.mean()),
-                "completions/clipped_ratio": float(np.mean([
-                    len(c) == 0 or c[-1] != tokenizer.eos_token_id for c in roll.completion_ids])),
-                "entropy": float((entropy_rows(full_k) * cm).sum() / cm.sum()),
-                "grad_norm": grad_norm,
-            })
-            row.update({k: v_ for k, v_ in stats.items() if k != "num_loss_tokens"})
-            row.update(group_bound_estimates(rewards, seq_lr_k, seq_lr_new, config.variance_eps))
-            if config.tv_diagnostics and full_alpha is not None:
-                row["tv/pi_k_alpha_tok_ub"] = token_tv_upper_bound(full_k, full_alpha, cm)
-                row["tv/pi_new_alpha_tok_ub"] = token_tv_upper_bound(full_new, full_alpha, cm)
-            if logp_alpha_sampler is not None and logp_alpha_re is not None:
-                diff = ((logp_alpha_sampler - logp_alpha_re).abs() * cm)
-                row["sampling/logp_diff_mean"] = float(diff.sum() / cm.sum())
-                row["sampling/logp_diff_max"] = float(diff.max())
-                if lag == 0 and row["sampling/logp_diff_max"] > SYNC_LOGP_TOLERANCE[config.dtype]:
-                    bar.write(f"WARNING step {step}: sampler and trainer log-probs differ by up to "
-                              f"{row['sampling/logp_diff_max']:.2e} right after a weight sync (> {SYNC_LOGP_TOLERANCE[config.dtype]:g}): "
-                              "the sampler may hold stale weights")
-            timings["time/diagnostics"] = time.perf_counter() - t0
-            row.update(timings)
-            run.append_metrics(row)
-
-            # ---- reference policy reset
-            if ref_model is not None and config.ref_sync_steps and (step + 1) % config.ref_sync_steps == 0:
-                copy_weights(ref_model, policy)
-
-            # ---- checkpoint
+            timer, lag = PhaseTimer(), step % config.sync_period
+            if lag == 0 and step > 0:  # at step 0 the sampler already holds the initial weights
+                with timer("sync"):
+                    sync_weights(models)
+                rollouts.clear()
+            with timer("generate"):
+                prompt_idx, roll = rollouts.get(step)
+            with timer("score"):
+                rewards, texts = score(task, models.tokenizer, prompt_idx, roll, config.num_generations)
+                groups = advantages(rewards, config)
+                batch = make_batch([prompt_tokens[i] for i in prompt_idx for _ in range(config.num_generations)],
+                                   roll.completion_ids, models.tokenizer.pad_token_id, models.device)
+            with timer("behaviour"):
+                behaviour = behaviour_logprobs(config, models, batch, roll, lag)
+            with timer("reference"):
+                logp_ref = reference_logprobs(config, models, batch)
+            with timer("optimise"):
+                optimised = optimise(config, models, batch, groups, behaviour.logp, logp_ref)
+            with timer("diagnostics"):
+                row = {"step": step, "lag": lag}
+                row.update(diagnose(config, models, batch, rewards, groups, roll, behaviour, optimised))
+            warn_if_stale(config, row, lag, bar.write)
+            run.append_metrics({**row, **timer.seconds})
+            if models.ref is not None and config.ref_sync_steps and (step + 1) % config.ref_sync_steps == 0:
+                copy_weights(models.ref, models.policy)  # pi_ref <- pi_theta
             if config.save_steps and (step + 1) % config.save_steps == 0 and step + 1 < config.max_steps:
-                _save(run, policy, opt, sampler, alpha_model, ref_model, step + 1, last_sync)
-                run.append_samples([{"step": step, "prompt": task.prompts[idx[j // G]], "completion": texts[j],
-                                     "reward": float(rewards.reshape(-1)[j])} for j in range(0, P * G, G)][:4])
-            bar.update(1)
-            bar.set_postfix(reward=f"{row['reward']:.3f}", tv=f"{row['tv/pi_k_alpha']:.3f}", lag=lag)
-            if not config.progress and (step % config.logging_steps == 0 or step + 1 == config.max_steps):
-                log(f"step {step}: reward {row['reward']:.3f}  tv(pi_k,alpha) {row['tv/pi_k_alpha']:.4f}  "
-                    f"bound/lower_tight {row['bound/lower_tight']:+.4f}  improvement {row['improvement']:+.4f}")
+                save_checkpoint(run, models, step + 1)
+                run.append_samples([{"step": step, "prompt": task.prompts[prompt_idx[j // config.num_generations]],
+                                     "completion": texts[j], "reward": float(rewards.reshape(-1)[j])}
+                                    for j in range(0, rewards.size, config.num_generations)][:4])
+            for cb in callbacks:
+                cb(step, row)
+            report_progress(config, bar, row, log)
         else:
             step = config.max_steps
     except KeyboardInterrupt:  # a second Ctrl-C: the step in progress is inconsistent, keep the last checkpoint
@@ -359,45 +341,46 @@ def train(config: GRPOConfig, log=print) -> Path:
         stop.restore()
     bar.close()
     if stop.requested:
-        _save(run, policy, opt, sampler, alpha_model, ref_model, step, last_sync)
+        save_checkpoint(run, models, step)
         log(f"interrupted: checkpoint saved after step {step - 1} in {run.path}; run the same command to resume")
         raise KeyboardInterrupt
-    _save(run, policy, opt, sampler, alpha_model, ref_model, config.max_steps, last_sync)
-    policy.save_pretrained(run.path / "final_model")
-    tokenizer.save_pretrained(run.path / "final_model")
-    sampler.close()
+    save_checkpoint(run, models, config.max_steps)
+    models.policy.save_pretrained(run.path / "final_model")
+    models.tokenizer.save_pretrained(run.path / "final_model")
+    models.sampler.close()
     return run.path
 
 
-class GracefulStop:
-    """First Ctrl-C: finish the current step, checkpoint, exit. Second Ctrl-C: abort at once."""
-
-    def __init__(self, log):
-        self.requested = False
-        self._log = log
-        self._previous = None
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        self._log("Ctrl-C: finishing this step, then saving a checkpoint (Ctrl-C again to abort)")
-
-    def restore(self):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+# ----------------------------------------------------------------------------------------------
+# Output around the loop
+# ----------------------------------------------------------------------------------------------
 
 
-def _save(run: RunDir, policy, opt, sampler, alpha_model, ref_model, next_step: int, last_sync: int) -> None:
-    """Checkpoint everything a resumed run needs: policy, optimiser, the lagged alpha and pi_ref."""
-    run.save_checkpoint({
-        "step": next_step,
-        "last_sync": last_sync,
-        "policy": policy.state_dict(),
-        "optimizer": opt.state_dict(),
-        "alpha": alpha_model.state_dict(),
-        "ref": ref_model.state_dict() if ref_model is not None else None,
-    })
+def log_arithmetic(config: GRPOConfig, models: Models, task: Task, model_path: str, log) -> None:
+    """Print the derived arithmetic of the run once at start-up."""
+    P, G, v = config.prompts_per_step, config.num_generations, config.sync_period
+    n_params = sum(p.numel() for p in models.policy.parameters())
+    log(f"off-policy GRPO: model {model_path} ({n_params / 1e6:.2f}M params, {config.dtype}, {models.device}), "
+        f"sampler {models.sampler.name}, task {task.name} ({len(task.prompts)} prompts)")
+    log(f"  per step: {P} prompts x G={G} = {config.completions_per_step} completions, "
+        f"<= {config.completions_per_step * config.max_completion_length} generated tokens, "
+        f"i={config.num_iterations} optimiser steps; v={v}: {config.num_syncs} weight syncs over "
+        f"{config.max_steps} steps (saves {config.max_steps - config.num_syncs})")
+
+
+def warn_if_stale(config: GRPOConfig, row: dict, lag: int, write) -> None:
+    """Right after a sync the sampler and the trainer must agree on log alpha; say so loudly if not."""
+    gap = row.get("sampling/logp_diff_max")
+    tol = SYNC_LOGP_TOLERANCE[config.dtype]
+    if lag == 0 and gap is not None and gap > tol:
+        write(f"WARNING step {row['step']}: sampler and trainer log-probs differ by up to {gap:.2e} right after "
+              f"a weight sync (> {tol:g}): the sampler may hold stale weights")
+
+
+def report_progress(config: GRPOConfig, bar, row: dict, log) -> None:
+    bar.update(1)
+    bar.set_postfix(reward=f"{row['reward']:.3f}", tv=f"{row['tv/pi_k_alpha']:.3f}", lag=row["lag"])
+    step = row["step"]
+    if not config.progress and (step % config.logging_steps == 0 or step + 1 == config.max_steps):
+        log(f"step {step}: reward {row['reward']:.3f}  tv(pi_k,alpha) {row['tv/pi_k_alpha']:.4f}  "
+            f"bound/lower_tight {row['bound/lower_tight']:+.4f}  improvement {row['improvement']:+.4f}")

@@ -6,7 +6,7 @@ import torch
 
 import grpo_theory as gt
 from llm.diagnostics import group_bound_estimates, tv_rows
-from llm.loss import clip_objective_torch, grpo_loss, k3_kl
+from llm.loss import clip_flags_torch, clip_objective_torch, clip_window_torch, grpo_loss, k3_kl
 
 torch.manual_seed(0)
 B, T = 8, 5
@@ -24,11 +24,19 @@ def _inputs(seed=0):
     return logp, logp_k, logp_alpha, adv, mask
 
 
-def test_clip_objective_matches_grpo_theory():
+def test_clip_functions_match_grpo_theory():
+    """The torch twins of clip_window, clip_flags and clip_objective equal grpo_theory's (one formula)."""
     rng = np.random.default_rng(0)
     r, rk, a = rng.uniform(0, 3, 500), rng.uniform(0, 3, 500), rng.normal(size=500)
-    got = clip_objective_torch(torch.tensor(r), torch.tensor(rk), torch.tensor(a), 0.2).numpy()
+    r[:50] = rk[:50] + 0.2  # exactly on the upper edge
+    rk[50:100] = 0.1        # lower edge clamped at 0
+    t = [torch.tensor(x) for x in (r, rk, a)]
+    got = clip_objective_torch(*t, 0.2).numpy()
     assert np.allclose(got, gt.clip_objective(r, rk, a, 0.2), atol=1e-12)
+    for mine, theirs in zip(clip_window_torch(t[1], 0.2), gt.clip_window(rk, 0.2)):
+        assert np.allclose(mine.numpy(), theirs, atol=1e-15)
+    for mine, theirs in zip(clip_flags_torch(*t, 0.2), gt.clip_flags(r, rk, a, 0.2)):
+        assert np.array_equal(mine.numpy(), theirs)
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])

@@ -6,7 +6,8 @@ import torch
 
 from llm.tasks import arithmetic_task
 from llm.tiny import tiny_model_dir
-from llm.trainer import completion_logprobs, load_policy, make_batch, padded
+from llm.batch import completion_logprobs, make_batch, padded
+from llm.model import load_policy
 from llm.vllm_sampler import vllm_available
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]

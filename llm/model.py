@@ -1,0 +1,83 @@
+"""Models on the trainer side: device and path resolution, loading, frozen copies, mixed precision.
+
+The policy always keeps float32 master weights; ``Precision`` says in which dtype its matmuls run.
+alpha's and pi_ref's weights on the trainer side are frozen copies of the policy (``frozen_copy``),
+refreshed with ``copy_weights``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from .config import GRPOConfig
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' -> cuda if available, else cpu; a requested CUDA device must exist."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} requested but CUDA is not available")
+    return torch.device(device)
+
+
+def resolve_model_path(config: GRPOConfig, log=print) -> str:
+    """The model directory or hub name to load; empty means the built-in tiny model (built on first use)."""
+    if config.model_name_or_path:
+        return config.model_name_or_path
+    from .tiny import tiny_model_dir
+
+    return str(tiny_model_dir(log=log))
+
+
+def load_policy(path: str, device: torch.device):
+    """The policy with float32 master weights and its tokenizer (a pad token is added if missing)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    except OSError as exc:
+        raise ValueError(f"model_name_or_path: cannot load {path!r} ({exc})") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if model.config.vocab_size < len(tokenizer):
+        raise ValueError("model_name_or_path: tokenizer is larger than the model's vocabulary")
+    return model.to(device), tokenizer
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` in eval mode with gradients off (alpha's or pi_ref's weights)."""
+    m = copy.deepcopy(model).eval()
+    for p in m.parameters():
+        p.requires_grad_(False)
+    return m
+
+
+@torch.no_grad()
+def copy_weights(dst: torch.nn.Module, src: torch.nn.Module) -> None:
+    """dst <- src, parameter by parameter (same architecture)."""
+    source = dict(src.named_parameters())
+    for name, p in dst.named_parameters():
+        p.copy_(source[name].detach())
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Mixed precision of the trainer's forward passes: float32 master weights and optimiser, matmuls in
+    ``autocast_dtype`` (None: float32 throughout). Log-probabilities and losses are always float32."""
+
+    autocast_dtype: torch.dtype | None = None
+
+    @classmethod
+    def from_config(cls, config: GRPOConfig) -> "Precision":
+        return cls(torch.bfloat16 if config.dtype == "bfloat16" else None)
+
+    def autocast(self, device: torch.device):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=self.autocast_dtype)

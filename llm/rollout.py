@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .config import GRPOConfig
-from .sampler import Rollout, Sampler
+from .sampling import Rollout, Sampler
 from .tasks import Task
 
 

@@ -37,7 +37,7 @@ from .loss import grpo_loss
 from .model import Precision, copy_weights, frozen_copy, load_policy, resolve_device, resolve_model_path
 from .rollout import RolloutWindow
 from .rundir import RunDir
-from .sampler import Rollout, Sampler, TransformersSampler, make_sampler
+from .sampling import Rollout, Sampler, TransformersSampler, make_sampler
 from .tasks import Task, load_task
 
 #: Warn when sampler and trainer log-probs of the same tokens differ by more than this (worst token of

@@ -8,7 +8,7 @@ from llm.tasks import arithmetic_task
 from llm.tiny import tiny_model_dir
 from llm.batch import completion_logprobs, make_batch, padded
 from llm.model import load_policy
-from llm.vllm_sampler import vllm_available
+from llm.sampling.vllm_engine import vllm_available
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]
 
@@ -18,7 +18,7 @@ SYNC_ATOL = 1e-4
 
 @pytest.fixture(scope="module")
 def engine():
-    from llm.vllm_sampler import VLLMSampler
+    from llm.sampling.vllm_engine import VLLMSampler
 
     path = str(tiny_model_dir())
     policy, tok = load_policy(path, torch.device("cpu"))

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from .sampler import Rollout
+from .base import Rollout
 
 #: CPU KV-cache size in GiB when the user has not set VLLM_CPU_KVCACHE_SPACE (vLLM's default takes
 #: most of the machine's memory).

@@ -86,8 +86,20 @@ def reward_std(alpha, r) -> np.ndarray:
     return np.sqrt(np.sum(alpha * (r - mu) ** 2, axis=-1))
 
 
+def standardised_reward(r, mu, sigma, eps) -> np.ndarray:
+    """(r - mu) / sqrt(sigma^2 + eps), and 0 where that denominator is 0. Broadcasts.
+
+    The one place the whitening formula is written: ``whitened_advantage`` calls it with alpha's exact
+    mean and standard deviation; the LLM diagnostics with a group's, evaluated on other samples.
+    """
+    r, mu, sigma = (np.asarray(x, dtype=np.float64) for x in (r, mu, sigma))
+    s = np.sqrt(sigma**2 + check_eps(eps))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(s > 0, (r - mu) / np.where(s > 0, s, 1.0), 0.0)
+
+
 def whitened_advantage(alpha, r, eps) -> np.ndarray:
-    """A_alpha(y) = (r(y) - mu_alpha) / sigma_{alpha,eps}. Shape (..., n_actions).
+    """A_alpha(y) = (r(y) - mu_alpha) / sigma_{alpha,eps}. Shape (..., n_actions) (docs/theory.md, §1).
 
     Zero where sigma_{alpha,eps} = 0 (constant reward under alpha with eps = 0).
     """
@@ -95,10 +107,7 @@ def whitened_advantage(alpha, r, eps) -> np.ndarray:
     r = as_reward(r, "r", unit_interval=False)
     eps = check_eps(eps)
     check_same_actions(alpha=alpha, r=r)
-    mu = _reward_mean(alpha, r)
-    s = np.sqrt(reward_std(alpha, r) ** 2 + eps)[..., None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(s > 0, (r - mu) / np.where(s > 0, s, 1.0), 0.0)
+    return standardised_reward(r, _reward_mean(alpha, r), reward_std(alpha, r)[..., None], eps[..., None])
 
 
 def group_advantages(rewards, eps, *, scale: bool = True, axis: int = -1) -> np.ndarray:

@@ -33,7 +33,9 @@ def rounding_tolerance(alpha, r, eps, terms, tight: bool) -> np.ndarray:
     a_max = np.max(np.abs(whitened_advantage(alpha, r, eps)), axis=-1)
     c = bound_constant(r, tight=tight)
     w = penalty_weight(reward_std(alpha, r), eps)
+    # w = inf (sigma_alpha = eps = 0) leaves the bound finite only where TV(pi, alpha) is exactly 0, i.e. pi is
+    # alpha's own stored vector: rounding cannot move that term, so it adds nothing to the allowance.
     with np.errstate(invalid="ignore"):
-        sensitivity = 1.0 + a_max + np.where(c == 0, 0.0, c * w) + 2.0 * c
+        sensitivity = 1.0 + a_max + np.where((c == 0) | ~np.isfinite(w), 0.0, c * w) + 2.0 * c
     size = 1.0 + np.abs(terms.surrogate) + terms.penalty_tv + terms.penalty_lag
     return VIOLATION_RTOL * size + 8.0 * n * n * _U * sensitivity

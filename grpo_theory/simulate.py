@@ -153,9 +153,10 @@ def kl_gradient(pi, ref):
 def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, pi_k, alpha, ref):
     """Gradient w.r.t. the logits ``theta`` of the step's objective, and the clip fractions.
 
-    The objective (docs/theory.md, §6-§7) is the mean over kept groups of f_eps(pi/alpha, pi_k/alpha, A)
+    The objective (docs/theory.md, §5-§7) is the mean over kept groups of f_eps(pi/alpha, pi_k/alpha, A)
     (sampled mode: over the G samples of each group; population mode: exact, rho-weighted, E_alpha),
-    minus beta KL(pi || pi_ref) on the step's prompts. Returns ``(grad, clip_low, clip_high)``.
+    minus beta KL(pi || pi_ref) (exact) on the same kept prompts: the zero-variance mask applies to the
+    whole objective, as in the LLM trainer. Returns ``(grad, clip_low, clip_high)``.
     """
     pi = core.softmax(theta)
     grad = np.zeros_like(theta)
@@ -181,12 +182,12 @@ def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, 
         g = onehot_sum - pi[xs] * coef.sum(axis=1, keepdims=True)
         np.add.at(grad, xs, g)
         clip_low, clip_high = float(np.mean(low)), float(np.mean(high))
-    if config.beta > 0:  # exact KL on the batch's prompts (all prompts, rho-weighted, in population mode)
-        kg = kl_gradient(pi[roll.xs], ref[roll.xs])
+    if config.beta > 0:  # exact KL on the kept prompts: the mask applies to the whole objective (§5)
+        kg = kl_gradient(pi[roll.xs], ref[roll.xs]) * roll.keep[:, None]
         if config.population:
             grad -= config.beta * bandit.rho[:, None] * kg
         else:
-            np.add.at(grad, roll.xs, -config.beta * kg / len(roll.xs))
+            np.add.at(grad, roll.xs, -config.beta * kg / max(int(roll.keep.sum()), 1))
     return grad, clip_low, clip_high
 
 

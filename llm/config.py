@@ -23,7 +23,10 @@ class GRPOConfig:
     model_name_or_path: str = ""
     """Local model directory or hub name. Empty: the built-in tiny Qwen2 (built and cached locally)."""
     dataset: str = "arithmetic"
-    """'arithmetic' (built in), a GSM8K-format JSONL file (question, answer ending in '#### N'), or 'hf:<name>'."""
+    """'arithmetic' (built in, with its own train/test split), a GSM8K-format JSONL file (question, answer
+    ending in '#### N'), or 'hf:<name>'."""
+    eval_dataset: str = ""
+    """Test prompts for a JSONL or hub dataset (a JSONL file, or 'hf:<name>' for its test split)."""
     reward_fn: str = ""
     """Optional reward as 'module:function' mapping (completion, answer) to [0, 1]; default: the task's own."""
     output_dir: str = "runs/arithmetic"
@@ -46,12 +49,20 @@ class GRPOConfig:
     """Reset pi_ref <- pi_theta every this many steps (0: pi_ref stays the initial model)."""
     window_generation: bool = True
     """Generate the prompts of the whole sync window in one sampler call (alpha is frozen for v steps)."""
+    heldout_prompts: int = 0
+    """Extra prompts per step, drawn independently of the training prompts, whose G completions from alpha
+    never enter the loss. The TV distances, the bound's terms and the improvement are also estimated on
+    them (``heldout/*``), free of the in-sample bias of estimates on the prompts and completions pi_{k+1}
+    was fitted to (docs/theory.md, §8.2). 0: off."""
 
     # ---- objective -------------------------------------------------------------------------
     epsilon: float = 0.2
     """Clip width of f_eps: pi/alpha may move at most epsilon away from pi_k/alpha."""
     beta: float = 0.04
-    """KL(pi || pi_ref) weight (k3 estimator, per token). 0 skips the reference model."""
+    """KL(pi || pi_ref) weight (k3 estimator, per token). 0 skips the reference model (and the kl metrics)."""
+    use_bias_correction_kl: bool = True
+    """Multiply the per-token k3 by pi/alpha (TRL's name): the tokens are sampled from alpha, and only with the
+    correction does the KL term estimate KL(pi || pi_ref) off-policy (docs/theory.md, §8.4)."""
     loss_type: Literal["grpo", "dapo", "dr_grpo"] = "dapo"
     """Normaliser: grpo = mean over each sequence's tokens then over sequences; dapo = over all
     tokens of the batch; dr_grpo = over (sequences x max_completion_length)."""
@@ -62,13 +73,14 @@ class GRPOConfig:
     mask_zero_std_groups: bool = True
     """Drop groups whose rewards are all equal (sigma_alpha = 0) from the loss and its normaliser."""
     ratio_level: Literal["token", "sequence"] = "token"
-    """Importance ratios per token (default) or per sequence (exp of summed log-ratios; high variance)."""
+    """Importance ratios per token (default) or per sequence (exp of summed log-ratios; high variance; needs
+    loss_type grpo, under which every sequence counts once: the paper's E_alpha f)."""
     behaviour_logprobs: Literal["sampler", "recompute"] = "sampler"
     """log alpha from the sampler (cheap) or recomputed by the trainer with the lagged weights (exact).
     The gap between the two is logged as sampling/logp_diff_* whenever both are computed."""
 
     # ---- optimisation and sampling ---------------------------------------------------------
-    learning_rate: float = 1e-3
+    learning_rate: float = 3e-4
     """AdamW learning rate (the default suits the tiny built-in model; use ~1e-6 for 0.5B+ models)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
@@ -91,7 +103,16 @@ class GRPOConfig:
     """Right after every sync, recompute log alpha with the trainer and compare with the sampler's
     (sampling/logp_diff_*; a loud warning if they disagree). One forward pass per v steps."""
     tv_diagnostics: bool = True
-    """Log token-level TV upper bounds from full next-token distributions (two extra forward passes)."""
+    """Log Monte-Carlo estimates of the chain-rule upper bound on TV from full next-token distributions
+    (``*_chain_ub_est``; needs alpha's forward at every step)."""
+    exact_j: bool = True
+    """When the task allows it (the built-in task), log the exact J(pi_k), J(pi_{k+1}) over the training
+    prompts and the exact improvement (one forward pass over the accepted completions per step)."""
+    eval_steps: int = 0
+    """Evaluate the policy on the test prompts every this many steps, before the first and after the last (0: never):
+    exact J (built-in task), sampled accuracy and greedy accuracy (``eval/*``)."""
+    eval_generations: int = 8
+    """Completions per test prompt for the sampled accuracy."""
     logging_steps: int = 1
     """Print a progress line every this many steps (metrics.jsonl always gets every step)."""
     save_steps: int = 50
@@ -106,6 +127,12 @@ class GRPOConfig:
         require(self, self.prompts_per_step >= 1, "prompts_per_step", "must be >= 1")
         require(self, self.num_generations >= 2, "num_generations", "a group needs G >= 2 completions")
         require(self, self.num_iterations >= 1, "num_iterations", "must be >= 1")
+        require(self, self.heldout_prompts >= 0, "heldout_prompts", "must be >= 0")
+        require(self, self.eval_steps >= 0, "eval_steps", "must be >= 0")
+        require(self, self.eval_generations >= 1, "eval_generations", "must be >= 1")
+        require(self, self.ratio_level == "token" or self.loss_type == "grpo", "ratio_level",
+                "sequence-level ratios need loss_type grpo (dapo and dr_grpo would weight each sequence's one "
+                "objective value by its length)")
         require(self, self.sync_period >= 1, "sync_period", "v must be >= 1")
         require(self, self.ref_sync_steps >= 0, "ref_sync_steps", "must be >= 0")
         require(self, 0 <= self.epsilon < 10, "epsilon", "the clip width must lie in [0, 10)")

@@ -1,29 +1,28 @@
 """Per-step estimates of the TV distances and of every term of Theorem 1 on a language model (docs/theory.md, §8).
 
-All estimates use the step's own batch: G completions per prompt sampled from alpha.
+Every estimate is computed on completions sampled from alpha. For a completion y of prompt x,
+w = pi(y|x)/alpha(y|x) is the product of its token ratios. Per prompt:
 
-Sequence-level importance-sampling (IS) estimates, per prompt x, with w(y) = pi(y|x)/alpha(y|x)
-the product of the token ratios:
-- TV(pi, alpha) = 1/2 E_alpha |w - 1|  ->  1/2 mean_g |w_g - 1|            (``tv/pi_k_alpha``, ``tv/pi_new_alpha``)
-- J(pi_{k+1}) - J(pi_k) = E_alpha[(w_new - w_k) r]  ->  mean_g (w_new,g - w_k,g) r_g  (``improvement``)
-- the bound's terms come from ``grpo_theory`` applied to the empirical distribution of the group
-  (uniform over its G samples): sigma is the group's population std, A its whitened advantage,
-  L_alpha(pi) = E_alpha[(w - 1) A] (E_alpha A = 0), and the penalties use the TV estimates above.
+- TV(pi, alpha)         = 1/2 E_alpha |w - 1|           ->  1/2 mean |w - 1|
+- J(pi) - J(pi_k)       = E_alpha[(w_new - w_k) r]       ->  mean (w_new - w_k) r
+- L_alpha(pi)           = (J(pi) - J(alpha)) / s          ->  mean (w_new - 1) r / s   (docs/theory.md, §2)
 
-Biases, stated plainly:
-- pi_{k+1} was fitted on this very batch, so ``tv/pi_new_alpha``, ``bound/surrogate`` and
-  ``improvement`` are in-sample (optimistic) estimates, as a training loss is.
-- 1/2 E|w - 1| is unbiased for each sample but w is heavy-tailed when pi and alpha are far apart;
-  with few samples it underestimates TV (it cannot see mass alpha does not sample).
-- sigma from G samples is the plug-in (ddof = 0) value, which keeps s <= 1 as Theorem 1 needs.
-- ``bound/*_nonzero_std`` and ``improvement_nonzero_std`` average over the prompts whose group has
-  reward variance (the ones the zero-variance mask trains on); elsewhere the weight (1 - s)/s is
-  (1 - sqrt(eps))/sqrt(eps), which makes the plain average very negative.
-- the tight constant uses reward range 1 (rewards lie in [0, 1]; the true range is unknown).
+with s = sqrt(sigma^2 + eps), sigma the group's plug-in (ddof = 0) standard deviation (so s <= 1 as
+Theorem 1 needs), and the bound's terms assembled by ``grpo_theory.combine_bound``. For a policy that does
+not depend on the samples, the TV, improvement and surrogate-numerator estimates are unbiased; s is a
+plug-in. What the average is taken over therefore decides the bias:
 
-Token-level upper bounds (``tv/*_tok_ub``): for autoregressive policies,
-TV(pi, alpha) <= E_{y~alpha} sum_t TV(pi(.|x, y_<t), alpha(.|x, y_<t)), from full next-token
-distributions; averaged over the batch. Exact per position, so no heavy tails, but an upper bound.
+- ``insample/*``: over the training prompts and their completions. pi_{k+1} was fitted to both, so every
+  estimate involving pi_{k+1} is biased: the improvement upwards (the update raises J most on the prompts
+  and completions it trained on, and may lower it elsewhere), and TV(pi_{k+1}, alpha) upwards too (the
+  update moves probability onto exactly the completions it is then evaluated on).
+- ``heldout/*``: over extra prompts drawn independently of the training ones, whose completions never
+  entered the loss. pi_k and pi_{k+1} do not depend on them, so the estimates are unbiased for the
+  expectation over the prompt distribution.
+- ``tv/pi_k_alpha`` on the training batch is unbiased: pi_k depends on no sample of its own step.
+
+Chain-rule estimate (``*_chain_ub_est``): TV(pi, alpha) <= E_{y~alpha} sum_t TV(pi(.|x, y_<t), alpha(.|x, y_<t));
+the batch mean of the inner sum is a Monte-Carlo estimate of that upper bound, not a bound on each batch.
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ def mean_entropy(logp_full: torch.Tensor, mask: torch.Tensor) -> float:
 
 def sequence_log_ratio(logp: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor, P: int, G: int) -> np.ndarray:
     """log pi(y|x)/alpha(y|x) of every completion, summed over its tokens: float64 array of shape (P, G)."""
-    return ((logp - logp_alpha) * mask).sum(1).cpu().numpy().reshape(P, G)
+    return ((logp - logp_alpha) * mask).sum(1).cpu().double().numpy().reshape(P, G)
 
 
 def rollout_metrics(rewards: np.ndarray, zero_std: np.ndarray, completions: list[list[int]], eos: int) -> dict[str, float]:
@@ -73,36 +72,44 @@ def sampler_gap(logp_sampler: torch.Tensor, logp_trainer: torch.Tensor, mask: to
     return {"sampling/logp_diff_mean": float(diff.sum() / mask.sum()), "sampling/logp_diff_max": float(diff.max())}
 
 
-def token_tv_upper_bound(logp_a_full: torch.Tensor, logp_b_full: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean over sequences of sum_t TV(a_t, b_t) over completion positions (``mask`` (B, T))."""
+def chain_tv_estimate(logp_a_full: torch.Tensor, logp_b_full: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean over sequences of sum_t TV(a_t, b_t) over completion positions (``mask`` (B, T)): a Monte-Carlo
+    estimate of the chain-rule upper bound on the sequence-level TV."""
     per_token = tv_rows(logp_a_full, logp_b_full) * mask
     return float(per_token.sum(dim=1).mean())
 
 
-def group_bound_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndarray, eps: float) -> dict[str, float]:
-    """Theorem 1 estimates from one batch. Shapes (P, G): rewards, and the sequence log-ratios
-    log pi_k/alpha and log pi_{k+1}/alpha of every completion. Returns batch means over prompts."""
-    r = np.asarray(rewards, dtype=np.float64)
-    P, G = r.shape
-    w_k, w_new = np.exp(np.asarray(log_w_k, np.float64)), np.exp(np.asarray(log_w_new, np.float64))
-    alpha_hat = np.full((P, G), 1.0 / G)  # the group's empirical distribution
+def group_statistics(group_rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-prompt mean and plug-in (population) standard deviation of the training groups (P, G)."""
+    r = np.asarray(group_rewards, dtype=np.float64)
+    uniform = np.full(r.shape, 1.0 / r.shape[1])  # the group's empirical distribution
+    mean = np.where(np.ptp(r, axis=1) == 0, r[:, 0], gt.expected_reward(uniform, r))  # exact for equal rewards
+    return mean, gt.reward_std(uniform, r)
 
+
+def bound_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndarray, eps: float) -> dict[str, float]:
+    """Theorem 1 estimates from groups of completions of P prompts: ``rewards`` and the sequence log-ratios
+    log pi_k/alpha and log pi_{k+1}/alpha, each (P, G). Returns means over prompts; callers prefix them with
+    ``insample/`` or ``heldout/`` (which one decides the bias: see the module docstring)."""
+    r = np.asarray(rewards, dtype=np.float64)
+    _, sigma = group_statistics(r)
+    w_k, w_new = np.exp(np.asarray(log_w_k, np.float64)), np.exp(np.asarray(log_w_new, np.float64))
     tv_k = 0.5 * np.mean(np.abs(w_k - 1.0), axis=1)
     tv_new = 0.5 * np.mean(np.abs(w_new - 1.0), axis=1)
-    adv = gt.whitened_advantage(alpha_hat, r, eps)  # (r - mean) / sqrt(var_pop + eps)
-    surrogate = np.mean((w_new - 1.0) * adv, axis=1)
-    sigma = gt.reward_std(alpha_hat, r)
+    s = np.sqrt(sigma**2 + eps)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        surrogate = np.where(s > 0, np.mean((w_new - 1.0) * r, axis=1) / np.where(s > 0, s, 1.0), 0.0)
     weight = gt.penalty_weight(sigma, eps)
     paper = gt.combine_bound(surrogate, weight, tv_new, tv_k, gt.bound_constant(tight=False))
     tight = gt.combine_bound(surrogate, weight, tv_new, tv_k, gt.bound_constant(tight=True, reward_range=1.0))
     improvement = np.mean((w_new - w_k) * r, axis=1)
-    finite_w = weight[np.isfinite(weight)]
     varied = sigma > 0  # the prompts the zero-variance mask keeps
     nz = (lambda x: float(x[varied].mean()) if varied.any() else float("nan"))
     return {
         "tv/pi_k_alpha": float(tv_k.mean()),
         "tv/pi_new_alpha": float(tv_new.mean()),
         "improvement": float(improvement.mean()),
+        "improvement_nonzero_std": nz(improvement),
         "bound/surrogate": float(paper.surrogate.mean()),
         "bound/penalty_tv": float(paper.penalty_tv.mean()),
         "bound/penalty_lag": float(paper.penalty_lag.mean()),
@@ -113,10 +120,25 @@ def group_bound_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: n
         "bound/frac_lower_tight_positive": float(np.mean(tight.lower > 0)),
         "bound/lower_nonzero_std": nz(paper.lower),
         "bound/lower_tight_nonzero_std": nz(tight.lower),
-        "improvement_nonzero_std": nz(improvement),
+    }
+
+
+def group_metrics(group_rewards: np.ndarray, log_w_k: np.ndarray, eps: float) -> dict[str, float]:
+    """Quantities of the training groups that involve only alpha and pi_k (no bias from the update):
+    TV(pi_k, alpha), the largest sequence weight pi_k/alpha, and the per-prompt sigma and weight (1 - s)/s."""
+    _, sigma = group_statistics(group_rewards)
+    weight = gt.penalty_weight(sigma, eps)
+    finite = weight[np.isfinite(weight)]
+    w_k = np.exp(np.asarray(log_w_k, np.float64))
+    return {
+        "tv/pi_k_alpha": float((0.5 * np.mean(np.abs(w_k - 1.0), axis=1)).mean()),
+        "is_weight_seq/max": float(w_k.max()),
         "sigma/mean": float(sigma.mean()),
         "sigma/min": float(sigma.min()),
-        "bound/weight_mean": float(finite_w.mean()) if finite_w.size else float("inf"),
+        "bound/weight_mean": float(finite.mean()) if finite.size else float("inf"),
         "bound/weight_max": float(weight.max()),
-        "is_weight_seq/max": float(w_k.max()),
     }
+
+
+def prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
+    return {f"{prefix}/{k}": v for k, v in metrics.items()}

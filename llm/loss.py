@@ -5,19 +5,31 @@ Per completion token (or per sequence with ``ratio_level="sequence"``):
     r  = pi_theta / alpha        (the ratio being optimised)
     r' = pi_k / alpha            (the importance weight of the trainer policy at the step start)
     f  = min(r A, clip(r, max(r' - eps, 0), r' + eps) A)          -- grpo_theory.clip_objective
-    loss_token = -f + beta * k3(pi_theta, pi_ref),  k3 = exp(ref - logp) - (ref - logp) - 1
+    loss_token = -f + beta * kl_token
 
 With alpha = pi_k (v = 1) r' = 1 and this is on-policy GRPO/PPO clipping. r' is computed from the
 log-probabilities; it is never assumed to be 1.
+
+The KL term (docs/theory.md, §8.4): k3 = e^d - d - 1 with d = log pi_ref - log pi is an unbiased
+per-token estimate of KL(pi || pi_ref) on tokens sampled from pi. The tokens here come from alpha, so by
+default (``use_bias_correction_kl``, TRL's name) k3 is multiplied by the token ratio pi/alpha, which
+makes its average an importance-sampled estimate of the same KL; without it the average estimates
+E_alpha[k3], which is not KL(pi || pi_ref) once pi != alpha.
+
+The step's loss is sum(per_token * weights): ``loss_weights`` turns the normalisation of each loss type
+(and the zero-variance mask) into one weight per token, computed once from the whole step's masks, so a
+step split into micro-batches sums to exactly the loss (and gradient) of the unsplit step.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
 LossType = Literal["grpo", "dapo", "dr_grpo"]
+RatioLevel = Literal["token", "sequence"]
 
 
 def clip_window_torch(ratio_k: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,23 +56,62 @@ def k3_kl(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1.0
 
 
-def normalise(per_token: torch.Tensor, mask: torch.Tensor, loss_type: LossType, max_completion_length: int) -> torch.Tensor:
-    """Reduce a (B, T) per-token loss over the tokens where ``mask`` is 1.
+def loss_weights(completion_mask: torch.Tensor, loss_type: LossType, max_completion_length: int,
+                 sequence_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Weight of every token in the step's loss, (B, T): the loss is sum(per_token * weights).
 
-    grpo: mean over each sequence's tokens, then mean over sequences that have any token;
+    grpo: mean over each sequence's tokens, then mean over the sequences that have any token;
     dapo: sum over tokens / number of tokens; dr_grpo: sum / (sequences x max_completion_length).
-    Masked-out sequences count in neither numerator nor normaliser.
+    Sequences with ``sequence_mask`` 0 (masked groups) weigh 0 and count in no normaliser.
+    Compute it once from the masks of the whole step (never per micro-batch).
     """
-    total = (per_token * mask).sum()
-    if loss_type == "dapo":
-        return total / mask.sum().clamp(min=1.0)
-    seq_tokens = mask.sum(dim=1)
+    mask = completion_mask.float()
+    if sequence_mask is not None:
+        mask = mask * sequence_mask.float()[:, None]
+    seq_tokens = mask.sum(dim=1, keepdim=True)
     n_seq = (seq_tokens > 0).sum().clamp(min=1)
+    if loss_type == "dapo":
+        return mask / mask.sum().clamp(min=1.0)
     if loss_type == "dr_grpo":
-        return total / (n_seq * max_completion_length)
+        return mask / (n_seq * max_completion_length)
     if loss_type == "grpo":
-        return ((per_token * mask).sum(dim=1) / seq_tokens.clamp(min=1.0)).sum() / n_seq
+        return mask / seq_tokens.clamp(min=1.0) / n_seq
     raise ValueError(f"loss_type: expected grpo, dapo or dr_grpo, got {loss_type!r}")
+
+
+@dataclass
+class LossStats:
+    """Sums over the loss tokens of one or more micro-batches; ``metrics()`` gives the step's values."""
+
+    loss: float = 0.0
+    tokens: float = 0.0
+    clip_low: float = 0.0
+    clip_high: float = 0.0
+    is_weight_sum: float = 0.0
+    is_weight_min: float = float("inf")
+    is_weight_max: float = float("-inf")
+    kl: dict = field(default_factory=dict)  # name -> sum over loss tokens
+
+    def merge(self, other: "LossStats") -> "LossStats":
+        kl = {k: self.kl.get(k, 0.0) + other.kl.get(k, 0.0) for k in self.kl.keys() | other.kl.keys()}
+        return LossStats(self.loss + other.loss, self.tokens + other.tokens, self.clip_low + other.clip_low,
+                         self.clip_high + other.clip_high, self.is_weight_sum + other.is_weight_sum,
+                         min(self.is_weight_min, other.is_weight_min), max(self.is_weight_max, other.is_weight_max), kl)
+
+    def metrics(self) -> dict[str, float]:
+        """TRL's names where they exist: loss, clip_ratio/*, kl; plus is_weight/* (pi_k/alpha over loss tokens)."""
+        n = max(self.tokens, 1.0)
+        out = {
+            "loss": self.loss,
+            "clip_ratio/low_mean": self.clip_low / n,
+            "clip_ratio/high_mean": self.clip_high / n,
+            "clip_ratio/region_mean": (self.clip_low + self.clip_high) / n,
+            "is_weight/mean": self.is_weight_sum / n if self.tokens else 1.0,
+            "is_weight/min": self.is_weight_min if self.tokens else 1.0,
+            "is_weight/max": self.is_weight_max if self.tokens else 1.0,
+        }
+        out.update({k: v / n for k, v in self.kl.items()})
+        return out
 
 
 def grpo_loss(
@@ -68,65 +119,58 @@ def grpo_loss(
     logp_k: torch.Tensor,
     logp_alpha: torch.Tensor,
     advantages: torch.Tensor,
-    completion_mask: torch.Tensor,
+    weights: torch.Tensor,
     *,
     clip: float,
-    loss_type: LossType = "dapo",
-    ratio_level: Literal["token", "sequence"] = "token",
-    max_completion_length: int = 1,
+    ratio_level: RatioLevel = "token",
     beta: float = 0.0,
     logp_ref: torch.Tensor | None = None,
-    sequence_mask: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss (to minimise) and statistics of one optimiser step.
+    use_bias_correction_kl: bool = True,
+) -> tuple[torch.Tensor, LossStats]:
+    """Loss (to minimise) of one optimiser step, or of one micro-batch of it, and its statistics.
 
     Shapes: ``logp`` (pi_theta, with grad), ``logp_k`` (pi_k), ``logp_alpha`` (alpha), ``logp_ref``:
-    (B, T) log-probabilities of the sampled completion tokens, float32; ``advantages`` (B,);
-    ``completion_mask`` (B, T), 1 on real completion tokens; ``sequence_mask`` (B,), 0 for
-    sequences of masked (zero-variance) groups. ``logp_k`` and ``logp_alpha`` carry no gradient.
+    (B, T) log-probabilities of the sampled completion tokens, float32; ``advantages`` (B,); ``weights``
+    (B, T) from ``loss_weights`` (0 off the loss tokens). ``logp_k`` and ``logp_alpha`` carry no gradient.
+
+    Sequence-level ratios (the product of a completion's token ratios) give each sequence one objective
+    value f, copied onto its tokens; with the ``grpo`` weights (1/length per sequence) every sequence then
+    counts once, which is the paper's E_alpha f. The config refuses them with the token-level normalisers.
     """
-    if logp.shape != logp_k.shape or logp.shape != logp_alpha.shape or logp.shape != completion_mask.shape:
-        raise ValueError("logp, logp_k, logp_alpha and completion_mask must share one (B, T) shape")
+    if not (logp.shape == logp_k.shape == logp_alpha.shape == weights.shape):
+        raise ValueError("logp, logp_k, logp_alpha and weights must share one (B, T) shape")
     if beta > 0 and logp_ref is None:
         raise ValueError("logp_ref: needed when beta > 0")
-    mask = completion_mask.to(logp.dtype)
-    if sequence_mask is not None:
-        mask = mask * sequence_mask.to(logp.dtype)[:, None]
+    on = weights > 0
     logp_k, logp_alpha = logp_k.detach(), logp_alpha.detach()
+    token_log_ratio = logp - logp_alpha
     if ratio_level == "token":
-        log_ratio = logp - logp_alpha
-        log_ratio_k = logp_k - logp_alpha
+        log_ratio, log_ratio_k = token_log_ratio, logp_k - logp_alpha
     elif ratio_level == "sequence":
-        cm = completion_mask.to(logp.dtype)
-        log_ratio = ((logp - logp_alpha) * cm).sum(dim=1, keepdim=True).expand_as(logp)
-        log_ratio_k = ((logp_k - logp_alpha) * cm).sum(dim=1, keepdim=True).expand_as(logp)
+        real = (weights != 0).to(logp.dtype)
+        log_ratio = (token_log_ratio * real).sum(dim=1, keepdim=True).expand_as(logp)
+        log_ratio_k = ((logp_k - logp_alpha) * real).sum(dim=1, keepdim=True).expand_as(logp)
     else:
         raise ValueError(f"ratio_level: expected token or sequence, got {ratio_level!r}")
     ratio, ratio_k = torch.exp(log_ratio), torch.exp(log_ratio_k)
     adv = advantages.to(logp.dtype)[:, None]
-    objective = clip_objective_torch(ratio, ratio_k, adv, clip)
-    per_token = -objective
-    kl = None
+    per_token = -clip_objective_torch(ratio, ratio_k, adv, clip)
+    kl_sums = {}
     if beta > 0:
-        kl = k3_kl(logp, logp_ref.detach())
-        per_token = per_token + beta * kl
-    loss = normalise(per_token, mask, loss_type, max_completion_length)
+        k3 = k3_kl(logp, logp_ref.detach())
+        k3_is = torch.exp(token_log_ratio) * k3  # pi/alpha (with gradient) times k3
+        per_token = per_token + beta * (k3_is if use_bias_correction_kl else k3)
+        with torch.no_grad():
+            kl_sums = {"kl": float(((k3_is if use_bias_correction_kl else k3) * on).sum()),
+                       "kl/k3": float((k3 * on).sum()), "kl/k3_is": float((k3_is * on).sum())}
+    loss = (per_token * weights).sum()
 
     with torch.no_grad():
-        n = mask.sum().clamp(min=1.0)
-        flag_low, flag_high = clip_flags_torch(ratio, ratio_k, adv, clip)
-        is_low, is_high = flag_low.to(mask.dtype) * mask, flag_high.to(mask.dtype) * mask
-        on = mask > 0
-        rk = ratio_k[on] if on.any() else torch.ones(1)
-        stats = {
-            "loss": float(loss.detach()),
-            "clip_ratio/low_mean": float(is_low.sum() / n),
-            "clip_ratio/high_mean": float(is_high.sum() / n),
-            "clip_ratio/region_mean": float((is_low + is_high).sum() / n),
-            "is_weight/mean": float(rk.mean()),
-            "is_weight/min": float(rk.min()),
-            "is_weight/max": float(rk.max()),
-            "kl": float((kl * mask).sum() / n) if kl is not None else 0.0,
-            "num_loss_tokens": float(mask.sum()),
-        }
+        low, high = clip_flags_torch(ratio, ratio_k, adv, clip)
+        rk = ratio_k[on]
+        stats = LossStats(
+            loss=float(loss.detach()), tokens=float(on.sum()), clip_low=float((low & on).sum()),
+            clip_high=float((high & on).sum()), is_weight_sum=float(rk.sum()),
+            is_weight_min=float(rk.min()) if rk.numel() else float("inf"),
+            is_weight_max=float(rk.max()) if rk.numel() else float("-inf"), kl=kl_sums)
     return loss, stats

@@ -1,9 +1,11 @@
-"""Verifiable tasks: prompts with reference answers and a reward function in [0, 1].
+"""Verifiable tasks: prompts with reference answers, a reward in [0, 1], and a train/test split.
 
-- ``arithmetic``: the built-in task, "a+b=" with a in 0..19, b in 0..9; reward 1 iff the
-  completion (up to end of sequence) is exactly the decimal sum.
+- ``arithmetic``: the built-in task, "a+b=" with a in 0..19, b in 0..9 (200 prompts, a fixed split of
+  160 for training and 40 for testing). Its reward is defined on tokens: 1 iff the completion's tokens
+  are exactly the answer's tokens followed by EOS. Because its accepted completions form a finite set,
+  its expected reward J(pi | x) is computable exactly (``Task.accepted``; docs/theory.md, §8.1).
 - GSM8K-format JSONL (``question``, ``answer`` ending in "#### N"): reward 1 iff the last number in
-  the completion equals N.
+  the completion equals N. A second file (``eval_dataset``) is its test split.
 - A user reward function ``module:function`` with signature ``(completion: str, answer: str) -> float``.
 """
 
@@ -13,41 +15,107 @@ import importlib
 import json
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
 RewardFn = Callable[[str, str], float]
+#: The exact expected-reward hook: the completions (text before EOS) that score 1 for an answer.
+AcceptedFn = Callable[[str], Sequence[str]]
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 @dataclass(frozen=True)
 class Task:
-    """A finite pool of prompts with answers and a verifiable reward."""
+    """A finite pool of training prompts with answers, an optional test pool, and a verifiable reward.
+
+    Exactly one of ``reward_fn`` (a text reward) and ``accepted`` (a finite set of accepted completions
+    per answer: the reward is then 1 iff the completion's tokens are one of them followed by EOS) is set.
+    """
 
     name: str
     prompts: tuple[str, ...]
     answers: tuple[str, ...]
-    reward_fn: RewardFn
+    reward_fn: RewardFn | None = None
+    accepted: AcceptedFn | None = None
+    test_prompts: tuple[str, ...] = ()
+    test_answers: tuple[str, ...] = ()
 
     def __post_init__(self):
         if len(self.prompts) == 0:
             raise ValueError(f"dataset: task {self.name!r} has no prompts")
-        if len(self.prompts) != len(self.answers):
+        if len(self.prompts) != len(self.answers) or len(self.test_prompts) != len(self.test_answers):
             raise ValueError("dataset: prompts and answers differ in number")
+        if (self.reward_fn is None) == (self.accepted is None):
+            raise ValueError("reward_fn: a task needs exactly one of a text reward and an accepted-completions hook")
+
+    @property
+    def has_exact_j(self) -> bool:
+        """True when J(pi | x) is computable exactly (the accepted completions form a finite set)."""
+        return self.accepted is not None
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """Indices of n prompts drawn uniformly with replacement."""
+        """Indices of n training prompts drawn uniformly with replacement."""
         return rng.integers(0, len(self.prompts), size=n)
 
-    def score(self, completions: Sequence[str], answers: Sequence[str]) -> np.ndarray:
-        """Rewards as float64; raises if the reward function leaves [0, 1] (the bound needs it)."""
-        r = np.array([float(self.reward_fn(c, a)) for c, a in zip(completions, answers)], dtype=np.float64)
-        if r.size and (not np.all(np.isfinite(r)) or r.min() < 0 or r.max() > 1):
-            raise ValueError(f"reward_fn: rewards must lie in [0, 1], got range [{r.min()}, {r.max()}]")
+    def with_reward(self, reward_fn: RewardFn) -> "Task":
+        """The same prompts scored by a user's text reward (no exact J any more)."""
+        return replace(self, reward_fn=reward_fn, accepted=None)
+
+    def bind(self, tokenizer) -> "TokenizedTask":
+        return TokenizedTask(self, tokenizer)
+
+
+class TokenizedTask:
+    """A task bound to a tokenizer: prompt tokens (computed once) and rewards of generated completions.
+
+    For a task with an ``accepted`` hook the reward and the exact J use the same accepted token sequences
+    (``accepted_ids``), so they agree on every completion by construction: a completion scores 1 iff its
+    token ids equal one of them, EOS included (a completion cut at the length limit, one with extra
+    whitespace or with special tokens inside scores 0, and J counts none of them either).
+    """
+
+    def __init__(self, task: Task, tokenizer):
+        self.task, self.tokenizer = task, tokenizer
+        self.eos = tokenizer.eos_token_id
+        self.prompt_ids = self._encode(task.prompts)
+        self.test_prompt_ids = self._encode(task.test_prompts)
+        self.accepted_ids = self._accepted_ids(task.answers)
+        self.test_accepted_ids = self._accepted_ids(task.test_answers)
+
+    def _encode(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.tokenizer(list(texts)).input_ids if texts else []
+
+    def _accepted_ids(self, answers: Sequence[str]) -> list[list[list[int]]] | None:
+        if self.task.accepted is None:
+            return None
+        enc = lambda s: self.tokenizer(s, add_special_tokens=False).input_ids + [self.eos]  # noqa: E731
+        return [[enc(a) for a in self.task.accepted(answer)] for answer in answers]
+
+    @property
+    def max_accepted_length(self) -> int:
+        """Tokens of the longest accepted completion (EOS included); 0 without exact J."""
+        pools = (self.accepted_ids or []) + (self.test_accepted_ids or [])
+        return max((len(ids) for acc in pools for ids in acc), default=0)
+
+    def score(self, prompt_idx: Sequence[int], texts: Sequence[str], completion_ids: Sequence[Sequence[int]],
+              test: bool = False) -> np.ndarray:
+        """Rewards (float64) of completions of the given prompts (training pool, or test pool with ``test``).
+
+        Text rewards must lie in [0, 1] (the bound needs it); anything else raises naming the completion.
+        """
+        if self.task.accepted is not None:
+            accepted = self.test_accepted_ids if test else self.accepted_ids
+            return np.array([float(list(ids) in accepted[i]) for i, ids in zip(prompt_idx, completion_ids)])
+        answers = self.task.test_answers if test else self.task.answers
+        r = np.array([float(self.task.reward_fn(t, answers[i])) for i, t in zip(prompt_idx, texts)], dtype=np.float64)
+        bad = ~np.isfinite(r) | (r < 0) | (r > 1)
+        if bad.any():
+            j = int(np.argmax(bad))
+            raise ValueError(f"reward_fn: rewards must lie in [0, 1], got {float(r[j])!r} for completion {texts[j]!r}")
         return r
 
 
@@ -57,6 +125,8 @@ class Task:
 
 ARITH_A = range(20)
 ARITH_B = range(10)
+#: Prompts of the built-in task held out for evaluation: a fixed random 20% (seed 0), the same in every run.
+ARITH_TEST_FRACTION = 0.2
 
 
 def arithmetic_prompt(a: int, b: int) -> str:
@@ -64,18 +134,24 @@ def arithmetic_prompt(a: int, b: int) -> str:
 
 
 def exact_match_reward(completion: str, answer: str) -> float:
-    """1.0 iff the completion, stripped of surrounding whitespace, equals the answer."""
+    """1.0 iff the completion, stripped of surrounding whitespace, equals the answer (a text reward)."""
     return 1.0 if completion.strip() == answer.strip() else 0.0
+
+
+def exact_answer(answer: str) -> tuple[str, ...]:
+    """The built-in task's accepted completions: the answer itself, nothing else."""
+    return (answer,)
 
 
 def arithmetic_task() -> Task:
     pairs = [(a, b) for a in ARITH_A for b in ARITH_B]
-    return Task(
-        "arithmetic",
-        tuple(arithmetic_prompt(a, b) for a, b in pairs),
-        tuple(str(a + b) for a, b in pairs),
-        exact_match_reward,
-    )
+    order = np.random.default_rng(0).permutation(len(pairs))
+    n_test = round(ARITH_TEST_FRACTION * len(pairs))
+    test, train = sorted(order[:n_test]), sorted(order[n_test:])
+    prompts = lambda idx: tuple(arithmetic_prompt(*pairs[i]) for i in idx)  # noqa: E731
+    answers = lambda idx: tuple(str(sum(pairs[i])) for i in idx)  # noqa: E731
+    return Task("arithmetic", prompts(train), answers(train), accepted=exact_answer,
+                test_prompts=prompts(test), test_answers=answers(test))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -110,7 +186,8 @@ def numeric_reward(completion: str, answer: str) -> float:
 GSM8K_TEMPLATE = "Question: {question}\nAnswer:"
 
 
-def load_gsm8k_jsonl(path: str | Path, template: str = GSM8K_TEMPLATE) -> Task:
+def read_gsm8k_jsonl(path: str | Path, template: str = GSM8K_TEMPLATE) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(prompts, answers) of a GSM8K-format JSONL file; a bad row raises naming the file and line."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"dataset: file not found: {path}")
@@ -125,19 +202,19 @@ def load_gsm8k_jsonl(path: str | Path, template: str = GSM8K_TEMPLATE) -> Task:
                 answers.append(gsm8k_answer(row["answer"]))
             except (json.JSONDecodeError, KeyError, AttributeError) as exc:
                 raise ValueError(f"dataset: {path}:{i}: expected a JSON object with 'question' and 'answer' ({exc})") from None
-    return Task(f"gsm8k:{path.name}", tuple(prompts), tuple(answers), numeric_reward)
+    return tuple(prompts), tuple(answers)
 
 
-def load_hub_gsm8k(name: str, split: str = "train", template: str = GSM8K_TEMPLATE) -> Task:
-    """A GSM8K-format data set by ``datasets`` name (needs the optional ``datasets`` package and network)."""
+def load_hub_gsm8k(name: str, split: str = "train", template: str = GSM8K_TEMPLATE) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(prompts, answers) of a GSM8K-format data set by ``datasets`` name (needs ``datasets`` and network)."""
     try:
         import datasets  # noqa: PLC0415
     except ImportError:
         raise ValueError("dataset: loading a hub data set needs `pip install datasets`; pass a local JSONL file instead") from None
     config = "main" if name in ("gsm8k", "openai/gsm8k") else None
     ds = datasets.load_dataset(name, config, split=split)
-    return Task(f"hf:{name}", tuple(template.format(question=q.strip()) for q in ds["question"]),
-                tuple(gsm8k_answer(a) for a in ds["answer"]), numeric_reward)
+    return (tuple(template.format(question=q.strip()) for q in ds["question"]),
+            tuple(gsm8k_answer(a) for a in ds["answer"]))
 
 
 def import_reward_fn(path: str) -> RewardFn:
@@ -154,16 +231,30 @@ def import_reward_fn(path: str) -> RewardFn:
     return fn
 
 
-def load_task(dataset: str, reward_fn: str = "") -> Task:
-    """``arithmetic`` (built in), a path to a GSM8K-format JSONL file, or ``hf:<name>``."""
+def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "") -> Task:
+    """``arithmetic`` (built in, with its own test split), a GSM8K-format JSONL file, or ``hf:<name>``.
+
+    ``eval_dataset`` (a JSONL file, or ``hf:<name>`` for its test split) gives the test prompts of the
+    other two.
+    """
     if dataset == "arithmetic":
+        if eval_dataset:
+            raise ValueError("eval_dataset: the built-in arithmetic task has its own test split; leave it empty")
         task = arithmetic_task()
-    elif dataset.startswith("hf:"):
-        task = load_hub_gsm8k(dataset[3:])
-    elif dataset.endswith((".jsonl", ".json")) or Path(dataset).exists():
-        task = load_gsm8k_jsonl(dataset)
     else:
-        raise ValueError(f"dataset: expected 'arithmetic', a .jsonl path or 'hf:<name>', got {dataset!r}")
+        if dataset.startswith("hf:"):
+            prompts, answers = load_hub_gsm8k(dataset[3:])
+        elif dataset.endswith((".jsonl", ".json")) or Path(dataset).exists():
+            prompts, answers = read_gsm8k_jsonl(dataset)
+        else:
+            raise ValueError(f"dataset: expected 'arithmetic', a .jsonl path or 'hf:<name>', got {dataset!r}")
+        test = ((), ())
+        if eval_dataset.startswith("hf:"):
+            test = load_hub_gsm8k(eval_dataset[3:], split="test")
+        elif eval_dataset:
+            test = read_gsm8k_jsonl(eval_dataset)
+        task = Task(f"gsm8k:{Path(dataset).name}", prompts, answers, reward_fn=numeric_reward,
+                    test_prompts=test[0], test_answers=test[1])
     if reward_fn:
-        task = Task(task.name, task.prompts, task.answers, import_reward_fn(reward_fn))
+        task = task.with_reward(import_reward_fn(reward_fn))
     return task

@@ -3,12 +3,14 @@
 ``train`` is a loop over named phases, one function each, in the order a step runs them:
 
     sync        every v steps the sampler gets the trainer's weights (alpha <- pi_theta)
-    rollout     G completions per prompt from alpha                        (``llm.rollout``)
+    rollout     G completions per prompt (training and held-out) from alpha  (``llm.rollout``)
     score       verifiable rewards in [0, 1]                               (``score``)
     advantages  group whitening and the zero-variance mask                 (``advantages``)
     behaviour   log alpha (sampler's or recomputed) and log pi_ref         (``behaviour_logprobs``)
     optimise    i steps on the clipped off-policy objective (+ beta KL)    (``optimise``)
-    diagnose    TV distances and Theorem 1 terms (``diagnose``, estimates in ``llm.diagnostics``)
+    diagnose    TV distances, Theorem 1 terms and the exact improvement    (``diagnose``, ``diagnose_heldout``,
+                (estimates in ``llm.diagnostics``, exact J in ``llm.evaluation``)           ``ExactJ``)
+    evaluate    every ``eval_steps`` steps, on the test prompts            (``llm.evaluation.evaluate``)
     log         one row of metrics.jsonl                                   (``llm.rundir``)
     checkpoint  every ``save_steps`` steps, at the end and on Ctrl-C       (``save_checkpoint``)
 
@@ -32,13 +34,14 @@ from runkit.interrupt import GracefulStop
 
 from . import diagnostics as dg
 from .batch import Batch, completion_logprobs, make_batch, padded
+from .evaluation import evaluate, mean_exact_j
 from .config import GRPOConfig
-from .loss import grpo_loss
+from .loss import LossStats, grpo_loss, loss_weights
 from .model import Precision, copy_weights, frozen_copy, load_policy, resolve_device, resolve_model_path
 from .rollout import RolloutWindow
 from .rundir import RunDir
 from .sampling import Rollout, Sampler, TransformersSampler, make_sampler
-from .tasks import Task, load_task
+from .tasks import TokenizedTask, load_task
 
 #: Warn when sampler and trainer log-probs of the same tokens differ by more than this (worst token of
 #: the batch) right after a sync. float32 engines agree to ~5e-6 per token at the median and up to
@@ -70,23 +73,26 @@ class Models:
     precision: Precision
 
 
-def setup(config: GRPOConfig, log=print) -> tuple[Models, Task, list[list[int]], str]:
+def setup(config: GRPOConfig, log=print) -> tuple[Models, TokenizedTask, str]:
     """Load the task, the policy and its tokenizer, the optimiser and the sampler (alpha = the policy)."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     torch.manual_seed(config.seed)
     device = resolve_device(config.device)
-    task = load_task(config.dataset, config.reward_fn)
+    task = load_task(config.dataset, config.reward_fn, config.eval_dataset)
     model_path = resolve_model_path(config, log=log)
     policy, tokenizer = load_policy(model_path, device)
     policy.train()
+    bound = task.bind(tokenizer)  # prompt tokens once; indexed by prompt every step
+    if config.exact_j and bound.max_accepted_length > config.max_completion_length:
+        raise ValueError(f"max_completion_length: the task's accepted completions need {bound.max_accepted_length} "
+                         f"tokens, more than {config.max_completion_length}; raise it or pass --no-exact-j")
     opt = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
-    prompt_tokens = tokenizer(list(task.prompts)).input_ids  # once; indexed by prompt every step
-    sampler = make_sampler(config, policy, tokenizer, model_path, max(map(len, prompt_tokens)))
+    longest = max(map(len, bound.prompt_ids + bound.test_prompt_ids))
+    sampler = make_sampler(config, policy, tokenizer, model_path, longest)
     alpha = sampler.model if isinstance(sampler, TransformersSampler) else frozen_copy(policy)
     ref = frozen_copy(policy) if config.beta > 0 else None
-    return (Models(policy, opt, sampler, alpha, ref, tokenizer, device, Precision.from_config(config)),
-            task, prompt_tokens, model_path)
+    return Models(policy, opt, sampler, alpha, ref, tokenizer, device, Precision.from_config(config)), bound, model_path
 
 
 # ----------------------------------------------------------------------------------------------
@@ -102,11 +108,11 @@ def sync_weights(models: Models, source: torch.nn.Module | None = None) -> None:
         copy_weights(models.alpha, source)
 
 
-def score(task: Task, tokenizer, prompt_idx: list[int], roll: Rollout, G: int) -> tuple[np.ndarray, list[str]]:
-    """Rewards of the P x G completions, shape (P, G), and the decoded completions."""
-    texts = tokenizer.batch_decode(roll.completion_ids, skip_special_tokens=True)
-    answers = [task.answers[i] for i in prompt_idx for _ in range(G)]
-    return task.score(texts, answers).reshape(len(prompt_idx), G), texts
+def score(task: TokenizedTask, prompt_idx: list[int], roll: Rollout, n: int) -> tuple[np.ndarray, list[str]]:
+    """Rewards of the P x n completions, shape (P, n), and the decoded completions."""
+    texts = task.tokenizer.batch_decode(roll.completion_ids, skip_special_tokens=True)
+    rows = [i for i in prompt_idx for _ in range(n)]
+    return task.score(rows, texts, roll.completion_ids).reshape(len(prompt_idx), n), texts
 
 
 @dataclass
@@ -138,17 +144,20 @@ class Behaviour:
     full: torch.Tensor | None
 
 
-def behaviour_logprobs(config: GRPOConfig, models: Models, batch: Batch, roll: Rollout, lag: int) -> Behaviour:
+def behaviour_logprobs(config: GRPOConfig, models: Models, batch: Batch, roll: Rollout, lag: int,
+                       diagnostics: bool = True) -> Behaviour:
     """log alpha from the sampler, recomputed by the trainer when the config needs it, and right after
-    every sync when ``verify_sync`` is on (one forward per v steps), so a stale sampler is always caught."""
+    every sync when ``verify_sync`` is on (one forward per v steps), so a stale sampler is always caught.
+    ``diagnostics=False`` (held-out completions): recompute only if the loss's convention needs it."""
     T = batch.completion_ids.shape[1]
     from_sampler = padded(roll.logprobs, T, models.device) if roll.logprobs is not None else None
     recomputed = full = None
-    need = config.behaviour_logprobs == "recompute" or config.tv_diagnostics or from_sampler is None
-    if need or (lag == 0 and config.verify_sync):
+    need = config.behaviour_logprobs == "recompute" or from_sampler is None
+    check = diagnostics and (config.tv_diagnostics or (lag == 0 and config.verify_sync))
+    if need or check:
         with torch.no_grad():
             recomputed, full = completion_logprobs(models.alpha, batch, config.temperature, models.precision,
-                                                   full=config.tv_diagnostics)
+                                                   full=diagnostics and config.tv_diagnostics)
     use_sampler = config.behaviour_logprobs == "sampler" and from_sampler is not None
     return Behaviour(from_sampler if use_sampler else recomputed, from_sampler, recomputed, full)
 
@@ -168,7 +177,7 @@ class Optimised:
 
     logp_k: torch.Tensor
     full_k: torch.Tensor
-    stats: dict
+    stats: LossStats
     grad_norm: float
 
 
@@ -181,17 +190,16 @@ def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, l
     G = config.num_generations
     adv = torch.tensor(groups.advantages.reshape(-1), dtype=torch.float32, device=models.device)
     seq_mask = torch.tensor(np.repeat(groups.keep, G), dtype=torch.float32, device=models.device)
-    stats, grad_norm = {}, 0.0
+    weights = loss_weights(batch.completion_mask, config.loss_type, config.max_completion_length, seq_mask)
+    stats, grad_norm = LossStats(), 0.0
     for it in range(config.num_iterations):
         logp, full = completion_logprobs(models.policy, batch, config.temperature, models.precision, full=it == 0)
         if it == 0:
             logp_k, full_k = logp.detach(), full.detach()
         loss, stats = grpo_loss(
-            logp, logp_k, logp_alpha, adv, batch.completion_mask, clip=config.epsilon,
-            loss_type=config.loss_type, ratio_level=config.ratio_level,
-            max_completion_length=config.max_completion_length, beta=config.beta,
-            logp_ref=logp_ref, sequence_mask=seq_mask)
-        if stats["num_loss_tokens"] == 0:
+            logp, logp_k, logp_alpha, adv, weights, clip=config.epsilon, ratio_level=config.ratio_level,
+            beta=config.beta, logp_ref=logp_ref, use_bias_correction_kl=config.use_bias_correction_kl)
+        if stats.tokens == 0:
             break  # every group masked: nothing to learn from this batch
         models.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -203,25 +211,90 @@ def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, l
 
 def diagnose(config: GRPOConfig, models: Models, batch: Batch, rewards: np.ndarray, groups: Groups,
              roll: Rollout, behaviour: Behaviour, optimised: Optimised) -> dict[str, float]:
-    """Metrics of the step: rollout statistics, the loss's statistics, TV distances and every Theorem 1
-    term estimated on this batch (``llm.diagnostics``; one forward pass of pi_{k+1})."""
+    """Metrics of the step on the training batch: rollout statistics, the loss's statistics, the unbiased
+    pi_k quantities and the in-sample estimates of the terms involving pi_{k+1} (one forward pass of it)."""
     with torch.no_grad():
         logp_new, full_new = completion_logprobs(models.policy, batch, config.temperature, models.precision,
                                                  full=config.tv_diagnostics)
     cm = batch.completion_mask
     P, G = rewards.shape
+    log_w_k = dg.sequence_log_ratio(optimised.logp_k, behaviour.logp, cm, P, G)
     row = dg.rollout_metrics(rewards, groups.zero_std, roll.completion_ids, models.tokenizer.eos_token_id)
     row["entropy"] = dg.mean_entropy(optimised.full_k, cm)
     row["grad_norm"] = optimised.grad_norm
-    row.update({k: v for k, v in optimised.stats.items() if k != "num_loss_tokens"})
-    row.update(dg.group_bound_estimates(rewards, dg.sequence_log_ratio(optimised.logp_k, behaviour.logp, cm, P, G),
-                                        dg.sequence_log_ratio(logp_new, behaviour.logp, cm, P, G), config.variance_eps))
+    row.update(optimised.stats.metrics())
+    row.update(dg.group_metrics(rewards, log_w_k, config.variance_eps))
+    insample = dg.bound_estimates(rewards, log_w_k, dg.sequence_log_ratio(logp_new, behaviour.logp, cm, P, G),
+                                  config.variance_eps)
+    del insample["tv/pi_k_alpha"]  # the same number as the top-level (unbiased) tv/pi_k_alpha
+    row.update(dg.prefixed("insample", insample))
     if behaviour.full is not None:
-        row["tv/pi_k_alpha_tok_ub"] = dg.token_tv_upper_bound(optimised.full_k, behaviour.full, cm)
-        row["tv/pi_new_alpha_tok_ub"] = dg.token_tv_upper_bound(full_new, behaviour.full, cm)
+        row["tv/pi_k_alpha_chain_ub_est"] = dg.chain_tv_estimate(optimised.full_k, behaviour.full, cm)
+        row["insample/tv/pi_new_alpha_chain_ub_est"] = dg.chain_tv_estimate(full_new, behaviour.full, cm)
     if behaviour.from_sampler is not None and behaviour.recomputed is not None:
         row.update(dg.sampler_gap(behaviour.from_sampler, behaviour.recomputed, cm))
     return row
+
+
+@dataclass
+class Heldout:
+    """The held-out prompts of a step: their rewards (P_h, G), batch, log alpha and log pi_k (before the update)."""
+
+    rewards: np.ndarray
+    batch: Batch
+    logp_alpha: torch.Tensor
+    logp_k: torch.Tensor
+
+
+def prepare_heldout(config: GRPOConfig, models: Models, task: TokenizedTask, prompt_idx: list[int],
+                    roll: Rollout, lag: int) -> Heldout:
+    """Score the held-out prompts' completions and take log alpha and log pi_k of them (before the update)."""
+    G = config.num_generations
+    rewards, _ = score(task, prompt_idx, roll, G)
+    batch = make_batch([task.prompt_ids[i] for i in prompt_idx for _ in range(G)], roll.completion_ids,
+                       models.tokenizer.pad_token_id, models.device)
+    logp_alpha = behaviour_logprobs(config, models, batch, roll, lag, diagnostics=False).logp
+    with torch.no_grad():
+        logp_k, _ = completion_logprobs(models.policy, batch, config.temperature, models.precision)
+    return Heldout(rewards, batch, logp_alpha, logp_k)
+
+
+def diagnose_heldout(config: GRPOConfig, models: Models, heldout: Heldout) -> dict[str, float]:
+    """``heldout/*``: the bound's terms, TV distances and improvement estimated on prompts and completions
+    that never entered the loss (unbiased over the prompt distribution; docs/theory.md, §8.2)."""
+    with torch.no_grad():
+        logp_new, _ = completion_logprobs(models.policy, heldout.batch, config.temperature, models.precision)
+    cm = heldout.batch.completion_mask
+    P, G = heldout.rewards.shape
+    log_w = lambda logp: dg.sequence_log_ratio(logp, heldout.logp_alpha, cm, P, G)  # noqa: E731
+    est = dg.bound_estimates(heldout.rewards, log_w(heldout.logp_k), log_w(logp_new), config.variance_eps)
+    est["reward"] = float(heldout.rewards.mean())
+    return dg.prefixed("heldout", est)
+
+
+class ExactJ:
+    """Exact J(pi) over the training prompts (tasks with a finite set of accepted completions): J(pi_k) at the
+    start of a step is J(pi_{k+1}) of the previous one (the same weights), so each step costs one forward pass."""
+
+    def __init__(self, config: GRPOConfig, models: Models, task: TokenizedTask):
+        self.enabled = config.exact_j and task.task.has_exact_j
+        self.config, self.models, self.task = config, models, task
+        self._current: float | None = None
+
+    def _measure(self) -> float:
+        m = self.models
+        return mean_exact_j(m.policy, self.task, self.config.temperature, m.tokenizer.pad_token_id, m.precision)
+
+    def before_update(self) -> None:
+        if self.enabled and self._current is None:
+            self._current = self._measure()
+
+    def after_update(self) -> dict[str, float]:
+        """``j/pi_k``, ``j/pi_new`` and the exact ``improvement`` J(pi_{k+1}) - J(pi_k)."""
+        if not self.enabled:
+            return {}
+        j_k, self._current = self._current, self._measure()
+        return {"j/pi_k": j_k, "j/pi_new": self._current, "improvement": self._current - j_k}
 
 
 def save_checkpoint(run: RunDir, models: Models, next_step: int) -> None:
@@ -248,7 +321,7 @@ def restore_checkpoint(models: Models, ckpt: dict) -> int:
 
 
 #: Timed phases of a step, in order; every metrics row carries ``time/<phase>`` for each (0 when skipped).
-PHASES = ("sync", "generate", "score", "behaviour", "reference", "optimise", "diagnostics")
+PHASES = ("sync", "generate", "score", "behaviour", "reference", "optimise", "diagnostics", "eval")
 
 
 class PhaseTimer:
@@ -284,12 +357,14 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
     if ckpt is not None and ckpt["step"] >= config.max_steps:
         log(f"{run.path} already holds a finished run of {ckpt['step']} steps (raise --max-steps to continue it)")
         return run.path
-    models, task, prompt_tokens, model_path = setup(config, log)
+    models, task, model_path = setup(config, log)
     start = restore_checkpoint(models, ckpt) if ckpt is not None else 0
     if start:
         log(f"resuming {run.path} at step {start}")
     log_arithmetic(config, models, task, model_path, log)
-    rollouts = RolloutWindow(config, task, prompt_tokens, models.sampler)
+    rollouts = RolloutWindow(config, task.task, task.prompt_ids, models.sampler)
+    exact = ExactJ(config, models, task)
+    G = config.num_generations
     stop = GracefulStop(log)
     bar = tqdm(total=config.max_steps, initial=start, disable=not config.progress, dynamic_ncols=True, unit="step")
     step = start
@@ -298,35 +373,50 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
             if stop.requested:
                 break
             timer, lag = PhaseTimer(), step % config.sync_period
+            row = {"step": step, "lag": lag}
+            if config.eval_steps and step == 0:  # the initial policy, before any update
+                with timer("eval"):
+                    row.update({k.replace("eval/", "eval_initial/"): v for k, v in
+                                run_evaluation(config, models, task, step).items()})
             if lag == 0 and step > 0:  # at step 0 the sampler already holds the initial weights
                 with timer("sync"):
                     sync_weights(models)
                 rollouts.clear()
             with timer("generate"):
-                prompt_idx, roll = rollouts.get(step)
+                step_rollout = rollouts.get(step)
+                prompt_idx, roll = step_rollout.prompt_idx, step_rollout.rollout
             with timer("score"):
-                rewards, texts = score(task, models.tokenizer, prompt_idx, roll, config.num_generations)
+                rewards, texts = score(task, prompt_idx, roll, G)
                 groups = advantages(rewards, config)
-                batch = make_batch([prompt_tokens[i] for i in prompt_idx for _ in range(config.num_generations)],
-                                   roll.completion_ids, models.tokenizer.pad_token_id, models.device)
+                batch = make_batch([task.prompt_ids[i] for i in prompt_idx for _ in range(G)], roll.completion_ids,
+                                   models.tokenizer.pad_token_id, models.device)
             with timer("behaviour"):
                 behaviour = behaviour_logprobs(config, models, batch, roll, lag)
             with timer("reference"):
                 logp_ref = reference_logprobs(config, models, batch)
+            with timer("diagnostics"):
+                exact.before_update()
+                heldout = (prepare_heldout(config, models, task, step_rollout.heldout_idx, step_rollout.heldout, lag)
+                           if config.heldout_prompts else None)
             with timer("optimise"):
                 optimised = optimise(config, models, batch, groups, behaviour.logp, logp_ref)
             with timer("diagnostics"):
-                row = {"step": step, "lag": lag}
                 row.update(diagnose(config, models, batch, rewards, groups, roll, behaviour, optimised))
+                if heldout is not None:
+                    row.update(diagnose_heldout(config, models, heldout))
+                row.update(exact.after_update())
+            if config.eval_steps and ((step + 1) % config.eval_steps == 0 or step + 1 == config.max_steps):
+                with timer("eval"):  # the updated policy pi_{k+1}
+                    row.update(run_evaluation(config, models, task, step + 1))
             warn_if_stale(config, row, lag, bar.write)
             run.append_metrics({**row, **timer.seconds})
             if models.ref is not None and config.ref_sync_steps and (step + 1) % config.ref_sync_steps == 0:
                 copy_weights(models.ref, models.policy)  # pi_ref <- pi_theta
             if config.save_steps and (step + 1) % config.save_steps == 0 and step + 1 < config.max_steps:
                 save_checkpoint(run, models, step + 1)
-                run.append_samples([{"step": step, "prompt": task.prompts[prompt_idx[j // config.num_generations]],
+                run.append_samples([{"step": step, "prompt": task.task.prompts[prompt_idx[j // G]],
                                      "completion": texts[j], "reward": float(rewards.reshape(-1)[j])}
-                                    for j in range(0, rewards.size, config.num_generations)][:4])
+                                    for j in range(0, rewards.size, G)][:4])
             for cb in callbacks:
                 cb(step, row)
             report_progress(config, bar, row, log)
@@ -356,12 +446,26 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
 # ----------------------------------------------------------------------------------------------
 
 
-def log_arithmetic(config: GRPOConfig, models: Models, task: Task, model_path: str, log) -> None:
+def run_evaluation(config: GRPOConfig, models: Models, task: TokenizedTask, policy_step: int) -> dict[str, float]:
+    """``eval/*`` of the current policy (after ``policy_step`` updates) on the test prompts. In a step's row
+    ``eval/*`` is the policy after that step's update; row 0 also holds ``eval_initial/*``, the policy before any."""
+    m = models
+    return evaluate(m.policy, task, temperature=config.temperature, max_tokens=config.max_completion_length,
+                    generations=config.eval_generations, seed=config.seed + policy_step, pad=m.tokenizer.pad_token_id,
+                    precision=m.precision, exact=config.exact_j)
+
+
+def log_arithmetic(config: GRPOConfig, models: Models, task: TokenizedTask, model_path: str, log) -> None:
     """Print the derived arithmetic of the run once at start-up."""
     P, G, v = config.prompts_per_step, config.num_generations, config.sync_period
     n_params = sum(p.numel() for p in models.policy.parameters())
+    t = task.task
     log(f"off-policy GRPO: model {model_path} ({n_params / 1e6:.2f}M params, {config.dtype}, {models.device}), "
-        f"sampler {models.sampler.name}, task {task.name} ({len(task.prompts)} prompts)")
+        f"sampler {models.sampler.name}, task {t.name} ({len(t.prompts)} training prompts, {len(t.test_prompts)} test"
+        f"{', exact J' if t.has_exact_j and config.exact_j else ''})")
+    if config.heldout_prompts:
+        log(f"  held-out: {config.heldout_prompts} extra prompts x G={G} per step, never in the loss, for unbiased "
+            "estimates (heldout/*)")
     log(f"  per step: {P} prompts x G={G} = {config.completions_per_step} completions, "
         f"<= {config.completions_per_step * config.max_completion_length} generated tokens, "
         f"i={config.num_iterations} optimiser steps; v={v}: {config.num_syncs} weight syncs over "
@@ -379,8 +483,12 @@ def warn_if_stale(config: GRPOConfig, row: dict, lag: int, write) -> None:
 
 def report_progress(config: GRPOConfig, bar, row: dict, log) -> None:
     bar.update(1)
-    bar.set_postfix(reward=f"{row['reward']:.3f}", tv=f"{row['tv/pi_k_alpha']:.3f}", lag=row["lag"])
+    exact = {"J": f"{row['j/pi_new']:.3f}", "dJ": f"{row['improvement']:+.4f}"} if "j/pi_new" in row else {}
+    bar.set_postfix(reward=f"{row['reward']:.3f}", **exact, tv=f"{row['tv/pi_k_alpha']:.3f}", lag=row["lag"])
     step = row["step"]
     if not config.progress and (step % config.logging_steps == 0 or step + 1 == config.max_steps):
-        log(f"step {step}: reward {row['reward']:.3f}  tv(pi_k,alpha) {row['tv/pi_k_alpha']:.4f}  "
-            f"bound/lower_tight {row['bound/lower_tight']:+.4f}  improvement {row['improvement']:+.4f}")
+        parts = [f"step {step}: reward {row['reward']:.3f}", f"tv(pi_k,alpha) {row['tv/pi_k_alpha']:.4f}"]
+        for key in ("insample/bound/lower_tight", "heldout/bound/lower_tight", "improvement", "eval/j"):
+            if key in row:
+                parts.append(f"{key} {row[key]:+.4f}")
+        log("  ".join(parts))

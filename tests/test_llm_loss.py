@@ -5,10 +5,11 @@ import pytest
 import torch
 
 import grpo_theory as gt
-from llm.diagnostics import group_bound_estimates, tv_rows
-from llm.loss import clip_flags_torch, clip_objective_torch, clip_window_torch, grpo_loss, k3_kl
+from llm import GRPOConfig
+from llm.diagnostics import bound_estimates, tv_rows
+from llm.loss import (LossStats, clip_flags_torch, clip_objective_torch, clip_window_torch, grpo_loss, k3_kl,
+                      loss_weights)
 
-torch.manual_seed(0)
 B, T = 8, 5
 
 
@@ -22,6 +23,12 @@ def _inputs(seed=0):
     mask[0, 3:] = 0
     mask[5, 1:] = 0
     return logp, logp_k, logp_alpha, adv, mask
+
+
+def _loss(logp, logp_k, logp_alpha, adv, mask, *, loss_type="dapo", sequence_mask=None, **kw):
+    w = loss_weights(mask, loss_type, mask.shape[1], sequence_mask)
+    loss, stats = grpo_loss(logp, logp_k, logp_alpha, adv, w, clip=0.2, **kw)
+    return loss, stats.metrics()
 
 
 def test_clip_functions_match_grpo_theory():
@@ -45,7 +52,7 @@ def test_on_policy_gradient_is_grpo_gradient(loss_type):
     estimate -A grad log pi, normalised as the loss type says."""
     logp, _, _, adv, mask = _inputs()
     start = logp.detach().clone()
-    loss, stats = grpo_loss(logp, start, start, adv, mask, clip=0.2, loss_type=loss_type, max_completion_length=T)
+    loss, stats = _loss(logp, start, start, adv, mask, loss_type=loss_type)
     (g,) = torch.autograd.grad(loss, logp)
     ref_logp = logp.detach().clone().requires_grad_(True)
     per_token = -adv[:, None] * ref_logp
@@ -62,13 +69,13 @@ def test_on_policy_gradient_is_grpo_gradient(loss_type):
 
 def test_importance_weight_is_computed_not_assumed():
     logp, logp_k, logp_alpha, adv, mask = _inputs()
-    _, stats = grpo_loss(logp, logp_k, logp_alpha, adv, mask, clip=0.2)
+    _, stats = _loss(logp, logp_k, logp_alpha, adv, mask)
     expected = torch.exp(logp_k - logp_alpha)[mask > 0]
     assert stats["is_weight/mean"] == pytest.approx(float(expected.mean()), rel=1e-6)
     assert stats["is_weight/max"] > 1.05 and stats["is_weight/min"] < 0.95
     # Setting the weight to 1 (alpha treated as pi_k) changes the objective: the two are not the same method.
-    wrong, _ = grpo_loss(logp, logp_alpha, logp_alpha, adv, mask, clip=0.2)
-    right, _ = grpo_loss(logp, logp_k, logp_alpha, adv, mask, clip=0.2)
+    wrong, _ = _loss(logp, logp_alpha, logp_alpha, adv, mask)
+    right, _ = _loss(logp, logp_k, logp_alpha, adv, mask)
     assert not torch.isclose(wrong, right)
 
 
@@ -80,7 +87,7 @@ def test_clip_window_is_centred_on_pi_k_over_alpha():
     outside = torch.full((1, 1), np.log(2.3), requires_grad=True)  # ratio 2.3 > 2.2
     adv, mask = torch.ones(1), torch.ones(1, 1)
     for logp, moves in ((inside, True), (outside, False)):
-        loss, _ = grpo_loss(logp, logp_k, logp_alpha, adv, mask, clip=0.2)
+        loss, _ = _loss(logp, logp_k, logp_alpha, adv, mask)
         (g,) = torch.autograd.grad(loss, logp)
         assert (g.abs().item() > 0) == moves
 
@@ -89,36 +96,117 @@ def test_clip_window_is_centred_on_pi_k_over_alpha():
 def test_zero_variance_mask_removes_groups_from_numerator_and_normaliser(loss_type):
     logp, logp_k, logp_alpha, adv, mask = _inputs(1)
     keep = torch.tensor([1, 1, 0, 0, 1, 1, 1, 0], dtype=torch.float32)
-    masked, _ = grpo_loss(logp, logp_k, logp_alpha, adv, mask, clip=0.2, loss_type=loss_type,
-                          max_completion_length=T, sequence_mask=keep)
+    masked, _ = _loss(logp, logp_k, logp_alpha, adv, mask, loss_type=loss_type, sequence_mask=keep)
     idx = keep.bool()
-    subset, _ = grpo_loss(logp[idx], logp_k[idx], logp_alpha[idx], adv[idx], mask[idx], clip=0.2,
-                          loss_type=loss_type, max_completion_length=T)
+    subset, _ = _loss(logp[idx], logp_k[idx], logp_alpha[idx], adv[idx], mask[idx], loss_type=loss_type)
     assert torch.isclose(masked, subset, atol=1e-7)
 
 
 def test_all_groups_masked_gives_zero_loss_and_no_tokens():
     logp, logp_k, logp_alpha, adv, mask = _inputs()
-    loss, stats = grpo_loss(logp, logp_k, logp_alpha, adv, mask, clip=0.2, sequence_mask=torch.zeros(B))
-    assert loss.item() == 0.0 and stats["num_loss_tokens"] == 0
+    w = loss_weights(mask, "dapo", T, torch.zeros(B))
+    loss, stats = grpo_loss(logp, logp_k, logp_alpha, adv, w, clip=0.2)
+    assert loss.item() == 0.0 and stats.tokens == 0
 
 
-def test_kl_term():
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+@pytest.mark.parametrize("beta", [0.0, 0.3])
+def test_micro_batches_sum_to_the_step(loss_type, beta):
+    """Weights computed once from the whole step: the loss, gradient and statistics of two micro-batches
+    add up to those of the unsplit step."""
+    logp, logp_k, logp_alpha, adv, mask = _inputs(2)
+    ref = logp_k + 0.1
+    keep = torch.tensor([1, 0, 1, 1, 1, 1, 0, 1], dtype=torch.float32)
+    w = loss_weights(mask, loss_type, T, keep)
+    whole, s_whole = grpo_loss(logp, logp_k, logp_alpha, adv, w, clip=0.2, beta=beta, logp_ref=ref)
+    (g_whole,) = torch.autograd.grad(whole, logp)
+    parts, stats = 0.0, LossStats()
+    for sl in (slice(0, 3), slice(3, B)):
+        part, s = grpo_loss(logp[sl], logp_k[sl], logp_alpha[sl], adv[sl], w[sl], clip=0.2, beta=beta,
+                            logp_ref=ref[sl])
+        parts, stats = parts + part, stats.merge(s)
+    (g_parts,) = torch.autograd.grad(parts, logp)
+    assert torch.isclose(whole, parts, atol=1e-7) and torch.allclose(g_whole, g_parts, atol=1e-7)
+    for key, value in s_whole.metrics().items():
+        assert stats.metrics()[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+
+
+# ---- sequence-level ratios --------------------------------------------------------------------
+
+
+def test_sequence_level_loss_is_the_mean_of_per_sequence_objectives():
+    """ratio_level='sequence' (with loss_type grpo) gives -E_alpha f over sequences, each sequence counted
+    once whatever its length: f = f_eps(prod pi/alpha, prod pi_k/alpha, A)."""
+    logp, logp_k, logp_alpha, adv, mask = _inputs(3)
+    loss, stats = _loss(logp, logp_k, logp_alpha, adv, mask, loss_type="grpo", ratio_level="sequence")
+    d = lambda a, b: ((a - b) * mask).sum(1).detach().double().numpy()  # noqa: E731
+    r, rk = np.exp(d(logp, logp_alpha)), np.exp(d(logp_k, logp_alpha))
+    expected = -np.mean(gt.clip_objective(r, rk, adv.double().numpy(), 0.2))
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    assert stats["is_weight/max"] == pytest.approx(rk.max(), rel=1e-5)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo"])
+def test_sequence_level_ratios_refuse_token_normalisers(loss_type):
+    with pytest.raises(ValueError, match="^ratio_level: .*loss_type grpo"):
+        GRPOConfig(ratio_level="sequence", loss_type=loss_type)
+
+
+# ---- KL ---------------------------------------------------------------------------------------
+
+
+def test_kl_is_omitted_without_a_reference_and_added_with_one():
     logp, logp_k, logp_alpha, adv, mask = _inputs()
-    assert torch.all(k3_kl(logp.detach(), logp_k) >= 0)
-    assert torch.all(k3_kl(logp_k, logp_k) == 0)
-    base, _ = grpo_loss(logp, logp_k, logp_alpha, adv, mask, clip=0.2)
-    with_kl, stats = grpo_loss(logp, logp_k, logp_alpha, adv, mask, clip=0.2, beta=0.5, logp_ref=logp_k)
-    assert stats["kl"] > 0 and with_kl.item() == pytest.approx(base.item() + 0.5 * stats["kl"], rel=1e-5)
+    base, stats = _loss(logp, logp_k, logp_alpha, adv, mask)
+    assert not any(k.startswith("kl") for k in stats)  # never a fake 0
+    assert torch.all(k3_kl(logp.detach(), logp_k) >= 0) and torch.all(k3_kl(logp_k, logp_k) == 0)
+    for correct in (True, False):
+        with_kl, stats = _loss(logp, logp_k, logp_alpha, adv, mask, beta=0.5, logp_ref=logp_k,
+                               use_bias_correction_kl=correct)
+        assert stats["kl"] == stats["kl/k3_is" if correct else "kl/k3"] > 0
+        assert with_kl.item() == pytest.approx(base.item() + 0.5 * stats["kl"], rel=1e-5)
     with pytest.raises(ValueError, match="logp_ref"):
-        grpo_loss(logp, logp_k, logp_alpha, adv, mask, clip=0.2, beta=0.1)
+        _loss(logp, logp_k, logp_alpha, adv, mask, beta=0.1)
 
 
-def test_sequence_level_ratio_is_product_of_token_ratios():
-    logp, logp_k, logp_alpha, adv, mask = _inputs()
-    _, stats = grpo_loss(logp, logp_k, logp_alpha, adv, mask, clip=0.2, ratio_level="sequence")
-    seq_w = torch.exp(((logp_k - logp_alpha) * mask).sum(1))
-    assert stats["is_weight/max"] == pytest.approx(float(seq_w.max()), rel=1e-5)
+def _tabular(seed=0, V=6):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.log_softmax(torch.randn(V, generator=g, dtype=torch.float64) * s, -1) for s in (1.0, 1.0, 2.0)]
+
+
+def test_importance_corrected_kl_is_exact_kl_of_a_tabular_case():
+    """One token per row, each of the V tokens once, weighted by alpha's probability: the loss with A = 0
+    is beta E_alpha[term]. With the correction E_alpha[(pi/alpha) k3] = KL(pi || pi_ref) exactly; without it
+    E_alpha[k3] differs from KL once alpha != pi."""
+    lp, lref, la = _tabular()
+    V = lp.shape[0]
+    kl = float((lp.exp() * (lp - lref)).sum())
+    adv, col = torch.zeros(V, dtype=torch.float64), lambda x: x[:, None]  # noqa: E731
+    weights = col(la.exp())
+    for correct, expect_exact in ((True, True), (False, False)):
+        loss, _ = grpo_loss(col(lp), col(lp), col(la), adv, weights, clip=0.2, beta=1.0, logp_ref=col(lref),
+                            use_bias_correction_kl=correct)
+        assert (abs(loss.item() - kl) < 1e-12) == expect_exact, (correct, loss.item(), kl)
+    plain = float((la.exp() * k3_kl(lp, lref)).sum())
+    assert abs(plain - kl) > 0.05  # the uncorrected estimator's bias is large here, not rounding
+
+
+def test_kl_metric_estimates_kl_from_samples_of_alpha():
+    """``kl`` from tokens sampled from alpha: its mean is KL(pi || pi_ref) within 4 standard errors."""
+    lp, lref, la = _tabular(1)
+    kl = float((lp.exp() * (lp - lref)).sum())
+    g = torch.Generator().manual_seed(0)
+    tok = torch.multinomial(la.exp(), 40_000, replacement=True, generator=g)
+    col = lambda x: x[tok][:, None].float()  # noqa: E731
+    n = len(tok)
+    w = loss_weights(torch.ones(n, 1), "dapo", 1)
+    _, stats = grpo_loss(col(lp), col(lp), col(la), torch.zeros(n), w, clip=0.2, beta=1.0, logp_ref=col(lref))
+    per = (torch.exp(col(lp) - col(la)) * k3_kl(col(lp), col(lref))).double()
+    se = float(per.std()) / np.sqrt(n)
+    assert abs(stats.metrics()["kl"] - kl) < 4 * se, (stats.metrics()["kl"], kl, se)
+
+
+# ---- diagnostics ------------------------------------------------------------------------------
 
 
 def test_tv_rows_is_grpo_theory_tv():
@@ -133,25 +221,28 @@ class TestBoundEstimates:
 
     def test_same_policy_everything_zero(self):
         z = np.zeros((2, 4))
-        est = group_bound_estimates(self.rewards, z, z, 1e-4)
-        for key in ("tv/pi_k_alpha", "tv/pi_new_alpha", "improvement", "bound/surrogate", "bound/lower"):
+        est = bound_estimates(self.rewards, z, z, 1e-4)
+        for key in ("tv/pi_k_alpha", "tv/pi_new_alpha", "improvement", "bound/surrogate"):
             assert est[key] == 0.0
 
-    def test_matches_exact_bound_on_the_empirical_distribution(self):
-        """The estimates are grpo_theory's exact terms for the group's empirical alpha, with the IS TVs."""
+    def test_terms_are_the_importance_sampled_formulas(self):
+        """TV = 1/2 mean|w - 1|, improvement = mean (w_new - w_k) r, surrogate = mean (w_new - 1) r / s
+        (docs/theory.md, §8), combined as Theorem 1 says; prompts averaged."""
         rng = np.random.default_rng(0)
         lk, ln = 0.3 * rng.normal(size=(2, 4)), 0.3 * rng.normal(size=(2, 4))
-        est = group_bound_estimates(self.rewards, lk, ln, 0.01)
-        alpha = np.full(4, 0.25)
-        r = self.rewards[0]
-        w_new, w_k = np.exp(ln[0]), np.exp(lk[0])
-        tv_new, tv_k = 0.5 * np.mean(np.abs(w_new - 1)), 0.5 * np.mean(np.abs(w_k - 1))
-        s = np.sqrt(0.25 + 0.01)
-        sur = np.mean((w_new - 1) * (r - 0.5) / s)
-        lower0 = sur - 2 * (1 - s) / s * tv_new - 2 * tv_k
-        s1 = np.sqrt(0.01)
-        lower1 = 0.0 - 2 * (1 - s1) / s1 * 0.5 * np.mean(np.abs(np.exp(ln[1]) - 1)) - 2 * 0.5 * np.mean(np.abs(np.exp(lk[1]) - 1))
-        assert est["bound/lower"] == pytest.approx((lower0 + lower1) / 2, rel=1e-12)
-        assert est["bound/lower_nonzero_std"] == pytest.approx(lower0, rel=1e-12)
-        assert est["sigma/mean"] == pytest.approx(0.25)  # (0.5 + 0) / 2
-        assert gt.reward_std(alpha, r) == 0.5
+        eps = 0.01
+        est = bound_estimates(self.rewards, lk, ln, eps)
+        lower, improvement = [], []
+        for p in range(2):
+            r, w_new, w_k = self.rewards[p], np.exp(ln[p]), np.exp(lk[p])
+            sigma = r.std()
+            s = np.sqrt(sigma**2 + eps)
+            tv_new, tv_k = 0.5 * np.mean(np.abs(w_new - 1)), 0.5 * np.mean(np.abs(w_k - 1))
+            surrogate = np.mean((w_new - 1) * r) / s
+            lower.append(surrogate - 2 * (1 - s) / s * tv_new - 2 * tv_k)
+            improvement.append(np.mean((w_new - w_k) * r))
+        assert est["bound/lower"] == pytest.approx(np.mean(lower), rel=1e-12)
+        assert est["bound/lower_nonzero_std"] == pytest.approx(lower[0], rel=1e-12)
+        assert est["improvement"] == pytest.approx(np.mean(improvement), rel=1e-12)
+        # the tight constant (rewards in [0, 1]) halves the lag penalty
+        assert est["bound/penalty_lag_tight"] == pytest.approx(est["bound/penalty_lag"] / 2, rel=1e-12)

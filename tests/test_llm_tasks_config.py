@@ -13,25 +13,59 @@ from llm.tasks import arithmetic_task, load_task, numeric_reward, parse_number
 PY = sys.executable
 
 
-def test_arithmetic_reward_is_exact_match():
-    task = arithmetic_task()
-    assert len(task.prompts) == 200 and task.prompts[0] == "0+0="
-    i = task.prompts.index("13+7=")
-    assert task.answers[i] == "20"
-    assert list(task.score(["20", "20\n", "2", "200", ""], ["20"] * 5)) == [1, 1, 0, 0, 0]
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from llm.tiny import tiny_model_dir
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir())
 
 
-def test_gsm8k_jsonl_loader_and_numeric_reward(tmp_path):
+def test_arithmetic_task_has_a_fixed_disjoint_split():
+    task, again = arithmetic_task(), arithmetic_task()
+    assert len(task.prompts) == 160 and len(task.test_prompts) == 40
+    assert task.prompts == again.prompts and task.test_prompts == again.test_prompts
+    assert not set(task.prompts) & set(task.test_prompts)
+    assert len(set(task.prompts) | set(task.test_prompts)) == 200
+    for prompt, answer in zip(task.prompts + task.test_prompts, task.answers + task.test_answers):
+        a, b = prompt.rstrip("=").split("+")
+        assert answer == str(int(a) + int(b))
+    assert task.has_exact_j
+
+
+def test_arithmetic_reward_is_the_exact_answer_tokens_then_eos(tokenizer):
+    """Scored on tokens: the answer's tokens followed by EOS score 1; a completion cut before EOS, a longer
+    number, or one whose text decodes to the answer only because special tokens are dropped scores 0 (the
+    exact J counts none of them). The tiny tokenizer has no whitespace token, so whitespace cannot be generated."""
+    bound = arithmetic_task().bind(tokenizer)
+    i = bound.task.answers.index("20")
+    eos = tokenizer.eos_token_id
+    ids = lambda s: tokenizer(s, add_special_tokens=False).input_ids  # noqa: E731
+    pad = tokenizer.pad_token_id
+    completions = [ids("20") + [eos], ids("20"), ids("200") + [eos], ids("2") + [eos] + ids("0"),
+                   ids("2") + [pad] + ids("0") + [eos]]
+    texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
+    assert texts[-1] == "20"  # the text reward would have scored it 1
+    assert list(bound.score([i] * len(completions), texts, completions)) == [1, 0, 0, 0, 0]
+    assert bound.accepted_ids[i] == [ids("20") + [eos]]
+    assert bound.max_accepted_length == 3  # two digits and EOS
+
+
+def test_gsm8k_jsonl_loader_and_numeric_reward(tmp_path, tokenizer):
     path = tmp_path / "tiny_gsm8k.jsonl"
     rows = [{"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = 7\n#### 7"},
             {"question": "What is 1,000 + 234?", "answer": "#### 1,234"}]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    task = load_task(str(path))
-    assert task.answers == ("7", "1234")
+    task = load_task(str(path), eval_dataset=str(path))
+    assert task.answers == ("7", "1234") and task.test_answers == task.answers and not task.has_exact_j
     assert task.prompts[0].startswith("Question: Tom has 3 apples")
-    assert list(task.score(["so the answer is 7.", "It is 1,234", "8"], ["7", "1234", "7"])) == [1, 1, 0]
+    texts = ["so the answer is 7.", "It is 1,234", "8"]
+    assert list(task.bind(tokenizer).score([0, 1, 0], texts, [[]] * 3)) == [1, 1, 0]
     assert parse_number("a -3.5 b 12") == 12 and parse_number("none") is None
     assert numeric_reward("7.0", "7") == 1.0
+    with pytest.raises(ValueError, match="eval_dataset: the built-in"):
+        load_task("arithmetic", eval_dataset=str(path))
 
 
 def test_bad_dataset_rows_are_named(tmp_path):
@@ -46,14 +80,15 @@ def test_bad_dataset_rows_are_named(tmp_path):
         load_task("nonsense")
 
 
-def test_user_reward_function_by_import_path(tmp_path, monkeypatch):
+def test_user_reward_function_by_import_path(tmp_path, monkeypatch, tokenizer):
     (tmp_path / "my_rewards.py").write_text("def half(completion, answer):\n    return 0.5\n"
                                             "def bad(completion, answer):\n    return 2.0\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     task = load_task("arithmetic", "my_rewards:half")
-    assert np.all(task.score(["1", "2"], ["1", "1"]) == 0.5)
-    with pytest.raises(ValueError, match=r"reward_fn: rewards must lie in \[0, 1\]"):
-        load_task("arithmetic", "my_rewards:bad").score(["1"], ["1"])
+    assert not task.has_exact_j  # a user's reward replaces the accepted set, and with it the exact J
+    assert np.all(task.bind(tokenizer).score([0, 1], ["1", "2"], [[], []]) == 0.5)
+    with pytest.raises(ValueError, match=r"reward_fn: rewards must lie in \[0, 1\], got 2.0 for completion '1'"):
+        load_task("arithmetic", "my_rewards:bad").bind(tokenizer).score([0], ["1"], [[]])
     with pytest.raises(ValueError, match="reward_fn: cannot import"):
         load_task("arithmetic", "my_rewards:missing")
 

@@ -13,9 +13,9 @@ from llm.tiny import tiny_model_dir
 from llm.batch import completion_logprobs, make_batch
 from llm.model import load_policy
 
-#: Learning test: mean reward over the last WINDOW steps must beat the first WINDOW by this margin.
-LEARNING_MARGIN = 0.08
-WINDOW = 10
+#: Learning test: the exact J over the training prompts must rise by this much in 80 steps (from ~0.21;
+#: runs of seeds 0-2 with v = 1 and v = 4 rose by 0.086-0.097).
+LEARNING_MARGIN = 0.05
 #: Right after a sync, pi_k = alpha: is_weight within this of 1 and TV within this of 0
 #: (sampler and trainer compute the same log-probs with and without a KV cache).
 SYNC_TOL = 1e-4
@@ -27,40 +27,49 @@ def _config(tmp_path, name, **kw):
     return GRPOConfig(**base)
 
 
-def _rewards(run):
-    return np.array([row["reward"] for row in read_metrics(run)])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("v", [1, 4])
-def test_reward_rises(tmp_path, v):
-    run = train(_config(tmp_path, f"v{v}", max_steps=80, sync_period=v), log=lambda *a: None)
-    r = _rewards(run)
-    assert len(r) == 80
-    first, last = r[:WINDOW].mean(), r[-WINDOW:].mean()
-    assert last - first >= LEARNING_MARGIN, (first, last)
+def test_exact_j_rises(tmp_path, v):
+    """The expected reward itself (exact J over the training prompts, no sampling noise) rises by the margin;
+    the per-step exact improvements add up to the total, and J of pi_k is J of the previous step's pi_new."""
+    rows = read_metrics(train(_config(tmp_path, f"v{v}", max_steps=80, sync_period=v), log=lambda *a: None))
+    assert len(rows) == 80
+    j0, j1 = rows[0]["j/pi_k"], rows[-1]["j/pi_new"]
+    assert j1 - j0 >= LEARNING_MARGIN, (j0, j1)
+    assert sum(r["improvement"] for r in rows) == pytest.approx(j1 - j0, abs=1e-9)
+    assert all(a["j/pi_new"] == b["j/pi_k"] for a, b in zip(rows, rows[1:]))
 
 
 @pytest.mark.slow
 def test_off_policy_diagnostics_follow_the_sync_cycle(tmp_path):
     """v = 4: after the first update pi_k != alpha (is_weight departs from 1, TV > 0); right after
-    each sync they return to 1 and 0."""
-    run = train(_config(tmp_path, "diag", max_steps=12, sync_period=4), log=lambda *a: None)
-    rows = read_metrics(run)
+    each sync they return to 1 and 0. Held-out, in-sample and exact quantities sit side by side."""
+    cfg = _config(tmp_path, "diag", max_steps=12, sync_period=4, heldout_prompts=8, eval_steps=6)
+    rows = read_metrics(train(cfg, log=lambda *a: None))
     assert [r["lag"] for r in rows] == [0, 1, 2, 3] * 3
     for r in rows:
         if r["lag"] == 0:
             assert abs(r["is_weight/mean"] - 1) < SYNC_TOL and r["tv/pi_k_alpha"] < SYNC_TOL
-            assert r["tv/pi_k_alpha_tok_ub"] < SYNC_TOL
+            assert r["tv/pi_k_alpha_chain_ub_est"] < SYNC_TOL and r["heldout/tv/pi_k_alpha"] < SYNC_TOL
         else:
             assert r["is_weight/max"] - r["is_weight/min"] > 1e-3
-            assert r["tv/pi_k_alpha"] > 1e-3 and r["tv/pi_k_alpha_tok_ub"] > 0
-        assert r["tv/pi_new_alpha"] > 0
-        # token-level chain rule bound is an upper bound of TV; the IS estimate is noisy but the two agree in size
-        assert np.isfinite(r["bound/lower"]) and r["bound/lower_tight"] >= r["bound/lower"]
-    for key in ("time/generate", "time/optimise", "time/sync", "entropy", "kl", "clip_ratio/low_mean",
-                "clip_ratio/high_mean", "frac_reward_zero_std", "completions/mean_length", "improvement"):
-        assert key in rows[0]
+            assert r["tv/pi_k_alpha"] > 1e-3 and r["tv/pi_k_alpha_chain_ub_est"] > 0
+            assert r["heldout/tv/pi_k_alpha"] > 1e-3
+        assert r["insample/tv/pi_new_alpha"] > 0 and r["heldout/tv/pi_new_alpha"] > 0
+        assert all(np.isfinite(r[k]) for k in ("insample/bound/lower", "heldout/bound/lower", "improvement"))
+    for key in ("time/generate", "time/optimise", "time/sync", "entropy", "kl", "kl/k3", "kl/k3_is",
+                "clip_ratio/low_mean", "clip_ratio/high_mean", "frac_reward_zero_std", "completions/mean_length",
+                "j/pi_k", "j/pi_new", "insample/improvement", "heldout/improvement", "heldout/reward",
+                "eval_initial/j", "eval_initial/accuracy_greedy"):
+        assert key in rows[0], key
+    assert [r["step"] for r in rows if "eval/j" in r] == [5, 11]
+    assert sum("eval_initial/j" in r for r in rows) == 1
+
+
+def test_kl_is_not_logged_without_a_reference_model(tmp_path):
+    """beta = 0: no reference model, so no KL is computed, and none is logged (never a fake 0)."""
+    rows = read_metrics(train(_config(tmp_path, "nokl", max_steps=1, beta=0.0), log=lambda *a: None))
+    assert not [k for k in rows[0] if k.startswith("kl")]
 
 
 @pytest.mark.slow

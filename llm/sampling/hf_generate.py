@@ -1,6 +1,17 @@
-"""The transformers sampler: alpha as a frozen copy of the policy, sampled with ``generate``."""
+"""The transformers sampler: alpha as a frozen copy of the policy, sampled with ``generate``.
+
+A model directory may carry a ``generation_config.json`` (instruct models on the hub often set
+``repetition_penalty``, ``top_k``, ``top_p``...). ``generate`` would apply those on top of what we ask
+for, so alpha would no longer be softmax(logits / T), the distribution the trainer recomputes and the
+importance weights assume. The sampler therefore hides the stored config during its calls (``generate``
+sees only the settings given here) and reports the log-probs of the scores ``generate`` actually sampled
+from, so what it reports is what it sampled even if a processor slipped through; the trainer's
+recomputation would then disagree, and ``sampling/logp_diff_*`` would show it.
+"""
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -8,33 +19,60 @@ from ..model import copy_weights, frozen_copy
 from .base import Rollout
 
 
+@contextlib.contextmanager
+def plain_generation_config(model):
+    """Hide ``model.generation_config`` (whatever the model directory stored) for the duration."""
+    from transformers import GenerationConfig
+
+    stored = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = stored
+
+
 class TransformersSampler:
-    """alpha as its own copy of the trainer's model, sampled with ``transformers.generate``."""
+    """alpha as its own copy of the trainer's model (``copy=False``: the given model itself, e.g. to
+    evaluate the current policy), sampled with ``transformers.generate`` at temperature T, no top-k/top-p."""
 
     name = "transformers"
 
-    def __init__(self, model: torch.nn.Module, eos_token_id: int, pad_token_id: int):
-        self.model = frozen_copy(model)
+    def __init__(self, model: torch.nn.Module, eos_token_id: int, pad_token_id: int, copy: bool = True):
+        self.model = frozen_copy(model) if copy else model
         self.eos, self.pad = eos_token_id, pad_token_id
 
     def load_weights(self, model: torch.nn.Module) -> None:
         copy_weights(self.model, model)
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int) -> Rollout:
+    def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
+                 greedy: bool = False) -> Rollout:
+        """n completions per prompt (prompt-major); ``greedy`` takes the most likely token instead of sampling."""
+        from transformers import GenerationConfig
+
         device = next(self.model.parameters()).device
         width = max(map(len, prompt_ids))
         ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompt_ids], device=device)
         mask = (torch.arange(width, device=device)[None, :] >= torch.tensor(
             [width - len(p) for p in prompt_ids], device=device)[:, None]).long()
+        config = GenerationConfig(
+            do_sample=not greedy, temperature=None if greedy else temperature, top_k=None if greedy else 0,
+            top_p=None if greedy else 1.0, repetition_penalty=1.0, max_new_tokens=max_tokens, num_return_sequences=n,
+            pad_token_id=self.pad, eos_token_id=self.eos, output_scores=True, return_dict_in_generate=True)
         torch.manual_seed(seed)
-        out = self.model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
-            max_new_tokens=max_tokens, num_return_sequences=n, pad_token_id=self.pad, eos_token_id=self.eos,
-            output_logits=True, return_dict_in_generate=True)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with plain_generation_config(self.model):
+                out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        finally:
+            self.model.train(was_training)
         tokens = out.sequences[:, width:]
-        logits = torch.stack(out.logits, dim=1).float() / temperature  # (B*n, T, V), raw logits
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, : logits.shape[1], None]).squeeze(-1)
+        scores = torch.stack(out.scores, dim=1).float()  # (B*n, T, V): what the tokens were sampled from
+        if greedy:
+            scores = scores / temperature
+        logp = torch.log_softmax(scores, dim=-1).gather(-1, tokens[:, : scores.shape[1], None]).squeeze(-1)
         comps, lps = [], []
         for row, lp in zip(tokens.tolist(), logp.tolist()):
             length = row.index(self.eos) + 1 if self.eos in row else len(row)

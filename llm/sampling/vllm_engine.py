@@ -102,8 +102,11 @@ class VLLMSampler:
 
         threads = torch.get_num_threads()
         self.cuda = torch.cuda.is_available()
+        # generation_config="vllm": ignore sampling defaults stored with the model (repetition_penalty, top_k...),
+        # so alpha is exactly softmax(logits / T); processed log-probs are those of the distribution sampled.
         kwargs = dict(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
-                      enforce_eager=True, logprobs_mode="processed_logprobs", enable_prefix_caching=False)
+                      enforce_eager=True, logprobs_mode="processed_logprobs", enable_prefix_caching=False,
+                      generation_config="vllm")
         if self.cuda:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         t0 = time.perf_counter()

@@ -1,0 +1,177 @@
+"""The paper's GRPO ablation and a sweep over v, on the built-in task and tiny model, with exact J:
+``python -m llm.ablation`` (``make llm-ablation``).
+
+- ablation: on-policy (v=1, i=1, no mask), on-policy + zero-variance mask, off-policy (v=10, i=1) and
+  sample reuse (v=1, i=10), both with the mask (the paper's GSM8K configurations, in miniature);
+- vsweep: v in {1, 2, 4, 8, 16} (mask on, i = 1).
+
+Per configuration, mean ± std over seeds: final exact J on the test prompts (``eval/j``) and on the training
+prompts (``j/pi_new``), steps until the training J first reaches a target, weight syncs, mean TV(pi_k, alpha)
+(unbiased estimate), the fraction of held-out prompts whose estimated tight bound is positive, and the
+fraction of steps where the held-out estimate of the tight bound exceeds the exact improvement.
+
+Runs are ordinary run directories under ``<out>/v<v>_i<i>_<mask|nomask>/seed<k>``: a finished one is read back,
+an interrupted one resumes. The table is printed and written to ``<out>/<experiment>/results.md``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import multiprocessing
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from runkit.cli import parse, run_main
+
+ABLATION = {
+    "on-policy (v=1, i=1)": dict(sync_period=1, num_iterations=1, mask_zero_std_groups=False),
+    "on-policy + mask": dict(sync_period=1, num_iterations=1),
+    "off-policy (v=10, i=1)": dict(sync_period=10, num_iterations=1),
+    "sample reuse (v=1, i=10)": dict(sync_period=1, num_iterations=10),
+}
+V_SWEEP = (1, 2, 4, 8, 16)
+
+
+@dataclasses.dataclass(frozen=True)
+class AblationConfig:
+    """Off-policy GRPO configurations on the built-in task, several seeds each, with exact J."""
+
+    experiment: Literal["ablation", "vsweep", "all"] = "all"
+    """Which experiment to run."""
+    seeds: int = 5
+    """Seeds per configuration (mean ± std over them)."""
+    max_steps: int = 80
+    """Steps per run."""
+    target_j: float = 0.26
+    """Target exact J over the training prompts for the steps-to-target column (the tiny model starts near 0.21)."""
+    heldout_prompts: int = 16
+    """Held-out prompts per step for the bound estimates (see GRPOConfig.heldout_prompts)."""
+    sampler: Literal["transformers", "vllm"] = "transformers"
+    """Sampler of every run (the tiny model generates fastest with transformers; vLLM gives the same numbers
+    in distribution)."""
+    workers: int = 2
+    """Runs in parallel, each with one torch thread."""
+    out: str = "runs/llm_ablation"
+    """Directory for run directories and results tables."""
+
+    def __post_init__(self):
+        if self.seeds < 1:
+            raise ValueError(f"seeds: must be >= 1, got {self.seeds}")
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps: must be >= 1, got {self.max_steps}")
+        if not 0 < self.target_j <= 1:
+            raise ValueError(f"target_j: must lie in (0, 1], got {self.target_j}")
+        if self.workers < 1:
+            raise ValueError(f"workers: must be >= 1, got {self.workers}")
+
+
+def run_name(overrides: dict) -> str:
+    """Directory name of a configuration, from its settings: configurations that coincide (on-policy + mask
+    and v = 1 of the sweep) share their runs."""
+    o = {"sync_period": 1, "num_iterations": 1, "mask_zero_std_groups": True, **overrides}
+    return f"v{o['sync_period']}_i{o['num_iterations']}_{'mask' if o['mask_zero_std_groups'] else 'nomask'}"
+
+
+def plan(cfg: AblationConfig) -> dict[str, dict[str, dict]]:
+    """experiment -> configuration name -> the GRPOConfig overrides shared by its seeds."""
+    todo = {}
+    if cfg.experiment in ("ablation", "all"):
+        todo["ablation"] = ABLATION
+    if cfg.experiment in ("vsweep", "all"):
+        todo["vsweep"] = {f"v={v}": dict(sync_period=v) for v in V_SWEEP}
+    return todo
+
+
+def run_config(cfg: AblationConfig, seed: int, overrides: dict):
+    from .config import GRPOConfig
+
+    return GRPOConfig(output_dir=str(Path(cfg.out) / run_name(overrides) / f"seed{seed}"), seed=seed,
+                      max_steps=cfg.max_steps, heldout_prompts=cfg.heldout_prompts, eval_steps=cfg.max_steps,
+                      sampler=cfg.sampler, progress=False, save_steps=0, tv_diagnostics=False,
+                      num_threads=1 if cfg.workers > 1 else 0, **overrides)
+
+
+def _train(config) -> str:
+    from .trainer import train
+
+    return str(train(config, log=lambda *a: None))
+
+
+def summarise(rows: list[dict], target: float) -> dict[str, float]:
+    """The table's numbers for one run."""
+    j = np.array([r["j/pi_new"] for r in rows])
+    hit = np.flatnonzero(j >= target)
+    bound = np.array([r["heldout/bound/lower_tight"] for r in rows])
+    exact = np.array([r["improvement"] for r in rows])
+    return {
+        "test_j": rows[-1]["eval/j"],
+        "test_j0": rows[0]["eval_initial/j"],
+        "train_j": float(j[-1]),
+        "steps_to_target": float(hit[0] + 1) if hit.size else float("nan"),
+        "tv_k": float(np.mean([r["tv/pi_k_alpha"] for r in rows])),
+        "prompts_bound_positive": float(np.mean([r["heldout/bound/frac_lower_tight_positive"] for r in rows])),
+        "steps_bound_exceeds": float(np.mean(bound > exact)),
+        "seconds_per_step": float(np.median([sum(v for k, v in r.items() if k.startswith("time/") and k != "time/eval")
+                                             for r in rows])),
+    }
+
+
+def _pm(xs, fmt: str = ".3f") -> str:
+    xs = np.asarray(xs, dtype=float)
+    if np.all(np.isnan(xs)):
+        return "never"
+    reached = f"{np.sum(~np.isnan(xs))}/{xs.size} reach; " if np.any(np.isnan(xs)) else ""
+    return f"{reached}{np.nanmean(xs):{fmt}} ± {np.nanstd(xs):{fmt}}"
+
+
+def table(cfg: AblationConfig, results: dict[str, list[dict]], syncs: dict[str, int]) -> str:
+    lines = [f"| configuration | test J (final) | train J (final) | steps to train J >= {cfg.target_j} | weight syncs "
+             "| mean TV(pi_k, alpha) | held-out prompts with est. bound > 0 | steps with est. bound > exact improvement "
+             "| s/step (no eval) |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, runs in results.items():
+        col = lambda key, fmt=".3f": _pm([s[key] for s in runs], fmt)  # noqa: E731
+        lines.append(f"| {name} | {col('test_j')} | {col('train_j')} | {col('steps_to_target', '.0f')} | {syncs[name]} "
+                     f"| {col('tv_k', '.4f')} | {col('prompts_bound_positive')} | {col('steps_bound_exceeds')} "
+                     f"| {col('seconds_per_step', '.2f')} |")
+    return "\n".join(lines)
+
+
+def main(args: list[str] | None = None) -> int:
+    from tqdm.auto import tqdm
+
+    from .rundir import read_metrics
+
+    cfg = parse(AblationConfig, args, prog="python -m llm.ablation", description=__doc__.splitlines()[0])
+    todo = plan(cfg)
+    jobs = {(exp, name, seed): run_config(cfg, seed, kw)
+            for exp, configs in todo.items() for name, kw in configs.items() for seed in range(cfg.seeds)}
+    unique = {c.output_dir: c for c in jobs.values()}
+    print(f"{len(unique)} runs of {cfg.max_steps} steps ({cfg.workers} at a time) under {cfg.out}")
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter per worker: no torch state shared
+    with cf.ProcessPoolExecutor(cfg.workers, mp_context=ctx) as pool:
+        futures = [pool.submit(_train, c) for c in unique.values()]
+        for fut in tqdm(cf.as_completed(futures), total=len(futures), unit="run"):
+            fut.result()
+    base = next(iter(jobs.values()))
+    t0 = np.mean([summarise(read_metrics(c.output_dir), cfg.target_j)["test_j0"] for c in jobs.values()])
+    header = (f"built-in task (160 training / 40 test prompts), tiny Qwen2 ({cfg.sampler} sampler), "
+              f"{base.prompts_per_step} prompts x G={base.num_generations} per step, lr {base.learning_rate}, "
+              f"beta {base.beta}, {cfg.max_steps} steps, {cfg.seeds} seeds (mean ± std); test J at step 0: {t0:.3f}; "
+              f"bound estimates on {cfg.heldout_prompts} held-out prompts per step (tight constant)")
+    for exp, configs in todo.items():
+        results = {name: [summarise(read_metrics(jobs[exp, name, s].output_dir), cfg.target_j)
+                          for s in range(cfg.seeds)] for name in configs}
+        syncs = {name: jobs[exp, name, 0].num_syncs for name in configs}
+        text = f"{header}\n\n{table(cfg, results, syncs)}\n"
+        path = Path(cfg.out) / exp / "results.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"## {exp} ({path})\n{text}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main, prog="python -m llm.ablation")

@@ -1,0 +1,109 @@
+"""What the LLM-side numbers estimate, proven on cases with known exact values: the exact J of the built-in
+task against sampled success rates, the transformers sampler's distribution against the probabilities it
+reports, and the bias of in-sample against held-out estimates (docs/theory.md, §8.1 and §8.2)."""
+
+import numpy as np
+import pytest
+import torch
+
+import grpo_theory as gt
+from llm.diagnostics import bound_estimates
+from llm.model import load_policy
+from llm.sampling import TransformersSampler
+from llm.tasks import arithmetic_task
+from llm.tiny import tiny_model_dir
+
+from .helpers_exact import (exact_j_matches_sampling, first_tokens_match_reported_probabilities,
+                            model_dir_with_stored_generation_config)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    policy, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))
+    return policy, tok
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_exact_j_is_the_sampled_success_rate(tiny, temperature):
+    policy, tok = tiny
+    sampler = TransformersSampler(policy, tok.eos_token_id, tok.pad_token_id, copy=False)
+    exact_j_matches_sampling(sampler, policy, arithmetic_task().bind(tok), temperature)
+
+
+def test_stored_generation_config_does_not_change_what_is_sampled(tmp_path):
+    """A model directory whose generation_config.json sets repetition_penalty 1.5 and top_k 3: the sampler
+    still samples softmax(logits / T), the distribution it reports and the trainer recomputes."""
+    path = model_dir_with_stored_generation_config(tiny_model_dir(), tmp_path / "model")
+    policy, tok = load_policy(str(path), torch.device("cpu"))
+    assert policy.generation_config.repetition_penalty == 1.5  # the stored config is really there
+    sampler = TransformersSampler(policy, tok.eos_token_id, tok.pad_token_id)
+    first_tokens_match_reported_probabilities(sampler, policy, tok, "3+4=")
+    assert policy.generation_config.top_k == 3  # and is left as it was for the user's own generate()
+
+
+# ---- in-sample against held-out estimates, on a tabular model -------------------------------------
+
+
+class TabularStep:
+    """A contextual bandit with X prompts and K actions, softmax policies, binary rewards. One trial: alpha is
+    a lagged policy, P training prompts x G samples from alpha give a clipped-objective gradient step
+    pi_k -> pi_new; the exact J and TV over the uniform prompt distribution are known, and the in-sample
+    (training samples) and held-out (fresh prompts and samples) estimates are computed as the trainer does."""
+
+    X, K, P, G, lr, eps = 40, 30, 8, 8, 3.0, 1e-4
+
+    def __init__(self, seed: int):
+        rng = np.random.default_rng(seed)
+        self.rng = rng
+        self.reward = (rng.random((self.X, self.K)) < 0.25).astype(float)
+        self.theta_k = rng.normal(size=(self.X, self.K))
+        # alpha: a lagged policy, noisier and worse than pi_k (pi_k has learnt since alpha was synced)
+        self.theta_alpha = self.theta_k - 0.5 * self.reward + 0.3 * rng.normal(size=(self.X, self.K))
+
+    def sample(self, logp_alpha):
+        x = self.rng.integers(0, self.X, self.P)
+        u = self.rng.random((self.P, self.G, 1))
+        y = (u > np.cumsum(np.exp(logp_alpha[x]), axis=1)[:, None, :]).sum(-1).clip(max=self.K - 1)
+        return x, y, self.reward[x[:, None], y]
+
+    def trial(self):
+        log_softmax = lambda t: t - np.logaddexp.reduce(t, axis=1, keepdims=True)  # noqa: E731
+        lk, la = log_softmax(self.theta_k), log_softmax(self.theta_alpha)
+        x, y, r = self.sample(la)
+        adv = gt.group_advantages(r, self.eps)
+        w_k = np.exp(lk[x[:, None], y] - la[x[:, None], y])
+        grad = np.zeros_like(self.theta_k)  # d/dtheta of mean_{x,g} w_k A log pi(y|x)  (the clip is inactive at pi_k)
+        for p in range(self.P):
+            for g in range(self.G):
+                grad[x[p]] -= w_k[p, g] * adv[p, g] * np.exp(lk[x[p]]) / (self.P * self.G)
+                grad[x[p], y[p, g]] += w_k[p, g] * adv[p, g] / (self.P * self.G)
+        ln = log_softmax(self.theta_k + self.lr * grad * self.P)  # P: each prompt's step is of order lr
+        exact = {"improvement": float(((np.exp(ln) - np.exp(lk)) * self.reward).sum(1).mean()),
+                 "tv/pi_new_alpha": float(gt.tv_distance(np.exp(ln), np.exp(la)).mean()),
+                 "tv/pi_k_alpha": float(gt.tv_distance(np.exp(lk), np.exp(la)).mean())}
+        lw = lambda logp, xx, yy: logp[xx[:, None], yy] - la[xx[:, None], yy]  # noqa: E731
+        insample = bound_estimates(r, lw(lk, x, y), lw(ln, x, y), self.eps)
+        xh, yh, rh = self.sample(la)
+        heldout = bound_estimates(rh, lw(lk, xh, yh), lw(ln, xh, yh), self.eps)
+        return exact, insample, heldout
+
+
+def test_heldout_estimates_are_unbiased_and_insample_ones_are_biased_upwards():
+    """Over 600 trials: the held-out improvement and TV(pi_new, alpha) estimates average to the exact values
+    (within 4 standard errors); the in-sample ones exceed them by more than 4 standard errors.
+    TV(pi_k, alpha) is unbiased on either set (pi_k does not depend on the step's samples)."""
+    model = TabularStep(0)
+    trials = [model.trial() for _ in range(600)]
+
+    def gap(which, key):
+        d = np.array([t[which][key] - t[0][key] for t in trials])
+        return d.mean(), d.std(ddof=1) / np.sqrt(len(d))
+
+    for key in ("improvement", "tv/pi_new_alpha", "tv/pi_k_alpha"):
+        mean, se = gap(2, key)
+        assert abs(mean) < 4 * se, ("heldout", key, mean, se)
+    for key in ("improvement", "tv/pi_new_alpha"):
+        mean, se = gap(1, key)
+        assert mean > 4 * se, ("insample", key, mean, se)
+    mean, se = gap(1, "tv/pi_k_alpha")
+    assert abs(mean) < 4 * se

@@ -37,7 +37,7 @@ def test_arithmetic_task_has_a_fixed_disjoint_split():
 def test_arithmetic_reward_is_the_exact_answer_tokens_then_eos(tokenizer):
     """Scored on tokens: the answer's tokens followed by EOS score 1; a completion cut before EOS, a longer
     number, or one whose text decodes to the answer only because special tokens are dropped scores 0 (the
-    exact J counts none of them). The tiny tokenizer has no whitespace token, so whitespace cannot be generated."""
+    exact J counts none of them). (The tiny tokenizer drops whitespace when encoding, so "20\\n" is "20".)"""
     bound = arithmetic_task().bind(tokenizer)
     i = bound.task.answers.index("20")
     eos = tokenizer.eos_token_id

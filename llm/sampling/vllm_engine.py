@@ -94,7 +94,7 @@ class VLLMSampler:
     name = "vllm"
 
     def __init__(self, model_path: str, *, dtype: str, seed: int, max_model_len: int, eos_token_id: int,
-                 gpu_memory_utilization: float = 0.3):
+                 gpu_memory_utilization: float = 0.3, weight_transfer_config=None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in process: weights are shared by reference
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KV_GIB)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # set it to INFO to see the engine's own log
@@ -109,6 +109,8 @@ class VLLMSampler:
                       generation_config="vllm")
         if self.cuda:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if weight_transfer_config is not None:  # vLLM's RL weight-sync API (llm.sampling.weight_transfer)
+            kwargs["weight_transfer_config"] = weight_transfer_config
         t0 = time.perf_counter()
         self.llm = LLM(**kwargs)
         self.start_seconds = time.perf_counter() - t0

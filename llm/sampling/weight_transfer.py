@@ -1,0 +1,224 @@
+"""A CPU backend for vLLM's weight-transfer API: weights broadcast over a gloo process group.
+
+vLLM's RL weight sync is a four-call handshake (``init_weight_transfer_engine``, ``start_weight_update``,
+``update_weights``, ``finish_weight_update``) between a trainer-side engine and a worker-side engine of the
+same backend, registered in ``WeightTransferTrainerFactory`` and ``WeightTransferEngineFactory``. Its
+built-in backends need GPUs (NCCL, CUDA IPC). This module adds ``gloo_cpu``:
+
+- rendezvous: the trainer opens a ``TCPStore`` and both sides join one gloo group (trainer rank 0,
+  the inference worker rank 1), so trainer and server may be separate processes or hosts;
+- transfer: the trainer packs its parameters into one flat buffer per dtype (metadata order) and
+  broadcasts it while the worker's ``update_weights`` receives it; the names, dtypes and shapes travel
+  in the update info (JSON, so the same calls go over vLLM's HTTP routes);
+- loading: vLLM's layerwise reload (``initialize_layerwise_reload`` at start, ``model.load_weights``
+  with checkpoint-format tensors, ``finalize_layerwise_reload`` at finish), which rebuilds the fused
+  and CPU-repacked layers the way loading a checkpoint does.
+
+``register()`` adds the backend to both factories; it is also the project's ``vllm.general_plugins``
+entry point, so every vLLM process (an API server's engine core included) knows the backend.
+Only single-worker engines (tensor parallel 1) are supported here.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import datetime
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from vllm.distributed.weight_transfer.base import (
+    ParamMeta,
+    TrainerInitInfo,
+    TrainerWeightTransferEngine,
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+    WeightSource,
+)
+
+BACKEND = "gloo_cpu"
+#: Seconds either side waits for the other at the rendezvous and during a broadcast.
+TIMEOUT_S = 300
+
+
+@dataclass
+class GlooInitInfo(WeightTransferInitInfo):
+    """Worker side: where the trainer's TCPStore listens."""
+
+    master_address: str
+    master_port: int
+    world_size: int = 2
+
+
+@dataclass
+class GlooUpdateInfo(WeightTransferUpdateInfo):
+    """One round: every parameter's name, dtype and shape, in the order of the flat buffers."""
+
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+
+    def __post_init__(self):
+        if not len(self.names) == len(self.dtype_names) == len(self.shapes):
+            raise ValueError("names, dtype_names and shapes must have one entry per parameter")
+
+
+def _buckets(dtype_names: list[str]) -> dict[str, list[int]]:
+    """Parameter indices per dtype, dtypes in order of first appearance: one flat buffer each."""
+    out: dict[str, list[int]] = {}
+    for i, d in enumerate(dtype_names):
+        out.setdefault(d, []).append(i)
+    return out
+
+
+def _group(store, rank: int, world_size: int):
+    return torch.distributed.ProcessGroupGloo(store, rank, world_size, datetime.timedelta(seconds=TIMEOUT_S))
+
+
+class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
+    """Worker side: joins the trainer's gloo group, receives the flat buffers, loads them layerwise."""
+
+    init_info_cls = GlooInitInfo
+    update_info_cls = GlooUpdateInfo
+
+    def __init__(self, config, vllm_config, device, model):
+        super().__init__(config, vllm_config, device, model)
+        if vllm_config.parallel_config.world_size != 1:
+            raise ValueError(f"{BACKEND}: only single-worker engines (tensor/pipeline parallel 1) are supported")
+        self.group = None
+
+    def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
+        store = torch.distributed.TCPStore(init_info.master_address, init_info.master_port, init_info.world_size,
+                                           is_master=False, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+        self.group = _group(store, 1, init_info.world_size)
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        # The base class ends with torch.accelerator.synchronize(), which has nothing to do on CPU.
+        self.receive_weights(self.parse_update_info(update_info))
+
+    def receive_weights(self, update_info: GlooUpdateInfo) -> None:
+        if self.group is None:
+            raise RuntimeError(f"{BACKEND}: init_weight_transfer_engine was not called")
+        for dtype_name, idx in _buckets(update_info.dtype_names).items():
+            shapes = [torch.Size(update_info.shapes[i]) for i in idx]
+            flat = torch.empty(sum(s.numel() for s in shapes), dtype=getattr(torch, dtype_name))
+            self.group.broadcast(flat, 0).wait()
+            tensors = [t.view(s) for t, s in zip(flat.split([s.numel() for s in shapes]), shapes)]
+            self.model.load_weights(weights=[(update_info.names[i], t) for i, t in zip(idx, tensors)])
+
+    def shutdown(self) -> None:
+        self.group = None
+
+
+@dataclass
+class GlooTrainerInitInfo(TrainerInitInfo):
+    """Trainer side: the address the worker reaches the trainer's TCPStore at (port 0: any free port)."""
+
+    backend: ClassVar[str] = BACKEND
+    master_address: str = "127.0.0.1"
+    master_port: int = 0
+
+
+class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerInitInfo]):
+    """Trainer side: opens the rendezvous and drives each round (start, update + broadcast, finish)."""
+
+    init_info_cls = GlooTrainerInitInfo
+
+    def __init__(self, *, client, source, group, is_sender=True):
+        super().__init__(client=client, source=source, is_sender=is_sender)
+        self.group = group
+        self.version = 0
+
+    @classmethod
+    def trainer_init(cls, init_info: GlooTrainerInitInfo, *, client, source=None):
+        if source is None:
+            raise ValueError(f"{BACKEND}: needs a WeightSource (CheckpointSource(model))")
+        store = torch.distributed.TCPStore(init_info.master_address, init_info.master_port, 2, is_master=True,
+                                           wait_for_workers=False, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+        worker_info = {"master_address": init_info.master_address, "master_port": store.port, "world_size": 2}
+        with cf.ThreadPoolExecutor(1) as pool:  # the worker joins while we do
+            joined = pool.submit(client.init_weight_transfer_engine, worker_info)
+            group = _group(store, 0, 2)
+            joined.result()
+        engine = cls(client=client, source=source, group=group)
+        engine._store = store  # keep the rendezvous alive as long as the group
+        return engine
+
+    def send_weights(self, weight_version: str | None = None) -> None:
+        """One full round: every parameter of the source goes to the worker, which loads it layerwise."""
+        meta = self.source.metadata()
+        info = {"names": [m.name for m in meta], "dtype_names": [str(m.dtype).removeprefix("torch.") for m in meta],
+                "shapes": [list(m.shape) for m in meta]}
+        tensors = [t.detach() for _, t in self.source]
+        self.client.start_weight_update()
+        with cf.ThreadPoolExecutor(1) as pool:  # the worker receives while we broadcast
+            received = pool.submit(self.client.update_weights, info)
+            for idx in _buckets(info["dtype_names"]).values():
+                flat = torch.cat([tensors[i].reshape(-1).cpu() for i in idx])
+                self.group.broadcast(flat, 0).wait()
+            received.result()
+        self.version += 1
+        self.client.finish_weight_update(weight_version if weight_version is not None else str(self.version))
+
+    def shutdown(self) -> None:
+        self.group = None
+
+
+class CheckpointSource(WeightSource):
+    """The trainer's weights as a checkpoint holds them: ``state_dict()``, tied weights included.
+
+    vLLM's own ``ModuleSource`` iterates ``named_parameters()``, which lists a tied output layer once (as the
+    embedding). On CPU, vLLM keeps a separately repacked copy of a tied ``lm_head``, and the layerwise reload
+    only refreshes it when ``lm_head.weight`` arrives: measured on the tiny model (tied embeddings), syncing
+    from ``ModuleSource`` left the sampler 0.34 nats off the trainer, from this source 1e-6.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def metadata(self) -> list[ParamMeta]:
+        return [ParamMeta(k, v.dtype, tuple(v.shape)) for k, v in self.model.state_dict().items()]
+
+    def __iter__(self):
+        return ((k, v.detach()) for k, v in self.model.state_dict().items())
+
+
+class OfflineClient:
+    """The four-call weight-sync client for an in-process ``vllm.LLM`` (its RL methods take request dicts)."""
+
+    def __init__(self, llm):
+        self.llm = llm
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        self.llm.init_weight_transfer_engine({"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.llm.start_weight_update()
+
+    def update_weights(self, update_info: dict) -> None:
+        self.llm.update_weights({"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.llm.finish_weight_update(weight_version)
+
+
+def register() -> None:
+    """Add ``gloo_cpu`` to vLLM's worker-side and trainer-side weight-transfer registries (idempotent)."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
+
+    if BACKEND not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(BACKEND, GlooWeightTransferEngine)
+    if BACKEND not in WeightTransferTrainerFactory._registry:
+        WeightTransferTrainerFactory.register_engine(BACKEND, GlooTrainerWeightTransferEngine)

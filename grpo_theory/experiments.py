@@ -21,6 +21,7 @@ from typing import Literal
 import numpy as np
 
 from runkit.cli import parse, run_main
+from runkit.tables import mean_std as _pm
 
 from .simulate import SimConfig, bound_violations, final_j, simulate, steps_to_target
 
@@ -73,13 +74,6 @@ def _run(cfg: ExperimentConfig, experiment: str, name: str, seed: int, **kw) -> 
     return sim, rows, time.perf_counter() - t0
 
 
-def _pm(xs, fmt: str = ".3f") -> str:
-    xs = np.asarray(xs, dtype=float)
-    if np.all(np.isnan(xs)):
-        return "never"
-    return f"{np.nanmean(xs):{fmt}} ± {np.nanstd(xs):{fmt}}"
-
-
 def ablation(cfg: ExperimentConfig) -> str:
     lines = [f"| configuration | final J | steps to J >= {cfg.target_j} | wall time (s) | weight syncs |",
              "|---|---|---|---|---|"]
@@ -90,9 +84,8 @@ def ablation(cfg: ExperimentConfig) -> str:
             fj.append(final_j(rows))
             st.append(steps_to_target(rows, cfg.target_j))
             wt.append(secs)
-        reached = f"{np.sum(~np.isnan(st))}/{cfg.seeds} reach; " if np.any(np.isnan(st)) else ""
         syncs = -(-cfg.max_steps // kw["sync_period"])
-        lines.append(f"| {name} | {_pm(fj)} | {reached}{_pm(st, '.0f')} | {_pm(wt, '.2f')} | {syncs} |")
+        lines.append(f"| {name} | {_pm(fj)} | {_pm(st, '.0f')} | {_pm(wt, '.2f')} | {syncs} |")
     return "\n".join(lines)
 
 

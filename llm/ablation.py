@@ -25,6 +25,7 @@ from typing import Literal
 import numpy as np
 
 from runkit.cli import parse, run_main
+from runkit.tables import mean_std
 
 ABLATION = {
     "on-policy (v=1, i=1)": dict(sync_period=1, num_iterations=1, mask_zero_std_groups=False),
@@ -119,20 +120,12 @@ def summarise(rows: list[dict], target: float) -> dict[str, float]:
     }
 
 
-def _pm(xs, fmt: str = ".3f") -> str:
-    xs = np.asarray(xs, dtype=float)
-    if np.all(np.isnan(xs)):
-        return "never"
-    reached = f"{np.sum(~np.isnan(xs))}/{xs.size} reach; " if np.any(np.isnan(xs)) else ""
-    return f"{reached}{np.nanmean(xs):{fmt}} ± {np.nanstd(xs):{fmt}}"
-
-
 def table(cfg: AblationConfig, results: dict[str, list[dict]], syncs: dict[str, int]) -> str:
     lines = [f"| configuration | test J (final) | train J (final) | steps to train J >= {cfg.target_j} | weight syncs "
              "| mean TV(pi_k, alpha) | held-out prompts with est. bound > 0 | steps with est. bound > exact improvement "
              "| s/step (no eval) |", "|---|---|---|---|---|---|---|---|---|"]
     for name, runs in results.items():
-        col = lambda key, fmt=".3f": _pm([s[key] for s in runs], fmt)  # noqa: E731
+        col = lambda key, fmt=".3f": mean_std([s[key] for s in runs], fmt)  # noqa: E731
         lines.append(f"| {name} | {col('test_j')} | {col('train_j')} | {col('steps_to_target', '.0f')} | {syncs[name]} "
                      f"| {col('tv_k', '.4f')} | {col('prompts_bound_positive')} | {col('steps_bound_exceeds')} "
                      f"| {col('seconds_per_step', '.2f')} |")
@@ -155,15 +148,15 @@ def main(args: list[str] | None = None) -> int:
         futures = [pool.submit(_train, c) for c in unique.values()]
         for fut in tqdm(cf.as_completed(futures), total=len(futures), unit="run"):
             fut.result()
+    summaries = {d: summarise(read_metrics(d), cfg.target_j) for d in unique}  # each run's metrics read once
     base = next(iter(jobs.values()))
-    t0 = np.mean([summarise(read_metrics(c.output_dir), cfg.target_j)["test_j0"] for c in jobs.values()])
+    t0 = np.mean([s["test_j0"] for s in summaries.values()])
     header = (f"built-in task (160 training / 40 test prompts), tiny Qwen2 ({cfg.sampler} sampler), "
               f"{base.prompts_per_step} prompts x G={base.num_generations} per step, lr {base.learning_rate}, "
               f"beta {base.beta}, {cfg.max_steps} steps, {cfg.seeds} seeds (mean ± std); test J at step 0: {t0:.3f}; "
               f"bound estimates on {cfg.heldout_prompts} held-out prompts per step (tight constant)")
     for exp, configs in todo.items():
-        results = {name: [summarise(read_metrics(jobs[exp, name, s].output_dir), cfg.target_j)
-                          for s in range(cfg.seeds)] for name in configs}
+        results = {name: [summaries[jobs[exp, name, s].output_dir] for s in range(cfg.seeds)] for name in configs}
         syncs = {name: jobs[exp, name, 0].num_syncs for name in configs}
         text = f"{header}\n\n{table(cfg, results, syncs)}\n"
         path = Path(cfg.out) / exp / "results.md"

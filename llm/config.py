@@ -92,8 +92,16 @@ class GRPOConfig:
     """Sampling temperature; log-probabilities on both sides are of softmax(logits / temperature)."""
 
     # ---- machinery -------------------------------------------------------------------------
-    sampler: Literal["auto", "vllm", "transformers"] = "auto"
-    """'vllm' (in-process engine), 'transformers' (generate on a copy of the weights), 'auto': vllm if importable."""
+    sampler: Literal["auto", "vllm", "server", "transformers"] = "auto"
+    """'vllm' (in-process engine), 'server' (vLLM's own server in another process, at server_url; start it with
+    ``python -m llm.serve MODEL``), 'transformers' (generate on a copy of the weights), 'auto': vllm if importable."""
+    server_url: str = ""
+    """URL of the inference server for sampler 'server' (e.g. http://127.0.0.1:8000)."""
+    server_timeout: float = 120.0
+    """Seconds any request to the server may take (a generation call, one step of a weight sync)."""
+    server_sync_address: str = "127.0.0.1"
+    """Address of this trainer as the server reaches it, for the weight-transfer rendezvous (the trainer listens
+    on a free port there)."""
     device: str = "auto"
     """'auto' (cuda if available), 'cpu' or 'cuda[:n]' for the trainer."""
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -147,6 +155,12 @@ class GRPOConfig:
         require(self, self.save_steps >= 0, "save_steps", "must be >= 0")
         require(self, self.num_threads >= 0, "num_threads", "must be >= 0")
         require(self, bool(self.output_dir), "output_dir", "must not be empty")
+        require(self, self.sampler != "server" or self.server_url.startswith(("http://", "https://")), "server_url",
+                "sampler 'server' needs the server's URL, e.g. --server-url http://127.0.0.1:8000 "
+                "(start one with python -m llm.serve)")
+        require(self, not self.server_url or self.sampler == "server", "server_url",
+                f"given, but the sampler is {self.sampler!r}; add --sampler server")
+        require(self, self.server_timeout > 0, "server_timeout", "must be > 0")
         require(self, self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
                 "device", "expected auto, cpu or cuda[:n]")
 

@@ -108,6 +108,12 @@ def sync_weights(models: Models, source: torch.nn.Module | None = None) -> None:
         copy_weights(models.alpha, source)
 
 
+def sync_metrics(sampler: Sampler, seconds: float) -> dict[str, float]:
+    """``sync/mb`` and ``sync/mb_per_s`` of a sync, for samplers that report the bytes they moved."""
+    nbytes = getattr(sampler, "last_sync_bytes", 0)
+    return {"sync/mb": nbytes / 1e6, "sync/mb_per_s": nbytes / 1e6 / max(seconds, 1e-9)} if nbytes else {}
+
+
 def score(task: TokenizedTask, prompt_idx: list[int], roll: Rollout, n: int) -> tuple[np.ndarray, list[str]]:
     """Rewards of the P x n completions, shape (P, n), and the decoded completions."""
     texts = task.tokenizer.batch_decode(roll.completion_ids, skip_special_tokens=True)
@@ -381,6 +387,7 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
             if lag == 0 and step > 0:  # at step 0 the sampler already holds the initial weights
                 with timer("sync"):
                     sync_weights(models)
+                row.update(sync_metrics(models.sampler, timer.seconds["time/sync"]))
                 rollouts.clear()
             with timer("generate"):
                 step_rollout = rollouts.get(step)

@@ -52,6 +52,11 @@ def parse(cls: type[T], args: list[str] | None, prog: str, description: str | No
     raise AssertionError("unreachable")
 
 
+class RunError(RuntimeError):
+    """A failure of the run's environment, not of its configuration (a server that died, a lost
+    connection): ``run_main`` prints it as one line and exits with status 1."""
+
+
 def fail(prog: str, message: str) -> None:
     """Print a one-line error and exit with status 2 (a usage error)."""
     print(f"{prog}: error: {message}", file=sys.stderr)
@@ -59,11 +64,15 @@ def fail(prog: str, message: str) -> None:
 
 
 def run_main(main: Callable[[list[str] | None], int], prog: str) -> None:
-    """Run a CLI ``main``, turning ``ValueError`` (a bad configuration) into a one-line error."""
+    """Run a CLI ``main``, turning ``ValueError`` (a bad configuration, exit 2) and ``RunError`` (a failing
+    environment, exit 1) into a one-line error."""
     try:
         code = main(None)
     except ValueError as exc:
         fail(prog, str(exc))
+    except RunError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         raise SystemExit(130) from None

@@ -1,7 +1,9 @@
 """Samplers: who holds alpha and generates the completions (docs/theory.md, §1 and §7).
 
 - ``hf_generate.TransformersSampler``: a frozen copy of the policy sampled with ``transformers.generate``;
-- ``vllm_engine.VLLMSampler``: an in-process vLLM engine with a verified weight sync.
+- ``vllm_engine.VLLMSampler``: an in-process vLLM engine with a verified weight sync;
+- ``server.ServerSampler``: vLLM's own server in another process (``python -m llm.serve``), synced through
+  vLLM's weight-transfer API.
 
 ``make_sampler`` picks one from the config.
 """
@@ -17,12 +19,21 @@ __all__ = ["Rollout", "Sampler", "TransformersSampler", "make_sampler", "max_mod
 
 
 def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
-    """The sampler ``config.sampler`` names ('auto': vLLM when it imports), holding alpha = the initial policy."""
+    """The sampler ``config.sampler`` names ('auto': vLLM when it imports), holding alpha = the initial policy
+    (a server, whose weights may be anyone's, is sent the policy's weights first)."""
     kind = config.sampler
     if kind == "auto":
         from .vllm_engine import vllm_available
 
         kind = "vllm" if vllm_available() else "transformers"
+    if kind == "server":
+        from .server import ServerSampler
+
+        sampler = ServerSampler(config.server_url, model_path, eos_token_id=tokenizer.eos_token_id,
+                                max_model_len=max_model_len(policy, config, max_prompt_tokens),
+                                timeout=config.server_timeout, sync_host=config.server_sync_address)
+        sampler.load_weights(policy)
+        return sampler
     if kind == "vllm":
         from .vllm_engine import VLLMSampler
 

@@ -163,12 +163,18 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
                 "shapes": [list(m.shape) for m in meta]}
         tensors = [t.detach() for _, t in self.source]
         self.client.start_weight_update()
-        with cf.ThreadPoolExecutor(1) as pool:  # the worker receives while we broadcast
+        pool = cf.ThreadPoolExecutor(1)  # the worker receives while we broadcast
+        try:
             received = pool.submit(self.client.update_weights, info)
             for idx in _buckets(info["dtype_names"]).values():
+                if received.done():  # the request failed before the worker joined: do not wait in broadcast
+                    received.result()
                 flat = torch.cat([tensors[i].reshape(-1).cpu() for i in idx])
                 self.group.broadcast(flat, 0).wait()
             received.result()
+        finally:
+            # If the broadcast raised, the request thread may never return: do not join it.
+            pool.shutdown(wait=False)
         self.version += 1
         self.client.finish_weight_update(weight_version if weight_version is not None else str(self.version))
 
@@ -193,6 +199,53 @@ class CheckpointSource(WeightSource):
 
     def __iter__(self):
         return ((k, v.detach()) for k, v in self.model.state_dict().items())
+
+
+class HTTPClient:
+    """vLLM's HTTP weight-sync client (``HTTPVLLMWeightSyncClient``) whose failures become one exception:
+    ``on_error(route, exc)`` returns what to raise (the server sampler's one-line ``ServerError``)."""
+
+    def __init__(self, base_url: str, timeout: float, on_error):
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+
+        self.inner = HTTPVLLMWeightSyncClient(base_url, timeout=timeout)
+        self.on_error = on_error
+
+    def _call(self, route: str, *args):
+        try:
+            return getattr(self.inner, route)(*args)
+        except Exception as exc:  # requests' errors, HTTP errors: all end the sync the same way
+            raise self.on_error(f"/{route}", exc) from None
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        self._call("init_weight_transfer_engine", init_info)
+
+    def start_weight_update(self) -> None:
+        self._call("start_weight_update")
+
+    def update_weights(self, update_info) -> None:
+        self._call("update_weights", update_info)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._call("finish_weight_update", weight_version)
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self._call("shutdown_weight_transfer_engine")
+
+
+def trainer_init_info(address: str, server_world_size: int) -> TrainerInitInfo:
+    """The trainer-side init info of this machine's backend: ``gloo_cpu`` on CPU, vLLM's ``nccl`` on CUDA
+    (the trainer is rank 0 of a group with the server's ``server_world_size`` workers)."""
+    if torch.cuda.is_available():
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+        from ..serve import free_port
+
+        return NCCLTrainerInitInfo(master_address=address, master_port=free_port(address),
+                                   world_size=1 + server_world_size, rank=0)
+    if server_world_size != 1:
+        raise ValueError(f"{BACKEND}: the server has {server_world_size} workers; only one is supported on CPU")
+    return GlooTrainerInitInfo(master_address=address, rank=0)
 
 
 class OfflineClient:

@@ -1,0 +1,176 @@
+"""The lagged inference server as its own process: vLLM's OpenAI server (``llm.serve``) on loopback, weights synced
+through vLLM's weight-transfer API with the project's ``gloo_cpu`` backend, everything checked over the wire.
+
+One server is started for the module (about 40 s) and stopped at its end; the last test kills it and starts it again.
+"""
+
+import shutil
+
+import pytest
+import torch
+
+from llm import GRPOConfig, train
+from llm.batch import completion_logprobs, make_batch, padded
+from llm.model import load_policy
+from llm.rundir import read_metrics
+from llm.sampling.vllm_engine import vllm_available
+from llm.tasks import arithmetic_task
+from llm.tiny import tiny_model_dir
+
+from .test_llm_train import LEARNING_MARGIN
+
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]
+
+#: After a sync, the server's log-probs of sampled tokens equal the trainer's to this (fp32).
+SYNC_ATOL = 1e-4
+#: The trainer's warning threshold (llm.trainer.SYNC_LOGP_TOLERANCE["float32"]); a skipped sync is far above it.
+STALE_MIN = 1e-2
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from llm.serve import ServeConfig, ServerProcess
+
+    proc = ServerProcess(ServeConfig(port=0, max_model_len=64), log=lambda *a: None,
+                         log_file=tmp_path_factory.mktemp("server") / "server.log")
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+def _sampler(server, policy, tok):
+    from llm.sampling.server import ServerSampler
+
+    return ServerSampler(server.url, server.model_path, eos_token_id=tok.eos_token_id, max_model_len=64, timeout=60)
+
+
+def _max_logp_gap(sampler, model, tok, seed=0) -> float:
+    prompts = [tok(p).input_ids for p in arithmetic_task().prompts[::25]]
+    roll = sampler.generate(prompts, 4, 6, 1.0, seed)
+    batch = make_batch([p for p in prompts for _ in range(4)], roll.completion_ids, tok.pad_token_id, "cpu")
+    with torch.no_grad():
+        logp, _ = completion_logprobs(model, batch, 1.0)
+    return float(((padded(roll.logprobs, logp.shape[1], "cpu") - logp).abs() * batch.completion_mask).max())
+
+
+def _perturb(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=g))
+
+
+def _config(tmp_path, server, name, **kw):
+    base = dict(output_dir=str(tmp_path / name), sampler="server", server_url=server.url, progress=False,
+                logging_steps=1000, seed=0, server_timeout=60)
+    return GRPOConfig(**{**base, **kw})
+
+
+def test_sync_over_the_wire_is_exact_and_versioned(server):
+    """Three perturb-and-sync rounds over HTTP + gloo: the stale server is far off before each sync, exactly the
+    trainer after it; the server holds the version the trainer set; the bytes moved are the state dict's."""
+    from llm.sampling.server import ServerError
+
+    policy, tok = load_policy(server.model_path, torch.device("cpu"))
+    sampler = _sampler(server, policy, tok)
+    try:
+        for round_ in range(3):
+            _perturb(policy, round_)
+            if round_ > 0:
+                assert _max_logp_gap(sampler, policy, tok, seed=round_) > STALE_MIN, "must fail without the sync"
+            sampler.load_weights(policy)
+            assert _max_logp_gap(sampler, policy, tok, seed=round_) <= SYNC_ATOL
+            assert sampler.weight_version() == sampler.expected_version == f"{sampler._tag}-{round_ + 1}"
+        assert sampler.last_sync_bytes == sum(t.numel() * t.element_size() for t in policy.state_dict().values())
+        # Another trainer (or a restart) changes the server's weights: caught before any sample is used.
+        sampler._request("POST", "/update_weight_version", json={"new_version": "someone-else"})
+        with pytest.raises(ServerError, match=f"{server.url} holds weights version 'someone-else'"):
+            sampler.generate([[1, 2]], 2, 2, 1.0, 0)
+    finally:
+        sampler.close()
+
+
+def test_bad_url_and_other_model_are_clear_errors_at_start_up(server, tmp_path):
+    from llm.sampling.server import ServerError
+
+    with pytest.raises(ServerError, match=r"cannot reach http://127\.0\.0\.1:9 "):
+        train(_config(tmp_path, server, "bad", server_url="http://127.0.0.1:9"), log=lambda *a: None)
+    other = shutil.copytree(server.model_path, tmp_path / "other_model")
+    with pytest.raises(ServerError, match=f"{server.url} serves .* but the trainer loads {other}"):
+        train(_config(tmp_path, server, "other", model_name_or_path=str(other)), log=lambda *a: None)
+    with pytest.raises(ValueError, match="server_url: sampler 'server' needs"):
+        GRPOConfig(sampler="server")
+
+
+@pytest.mark.slow
+def test_training_against_the_server_raises_exact_j_and_every_sync_is_exact(server, tmp_path):
+    """v = 4 for 80 steps against the server: exact J rises by the learning margin, every sync leaves the server
+    with exactly the trainer's weights, and each sync's size and rate are logged."""
+    rows = read_metrics(train(_config(tmp_path, server, "learn", max_steps=80, sync_period=4), log=lambda *a: None))
+    assert rows[-1]["j/pi_new"] - rows[0]["j/pi_k"] >= LEARNING_MARGIN, (rows[0]["j/pi_k"], rows[-1]["j/pi_new"])
+    for row in rows:
+        if row["lag"] == 0:
+            assert row["sampling/logp_diff_mean"] <= 1e-5
+            assert row["sampling/logp_diff_max"] <= 10 * SYNC_ATOL  # worst of ~1,500 tokens, rare ones included
+            if row["step"] > 0:
+                assert row["sync/mb"] > 1 and row["sync/mb_per_s"] > 0 and row["time/sync"] > 0
+
+
+def test_a_sync_that_moves_no_weights_is_caught(server, tmp_path, monkeypatch, capsys):
+    """A sync that reports success (the version is set) but moves no weights: the lag-0 log-prob check after it
+    fails and the trainer warns; a sync skipped altogether stops the run at the version check."""
+    from llm.sampling.server import ServerError, ServerSampler
+
+    real = ServerSampler.load_weights
+
+    def hollow(self, model):
+        if self.expected_version is None:  # the first sync (the initial weights) is real
+            return real(self, model)
+        self._syncs += 1
+        self.expected_version = f"{self._tag}-{self._syncs}"
+        self._request("POST", "/update_weight_version", json={"new_version": self.expected_version})
+
+    monkeypatch.setattr(ServerSampler, "load_weights", hollow)
+    rows = read_metrics(train(_config(tmp_path, server, "hollow", max_steps=3, beta=0.0), log=lambda *a: None))
+    assert rows[0]["sampling/logp_diff_max"] <= 10 * SYNC_ATOL
+    assert all(r["sampling/logp_diff_max"] > STALE_MIN for r in rows[1:])
+    assert "may hold stale weights" in capsys.readouterr().out
+
+    monkeypatch.setattr(ServerSampler, "load_weights", _skip_after_first(real))
+    with pytest.raises(ServerError, match="holds weights version"):
+        train(_config(tmp_path, server, "skipped", max_steps=3, beta=0.0), log=lambda *a: None)
+
+
+def _skip_after_first(real):
+    """load_weights that syncs once, then bumps only the trainer's expectation (the server never hears of it)."""
+
+    def skip(self, model):
+        if self.expected_version is None:
+            return real(self, model)
+        self._syncs += 1
+        self.expected_version = f"{self._tag}-{self._syncs}"
+
+    return skip
+
+
+@pytest.mark.slow
+def test_server_killed_mid_run_stops_with_a_clear_error_and_the_run_resumes(server, tmp_path):
+    """SIGKILL the server after step 5 (checkpoint after step 3): the next sync fails with one line naming the
+    URL; with the server restarted, the same command resumes (alpha's weights re-sent first) and finishes with
+    every step's row exactly once."""
+    from llm.sampling.server import ServerError
+
+    cfg = _config(tmp_path, server, "killed", max_steps=10, sync_period=2, save_steps=4, beta=0.0)
+
+    def kill_after_step_5(step, row):
+        if step == 5:
+            server.kill()
+
+    with pytest.raises(ServerError) as err:
+        train(cfg, log=lambda *a: None, callbacks=[kill_after_step_5])
+    message = str(err.value)
+    assert server.url in message and "\n" not in message and "rerun the same command" in message
+    server.start()
+    rows = read_metrics(train(cfg, log=lambda *a: None))
+    assert [r["step"] for r in rows] == list(range(10))
+    assert all(r["sampling/logp_diff_max"] <= 10 * SYNC_ATOL for r in rows if r["lag"] == 0)

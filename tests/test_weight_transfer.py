@@ -14,7 +14,6 @@ SYNC_ATOL = 1e-4
 
 
 def test_weight_transfer_api_syncs_the_engine_exactly():
-    from vllm.config import WeightTransferConfig
     from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
     from llm.sampling.vllm_engine import VLLMSampler
@@ -25,8 +24,8 @@ def test_weight_transfer_api_syncs_the_engine_exactly():
     register()
     path = str(tiny_model_dir())
     policy, tok = load_policy(path, torch.device("cpu"))
-    sampler = VLLMSampler(path, dtype="float32", seed=0, max_model_len=64, eos_token_id=tok.eos_token_id,
-                          weight_transfer_config=WeightTransferConfig(backend=BACKEND))
+    sampler = VLLMSampler(path, dtype="float32", seed=0, max_model_len=64, eos_token_id=tok.eos_token_id)
+    assert sampler.llm.llm_engine.vllm_config.weight_transfer_config.backend == BACKEND
     try:
         client = OfflineClient(sampler.llm)
         engine = WeightTransferTrainerFactory.trainer_init(GlooTrainerInitInfo(rank=0), client=client,

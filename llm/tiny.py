@@ -152,3 +152,50 @@ def tiny_model_dir(spec: TinySpec = TinySpec(), log=print) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"tiny model: {n_params / 1e6:.2f}M parameters, sampled accuracy after warm-up {acc:.1%}")
     return final
+
+
+#: Tiny random models of the families users train with GRPO, for the sync tests: 2 layers, hidden 128, 2 heads of
+#: 64 (a head size vLLM's CPU attention supports), the built-in character tokenizer. What each one exercises
+#: (OLMo is left out: loading it in an in-process vLLM engine breaks transformers' own OlmoModel in the same
+#: process, AttributeError 'do_not_compile' in the trainer's forward):
+FAMILIES = {
+    "llama": "separate q/k/v and gate/up in the checkpoint, fused by vLLM; untied output layer",
+    "mistral": "Llama's layout under another name (sliding window off)",
+    "qwen3": "per-head q/k RMS norms",
+    "gemma2": "tied embeddings, logit soft-capping, pre- and post-norms, scaled embeddings",
+    "gemma3": "Gemma 2's layout with q/k norms (text-only model)",
+    "phi3": "q/k/v and gate/up already fused in the checkpoint",
+    "granite": "Llama layout with embedding, residual, attention and logit multipliers",
+}
+
+
+def build_family_model(family: str, path: Path, seed: int = 0) -> Path:
+    """Save a tiny random model of ``family`` (a key of FAMILIES) with the built-in tokenizer to ``path``."""
+    import transformers as tf
+
+    tok = build_tokenizer()
+    common = dict(vocab_size=len(tok), hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=1, intermediate_size=256, max_position_embeddings=64, bos_token_id=None,
+                  eos_token_id=1, pad_token_id=0)
+    configs = {
+        "llama": lambda: (tf.LlamaConfig(**common, tie_word_embeddings=False), tf.LlamaForCausalLM),
+        "mistral": lambda: (tf.MistralConfig(**common, sliding_window=None), tf.MistralForCausalLM),
+        "qwen3": lambda: (tf.Qwen3Config(**common, head_dim=64, tie_word_embeddings=True), tf.Qwen3ForCausalLM),
+        "gemma2": lambda: (tf.Gemma2Config(**common, head_dim=64, query_pre_attn_scalar=64, sliding_window=64,
+                                           attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+                           tf.Gemma2ForCausalLM),
+        "gemma3": lambda: (tf.Gemma3TextConfig(**common, head_dim=64, query_pre_attn_scalar=64, sliding_window=64),
+                           tf.Gemma3ForCausalLM),
+        "phi3": lambda: (tf.Phi3Config(**common, tie_word_embeddings=False), tf.Phi3ForCausalLM),
+        "granite": lambda: (tf.GraniteConfig(**common, embedding_multiplier=2.0, residual_multiplier=0.5,
+                                             attention_multiplier=0.125, logits_scaling=2.0), tf.GraniteForCausalLM),
+    }
+    if family not in configs:
+        raise ValueError(f"family: expected one of {', '.join(configs)}, got {family!r}")
+    config, cls = configs[family]()
+    torch.manual_seed(seed)
+    model = cls(config)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

@@ -40,7 +40,7 @@ from .loss import LossStats, grpo_loss, loss_weights
 from .model import Precision, copy_weights, frozen_copy, load_policy, resolve_device, resolve_model_path
 from .rollout import RolloutWindow
 from .rundir import RunDir
-from .sampling import Rollout, Sampler, TransformersSampler, make_sampler
+from .sampling import Rollout, Sampler, TransformersSampler, make_sampler, probe_sync
 from .tasks import TokenizedTask, load_task
 
 #: Warn when sampler and trainer log-probs of the same tokens differ by more than this (worst token of
@@ -90,6 +90,9 @@ def setup(config: GRPOConfig, log=print) -> tuple[Models, TokenizedTask, str]:
     opt = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     longest = max(map(len, bound.prompt_ids + bound.test_prompt_ids))
     sampler = make_sampler(config, policy, tokenizer, model_path, longest)
+    if config.verify_sync and sampler.name in ("vllm", "server"):  # refuse an architecture the sync cannot reach
+        probe_sync(sampler, policy, bound.prompt_ids[:2], config.temperature, Precision.from_config(config),
+                   SYNC_LOGP_TOLERANCE[config.dtype])
     alpha = sampler.model if isinstance(sampler, TransformersSampler) else frozen_copy(policy)
     ref = frozen_copy(policy) if config.beta > 0 else None
     return Models(policy, opt, sampler, alpha, ref, tokenizer, device, Precision.from_config(config)), bound, model_path

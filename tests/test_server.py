@@ -117,20 +117,27 @@ def test_training_against_the_server_raises_exact_j_and_every_sync_is_exact(serv
 
 
 def test_a_sync_that_moves_no_weights_is_caught(server, tmp_path, monkeypatch, capsys):
-    """A sync that reports success (the version is set) but moves no weights: the lag-0 log-prob check after it
-    fails and the trainer warns; a sync skipped altogether stops the run at the version check."""
+    """A sync that reports success (the version is set) but moves no weights: from the start, the start-up probe
+    refuses the run; later in a run, the lag-0 log-prob check after it fails and the trainer warns. A sync skipped
+    altogether stops the run at the version check."""
     from llm.sampling.server import ServerError, ServerSampler
 
     real = ServerSampler.load_weights
 
-    def hollow(self, model):
-        if self.expected_version is None:  # the first sync (the initial weights) is real
-            return real(self, model)
-        self._syncs += 1
-        self.expected_version = f"{self._tag}-{self._syncs}"
-        self._request("POST", "/update_weight_version", json={"new_version": self.expected_version})
+    def hollow_after(n_real):
+        def load(self, model):
+            if self._syncs < n_real:
+                return real(self, model)
+            self._syncs += 1
+            self.expected_version = f"{self._tag}-{self._syncs}"
+            self._request("POST", "/update_weight_version", json={"new_version": self.expected_version})
+        return load
 
-    monkeypatch.setattr(ServerSampler, "load_weights", hollow)
+    monkeypatch.setattr(ServerSampler, "load_weights", hollow_after(1))  # the probe's sync is hollow
+    with pytest.raises(ValueError, match="do not reach its forward pass for Qwen2ForCausalLM"):
+        train(_config(tmp_path, server, "hollow0", max_steps=3, beta=0.0), log=lambda *a: None)
+
+    monkeypatch.setattr(ServerSampler, "load_weights", hollow_after(3))  # initial + the probe's two are real
     rows = read_metrics(train(_config(tmp_path, server, "hollow", max_steps=3, beta=0.0), log=lambda *a: None))
     assert rows[0]["sampling/logp_diff_max"] <= 10 * SYNC_ATOL
     assert all(r["sampling/logp_diff_max"] > STALE_MIN for r in rows[1:])

@@ -15,7 +15,8 @@ import torch
 from .base import Rollout, Sampler
 from .hf_generate import TransformersSampler
 
-__all__ = ["Rollout", "Sampler", "TransformersSampler", "make_sampler", "max_model_len"]
+__all__ = ["Rollout", "Sampler", "TransformersSampler", "check_vllm_supports", "make_sampler", "max_model_len",
+           "probe_sync"]
 
 
 def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
@@ -26,6 +27,8 @@ def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, ma
         from .vllm_engine import vllm_available
 
         kind = "vllm" if vllm_available() else "transformers"
+    if kind in ("vllm", "server"):
+        check_vllm_supports(policy)
     if kind == "server":
         from .server import ServerSampler
 
@@ -36,6 +39,10 @@ def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, ma
         return sampler
     if kind == "vllm":
         from .vllm_engine import VLLMSampler
+
+        if any(a.startswith("Olmo") for a in getattr(policy.config, "architectures", None) or []):
+            raise ValueError("sampler: an in-process vLLM engine breaks transformers' OLMo model in the same process "
+                             "(AttributeError 'do_not_compile'); use --sampler transformers or --sampler server")
 
         return VLLMSampler(model_path, dtype=config.dtype, seed=config.seed,
                            max_model_len=max_model_len(policy, config, max_prompt_tokens),
@@ -51,3 +58,56 @@ def max_model_len(model: torch.nn.Module, config, max_prompt_tokens: int) -> int
         raise ValueError(f"max_completion_length: prompts of {max_prompt_tokens} tokens plus "
                          f"{config.max_completion_length} generated exceed the model's {limit} positions")
     return need
+
+
+#: The start-up probe's perturbation: weights move by this times their own scale (enough that an engine which
+#: missed them is off by far more than the float32 tolerance).
+PROBE_NOISE = 0.05
+
+
+def probe_sync(sampler: Sampler, policy: torch.nn.Module, prompts: list[list[int]], temperature: float,
+               precision, tolerance: float) -> float:
+    """Prove at start-up that weights reach the sampler for this model's architecture: sync a perturbed copy
+    of the policy, sample, compare the sampler's log-probs with the copy's, then sync the policy back.
+    Returns the worst gap; raises ``ValueError`` (one line, naming the architecture) above ``tolerance``."""
+    from ..batch import completion_logprobs, make_batch, padded
+    from ..model import frozen_copy
+
+    device = next(policy.parameters()).device
+    probe = frozen_copy(policy)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    with torch.no_grad():
+        for p in probe.parameters():
+            if p.numel() > 1:
+                noise = torch.randn(p.shape, generator=g).to(device=device, dtype=p.dtype)
+                p.add_(PROBE_NOISE * p.float().std().clamp_min(1e-3).to(p.dtype) * noise)
+    try:
+        sampler.load_weights(probe)
+        roll = sampler.generate(prompts, 2, 4, temperature, 0)
+        batch = make_batch([p for p in prompts for _ in range(2)], roll.completion_ids, 0, device)
+        with torch.no_grad():
+            logp, _ = completion_logprobs(probe, batch, temperature, precision)
+        gap = float(((padded(roll.logprobs, logp.shape[1], device) - logp).abs() * batch.completion_mask).max())
+    finally:
+        sampler.load_weights(policy)
+    if not gap <= tolerance:
+        arch = ",".join(getattr(policy.config, "architectures", None) or [type(policy).__name__])
+        raise ValueError(f"sampler: weights synced into the {sampler.name} sampler do not reach its forward pass for "
+                         f"{arch} (log-prob gap {gap:.2e} > {tolerance:g} after a sync); this architecture cannot "
+                         "be trained with it: use --sampler transformers")
+    return gap
+
+
+def check_vllm_supports(policy: torch.nn.Module) -> None:
+    """Refuse at start-up what vLLM's CPU attention cannot run (it fails deep inside the engine otherwise)."""
+    if torch.cuda.is_available():
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    cfg = policy.config
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head not in sizes:
+        arch = ",".join(getattr(cfg, "architectures", None) or [type(policy).__name__])
+        raise ValueError(f"sampler: vLLM's CPU attention does not support this model's head size {head} ({arch}; "
+                         f"supported: {', '.join(map(str, sizes))}); use --sampler transformers")

@@ -64,7 +64,12 @@ class VLLMSampler:
             register()
             kwargs["weight_transfer_config"] = WeightTransferConfig(backend=BACKEND)
         t0 = time.perf_counter()
-        self.llm = LLM(**kwargs)
+        try:
+            self.llm = LLM(**kwargs)
+        except (ValueError, RuntimeError, NotImplementedError, KeyError) as exc:  # vLLM's refusals, one line
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"sampler: vLLM cannot run {model_path}: {first} (VLLM_LOGGING_LEVEL=INFO shows its "
+                             "log; --sampler transformers avoids vLLM)") from None
         self.start_seconds = time.perf_counter() - t0
         torch.set_num_threads(threads)  # vLLM drops torch to one thread for serving; the trainer needs them
         self.eos = eos_token_id

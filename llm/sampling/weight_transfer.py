@@ -116,7 +116,13 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
             flat = torch.empty(sum(s.numel() for s in shapes), dtype=getattr(torch, dtype_name))
             self.group.broadcast(flat, 0).wait()
             tensors = [t.view(s) for t, s in zip(flat.split([s.numel() for s in shapes]), shapes)]
-            self.model.load_weights(weights=[(update_info.names[i], t) for i, t in zip(idx, tensors)])
+            self.model.load_weights(weights=[(update_info.names[i], t) for i, t in zip(idx, tensors)
+                                             if self._wants(update_info.names[i])])
+
+    def _wants(self, name: str) -> bool:
+        """Every tensor but a tied output layer the vLLM model does not have (Gemma computes the logits with the
+        embedding and has no ``lm_head``; Qwen2 keeps one, refreshed only when it arrives)."""
+        return not (name.startswith("lm_head.") and not hasattr(self.model, "lm_head"))
 
     def shutdown(self) -> None:
         self.group = None

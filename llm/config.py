@@ -113,6 +113,12 @@ class GRPOConfig:
     tv_diagnostics: bool = True
     """Log Monte-Carlo estimates of the chain-rule upper bound on TV from full next-token distributions
     (``*_chain_ub_est``; needs alpha's forward at every step)."""
+    insample_diagnostics: bool = True
+    """Log the in-sample estimates of the terms involving pi_{k+1} (``insample/*``): one more forward pass of the
+    updated policy over the training batch per step (about 1.5 s of a 9 s step on the benchmark model). They
+    are biased upwards (pi_{k+1} was fitted to these samples; docs/theory.md, §8); ``--heldout-prompts``
+    gives unbiased ones. Off: the step skips that pass; the pi_k quantities (TV(pi_k, alpha), the lag
+    penalty, the sync check) need no extra pass and stay."""
     exact_j: bool = True
     """When the task allows it (the built-in task), log the exact J(pi_k), J(pi_{k+1}) over the training
     prompts and the exact improvement (one forward pass over the accepted completions per step)."""

@@ -238,10 +238,8 @@ def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, l
 def diagnose(config: GRPOConfig, models: Models, batch: Batch, rewards: np.ndarray, groups: Groups,
              roll: Rollout, behaviour: Behaviour, optimised: Optimised) -> dict[str, float]:
     """Metrics of the step on the training batch: rollout statistics, the loss's statistics, the unbiased
-    pi_k quantities and the in-sample estimates of the terms involving pi_{k+1} (one forward pass of it)."""
-    with torch.no_grad():
-        logp_new, full_new = completion_logprobs(models.policy, batch, config.temperature, models.precision,
-                                                 full=config.tv_diagnostics)
+    pi_k quantities and (``insample_diagnostics``) the in-sample estimates of the terms involving pi_{k+1}
+    (one forward pass of it)."""
     cm = batch.completion_mask
     P, G = rewards.shape
     log_w_k = dg.sequence_log_ratio(optimised.logp_k, behaviour.logp, cm, P, G)
@@ -250,13 +248,18 @@ def diagnose(config: GRPOConfig, models: Models, batch: Batch, rewards: np.ndarr
     row["grad_norm"] = optimised.grad_norm
     row.update(optimised.stats.metrics())
     row.update(dg.group_metrics(rewards, log_w_k, config.variance_eps))
-    insample = dg.bound_estimates(rewards, log_w_k, dg.sequence_log_ratio(logp_new, behaviour.logp, cm, P, G),
-                                  config.variance_eps)
-    del insample["tv/pi_k_alpha"]  # the same number as the top-level (unbiased) tv/pi_k_alpha
-    row.update(dg.prefixed("insample", insample))
     if behaviour.full is not None:
         row["tv/pi_k_alpha_chain_ub_est"] = dg.chain_tv_estimate(optimised.full_k, behaviour.full, cm)
-        row["insample/tv/pi_new_alpha_chain_ub_est"] = dg.chain_tv_estimate(full_new, behaviour.full, cm)
+    if config.insample_diagnostics:
+        with torch.no_grad():
+            logp_new, full_new = completion_logprobs(models.policy, batch, config.temperature, models.precision,
+                                                     full=config.tv_diagnostics)
+        insample = dg.bound_estimates(rewards, log_w_k, dg.sequence_log_ratio(logp_new, behaviour.logp, cm, P, G),
+                                      config.variance_eps)
+        del insample["tv/pi_k_alpha"]  # the same number as the top-level (unbiased) tv/pi_k_alpha
+        row.update(dg.prefixed("insample", insample))
+        if behaviour.full is not None:
+            row["insample/tv/pi_new_alpha_chain_ub_est"] = dg.chain_tv_estimate(full_new, behaviour.full, cm)
     if behaviour.from_sampler is not None and behaviour.recomputed is not None:
         row.update(dg.sampler_gap(behaviour.from_sampler, behaviour.recomputed, cm))
     return row

@@ -97,6 +97,32 @@ def test_lag0_check_reuses_the_pi_k_forward_and_still_catches_a_skipped_sync(tmp
     assert all(r["sampling/logp_diff_max"] > 1e-2 for r in rows[1:])
 
 
+def test_insample_diagnostics_off_skips_only_the_insample_estimates(tmp_path, monkeypatch):
+    """--no-insample-diagnostics: no insample/* key and one policy forward fewer per step; the unbiased pi_k
+    quantities, the held-out estimates and the sync check stay."""
+    import llm.trainer as trainer
+
+    real, policy_calls = trainer.completion_logprobs, []
+
+    def counting(model, *args, **kw):
+        if any(p.requires_grad for p in model.parameters()):
+            policy_calls.append(1)
+        return real(model, *args, **kw)
+
+    monkeypatch.setattr(trainer, "completion_logprobs", counting)
+    counts = {}
+    for on in (True, False):
+        policy_calls.clear()
+        cfg = _config(tmp_path, f"insample_{on}", max_steps=2, beta=0.0, heldout_prompts=4, insample_diagnostics=on)
+        rows = read_metrics(train(cfg, log=lambda *a: None))
+        counts[on] = len(policy_calls)
+        assert any(k.startswith("insample/") for k in rows[0]) == on
+        for key in ("tv/pi_k_alpha", "tv/pi_k_alpha_chain_ub_est", "heldout/bound/lower", "heldout/improvement",
+                    "improvement", "sampling/logp_diff_max"):
+            assert key in rows[0], key
+    assert counts[True] - counts[False] == 2  # one pass of pi_{k+1} over the training batch per step
+
+
 @pytest.mark.slow
 def test_resume_continues_the_same_run(tmp_path):
     """An interrupted run resumed from its checkpoint equals an uninterrupted one, row for row."""

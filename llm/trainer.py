@@ -91,8 +91,8 @@ def setup(config: GRPOConfig, log=print) -> tuple[Models, TokenizedTask, str]:
     longest = max(map(len, bound.prompt_ids + bound.test_prompt_ids))
     sampler = make_sampler(config, policy, tokenizer, model_path, longest)
     if config.verify_sync and sampler.name in ("vllm", "server"):  # refuse an architecture the sync cannot reach
-        probe_sync(sampler, policy, bound.prompt_ids[:2], config.temperature, Precision.from_config(config),
-                   SYNC_LOGP_TOLERANCE[config.dtype])
+        probe_sync(sampler, policy, bound.prompt_ids[:2], tokenizer.pad_token_id, config.temperature,
+                   Precision.from_config(config), SYNC_LOGP_TOLERANCE[config.dtype])
     alpha = sampler.model if isinstance(sampler, TransformersSampler) else frozen_copy(policy)
     ref = frozen_copy(policy) if config.beta > 0 else None
     return Models(policy, opt, sampler, alpha, ref, tokenizer, device, Precision.from_config(config)), bound, model_path

@@ -38,7 +38,7 @@ def server(tmp_path_factory):
     proc.stop()
 
 
-def _sampler(server, policy, tok):
+def _sampler(server, tok):
     from llm.sampling.server import ServerSampler
 
     return ServerSampler(server.url, server.model_path, eos_token_id=tok.eos_token_id, max_model_len=64, timeout=60)
@@ -72,7 +72,7 @@ def test_sync_over_the_wire_is_exact_and_versioned(server):
     from llm.sampling.server import ServerError
 
     policy, tok = load_policy(server.model_path, torch.device("cpu"))
-    sampler = _sampler(server, policy, tok)
+    sampler = _sampler(server, tok)
     try:
         for round_ in range(3):
             _perturb(policy, round_)

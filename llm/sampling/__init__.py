@@ -65,8 +65,8 @@ def max_model_len(model: torch.nn.Module, config, max_prompt_tokens: int) -> int
 PROBE_NOISE = 0.05
 
 
-def probe_sync(sampler: Sampler, policy: torch.nn.Module, prompts: list[list[int]], temperature: float,
-               precision, tolerance: float) -> float:
+def probe_sync(sampler: Sampler, policy: torch.nn.Module, prompts: list[list[int]], pad_token_id: int,
+               temperature: float, precision, tolerance: float) -> float:
     """Prove at start-up that weights reach the sampler for this model's architecture: sync a perturbed copy
     of the policy, sample, compare the sampler's log-probs with the copy's, then sync the policy back.
     Returns the worst gap; raises ``ValueError`` (one line, naming the architecture) above ``tolerance``."""
@@ -84,7 +84,7 @@ def probe_sync(sampler: Sampler, policy: torch.nn.Module, prompts: list[list[int
     try:
         sampler.load_weights(probe)
         roll = sampler.generate(prompts, 2, 4, temperature, 0)
-        batch = make_batch([p for p in prompts for _ in range(2)], roll.completion_ids, 0, device)
+        batch = make_batch([p for p in prompts for _ in range(2)], roll.completion_ids, pad_token_id, device)
         with torch.no_grad():
             logp, _ = completion_logprobs(probe, batch, temperature, precision)
         gap = float(((padded(roll.logprobs, logp.shape[1], device) - logp).abs() * batch.completion_mask).max())

@@ -6,7 +6,7 @@
 - weight sync: vLLM's weight-transfer handshake over its RL routes (``HTTPVLLMWeightSyncClient``) with
   the project's ``gloo_cpu`` backend on CPU or vLLM's ``nccl`` on CUDA;
 - weight versions: every sync ends with a version unique to this trainer process and sync
-  (``/finish_weight_update``), and every generation call first checks ``/weight_info``, so a server that
+  (``/update_weight_version``), and every generation call first checks ``/weight_info``, so a server that
   restarted (or was synced by someone else) is caught before a single sample of it is used;
 - faults: every request has a timeout; an unreachable or failing server raises ``ServerError``, a
   one-line message naming the URL (the trainer's last checkpoint is untouched).
@@ -17,7 +17,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import secrets
-import time
 from pathlib import Path
 
 import torch
@@ -62,7 +61,6 @@ class ServerSampler:
         self.expected_version: str | None = None
         self.engine = None
         self.last_sync_bytes = 0
-        self.last_sync_seconds = 0.0
         served = self._get("/v1/models")["data"]
         if not _same_model(served, model_path):
             names = ", ".join(sorted({m.get("root") or m.get("id") for m in served}))
@@ -131,13 +129,11 @@ class ServerSampler:
         """alpha <- ``model``: a full round of vLLM's weight-transfer handshake, then a version check."""
         from .weight_transfer import CheckpointSource
 
-        t0 = time.perf_counter()
         engine = self._engine(CheckpointSource(model))
         self._syncs += 1
         version = f"{self._tag}-{self._syncs}"
         engine.send_weights()  # start, update (+ the transfer), finish: vLLM's handshake, any backend
         self._request("POST", "/update_weight_version", json={"new_version": version})
-        self.last_sync_seconds = time.perf_counter() - t0
         self.last_sync_bytes = sum(t.numel() * t.element_size() for _, t in engine.source)
         self.expected_version = version
         self.check_version()

@@ -52,8 +52,9 @@ class RunDir:
         if self.checkpoint_path.is_file():
             old_path = self.path / "config.json"
             if old_path.is_file():
-                old = json.loads(old_path.read_text())
                 new = json.loads(self.config.to_json())
+                # A field the stored config lacks was added after that run started, which ran with its default.
+                old = {**json.loads(GRPOConfig().to_json()), **json.loads(old_path.read_text())}
                 diff = sorted(k for k in set(old) | set(new) if k not in RESUMABLE_FIELDS and old.get(k) != new.get(k))
                 if diff:
                     raise ValueError(

@@ -152,6 +152,26 @@ def test_resume_refuses_a_different_config(tmp_path):
         train(cfg.replace(sync_period=3), log=lambda *a: None)
 
 
+def test_a_run_from_before_a_new_config_field_resumes_and_a_changed_one_is_refused(tmp_path):
+    """A config.json written before a field existed (here: insample_diagnostics) compares as the field's default,
+    so such a run resumes; the same field set to another value is still a different config."""
+    import json
+
+    from llm.rundir import RunDir
+
+    cfg = _config(tmp_path, "old")
+    run = RunDir(cfg)
+    run.path.mkdir(parents=True)
+    stored = json.loads(cfg.to_json())
+    del stored["insample_diagnostics"]
+    (run.path / "config.json").write_text(json.dumps(stored))
+    torch.save({"step": 3}, run.checkpoint_path)
+    assert RunDir(cfg).open()["step"] == 3
+    (run.path / "config.json").write_text(json.dumps(stored))
+    with pytest.raises(ValueError, match=r"different config \(insample_diagnostics\)"):
+        RunDir(cfg.replace(insample_diagnostics=False)).open()
+
+
 def test_metrics_rows_after_the_checkpoint_are_dropped_on_resume(tmp_path):
     from llm.rundir import RunDir
 

@@ -92,7 +92,9 @@ def setup(config: GRPOConfig, log=print) -> tuple[Models, TokenizedTask, str]:
     sampler = make_sampler(config, policy, tokenizer, model_path, longest)
     if config.verify_sync and sampler.name in ("vllm", "server"):  # refuse an architecture the sync cannot reach
         probe_sync(sampler, policy, bound.prompt_ids[:2], tokenizer.pad_token_id, config.temperature,
-                   Precision.from_config(config), SYNC_LOGP_TOLERANCE[config.dtype])
+                   Precision.from_config(config), SYNC_LOGP_TOLERANCE[config.dtype])  # ends with the policy's weights
+    elif sampler.name == "server":  # a server's weights may be anyone's: send the initial policy
+        sampler.load_weights(policy)
     alpha = sampler.model if isinstance(sampler, TransformersSampler) else frozen_copy(policy)
     ref = frozen_copy(policy) if config.beta > 0 else None
     return Models(policy, opt, sampler, alpha, ref, tokenizer, device, Precision.from_config(config)), bound, model_path
@@ -168,15 +170,16 @@ def behaviour_logprobs(config: GRPOConfig, models: Models, batch: Batch, roll: R
                        diagnostics: bool = True) -> Behaviour:
     """log alpha from the sampler, recomputed by the trainer when the config needs it, and right after
     every sync when ``verify_sync`` is on, so a stale sampler is always caught. At lag 0 (right after a
-    sync) the recomputation is pi_k's forward, which ``optimise`` does anyway: no extra pass (``from_pi_k``).
-    ``diagnostics=False`` (held-out completions): recompute only if the loss's convention needs it."""
+    sync) the recomputation is pi_k's forward, which the caller has or will have anyway: no extra pass
+    (``from_pi_k``; resolved with ``Behaviour.with_pi_k``). ``diagnostics=False`` (held-out completions):
+    recompute only if the loss's convention needs it."""
     T = batch.completion_ids.shape[1]
     from_sampler = padded(roll.logprobs, T, models.device) if roll.logprobs is not None else None
     recomputed = full = None
     need = config.behaviour_logprobs == "recompute" or from_sampler is None
     check = diagnostics and (config.tv_diagnostics or (lag == 0 and config.verify_sync))
     use_sampler = config.behaviour_logprobs == "sampler" and from_sampler is not None
-    if diagnostics and lag == 0 and (need or check):
+    if lag == 0 and (need or check):
         return Behaviour(from_sampler if use_sampler else None, from_sampler, None, None, from_pi_k=True)
     if need or check:
         with torch.no_grad():
@@ -284,11 +287,7 @@ def prepare_heldout(config: GRPOConfig, models: Models, task: TokenizedTask, pro
                        models.tokenizer.pad_token_id, models.device)
     with torch.no_grad():
         logp_k, _ = completion_logprobs(models.policy, batch, config.temperature, models.precision)
-    recompute = config.behaviour_logprobs == "recompute" or roll.logprobs is None
-    if lag == 0 and recompute:  # alpha's weights are pi_k's: the recomputed log alpha is log pi_k
-        logp_alpha = logp_k
-    else:
-        logp_alpha = behaviour_logprobs(config, models, batch, roll, lag, diagnostics=False).logp
+    logp_alpha = behaviour_logprobs(config, models, batch, roll, lag, diagnostics=False).with_pi_k(logp_k, None).logp
     return Heldout(rewards, batch, logp_alpha, logp_k)
 
 

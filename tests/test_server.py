@@ -133,11 +133,11 @@ def test_a_sync_that_moves_no_weights_is_caught(server, tmp_path, monkeypatch, c
             self._request("POST", "/update_weight_version", json={"new_version": self.expected_version})
         return load
 
-    monkeypatch.setattr(ServerSampler, "load_weights", hollow_after(1))  # the probe's sync is hollow
+    monkeypatch.setattr(ServerSampler, "load_weights", hollow_after(0))  # the probe's syncs are hollow
     with pytest.raises(ValueError, match="do not reach its forward pass for Qwen2ForCausalLM"):
         train(_config(tmp_path, server, "hollow0", max_steps=3, beta=0.0), log=lambda *a: None)
 
-    monkeypatch.setattr(ServerSampler, "load_weights", hollow_after(3))  # initial + the probe's two are real
+    monkeypatch.setattr(ServerSampler, "load_weights", hollow_after(2))  # the probe's two syncs are real
     rows = read_metrics(train(_config(tmp_path, server, "hollow", max_steps=3, beta=0.0), log=lambda *a: None))
     assert rows[0]["sampling/logp_diff_max"] <= 10 * SYNC_ATOL
     assert all(r["sampling/logp_diff_max"] > STALE_MIN for r in rows[1:])

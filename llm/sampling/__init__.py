@@ -20,8 +20,8 @@ __all__ = ["Rollout", "Sampler", "TransformersSampler", "check_vllm_supports", "
 
 
 def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
-    """The sampler ``config.sampler`` names ('auto': vLLM when it imports), holding alpha = the initial policy
-    (a server, whose weights may be anyone's, is sent the policy's weights first)."""
+    """The sampler ``config.sampler`` names ('auto': vLLM when it imports), holding alpha = the initial policy;
+    a server holds whatever it was last sent until ``load_weights`` (``llm.trainer.setup`` sends the policy)."""
     kind = config.sampler
     if kind == "auto":
         from .vllm_engine import vllm_available
@@ -32,11 +32,9 @@ def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, ma
     if kind == "server":
         from .server import ServerSampler
 
-        sampler = ServerSampler(config.server_url, model_path, eos_token_id=tokenizer.eos_token_id,
-                                max_model_len=max_model_len(policy, config, max_prompt_tokens),
-                                timeout=config.server_timeout, sync_host=config.server_sync_address)
-        sampler.load_weights(policy)
-        return sampler
+        return ServerSampler(config.server_url, model_path, eos_token_id=tokenizer.eos_token_id,
+                             max_model_len=max_model_len(policy, config, max_prompt_tokens),
+                             timeout=config.server_timeout, sync_host=config.server_sync_address)
     if kind == "vllm":
         from .vllm_engine import VLLMSampler
 

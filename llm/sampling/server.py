@@ -134,7 +134,7 @@ class ServerSampler:
         version = f"{self._tag}-{self._syncs}"
         engine.send_weights()  # start, update (+ the transfer), finish: vLLM's handshake, any backend
         self._request("POST", "/update_weight_version", json={"new_version": version})
-        self.last_sync_bytes = sum(t.numel() * t.element_size() for _, t in engine.source)
+        self.last_sync_bytes = engine.source.nbytes()
         self.expected_version = version
         self.check_version()
 

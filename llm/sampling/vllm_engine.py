@@ -77,13 +77,13 @@ class VLLMSampler:
         self.last_sync_bytes = 0
 
     def load_weights(self, model: torch.nn.Module) -> None:
-        threads = torch.get_num_threads()
-        if self.cuda:
-            self.llm.collective_rpc(_sync_cuda, args=({k: v.detach() for k, v in model.state_dict().items()},))
-        else:
-            from .weight_transfer import CheckpointSource, GlooTrainerInitInfo, OfflineClient
+        from .weight_transfer import CheckpointSource, GlooTrainerInitInfo, OfflineClient
 
-            source = CheckpointSource(model)
+        threads = torch.get_num_threads()
+        source = CheckpointSource(model)
+        if self.cuda:
+            self.llm.collective_rpc(_sync_cuda, args=(dict(source),))
+        else:
             if self.transfer is None:
                 from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
@@ -91,7 +91,7 @@ class VLLMSampler:
                     GlooTrainerInitInfo(rank=0), client=OfflineClient(self.llm), source=source)
             self.transfer.source = source
             self.transfer.send_weights()
-        self.last_sync_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        self.last_sync_bytes = source.nbytes()
         torch.set_num_threads(threads)
 
     def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int) -> Rollout:

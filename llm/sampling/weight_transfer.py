@@ -206,6 +206,10 @@ class CheckpointSource(WeightSource):
     def __iter__(self):
         return ((k, v.detach()) for k, v in self.model.state_dict().items())
 
+    def nbytes(self) -> int:
+        """Bytes one round sends (every tensor of the state dict)."""
+        return sum(t.numel() * t.element_size() for _, t in self)
+
 
 class HTTPClient:
     """vLLM's HTTP weight-sync client (``HTTPVLLMWeightSyncClient``) whose failures become one exception:

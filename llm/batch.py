@@ -1,4 +1,4 @@
-"""A step's sequences as tensors, and the log-probabilities of their completion tokens.
+"""A step's sequences as tensors, whole or in micro-batches (log-probabilities: ``llm.logprobs``).
 
 Prompts are left-padded and completions right-padded, so every completion starts at the same column
 ``prompt_width`` and positions are counted from each sequence's first real token (as in generation).
@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from .model import Precision
 
 
 @dataclass
@@ -23,6 +21,25 @@ class Batch:
     completion_ids: torch.Tensor  # (B, T)
     completion_mask: torch.Tensor  # (B, T) float, 1 on generated tokens (EOS included)
     prompt_width: int
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    def rows(self, start: int, stop: int) -> "Batch":
+        """Sequences ``start:stop`` (same columns)."""
+        s = slice(start, stop)
+        return Batch(self.input_ids[s], self.attention_mask[s], self.position_ids[s], self.completion_ids[s],
+                     self.completion_mask[s], self.prompt_width)
+
+    def micro_batches(self, size: int) -> list["Batch"]:
+        """Consecutive slices of ``size`` sequences (the last may be shorter); ``size`` 0: the whole batch."""
+        return [self.rows(s.start, s.stop) for s in self.slices(size)]
+
+    def slices(self, size: int) -> list[slice]:
+        """The row ranges of ``micro_batches(size)``, for slicing per-row tensors alongside."""
+        size = size if size > 0 else self.size
+        return [slice(s, s + size) for s in range(0, self.size, size)]
 
 
 def make_batch(prompt_ids: list[list[int]], completions: list[list[int]], pad: int, device) -> Batch:
@@ -43,17 +60,3 @@ def make_batch(prompt_ids: list[list[int]], completions: list[list[int]], pad: i
 def padded(rows: list[list[float]], t: int, device) -> torch.Tensor:
     """Ragged per-token values (e.g. a sampler's log-probs) as a zero-padded (B, t) float32 tensor."""
     return torch.tensor([r + [0.0] * (t - len(r)) for r in rows], dtype=torch.float32, device=device)
-
-
-def completion_logprobs(model, batch: Batch, temperature: float, precision: Precision = Precision(),
-                        full: bool = False):
-    """log softmax(logits / T) of the completion tokens, float32, (B, T); with ``full`` also the
-    whole next-token distributions (B, T, V). Returns ``(logp, logp_full or None)``."""
-    with precision.autocast(batch.input_ids.device):
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                       position_ids=batch.position_ids, use_cache=False).logits
-    t = batch.completion_ids.shape[1]
-    logits = logits[:, batch.prompt_width - 1: batch.prompt_width - 1 + t].float() / temperature
-    logp_full = torch.log_softmax(logits, dim=-1)
-    logp = logp_full.gather(-1, batch.completion_ids[..., None]).squeeze(-1)
-    return (logp, logp_full) if full else (logp, None)

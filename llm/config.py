@@ -90,6 +90,21 @@ class GRPOConfig:
     """Largest number of generated tokens per completion."""
     temperature: float = 1.0
     """Sampling temperature; log-probabilities on both sides are of softmax(logits / temperature)."""
+    per_device_train_batch_size: int = 0
+    """Completions per forward and backward pass (a micro-batch; TRL's name). The P x G completions of a step
+    run in ceil(P x G / this) micro-batches whose gradients add up to one optimiser step (TRL's
+    gradient_accumulation_steps is that count: ``gradient_accumulation_steps`` below); the loss's normalisers,
+    the zero-variance mask and the logged statistics are the whole step's, so the gradient does not depend on
+    the split. Every other pass of the step (alpha, pi_ref, diagnostics) runs in micro-batches of the same size.
+    0: the whole step in one pass (fastest on the built-in model; use 4-16 on real models)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (transformers'
+    gradient checkpointing): activation memory of a micro-batch drops from about one layer's worth per layer
+    to one hidden state per layer, for about one more forward pass of compute."""
+    logit_chunk_tokens: int = 0
+    """Completion tokens whose full-vocabulary logits exist at once (the output layer runs chunk by chunk; in
+    the backward pass a chunk's logits are recomputed). 0: 256 MB of float32 logits per chunk (441 tokens for
+    a 151,936-token vocabulary)."""
 
     # ---- machinery -------------------------------------------------------------------------
     sampler: Literal["auto", "vllm", "server", "transformers"] = "auto"
@@ -157,6 +172,9 @@ class GRPOConfig:
         require(self, self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0")
         require(self, self.max_completion_length >= 1, "max_completion_length", "must be >= 1")
         require(self, self.temperature > 0, "temperature", "must be > 0")
+        require(self, self.per_device_train_batch_size >= 0, "per_device_train_batch_size",
+                "must be >= 0 (0: the whole step in one pass)")
+        require(self, self.logit_chunk_tokens >= 0, "logit_chunk_tokens", "must be >= 0 (0: automatic)")
         require(self, self.logging_steps >= 1, "logging_steps", "must be >= 1")
         require(self, self.save_steps >= 0, "save_steps", "must be >= 0")
         require(self, self.num_threads >= 0, "num_threads", "must be >= 0")
@@ -174,6 +192,12 @@ class GRPOConfig:
     @property
     def completions_per_step(self) -> int:
         return self.prompts_per_step * self.num_generations
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """Micro-batches per optimiser step (TRL's name): ceil(P x G / per_device_train_batch_size)."""
+        size = self.per_device_train_batch_size or self.completions_per_step
+        return -(-self.completions_per_step // size)
 
     @property
     def num_syncs(self) -> int:

@@ -32,6 +32,8 @@ import torch
 
 import grpo_theory as gt
 
+from .logprobs import TokenDists
+
 
 def tv_rows(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
     """Half-L1 distance between the rows of two (..., V) log-probability tensors (the TV convention of
@@ -39,15 +41,9 @@ def tv_rows(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
     return 0.5 * (logp_a.float().exp() - logp_b.float().exp()).abs().sum(dim=-1)
 
 
-def entropy_rows(logp: torch.Tensor) -> torch.Tensor:
-    """Entropy of each row of a (..., V) log-probability tensor, in nats."""
-    p = logp.float().exp()
-    return -(p * logp.float()).sum(dim=-1)
-
-
-def mean_entropy(logp_full: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean next-token entropy over the completion positions where ``mask`` (B, T) is 1."""
-    return float((entropy_rows(logp_full) * mask).sum() / mask.sum())
+def mean_entropy(entropy: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean next-token entropy (``entropy`` (B, T), nats) over the completion positions where ``mask`` is 1."""
+    return float((entropy * mask).sum() / mask.sum())
 
 
 def sequence_log_ratio(logp: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor, P: int, G: int) -> np.ndarray:
@@ -72,11 +68,12 @@ def sampler_gap(logp_sampler: torch.Tensor, logp_trainer: torch.Tensor, mask: to
     return {"sampling/logp_diff_mean": float(diff.sum() / mask.sum()), "sampling/logp_diff_max": float(diff.max())}
 
 
-def chain_tv_estimate(logp_a_full: torch.Tensor, logp_b_full: torch.Tensor, mask: torch.Tensor) -> float:
+def chain_tv_estimate(a: TokenDists, b: TokenDists, mask: torch.Tensor, chunk_tokens: int = 0) -> float:
     """Mean over sequences of sum_t TV(a_t, b_t) over completion positions (``mask`` (B, T)): a Monte-Carlo
-    estimate of the chain-rule upper bound on the sequence-level TV."""
-    per_token = tv_rows(logp_a_full, logp_b_full) * mask
-    return float(per_token.sum(dim=1).mean())
+    estimate of the chain-rule upper bound on the sequence-level TV. The distributions are expanded from hidden
+    states ``chunk_tokens`` positions at a time, never for the whole batch."""
+    total = sum(float(tv_rows(pa, pb).sum()) for pa, pb in zip(a.chunks(mask, chunk_tokens), b.chunks(mask, chunk_tokens)))
+    return total / mask.shape[0]
 
 
 def group_statistics(group_rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

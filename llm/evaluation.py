@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .batch import completion_logprobs, make_batch
+from .batch import make_batch
+from .logprobs import completion_logprobs
 from .model import Precision
 from .sampling import TransformersSampler
 from .tasks import TokenizedTask
@@ -30,7 +31,7 @@ def exact_j(model, prompt_ids: list[list[int]], accepted_ids: list[list[list[int
     for start in range(0, len(pairs), EXACT_J_BATCH):
         chunk = pairs[start: start + EXACT_J_BATCH]
         batch = make_batch([prompt_ids[i] for i, _ in chunk], [ids for _, ids in chunk], pad, device)
-        logp, _ = completion_logprobs(model, batch, temperature, precision)
+        logp = completion_logprobs(model, batch, temperature, precision).logp
         seq = (logp.double() * batch.completion_mask.double()).sum(1).exp().cpu().numpy()
         np.add.at(j, [i for i, _ in chunk], seq)
     return j

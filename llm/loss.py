@@ -93,7 +93,7 @@ class LossStats:
     kl: dict = field(default_factory=dict)  # name -> sum over loss tokens
 
     def merge(self, other: "LossStats") -> "LossStats":
-        kl = {k: self.kl.get(k, 0.0) + other.kl.get(k, 0.0) for k in self.kl.keys() | other.kl.keys()}
+        kl = {k: self.kl.get(k, 0.0) + other.kl.get(k, 0.0) for k in {**self.kl, **other.kl}}  # keys in order
         return LossStats(self.loss + other.loss, self.tokens + other.tokens, self.clip_low + other.clip_low,
                          self.clip_high + other.clip_high, self.is_weight_sum + other.is_weight_sum,
                          min(self.is_weight_min, other.is_weight_min), max(self.is_weight_max, other.is_weight_max), kl)

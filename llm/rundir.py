@@ -23,10 +23,11 @@ from .config import GRPOConfig
 
 __all__ = ["RunDir", "read_metrics", "RESUMABLE_FIELDS"]
 
-#: Fields that may change when a run is resumed (they do not change what a step computes; a restarted
-#: server may listen elsewhere).
+#: Fields that may change when a run is resumed (they do not change what a step computes, up to float rounding
+#: for the micro-batch and chunk sizes; a restarted server may listen elsewhere).
 RESUMABLE_FIELDS = {"max_steps", "logging_steps", "save_steps", "progress", "num_threads", "output_dir",
-                    "server_url", "server_timeout", "server_sync_address"}
+                    "server_url", "server_timeout", "server_sync_address", "per_device_train_batch_size",
+                    "gradient_checkpointing", "logit_chunk_tokens"}
 
 
 class RunDir:

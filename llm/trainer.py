@@ -33,9 +33,10 @@ import grpo_theory as gt
 from runkit.interrupt import GracefulStop
 
 from . import diagnostics as dg
-from .batch import Batch, completion_logprobs, make_batch, padded
+from .batch import Batch, make_batch, padded
 from .evaluation import evaluate, mean_exact_j
 from .config import GRPOConfig
+from .logprobs import Forward, LogitHead, TokenDists, check_head, completion_logprobs, forward_completions
 from .loss import LossStats, grpo_loss, loss_weights
 from .model import Precision, copy_weights, frozen_copy, load_policy, resolve_device, resolve_model_path
 from .rollout import RolloutWindow
@@ -83,7 +84,11 @@ def setup(config: GRPOConfig, log=print) -> tuple[Models, TokenizedTask, str]:
     model_path = resolve_model_path(config, log=log)
     policy, tokenizer = load_policy(model_path, device)
     policy.train()
+    if config.gradient_checkpointing:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     bound = task.bind(tokenizer)  # prompt tokens once; indexed by prompt every step
+    check_head(policy, make_batch(bound.prompt_ids[:2], [p[:3] for p in bound.prompt_ids[:2]], tokenizer.pad_token_id,
+                                  device), config.temperature)  # the chunked log-probs know this output layer
     if config.exact_j and bound.max_accepted_length > config.max_completion_length:
         raise ValueError(f"max_completion_length: the task's accepted completions need {bound.max_accepted_length} "
                          f"tokens, more than {config.max_completion_length}; raise it or pass --no-exact-j")
@@ -103,6 +108,18 @@ def setup(config: GRPOConfig, log=print) -> tuple[Models, TokenizedTask, str]:
 # ----------------------------------------------------------------------------------------------
 # The phases of a step
 # ----------------------------------------------------------------------------------------------
+
+
+def logprobs(config: GRPOConfig, models: Models, model: torch.nn.Module, batch: Batch, **kw) -> Forward:
+    """A pass of ``model`` without gradients over ``batch`` in the config's micro-batches and logit chunks."""
+    return completion_logprobs(model, batch, config.temperature, models.precision,
+                               micro_batch=config.per_device_train_batch_size, chunk_tokens=config.logit_chunk_tokens,
+                               **kw)
+
+
+def dists(config: GRPOConfig, models: Models, model: torch.nn.Module, hidden: torch.Tensor | None) -> TokenDists | None:
+    """``model``'s next-token distributions at the completion positions whose final hidden states are ``hidden``."""
+    return None if hidden is None else TokenDists(LogitHead(model, config.temperature), hidden, models.precision)
 
 
 def sync_weights(models: Models, source: torch.nn.Module | None = None) -> None:
@@ -147,23 +164,24 @@ def advantages(rewards: np.ndarray, config: GRPOConfig) -> Groups:
 class Behaviour:
     """log alpha of the completion tokens, (B, T) float32: the one the loss uses (``logp``), the sampler's
     report and the trainer's recomputation with alpha's weights (each None when not available), and
-    alpha's full next-token distributions (only for the token-level TV diagnostics).
+    alpha's next-token distributions (``dists``, only for the token-level TV diagnostics).
 
     ``from_pi_k``: right after a sync alpha's weights are pi_k's, so the recomputation is the first inner
-    step's forward of the policy; ``logp`` (if it is the recomputation), ``recomputed`` and ``full`` are
-    then filled in by ``optimise`` (``with_pi_k``) instead of costing a forward pass of their own."""
+    step's forward of the policy; ``logp`` (if it is the recomputation), ``recomputed`` and ``dists`` are
+    then filled in from ``optimise``'s pass (``with_pi_k``) instead of costing a forward pass of their own."""
 
     logp: torch.Tensor | None
     from_sampler: torch.Tensor | None
     recomputed: torch.Tensor | None
-    full: torch.Tensor | None
+    dists: TokenDists | None
     from_pi_k: bool = False
 
-    def with_pi_k(self, logp_k: torch.Tensor, full_k: torch.Tensor | None) -> "Behaviour":
-        """The behaviour log-probs once log pi_k (= log alpha at lag 0) is known."""
+    def with_pi_k(self, logp_k: torch.Tensor, dists_k: TokenDists | None) -> "Behaviour":
+        """The behaviour log-probs once log pi_k (= log alpha at lag 0) is known; ``dists_k``: pi_k's
+        distributions through alpha's own (identical) output layer, which outlives the update."""
         if not self.from_pi_k:
             return self
-        return Behaviour(logp_k if self.logp is None else self.logp, self.from_sampler, logp_k, full_k)
+        return Behaviour(logp_k if self.logp is None else self.logp, self.from_sampler, logp_k, dists_k)
 
 
 def behaviour_logprobs(config: GRPOConfig, models: Models, batch: Batch, roll: Rollout, lag: int,
@@ -175,67 +193,87 @@ def behaviour_logprobs(config: GRPOConfig, models: Models, batch: Batch, roll: R
     recompute only if the loss's convention needs it."""
     T = batch.completion_ids.shape[1]
     from_sampler = padded(roll.logprobs, T, models.device) if roll.logprobs is not None else None
-    recomputed = full = None
     need = config.behaviour_logprobs == "recompute" or from_sampler is None
     check = diagnostics and (config.tv_diagnostics or (lag == 0 and config.verify_sync))
     use_sampler = config.behaviour_logprobs == "sampler" and from_sampler is not None
     if lag == 0 and (need or check):
         return Behaviour(from_sampler if use_sampler else None, from_sampler, None, None, from_pi_k=True)
-    if need or check:
-        with torch.no_grad():
-            recomputed, full = completion_logprobs(models.alpha, batch, config.temperature, models.precision,
-                                                   full=diagnostics and config.tv_diagnostics)
-    return Behaviour(from_sampler if use_sampler else recomputed, from_sampler, recomputed, full)
+    if not (need or check):
+        return Behaviour(from_sampler, from_sampler, None, None)
+    alpha = logprobs(config, models, models.alpha, batch, keep_hidden=diagnostics and config.tv_diagnostics)
+    return Behaviour(from_sampler if use_sampler else alpha.logp, from_sampler, alpha.logp,
+                     dists(config, models, models.alpha, alpha.hidden))
 
 
 def reference_logprobs(config: GRPOConfig, models: Models, batch: Batch) -> torch.Tensor | None:
     """log pi_ref of the completion tokens (None when beta = 0)."""
     if models.ref is None:
         return None
-    with torch.no_grad():
-        return completion_logprobs(models.ref, batch, config.temperature, models.precision)[0]
+    return logprobs(config, models, models.ref, batch).logp
 
 
 @dataclass
 class Optimised:
-    """What the optimise phase leaves: log pi_k (and its full distributions), the last inner step's loss
-    statistics and the gradient norm."""
+    """What the optimise phase leaves: log pi_k and pi_k's next-token entropy (B, T), its final hidden states at
+    the completion positions (token-level TV diagnostics only), the chain-rule TV estimate between pi_k and alpha
+    (taken before the update, while the policy's output layer is still pi_k's; 0 at lag 0, where alpha = pi_k),
+    the last inner step's loss statistics and the gradient norm."""
 
     logp_k: torch.Tensor
-    full_k: torch.Tensor
+    entropy_k: torch.Tensor
+    hidden_k: torch.Tensor | None
+    chain_tv_k: float | None
     stats: LossStats
     grad_norm: float
 
 
 def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, logp_alpha: torch.Tensor | None,
-             logp_ref: torch.Tensor | None) -> Optimised:
+             logp_ref: torch.Tensor | None, alpha_dists: TokenDists | None = None) -> Optimised:
     """i = ``num_iterations`` optimiser steps on the clipped off-policy objective (docs/theory.md, §6).
 
-    The policy before any update is pi_k, so the first inner step's forward gives log pi_k at no extra cost;
-    ``logp_alpha`` None means alpha = pi_k (right after a sync, log alpha recomputed by that forward).
+    Each step accumulates the gradients of the micro-batches (``per_device_train_batch_size`` completions each)
+    before one optimiser step. The loss weights (normaliser and zero-variance mask) are computed once from the
+    whole step, so the accumulated gradient is the unsplit step's. The policy before any update is pi_k, so the
+    first inner step's forward gives log pi_k at no extra cost; ``logp_alpha`` None means alpha = pi_k (right after
+    a sync, log alpha is that forward's). ``alpha_dists``: alpha's distributions for the chain-rule TV (None at
+    lag 0 or without the token-level TV diagnostics).
     """
-    G = config.num_generations
+    G, tv = config.num_generations, config.tv_diagnostics
     adv = torch.tensor(groups.advantages.reshape(-1), dtype=torch.float32, device=models.device)
     seq_mask = torch.tensor(np.repeat(groups.keep, G), dtype=torch.float32, device=models.device)
     weights = loss_weights(batch.completion_mask, config.loss_type, config.max_completion_length, seq_mask)
-    stats, grad_norm = LossStats(), 0.0
+    parts = batch.slices(config.per_device_train_batch_size)
+    stats, grad_norm, chain_tv_k, first = LossStats(), 0.0, None, []
     for it in range(config.num_iterations):
-        logp, full = completion_logprobs(models.policy, batch, config.temperature, models.precision, full=it == 0)
-        if it == 0:
-            logp_k, full_k = logp.detach(), full.detach()
-            if logp_alpha is None:
-                logp_alpha = logp_k
-        loss, stats = grpo_loss(
-            logp, logp_k, logp_alpha, adv, weights, clip=config.epsilon, ratio_level=config.ratio_level,
-            beta=config.beta, logp_ref=logp_ref, use_bias_correction_kl=config.use_bias_correction_kl)
+        models.optimizer.zero_grad(set_to_none=True)
+        stats = LossStats()
+        for j, rows in enumerate(parts):
+            fwd = forward_completions(models.policy, batch.rows(rows.start, rows.stop), config.temperature,
+                                      models.precision, config.logit_chunk_tokens, entropy=it == 0,
+                                      keep_hidden=it == 0 and tv)
+            if it == 0:
+                first.append(Forward(fwd.logp.detach(), fwd.entropy, fwd.hidden))
+            logp_k = first[j].logp
+            loss, part = grpo_loss(
+                fwd.logp, logp_k, logp_k if logp_alpha is None else logp_alpha[rows], adv[rows], weights[rows],
+                clip=config.epsilon, ratio_level=config.ratio_level, beta=config.beta,
+                logp_ref=None if logp_ref is None else logp_ref[rows],
+                use_bias_correction_kl=config.use_bias_correction_kl)
+            stats = stats.merge(part)
+            if part.tokens:
+                loss.backward()
+        if it == 0 and tv:  # before the update: the policy's output layer is still pi_k's
+            hidden_k = Forward.cat(first).hidden
+            chain_tv_k = 0.0 if alpha_dists is None else dg.chain_tv_estimate(
+                dists(config, models, models.policy, hidden_k), alpha_dists, batch.completion_mask,
+                config.logit_chunk_tokens)
         if stats.tokens == 0:
             break  # every group masked: nothing to learn from this batch
-        models.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
         if config.max_grad_norm > 0:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(models.policy.parameters(), config.max_grad_norm))
         models.optimizer.step()
-    return Optimised(logp_k, full_k, stats, grad_norm)
+    k = Forward.cat(first)
+    return Optimised(k.logp, k.entropy, k.hidden, chain_tv_k, stats, grad_norm)
 
 
 def diagnose(config: GRPOConfig, models: Models, batch: Batch, rewards: np.ndarray, groups: Groups,
@@ -247,22 +285,21 @@ def diagnose(config: GRPOConfig, models: Models, batch: Batch, rewards: np.ndarr
     P, G = rewards.shape
     log_w_k = dg.sequence_log_ratio(optimised.logp_k, behaviour.logp, cm, P, G)
     row = dg.rollout_metrics(rewards, groups.zero_std, roll.completion_ids, models.tokenizer.eos_token_id)
-    row["entropy"] = dg.mean_entropy(optimised.full_k, cm)
+    row["entropy"] = dg.mean_entropy(optimised.entropy_k, cm)
     row["grad_norm"] = optimised.grad_norm
     row.update(optimised.stats.metrics())
     row.update(dg.group_metrics(rewards, log_w_k, config.variance_eps))
-    if behaviour.full is not None:
-        row["tv/pi_k_alpha_chain_ub_est"] = dg.chain_tv_estimate(optimised.full_k, behaviour.full, cm)
+    if optimised.chain_tv_k is not None:
+        row["tv/pi_k_alpha_chain_ub_est"] = optimised.chain_tv_k
     if config.insample_diagnostics:
-        with torch.no_grad():
-            logp_new, full_new = completion_logprobs(models.policy, batch, config.temperature, models.precision,
-                                                     full=config.tv_diagnostics)
-        insample = dg.bound_estimates(rewards, log_w_k, dg.sequence_log_ratio(logp_new, behaviour.logp, cm, P, G),
+        new = logprobs(config, models, models.policy, batch, keep_hidden=behaviour.dists is not None)
+        insample = dg.bound_estimates(rewards, log_w_k, dg.sequence_log_ratio(new.logp, behaviour.logp, cm, P, G),
                                       config.variance_eps)
         del insample["tv/pi_k_alpha"]  # the same number as the top-level (unbiased) tv/pi_k_alpha
         row.update(dg.prefixed("insample", insample))
-        if behaviour.full is not None:
-            row["insample/tv/pi_new_alpha_chain_ub_est"] = dg.chain_tv_estimate(full_new, behaviour.full, cm)
+        if behaviour.dists is not None:
+            row["insample/tv/pi_new_alpha_chain_ub_est"] = dg.chain_tv_estimate(
+                dists(config, models, models.policy, new.hidden), behaviour.dists, cm, config.logit_chunk_tokens)
     if behaviour.from_sampler is not None and behaviour.recomputed is not None:
         row.update(dg.sampler_gap(behaviour.from_sampler, behaviour.recomputed, cm))
     return row
@@ -285,8 +322,7 @@ def prepare_heldout(config: GRPOConfig, models: Models, task: TokenizedTask, pro
     rewards, _ = score(task, prompt_idx, roll, G)
     batch = make_batch([task.prompt_ids[i] for i in prompt_idx for _ in range(G)], roll.completion_ids,
                        models.tokenizer.pad_token_id, models.device)
-    with torch.no_grad():
-        logp_k, _ = completion_logprobs(models.policy, batch, config.temperature, models.precision)
+    logp_k = logprobs(config, models, models.policy, batch).logp
     logp_alpha = behaviour_logprobs(config, models, batch, roll, lag, diagnostics=False).with_pi_k(logp_k, None).logp
     return Heldout(rewards, batch, logp_alpha, logp_k)
 
@@ -294,8 +330,7 @@ def prepare_heldout(config: GRPOConfig, models: Models, task: TokenizedTask, pro
 def diagnose_heldout(config: GRPOConfig, models: Models, heldout: Heldout) -> dict[str, float]:
     """``heldout/*``: the bound's terms, TV distances and improvement estimated on prompts and completions
     that never entered the loss (unbiased over the prompt distribution; docs/theory.md, §8.2)."""
-    with torch.no_grad():
-        logp_new, _ = completion_logprobs(models.policy, heldout.batch, config.temperature, models.precision)
+    logp_new = logprobs(config, models, models.policy, heldout.batch).logp
     cm = heldout.batch.completion_mask
     P, G = heldout.rewards.shape
     log_w = lambda logp: dg.sequence_log_ratio(logp, heldout.logp_alpha, cm, P, G)  # noqa: E731
@@ -432,8 +467,8 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
                 heldout = (prepare_heldout(config, models, task, step_rollout.heldout_idx, step_rollout.heldout, lag)
                            if config.heldout_prompts else None)
             with timer("optimise"):
-                optimised = optimise(config, models, batch, groups, behaviour.logp, logp_ref)
-                behaviour = behaviour.with_pi_k(optimised.logp_k, optimised.full_k if config.tv_diagnostics else None)
+                optimised = optimise(config, models, batch, groups, behaviour.logp, logp_ref, behaviour.dists)
+                behaviour = behaviour.with_pi_k(optimised.logp_k, dists(config, models, models.alpha, optimised.hidden_k))
             with timer("diagnostics"):
                 row.update(diagnose(config, models, batch, rewards, groups, roll, behaviour, optimised))
                 if heldout is not None:
@@ -502,7 +537,9 @@ def log_arithmetic(config: GRPOConfig, models: Models, task: TokenizedTask, mode
             "estimates (heldout/*)")
     log(f"  per step: {P} prompts x G={G} = {config.completions_per_step} completions, "
         f"<= {config.completions_per_step * config.max_completion_length} generated tokens, "
-        f"i={config.num_iterations} optimiser steps; v={v}: {config.num_syncs} weight syncs over "
+        f"i={config.num_iterations} optimiser steps of {config.gradient_accumulation_steps} micro-batch(es) "
+        f"(per_device_train_batch_size {config.per_device_train_batch_size or config.completions_per_step}"
+        f"{', gradient checkpointing' if config.gradient_checkpointing else ''}); v={v}: {config.num_syncs} weight syncs over "
         f"{config.max_steps} steps (saves {config.max_steps - config.num_syncs})")
 
 

@@ -8,7 +8,8 @@ import numpy as np
 import torch
 from scipy import stats
 
-from llm.batch import completion_logprobs, make_batch
+from llm.batch import make_batch
+from llm.logprobs import LogitHead, completion_logprobs
 from llm.evaluation import exact_j
 from llm.tasks import TokenizedTask
 
@@ -53,8 +54,8 @@ def first_tokens_match_reported_probabilities(sampler, policy, tok, prompt: str,
     for c, lp in zip(roll.completion_ids, roll.logprobs):
         reported.setdefault(c[0], lp[0])
     with torch.no_grad():
-        _, full = completion_logprobs(policy, make_batch([ids], [[0]], tok.pad_token_id, "cpu"), 1.0, full=True)
-    probs = full[0, 0].double().exp().numpy()
+        hidden = completion_logprobs(policy, make_batch([ids], [[0]], tok.pad_token_id, "cpu"), 1.0, keep_hidden=True).hidden
+        probs = LogitHead(policy, 1.0).logprobs(hidden[0, :1])[0].double().exp().numpy()
     for t, lp in reported.items():
         assert abs(lp - np.log(probs[t])) < 1e-4, (t, lp, np.log(probs[t]))
     counts = np.bincount(first, minlength=len(probs)).astype(float)

@@ -10,7 +10,8 @@ import torch
 from llm import GRPOConfig, train
 from llm.rundir import read_metrics
 from llm.tiny import tiny_model_dir
-from llm.batch import completion_logprobs, make_batch
+from llm.batch import make_batch
+from llm.logprobs import completion_logprobs
 from llm.model import load_policy
 
 #: Learning test: the exact J over the training prompts must rise by this much in 80 steps (from ~0.21;
@@ -190,8 +191,8 @@ def test_positions_match_generation_with_left_padding():
     prompts = [tok("1+2=").input_ids, tok("13+7=").input_ids]
     comps = [tok("3").input_ids + [tok.eos_token_id], tok("20").input_ids + [tok.eos_token_id]]
     with torch.no_grad():
-        both, _ = completion_logprobs(policy, make_batch(prompts, comps, tok.pad_token_id, "cpu"), 1.0)
+        both = completion_logprobs(policy, make_batch(prompts, comps, tok.pad_token_id, "cpu"), 1.0).logp
         for j in range(2):
-            alone, _ = completion_logprobs(policy, make_batch([prompts[j]], [comps[j]], tok.pad_token_id, "cpu"), 1.0)
+            alone = completion_logprobs(policy, make_batch([prompts[j]], [comps[j]], tok.pad_token_id, "cpu"), 1.0).logp
             n = len(comps[j])
             assert torch.allclose(both[j, :n], alone[0, :n], atol=1e-5)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from llm import GRPOConfig, train
-from llm.batch import completion_logprobs, make_batch, padded
+from llm.batch import make_batch, padded
+from llm.logprobs import completion_logprobs
 from llm.model import load_policy
 from llm.rundir import read_metrics
 from llm.sampling.vllm_engine import vllm_available
@@ -49,7 +50,7 @@ def _max_logp_gap(sampler, model, tok, seed=0) -> float:
     roll = sampler.generate(prompts, 4, 6, 1.0, seed)
     batch = make_batch([p for p in prompts for _ in range(4)], roll.completion_ids, tok.pad_token_id, "cpu")
     with torch.no_grad():
-        logp, _ = completion_logprobs(model, batch, 1.0)
+        logp = completion_logprobs(model, batch, 1.0).logp
     return float(((padded(roll.logprobs, logp.shape[1], "cpu") - logp).abs() * batch.completion_mask).max())
 
 

@@ -6,7 +6,8 @@ import torch
 
 from llm.tasks import arithmetic_task
 from llm.tiny import tiny_model_dir
-from llm.batch import completion_logprobs, make_batch, padded
+from llm.batch import make_batch, padded
+from llm.logprobs import completion_logprobs
 from llm.model import load_policy
 from llm.sampling.vllm_engine import vllm_available
 
@@ -37,7 +38,7 @@ def _max_logp_gap(sampler, model, tok, seed=0) -> float:
     roll = sampler.generate(prompts, 4, 6, 1.0, seed)
     batch = make_batch([p for p in prompts for _ in range(4)], roll.completion_ids, tok.pad_token_id, "cpu")
     with torch.no_grad():
-        logp, _ = completion_logprobs(model, batch, 1.0)
+        logp = completion_logprobs(model, batch, 1.0).logp
     gap = (padded(roll.logprobs, logp.shape[1], "cpu") - logp).abs() * batch.completion_mask
     return float(gap.max())
 

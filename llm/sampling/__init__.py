@@ -68,7 +68,8 @@ def probe_sync(sampler: Sampler, policy: torch.nn.Module, prompts: list[list[int
     """Prove at start-up that weights reach the sampler for this model's architecture: sync a perturbed copy
     of the policy, sample, compare the sampler's log-probs with the copy's, then sync the policy back.
     Returns the worst gap; raises ``ValueError`` (one line, naming the architecture) above ``tolerance``."""
-    from ..batch import completion_logprobs, make_batch, padded
+    from ..batch import make_batch, padded
+    from ..logprobs import completion_logprobs
     from ..model import frozen_copy
 
     device = next(policy.parameters()).device
@@ -84,7 +85,7 @@ def probe_sync(sampler: Sampler, policy: torch.nn.Module, prompts: list[list[int
         roll = sampler.generate(prompts, 2, 4, temperature, 0)
         batch = make_batch([p for p in prompts for _ in range(2)], roll.completion_ids, pad_token_id, device)
         with torch.no_grad():
-            logp, _ = completion_logprobs(probe, batch, temperature, precision)
+            logp = completion_logprobs(probe, batch, temperature, precision).logp
         gap = float(((padded(roll.logprobs, logp.shape[1], device) - logp).abs() * batch.completion_mask).max())
     finally:
         sampler.load_weights(policy)

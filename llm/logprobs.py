@@ -1,0 +1,183 @@
+"""Log-probabilities of completion tokens without full-vocabulary tensors (README, "Memory").
+
+A forward pass runs the model's decoder (``model.get_decoder()``) over the sequences and keeps its final hidden
+states at the completion positions only. The output layer (``LogitHead``) is then applied to the real completion
+tokens (padding skipped) in chunks of ``chunk_tokens`` rows, so at most (chunk_tokens x V) float32 logits exist
+at a time. With gradients on and more than one chunk, each chunk runs under activation checkpointing: its
+logits are recomputed in the backward pass instead of being kept (one more pass of the output layer, the price of
+memory that does not grow with the vocabulary). The result is log_softmax(model(...).logits / T) gathered at
+the sampled tokens (tested equal for every family in ``llm.tiny.FAMILIES``), without the (B x L x V) logits a
+plain forward materialises.
+
+Distributions over the whole vocabulary, needed by the token-level TV diagnostics, are kept as hidden states
+(``TokenDists``: B x T x H, not B x T x V) and expanded chunk by chunk when they are compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from .batch import Batch
+from .model import Precision
+
+#: Default size of one chunk of float32 logits: chunk_tokens = LOGIT_CHUNK_BYTES / (4 V) rows (441 rows for a
+#: 151,936-token vocabulary; the whole completion batch of the built-in 99-token model in one chunk).
+LOGIT_CHUNK_BYTES = 256 * 2**20
+
+#: Largest |log-prob| difference between the chunked path and the model's own logits accepted at start-up
+#: (float32; ``check_head``).
+HEAD_CHECK_TOLERANCE = 1e-4
+
+
+def chunk_rows(vocab_size: int, chunk_tokens: int = 0) -> int:
+    """Rows of logits per chunk: ``chunk_tokens`` if set, else LOGIT_CHUNK_BYTES worth of float32 rows."""
+    return chunk_tokens if chunk_tokens > 0 else max(1, LOGIT_CHUNK_BYTES // (4 * vocab_size))
+
+
+class LogitHead:
+    """The model's output layer and the architecture's final transform: hidden states (n, H) -> logits / T in
+    float32 (n, V; float64 for a float64 model, which the tests use to tell rounding from error). Transforms known here: Granite's ``logits_scaling`` (logits divided by it) and Gemma's
+    ``final_logit_softcapping`` (cap * tanh(logits / cap)). ``check_head`` refuses a model whose own logits differ
+    (an output transform this class does not know), so a wrong head never goes unnoticed."""
+
+    def __init__(self, model: torch.nn.Module, temperature: float):
+        self.layer = model.get_output_embeddings()
+        cfg = model.config
+        self.divisor = float(getattr(cfg, "logits_scaling", None) or 1.0)
+        self.softcap = getattr(cfg, "final_logit_softcapping", None)
+        self.temperature = temperature
+        self.vocab_size = self.layer.weight.shape[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        z = self.layer(hidden)
+        z = z.to(torch.promote_types(z.dtype, torch.float32))  # float32 at least (float64 models stay float64)
+        if self.divisor != 1.0:
+            z = z / self.divisor
+        if self.softcap:
+            z = torch.tanh(z / self.softcap) * self.softcap
+        return z / self.temperature
+
+    def logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """log softmax of the logits: (n, V) float32."""
+        return torch.log_softmax(self.logits(hidden), dim=-1)
+
+
+def _token_stats(head: LogitHead, hidden: torch.Tensor, targets: torch.Tensor, entropy: bool):
+    logp_full = head.logprobs(hidden)
+    logp = logp_full.gather(-1, targets[:, None]).squeeze(-1)
+    if not entropy:
+        return logp, None
+    with torch.no_grad():
+        return logp, -(logp_full.exp() * logp_full).sum(-1)
+
+
+def token_logprobs(head: LogitHead, hidden: torch.Tensor, targets: torch.Tensor, chunk_tokens: int = 0,
+                   entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(target | hidden) for n rows (``hidden`` (n, H), ``targets`` (n,)) chunk by chunk, float32 (n,);
+    with ``entropy`` also each row's next-token entropy (no gradient). Under gradients and more than one chunk
+    each chunk is checkpointed, so no chunk's logits outlive it."""
+    rows = chunk_rows(head.vocab_size, chunk_tokens)
+    n = hidden.shape[0]
+    if n <= rows:
+        return _token_stats(head, hidden, targets, entropy)
+    recompute = torch.is_grad_enabled() and hidden.requires_grad
+    logp, ent = [], []
+    for s in range(0, n, rows):
+        h, t = hidden[s:s + rows], targets[s:s + rows]
+        if recompute:
+            lp, e = checkpoint(_token_stats, head, h, t, entropy, use_reentrant=False)
+        else:
+            lp, e = _token_stats(head, h, t, entropy)
+        logp.append(lp)
+        ent.append(e)
+    return torch.cat(logp), (torch.cat(ent) if entropy else None)
+
+
+@dataclass
+class Forward:
+    """One model's pass over a batch's completions: ``logp`` (B, T) float32 (0 off the completion tokens), the
+    next-token ``entropy`` (B, T) and the final ``hidden`` states at the completion positions (B, T, H), each
+    only when asked for (detached)."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+
+    @staticmethod
+    def cat(parts: list["Forward"]) -> "Forward":
+        """Row-wise concatenation of the micro-batches' passes."""
+        join = lambda xs: torch.cat(xs) if xs[0] is not None else None  # noqa: E731
+        return Forward(join([p.logp for p in parts]), join([p.entropy for p in parts]),
+                       join([p.hidden for p in parts]))
+
+
+def forward_completions(model, batch: Batch, temperature: float, precision: Precision = Precision(),
+                        chunk_tokens: int = 0, entropy: bool = False, keep_hidden: bool = False) -> Forward:
+    """log softmax(logits / T) of the completion tokens of ``batch`` in one pass of ``model`` (gradients follow
+    torch's grad mode); the output layer runs on the real completion tokens only, in chunks."""
+    device = batch.input_ids.device
+    T, lp = batch.completion_ids.shape[1], batch.prompt_width
+    with precision.autocast(device):
+        out = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                  position_ids=batch.position_ids, use_cache=False)
+        hidden = out.last_hidden_state[:, lp - 1: lp - 1 + T]
+        real = batch.completion_mask > 0
+        logp_real, ent_real = token_logprobs(LogitHead(model, temperature), hidden[real], batch.completion_ids[real],
+                                             chunk_tokens, entropy)
+    zeros = torch.zeros(real.shape, dtype=logp_real.dtype, device=device)
+    return Forward(zeros.masked_scatter(real, logp_real),
+                   zeros.masked_scatter(real, ent_real) if entropy else None,
+                   hidden.detach() if keep_hidden else None)
+
+
+@torch.no_grad()
+def completion_logprobs(model, batch: Batch, temperature: float, precision: Precision = Precision(), *,
+                        micro_batch: int = 0, chunk_tokens: int = 0, entropy: bool = False,
+                        keep_hidden: bool = False) -> Forward:
+    """``forward_completions`` without gradients, ``micro_batch`` sequences per pass (0: all at once)."""
+    return Forward.cat([forward_completions(model, mb, temperature, precision, chunk_tokens, entropy, keep_hidden)
+                        for mb in batch.micro_batches(micro_batch)])
+
+
+@dataclass
+class TokenDists:
+    """Next-token distributions of a model at a batch's completion positions, stored as the final hidden states
+    (B, T, H) and the output layer that expands them (the layer must still hold the same weights when the
+    distributions are read)."""
+
+    head: LogitHead
+    hidden: torch.Tensor
+    precision: Precision = Precision()
+
+    def chunks(self, mask: torch.Tensor, chunk_tokens: int = 0) -> Iterator[torch.Tensor]:
+        """log-probabilities (n, V) of the positions where ``mask`` (B, T) is 1, chunk by chunk, in row order."""
+        h = self.hidden[mask > 0]
+        rows = chunk_rows(self.head.vocab_size, chunk_tokens)
+        for s in range(0, h.shape[0], rows):
+            yield self._logprobs(h[s:s + rows])  # no context manager is held open across a yield
+
+    @torch.no_grad()
+    def _logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
+        with self.precision.autocast(hidden.device):
+            return self.head.logprobs(hidden)
+
+
+@torch.no_grad()
+def check_head(model, batch: Batch, temperature: float = 1.0, tolerance: float = HEAD_CHECK_TOLERANCE) -> float:
+    """Compare the chunked log-probs with the model's own logits on ``batch``; returns the worst gap and raises
+    ``ValueError`` naming the architecture if it exceeds ``tolerance`` (an output transform LogitHead lacks)."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                   use_cache=False).logits
+    T, lp = batch.completion_ids.shape[1], batch.prompt_width
+    plain = torch.log_softmax(logits[:, lp - 1: lp - 1 + T].float() / temperature, dim=-1)
+    plain = plain.gather(-1, batch.completion_ids[..., None]).squeeze(-1) * batch.completion_mask
+    gap = float((forward_completions(model, batch, temperature, chunk_tokens=1).logp - plain).abs().max())
+    if not gap <= tolerance:
+        arch = ",".join(getattr(model.config, "architectures", None) or [type(model).__name__])
+        raise ValueError(f"model_name_or_path: {arch}'s output layer applies a transform the trainer's chunked "
+                         f"log-probabilities do not know (gap {gap:.2e} to the model's own logits); it is not supported")
+    return gap

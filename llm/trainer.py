@@ -468,7 +468,8 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
                            if config.heldout_prompts else None)
             with timer("optimise"):
                 optimised = optimise(config, models, batch, groups, behaviour.logp, logp_ref, behaviour.dists)
-                behaviour = behaviour.with_pi_k(optimised.logp_k, dists(config, models, models.alpha, optimised.hidden_k))
+                alpha_k = dists(config, models, models.alpha, optimised.hidden_k)  # alpha's layer = pi_k's at lag 0
+                behaviour = behaviour.with_pi_k(optimised.logp_k, alpha_k)
             with timer("diagnostics"):
                 row.update(diagnose(config, models, batch, rewards, groups, roll, behaviour, optimised))
                 if heldout is not None:

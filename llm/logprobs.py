@@ -176,9 +176,14 @@ def check_head(model, batch: Batch, temperature: float = 1.0, tolerance: float =
     T, lp = batch.completion_ids.shape[1], batch.prompt_width
     plain = torch.log_softmax(logits[:, lp - 1: lp - 1 + T].float() / temperature, dim=-1)
     plain = plain.gather(-1, batch.completion_ids[..., None]).squeeze(-1) * batch.completion_mask
-    gap = float((forward_completions(model, batch, temperature, chunk_tokens=1).logp - plain).abs().max())
+    arch = ",".join(getattr(model.config, "architectures", None) or [type(model).__name__])
+    try:
+        chunked = forward_completions(model, batch, temperature, chunk_tokens=1).logp
+    except (AttributeError, TypeError, NotImplementedError) as exc:  # no get_decoder / get_output_embeddings
+        raise ValueError(f"model_name_or_path: {arch} does not expose its decoder and output layer the way the "
+                         f"trainer's chunked log-probabilities need ({type(exc).__name__}: {exc})") from None
+    gap = float((chunked - plain).abs().max())
     if not gap <= tolerance:
-        arch = ",".join(getattr(model.config, "architectures", None) or [type(model).__name__])
         raise ValueError(f"model_name_or_path: {arch}'s output layer applies a transform the trainer's chunked "
                          f"log-probabilities do not know (gap {gap:.2e} to the model's own logits); "
                          "it is not supported")

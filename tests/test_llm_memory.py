@@ -100,6 +100,13 @@ def test_an_output_transform_the_chunked_path_lacks_is_refused(tmp_path, monkeyp
         check_head(model, batch)
 
 
+def test_a_model_without_a_reachable_output_layer_is_refused_in_one_line():
+    model, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))
+    model.get_output_embeddings = lambda: None
+    with pytest.raises(ValueError, match="does not expose its decoder and output layer"):
+        check_head(model, make_batch(*_sequences(tok, 2), tok.pad_token_id, "cpu"))
+
+
 def test_no_logits_larger_than_a_chunk_exist(monkeypatch):
     """The output layer only ever sees ``chunk_tokens`` rows, in the gradient pass and in the TV diagnostics."""
     model, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))

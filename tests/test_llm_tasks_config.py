@@ -100,6 +100,8 @@ def test_user_reward_function_by_import_path(tmp_path, monkeypatch, tokenizer):
     ("epsilon", -0.1, "epsilon"),
     ("learning_rate", 0.0, "learning_rate"),
     ("device", "tpu", "device"),
+    ("per_device_train_batch_size", -1, "per_device_train_batch_size: must be >= 0"),
+    ("logit_chunk_tokens", -5, "logit_chunk_tokens: must be >= 0"),
 ])
 def test_config_validation_names_the_field(field, value, match):
     with pytest.raises(ValueError, match=match):
@@ -109,6 +111,9 @@ def test_config_validation_names_the_field(field, value, match):
 def test_config_derived_values():
     c = GRPOConfig(max_steps=100, sync_period=10, prompts_per_step=4, num_generations=16)
     assert c.completions_per_step == 64 and c.num_syncs == 10
+    assert c.gradient_accumulation_steps == 1  # per_device_train_batch_size 0: the whole step in one pass
+    assert c.replace(per_device_train_batch_size=16).gradient_accumulation_steps == 4
+    assert c.replace(per_device_train_batch_size=24).gradient_accumulation_steps == 3  # 24 + 24 + 16
     assert GRPOConfig.from_json_file is not None and json.loads(c.to_json())["sync_period"] == 10
 
 

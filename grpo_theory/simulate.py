@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from runkit.cli import parse, run_main
 from runkit.runio import MetricsWriter, write_config
-from runkit.validation import require
+from runkit.validation import require, require_finite
 
 from . import core
 from .numerics import rounding_tolerance
@@ -75,6 +75,7 @@ class SimConfig:
     """Run directory for config.json and metrics.jsonl ('' : do not write)."""
 
     def __post_init__(self):
+        require_finite(self)
         require(self, self.n_prompts >= 1, "n_prompts", "must be >= 1")
         require(self, self.n_actions >= 2, "n_actions", "must be >= 2")
         require(self, self.init_scale >= 0, "init_scale", "must be >= 0")

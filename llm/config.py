@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
 from grpo_theory.validation import EPS_MAX
-from runkit.validation import require
+from runkit.validation import require, require_finite
+
+#: Sampling temperatures accepted (vLLM treats lower ones as greedy decoding, which has no log-probabilities to
+#: importance-weight; higher ones make every completion uniform noise).
+MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
 
 
 @dataclasses.dataclass
@@ -33,6 +38,9 @@ class GRPOConfig:
     """Run directory: config.json, metrics.jsonl, checkpoints, samples. Re-using it resumes the run."""
     seed: int = 0
     """Seeds prompt order, sampling and initialisation."""
+    trust_remote_code: bool = False
+    """Let transformers and vLLM run the Python code a model directory or hub repository ships (its own
+    architecture). Off: only architectures transformers and vLLM implement load."""
 
     # ---- Algorithm 1 -----------------------------------------------------------------------
     max_steps: int = 100
@@ -86,6 +94,9 @@ class GRPOConfig:
     """AdamW weight decay."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip (0 disables)."""
+    max_consecutive_skipped_updates: int = 3
+    """An inner step whose loss or gradient is not finite takes no optimiser step (counted in ``skipped_updates``);
+    the run stops with an error after this many steps in a row had such a skip."""
     max_completion_length: int = 6
     """Largest number of generated tokens per completion."""
     temperature: float = 1.0
@@ -152,6 +163,7 @@ class GRPOConfig:
     """Show a tqdm progress bar."""
 
     def __post_init__(self):
+        require_finite(self)
         require(self, self.max_steps >= 1, "max_steps", "must be >= 1")
         require(self, self.prompts_per_step >= 1, "prompts_per_step", "must be >= 1")
         require(self, self.num_generations >= 2, "num_generations", "a group needs G >= 2 completions")
@@ -170,14 +182,17 @@ class GRPOConfig:
         require(self, self.learning_rate > 0, "learning_rate", "must be > 0")
         require(self, self.weight_decay >= 0, "weight_decay", "must be >= 0")
         require(self, self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0")
+        require(self, self.max_consecutive_skipped_updates >= 1, "max_consecutive_skipped_updates", "must be >= 1")
         require(self, self.max_completion_length >= 1, "max_completion_length", "must be >= 1")
-        require(self, self.temperature > 0, "temperature", "must be > 0")
+        require(self, MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE, "temperature",
+                f"must lie in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}] (logits / temperature must stay finite in float32)")
         require(self, self.per_device_train_batch_size >= 0, "per_device_train_batch_size",
                 "must be >= 0 (0: the whole step in one pass)")
         require(self, self.logit_chunk_tokens >= 0, "logit_chunk_tokens", "must be >= 0 (0: automatic)")
         require(self, self.logging_steps >= 1, "logging_steps", "must be >= 1")
         require(self, self.save_steps >= 0, "save_steps", "must be >= 0")
-        require(self, self.num_threads >= 0, "num_threads", "must be >= 0")
+        require(self, 0 <= self.num_threads <= (os.cpu_count() or 1), "num_threads",
+                f"must lie in [0, {os.cpu_count()}] (this machine's cores; 0: torch's default)")
         require(self, bool(self.output_dir), "output_dir", "must not be empty")
         require(self, self.sampler != "server" or self.server_url.startswith(("http://", "https://")), "server_url",
                 "sampler 'server' needs the server's URL, e.g. --server-url http://127.0.0.1:8000 "

@@ -85,6 +85,12 @@ def group_statistics(group_rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return mean, gt.reward_std(uniform, r)
 
 
+#: Sequence weights above e^709 (a stale or broken engine) overflow float64: the estimates then read inf or nan,
+#: which is what they are; numpy's warnings about it are silenced, the values are logged as they are.
+_overflow_is_the_answer = np.errstate(over="ignore", invalid="ignore")
+
+
+@_overflow_is_the_answer
 def bound_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndarray, eps: float) -> dict[str, float]:
     """Theorem 1 estimates from groups of completions of P prompts: ``rewards`` and the sequence log-ratios
     log pi_k/alpha and log pi_{k+1}/alpha, each (P, G). Returns means over prompts; callers prefix them with
@@ -121,6 +127,7 @@ def bound_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndar
     }
 
 
+@_overflow_is_the_answer
 def group_metrics(group_rewards: np.ndarray, log_w_k: np.ndarray, eps: float) -> dict[str, float]:
     """Quantities of the training groups that involve only alpha and pi_k (no bias from the update):
     TV(pi_k, alpha), the largest sequence weight pi_k/alpha, and the per-prompt sigma and weight (1 - s)/s."""

@@ -16,6 +16,11 @@ default (``use_bias_correction_kl``, TRL's name) k3 is multiplied by the token r
 makes its average an importance-sampled estimate of the same KL; without it the average estimates
 E_alpha[k3], which is not KL(pi || pi_ref) once pi != alpha.
 
+No ratio overflows (``bounded_ratios``): for A >= 0 the objective depends on r only through min(r, r' + eps), so
+r is capped there in log space, which changes neither f nor its gradient for any r; otherwise r and r' are capped
+at e^LOG_RATIO_MAX, below which nothing changes. The KL term's log-ratios are clamped to +-KL_LOG_MAX (40 nats).
+A loss that is still not finite (a NaN log-prob) is the trainer's to skip (``llm.trainer.optimise``).
+
 The step's loss is sum(per_token * weights): ``loss_weights`` turns the normalisation of each loss type
 (and the zero-variance mask) into one weight per token, computed once from the whole step's masks, so a
 step split into micro-batches sums to exactly the loss (and gradient) of the unsplit step.
@@ -23,6 +28,7 @@ step split into micro-batches sums to exactly the loss (and gradient) of the uns
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -50,9 +56,37 @@ def clip_objective_torch(ratio: torch.Tensor, ratio_k: torch.Tensor, adv: torch.
     return torch.minimum(ratio * adv, clipped * adv)
 
 
+#: Largest log-ratio exponentiated: float32 overflows above e^88.7, and a margin of e^8 keeps a ratio times an
+#: advantage, summed over a step's tokens with the loss weights (which add up to at most 1), finite.
+LOG_RATIO_MAX = 80.0
+#: Cap of each of the KL term's exponents (log pi_ref/pi in k3 and log pi/alpha in its correction), so that
+#: their product stays below e^LOG_RATIO_MAX.
+KL_LOG_MAX = LOG_RATIO_MAX / 2
+
+
+def bounded_ratios(log_ratio: torch.Tensor, log_ratio_k: torch.Tensor, adv: torch.Tensor,
+                   clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """r = exp(log_ratio) and r' = exp(log_ratio_k) bounded so that f_eps(r, r', A) never meets inf or NaN, and
+    equals the unbounded f_eps, with the same gradient, wherever that is finite.
+
+    r' is capped at e^LOG_RATIO_MAX. Where A >= 0, f_eps = A min(r, r' + eps) (the lower clip never binds then), so
+    r is capped at r' + eps in log space: f and its gradient are unchanged for every r, however large. Where
+    A < 0, f_eps = A max(r, max(r' - eps, 0)) grows without bound in r, so r is capped at e^LOG_RATIO_MAX:
+    unchanged below, held there (zero gradient) above, where the unbounded f overflows.
+    """
+    log_ratio_k = log_ratio_k.clamp(max=LOG_RATIO_MAX)
+    top = torch.logaddexp(log_ratio_k, torch.tensor(math.log(clip), dtype=log_ratio_k.dtype,
+                                                    device=log_ratio_k.device)) if clip > 0 else log_ratio_k
+    cap = torch.where(adv >= 0, top, torch.full_like(top, LOG_RATIO_MAX))
+    # where, not minimum: at a tie the gradient flows through log_ratio in full, as without the cap
+    return torch.exp(torch.where(log_ratio > cap, cap, log_ratio)), torch.exp(log_ratio_k)
+
+
 def k3_kl(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimate of KL(pi || pi_ref) on tokens sampled from pi: e^d - d - 1, d = ref - logp."""
-    d = logp_ref - logp
+    """Per-token k3 estimate of KL(pi || pi_ref) on tokens sampled from pi: e^d - d - 1, d = ref - logp, with d
+    clamped to [-KL_LOG_MAX, KL_LOG_MAX] (the term is held at its value there: at most 2.4e17, or 39 nats when
+    pi_ref gives the token e^-40 of pi's probability or none at all)."""
+    d = (logp_ref - logp).clamp(-KL_LOG_MAX, KL_LOG_MAX)
     return torch.exp(d) - d - 1.0
 
 
@@ -152,21 +186,22 @@ def grpo_loss(
         log_ratio_k = ((logp_k - logp_alpha) * real).sum(dim=1, keepdim=True).expand_as(logp)
     else:
         raise ValueError(f"ratio_level: expected token or sequence, got {ratio_level!r}")
-    ratio, ratio_k = torch.exp(log_ratio), torch.exp(log_ratio_k)
-    adv = advantages.to(logp.dtype)[:, None]
+    adv = advantages.to(logp.dtype)[:, None].expand_as(logp)
+    ratio, ratio_k = bounded_ratios(log_ratio, log_ratio_k, adv, clip)
     per_token = -clip_objective_torch(ratio, ratio_k, adv, clip)
     kl_sums = {}
     if beta > 0:
         k3 = k3_kl(logp, logp_ref.detach())
-        k3_is = torch.exp(token_log_ratio) * k3  # pi/alpha (with gradient) times k3
+        k3_is = torch.exp(token_log_ratio.clamp(max=KL_LOG_MAX)) * k3  # pi/alpha (with gradient) times k3
         per_token = per_token + beta * (k3_is if use_bias_correction_kl else k3)
         with torch.no_grad():
             kl_sums = {"kl": float(((k3_is if use_bias_correction_kl else k3) * on).sum()),
                        "kl/k3": float((k3 * on).sum()), "kl/k3_is": float((k3_is * on).sum())}
     loss = (per_token * weights).sum()
 
-    with torch.no_grad():
-        low, high = clip_flags_torch(ratio, ratio_k, adv, clip)
+    with torch.no_grad():  # statistics of the unbounded ratios (inf where they overflow)
+        ratio_k = torch.exp(log_ratio_k)
+        low, high = clip_flags_torch(torch.exp(log_ratio), ratio_k, adv, clip)
         rk = ratio_k[on]
         stats = LossStats(
             loss=float(loss.detach()), tokens=float(on.sum()), clip_low=float((low & on).sum()),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -34,15 +35,40 @@ def resolve_model_path(config: GRPOConfig, log=print) -> str:
     return str(tiny_model_dir(log=log))
 
 
-def load_policy(path: str, device: torch.device):
-    """The policy with float32 master weights and its tokenizer (a pad token is added if missing)."""
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    if "custom code" in text or "trust_remote_code" in text:
+        return "it ships its own Python code, which runs only with --trust-remote-code"
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def check_model_path(path: str, field: str = "model_name_or_path") -> None:
+    """A path that names a local file system location (starts with '.', '/' or '~', or exists) must be a directory;
+    anything else is taken as a hub name."""
+    local = Path(path).expanduser()
+    if (path.startswith((".", "/", "~")) or local.exists()) and not local.is_dir():
+        raise ValueError(f"{field}: no model directory at {path!r}")
+
+
+def load_policy(path: str, device: torch.device, trust_remote_code: bool = False):
+    """The policy with float32 master weights and its tokenizer (a pad token is added if missing).
+
+    ``path``: a local directory, or a hub name (``owner/name``) when no such directory exists. Code shipped with
+    the model runs only with ``trust_remote_code``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_model_path(path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    except OSError as exc:
-        raise ValueError(f"model_name_or_path: cannot load {path!r} ({exc})") from None
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"model_name_or_path: cannot load a tokenizer from {path!r} ({_first_line(exc)})") from None
+    if len(tokenizer) < 2 or not tokenizer("a 1").input_ids:  # transformers builds an empty one from no files
+        raise ValueError(f"model_name_or_path: {path!r} holds no tokenizer (tokenizer.json, vocab or merges files)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"model_name_or_path: cannot load a causal language model from {path!r} "
+                         f"({_first_line(exc)})") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if model.config.vocab_size < len(tokenizer):

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 from runkit.cli import parse, run_main
-from runkit.validation import require
+from runkit.validation import require, require_finite
 
 PROG = "python -m llm.serve"
 #: Seconds to wait for a starting server's /health (the 19M model: ~40 s on 2 busy cores).
@@ -59,10 +59,13 @@ class ServeConfig:
     """CUDA only: fraction of the GPU vLLM may take."""
     start_timeout: float = DEFAULT_START_TIMEOUT_S
     """Seconds to wait for the server to answer /health."""
+    trust_remote_code: bool = False
+    """Let vLLM run the Python code the model ships (its own architecture); off unless asked."""
     extra_args: str = ""
     """More arguments for vLLM's server, as one string (e.g. '--tensor-parallel-size 1')."""
 
     def __post_init__(self):
+        require_finite(self)
         require(self, 0 <= self.port < 65536, "port", "must lie in [0, 65535]")
         require(self, self.max_model_len >= 2, "max_model_len", "must be >= 2")
         require(self, self.kv_cache_gib > 0, "kv_cache_gib", "must be > 0")
@@ -92,6 +95,8 @@ def server_command(config: ServeConfig, model_path: str, port: int) -> tuple[lis
             str(config.max_model_len), "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
             "--no-enable-prefix-caching", "--weight-transfer-config",
             json.dumps({"backend": "nccl" if cuda else "gloo_cpu"})]
+    if config.trust_remote_code:
+        args += ["--trust-remote-code"]
     if cuda:
         args += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
     else:
@@ -176,6 +181,10 @@ def _interrupt(signum, frame):
 
 def main(args: list[str] | None = None) -> int:
     config = parse(ServeConfig, args, prog=PROG, description=__doc__.splitlines()[0])
+    if config.model:
+        from .model import check_model_path
+
+        check_model_path(config.model, "model")
     server = ServerProcess(config)
     signal.signal(signal.SIGTERM, _interrupt)
     print(f"starting vLLM's server for {server.model_path} at {server.url} (waiting for /health)", flush=True)

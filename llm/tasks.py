@@ -111,12 +111,28 @@ class TokenizedTask:
             accepted = self.test_accepted_ids if test else self.accepted_ids
             return np.array([float(list(ids) in accepted[i]) for i, ids in zip(prompt_idx, completion_ids)])
         answers = self.task.test_answers if test else self.task.answers
-        r = np.array([float(self.task.reward_fn(t, answers[i])) for i, t in zip(prompt_idx, texts)], dtype=np.float64)
-        bad = ~np.isfinite(r) | (r < 0) | (r > 1)
-        if bad.any():
-            j = int(np.argmax(bad))
-            raise ValueError(f"reward_fn: rewards must lie in [0, 1], got {float(r[j])!r} for completion {texts[j]!r}")
-        return r
+        return np.array([text_reward(self.task.reward_fn, t, answers[i]) for i, t in zip(prompt_idx, texts)],
+                        dtype=np.float64)
+
+
+def text_reward(fn: RewardFn, completion: str, answer: str) -> float:
+    """``fn(completion, answer)`` as a float in [0, 1]; anything else (an exception, a value that is not one real
+    number, nan, inf, a value outside [0, 1]) raises one line naming the completion and the answer."""
+    where = f"for completion {completion[:200]!r} (answer {answer!r})"
+    try:
+        value = fn(completion, answer)
+    except Exception as exc:  # noqa: BLE001 - the user's code: any exception becomes one line
+        raise ValueError(f"reward_fn: raised {type(exc).__name__}: {str(exc)[:200]} {where}") from None
+    if isinstance(value, (list, tuple, np.ndarray)) and np.ndim(value) > 0:
+        raise ValueError(f"reward_fn: returned {len(value)} values {where}; it scores one completion, "
+                         "so it must return one number")
+    if isinstance(value, (str, bytes)) or not isinstance(value, (int, float, np.number, np.ndarray)) and not hasattr(
+            value, "__float__"):
+        raise ValueError(f"reward_fn: returned a {type(value).__name__} ({value!r}) {where}; expected a number in [0, 1]")
+    r = float(value)
+    if not 0.0 <= r <= 1.0:  # also nan
+        raise ValueError(f"reward_fn: rewards must lie in [0, 1] (Theorem 1's bound needs it), got {r!r} {where}")
+    return r
 
 
 # ----------------------------------------------------------------------------------------------
@@ -172,9 +188,12 @@ def parse_number(text: str) -> float | None:
 
 def gsm8k_answer(answer_field: str) -> str:
     """The final answer of a GSM8K ``answer`` field: the text after the last '####'."""
-    if "####" not in answer_field:
-        raise ValueError("dataset: a GSM8K answer must end with '#### <number>'")
-    return answer_field.rsplit("####", 1)[1].strip().replace(",", "")
+    if not isinstance(answer_field, str) or "####" not in answer_field:
+        raise ValueError("dataset: a GSM8K answer must be a string ending with '#### <number>'")
+    answer = answer_field.rsplit("####", 1)[1].strip().replace(",", "")
+    if not answer:
+        raise ValueError("dataset: the GSM8K answer after '####' is empty")
+    return answer
 
 
 def numeric_reward(completion: str, answer: str) -> float:
@@ -200,9 +219,20 @@ def read_gsm8k_jsonl(path: str | Path, template: str = GSM8K_TEMPLATE) -> tuple[
                 row = json.loads(line)
                 prompts.append(template.format(question=row["question"].strip()))
                 answers.append(gsm8k_answer(row["answer"]))
-            except (json.JSONDecodeError, KeyError, AttributeError) as exc:
-                raise ValueError(f"dataset: {path}:{i}: expected a JSON object with 'question' and 'answer' ({exc})") from None
+            except (json.JSONDecodeError, KeyError, AttributeError, TypeError, ValueError) as exc:
+                raise ValueError(f"dataset: {path}:{i}: expected a JSON object with a 'question' string and an "
+                                 f"'answer' ending in '#### <number>' ({str(exc).removeprefix('dataset: ')})") from None
+    if not prompts:
+        raise ValueError(f"dataset: {path} holds no rows")
     return tuple(prompts), tuple(answers)
+
+
+def check_numeric_answers(answers: Sequence[str], source: str) -> None:
+    """The default GSM8K reward compares numbers: refuse answers without one (they would score 0 always)."""
+    for i, a in enumerate(answers, 1):
+        if parse_number(a) is None:
+            raise ValueError(f"dataset: {source}: the answer of row {i} ({a!r}) is not a number, so the default reward "
+                             "would score every completion 0; fix the row or pass --reward-fn for non-numeric answers")
 
 
 def load_hub_gsm8k(name: str, split: str = "train", template: str = GSM8K_TEMPLATE) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -253,6 +283,9 @@ def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "") -> Task
             test = load_hub_gsm8k(eval_dataset[3:], split="test")
         elif eval_dataset:
             test = read_gsm8k_jsonl(eval_dataset)
+        if not reward_fn:
+            check_numeric_answers(answers, dataset)
+            check_numeric_answers(test[1], eval_dataset)
         task = Task(f"gsm8k:{Path(dataset).name}", prompts, answers, reward_fn=numeric_reward,
                     test_prompts=test[0], test_answers=test[1])
     if reward_fn:

@@ -21,6 +21,7 @@ Every knob is read where it acts: ``sync_period`` (v) at the sync, ``num_iterati
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 
 import grpo_theory as gt
+from runkit.cli import RunError
 from runkit.interrupt import GracefulStop
 
 from . import diagnostics as dg
@@ -41,7 +43,7 @@ from .loss import LossStats, grpo_loss, loss_weights
 from .model import Precision, copy_weights, frozen_copy, load_policy, resolve_device, resolve_model_path
 from .rollout import RolloutWindow
 from .rundir import RunDir
-from .sampling import Rollout, Sampler, TransformersSampler, make_sampler, probe_sync
+from .sampling import Rollout, Sampler, TransformersSampler, make_sampler, max_model_len, probe_sync
 from .tasks import TokenizedTask, load_task
 
 #: Warn when sampler and trainer log-probs of the same tokens differ by more than this (worst token of
@@ -82,7 +84,7 @@ def setup(config: GRPOConfig, log=print) -> tuple[Models, TokenizedTask, str]:
     device = resolve_device(config.device)
     task = load_task(config.dataset, config.reward_fn, config.eval_dataset)
     model_path = resolve_model_path(config, log=log)
-    policy, tokenizer = load_policy(model_path, device)
+    policy, tokenizer = load_policy(model_path, device, config.trust_remote_code)
     policy.train()
     if config.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -94,6 +96,7 @@ def setup(config: GRPOConfig, log=print) -> tuple[Models, TokenizedTask, str]:
                          f"tokens, more than {config.max_completion_length}; raise it or pass --no-exact-j")
     opt = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     longest = max(map(len, bound.prompt_ids + bound.test_prompt_ids))
+    max_model_len(policy, config, longest)  # the longest prompt plus a whole completion fit the model's positions
     sampler = make_sampler(config, policy, tokenizer, model_path, longest)
     if config.verify_sync and sampler.name in ("vllm", "server"):  # refuse an architecture the sync cannot reach
         probe_sync(sampler, policy, bound.prompt_ids[:2], tokenizer.pad_token_id, config.temperature,
@@ -225,6 +228,16 @@ class Optimised:
     chain_tv_k: float | None
     stats: LossStats
     grad_norm: float
+    skipped: int = 0
+    """Inner steps whose loss or gradient was not finite: no optimiser step was taken (the rest of the batch's
+    inner steps are skipped too, as they would start from the same weights)."""
+
+
+def gradient_norm(parameters) -> float:
+    """The global L2 norm of the gradients, accumulated in float64 (a float32 sum of squares overflows for
+    elements above 1.8e19); inf or nan if any gradient element is."""
+    norms = [torch.linalg.vector_norm(p.grad, dtype=torch.float64) for p in parameters if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
 
 
 def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, logp_alpha: torch.Tensor | None,
@@ -243,7 +256,7 @@ def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, l
     seq_mask = torch.tensor(np.repeat(groups.keep, G), dtype=torch.float32, device=models.device)
     weights = loss_weights(batch.completion_mask, config.loss_type, config.max_completion_length, seq_mask)
     parts = batch.slices(config.per_device_train_batch_size)
-    stats, grad_norm, chain_tv_k, first = LossStats(), 0.0, None, []
+    stats, grad_norm, chain_tv_k, first, skipped = LossStats(), 0.0, None, [], 0
     for it in range(config.num_iterations):
         models.optimizer.zero_grad(set_to_none=True)
         stats = LossStats()
@@ -269,11 +282,17 @@ def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, l
                 config.logit_chunk_tokens)
         if stats.tokens == 0:
             break  # every group masked: nothing to learn from this batch
+        grad_norm = gradient_norm(models.policy.parameters())
+        if not (math.isfinite(stats.loss) and math.isfinite(grad_norm)):
+            models.optimizer.zero_grad(set_to_none=True)
+            skipped = config.num_iterations - it
+            break
         if config.max_grad_norm > 0:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(models.policy.parameters(), config.max_grad_norm))
+            torch.nn.utils.clip_grads_with_norm_(models.policy.parameters(), config.max_grad_norm,
+                                                 torch.tensor(grad_norm))
         models.optimizer.step()
     k = Forward.cat(first)
-    return Optimised(k.logp, k.entropy, k.hidden, chain_tv_k, stats, grad_norm)
+    return Optimised(k.logp, k.entropy, k.hidden, chain_tv_k, stats, grad_norm, skipped)
 
 
 def diagnose(config: GRPOConfig, models: Models, batch: Batch, rewards: np.ndarray, groups: Groups,
@@ -287,6 +306,7 @@ def diagnose(config: GRPOConfig, models: Models, batch: Batch, rewards: np.ndarr
     row = dg.rollout_metrics(rewards, groups.zero_std, roll.completion_ids, models.tokenizer.eos_token_id)
     row["entropy"] = dg.mean_entropy(optimised.entropy_k, cm)
     row["grad_norm"] = optimised.grad_norm
+    row["skipped_updates"] = optimised.skipped
     row.update(optimised.stats.metrics())
     row.update(dg.group_metrics(rewards, log_w_k, config.variance_eps))
     if optimised.chain_tv_k is not None:
@@ -417,14 +437,25 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
 
     ``callbacks`` are called as ``cb(step, row)`` after each step's metrics row is written.
     """
+    with RunDir(config) as run:  # locked: a second trainer on the same output_dir is refused
+        ckpt = run.open()  # writes config.json before step 0
+        if ckpt is not None and ckpt["step"] >= config.max_steps:
+            log(f"{run.path} already holds a finished run of {ckpt['step']} steps (raise --max-steps to continue it)")
+            return run.path
+        models, task, model_path = setup(config, log)
+        try:
+            run_loop(config, run, models, task, model_path, ckpt, log, callbacks)
+        finally:
+            models.sampler.close()  # also on an error: a server's weight-transfer group, an engine's memory
+    return run.path
+
+
+def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTask, model_path: str,
+             ckpt: dict | None, log, callbacks: Sequence[StepCallback]) -> None:
+    """The steps of ``train`` from the checkpoint ``ckpt`` (None: from step 0) to ``max_steps``, then the final
+    checkpoint and model."""
     from tqdm.auto import tqdm
 
-    run = RunDir(config)
-    ckpt = run.open()  # writes config.json before step 0
-    if ckpt is not None and ckpt["step"] >= config.max_steps:
-        log(f"{run.path} already holds a finished run of {ckpt['step']} steps (raise --max-steps to continue it)")
-        return run.path
-    models, task, model_path = setup(config, log)
     start = restore_checkpoint(models, ckpt) if ckpt is not None else 0
     if start:
         log(f"resuming {run.path} at step {start}")
@@ -434,7 +465,7 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
     G = config.num_generations
     stop = GracefulStop(log)
     bar = tqdm(total=config.max_steps, initial=start, disable=not config.progress, dynamic_ncols=True, unit="step")
-    step = start
+    step, skips_in_a_row = start, 0
     try:
         for step in range(start, config.max_steps):
             if stop.requested:
@@ -480,6 +511,13 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
                     row.update(run_evaluation(config, models, task, step + 1))
             warn_if_stale(config, row, lag, bar.write)
             run.append_metrics({**row, **timer.seconds})
+            skips_in_a_row = skips_in_a_row + 1 if row["skipped_updates"] else 0
+            if skips_in_a_row >= config.max_consecutive_skipped_updates:
+                raise RunError(
+                    f"{skips_in_a_row} steps in a row ended without an update (non-finite loss {row['loss']} or "
+                    f"gradient norm {row['grad_norm']}, step {step}): the policy's or the sampler's log-probs have "
+                    f"diverged (see is_weight/max and sampling/logp_diff_max in {run.metrics_path}); the last "
+                    "checkpoint holds weights from before it")
             if models.ref is not None and config.ref_sync_steps and (step + 1) % config.ref_sync_steps == 0:
                 copy_weights(models.ref, models.policy)  # pi_ref <- pi_theta
             if config.save_steps and (step + 1) % config.save_steps == 0 and step + 1 < config.max_steps:
@@ -505,10 +543,7 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
         log(f"interrupted: checkpoint saved after step {step - 1} in {run.path}; run the same command to resume")
         raise KeyboardInterrupt
     save_checkpoint(run, models, config.max_steps)
-    models.policy.save_pretrained(run.path / "final_model")
-    models.tokenizer.save_pretrained(run.path / "final_model")
-    models.sampler.close()
-    return run.path
+    run.save_final_model(models.policy, models.tokenizer)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, ma
 
         return VLLMSampler(model_path, dtype=config.dtype, seed=config.seed,
                            max_model_len=max_model_len(policy, config, max_prompt_tokens),
-                           eos_token_id=tokenizer.eos_token_id)
+                           eos_token_id=tokenizer.eos_token_id, trust_remote_code=config.trust_remote_code)
     return TransformersSampler(policy, tokenizer.eos_token_id, tokenizer.pad_token_id)
 
 
@@ -53,8 +53,9 @@ def max_model_len(model: torch.nn.Module, config, max_prompt_tokens: int) -> int
     limit = int(getattr(model.config, "max_position_embeddings", 1 << 20))
     need = max_prompt_tokens + config.max_completion_length
     if need > limit:
-        raise ValueError(f"max_completion_length: prompts of {max_prompt_tokens} tokens plus "
-                         f"{config.max_completion_length} generated exceed the model's {limit} positions")
+        raise ValueError(f"max_completion_length: the longest prompt ({max_prompt_tokens} tokens) plus "
+                         f"{config.max_completion_length} generated exceed the model's {limit} positions; shorten "
+                         "the prompts or lower it")
     return need
 
 

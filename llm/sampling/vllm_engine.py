@@ -41,7 +41,7 @@ class VLLMSampler:
     name = "vllm"
 
     def __init__(self, model_path: str, *, dtype: str, seed: int, max_model_len: int, eos_token_id: int,
-                 gpu_memory_utilization: float = 0.3):
+                 gpu_memory_utilization: float = 0.3, trust_remote_code: bool = False):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in process: weights are shared by reference
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KV_GIB)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # set it to INFO to see the engine's own log
@@ -53,7 +53,7 @@ class VLLMSampler:
         # so alpha is exactly softmax(logits / T); processed log-probs are those of the distribution sampled.
         kwargs = dict(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
                       enforce_eager=True, logprobs_mode="processed_logprobs", enable_prefix_caching=False,
-                      generation_config="vllm")
+                      generation_config="vllm", trust_remote_code=trust_remote_code)
         if self.cuda:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         else:  # weights arrive through vLLM's weight-transfer API (llm.sampling.weight_transfer)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from runkit.cli import first_line
+
 from .config import GRPOConfig
 
 
@@ -35,11 +37,12 @@ def resolve_model_path(config: GRPOConfig, log=print) -> str:
     return str(tiny_model_dir(log=log))
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+def _why(exc: BaseException) -> str:
+    """transformers' loading error in one line, with our flag's name where it asks for remote code."""
+    text = str(exc)
     if "custom code" in text or "trust_remote_code" in text:
         return "it ships its own Python code, which runs only with --trust-remote-code"
-    return text.splitlines()[0][:300] if text else type(exc).__name__
+    return first_line(exc)
 
 
 def check_model_path(path: str, field: str = "model_name_or_path") -> None:
@@ -61,14 +64,14 @@ def load_policy(path: str, device: torch.device, trust_remote_code: bool = False
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise ValueError(f"model_name_or_path: cannot load a tokenizer from {path!r} ({_first_line(exc)})") from None
+        raise ValueError(f"model_name_or_path: cannot load a tokenizer from {path!r} ({_why(exc)})") from None
     if len(tokenizer) < 2 or not tokenizer("a 1").input_ids:  # transformers builds an empty one from no files
         raise ValueError(f"model_name_or_path: {path!r} holds no tokenizer (tokenizer.json, vocab or merges files)")
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise ValueError(f"model_name_or_path: cannot load a causal language model from {path!r} "
-                         f"({_first_line(exc)})") from None
+                         f"({_why(exc)})") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if model.config.vocab_size < len(tokenizer):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from runkit.cli import RunError
+from runkit.cli import RunError, first_line
 from runkit.runio import MetricsWriter, atomic_write_text, read_metrics, write_config
 
 from .config import GRPOConfig
@@ -68,7 +68,7 @@ def writing(what: Path, during_run: bool = True):
     try:
         yield
     except OSError as exc:
-        reason = {errno.ENOSPC: "the disk is full", errno.EIO: exc.strerror or "input/output error", errno.EDQUOT: "the disk quota is exceeded",
+        reason = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
                   errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
                   errno.EPERM: "permission denied", errno.EFBIG: "the file is larger than allowed"}.get(
                       exc.errno, exc.strerror or str(exc))
@@ -164,7 +164,7 @@ class RunDir:
             return torch.load(self.checkpoint_path, map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same advice
             raise ValueError(f"output_dir: {self.checkpoint_path} cannot be loaded ({type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0] if str(exc) else ''}); move it away to start afresh") from None
+                             f"{first_line(exc)}); move it away to start afresh") from None
 
     def _truncate_metrics(self, next_step: int) -> None:
         """Keep exactly the rows of steps < next_step (rows written after the checkpoint are redone)."""
@@ -202,19 +202,24 @@ class RunDir:
                            f"disk has {free / 1e6:.1f} MB free; the last checkpoint in {self.path} is intact (free "
                            "space, then run the same command to resume)")
         try:
+            with writing(self.checkpoint_path), tmp.open("wb") as f:
+                self._torch_save(state, f)
             with writing(self.checkpoint_path):
-                with tmp.open("wb") as f:
-                    try:
-                        torch.save(state, f)
-                    except RuntimeError as exc:  # torch's writer reports a failed write as a RuntimeError
-                        full = shutil.disk_usage(self.path).free < (1 << 20)
-                        raise OSError(errno.ENOSPC if full else errno.EIO,
-                                      None if full else str(exc).splitlines()[0]) from None
-                    f.flush()
-                    os.fsync(f.fileno())
                 os.replace(tmp, self.checkpoint_path)
         finally:
             tmp.unlink(missing_ok=True)
+
+    def _torch_save(self, state: dict, f) -> None:
+        """``torch.save`` into the open file ``f``, flushed to disk. torch's writer reports a failed write as a
+        RuntimeError ("unexpected pos ..."): it becomes the OSError it was (ENOSPC when the disk is now full)."""
+        try:
+            torch.save(state, f)
+        except RuntimeError as exc:
+            if shutil.disk_usage(self.path).free < (1 << 20):
+                raise OSError(errno.ENOSPC, "No space left on device") from None
+            raise OSError(errno.EIO, first_line(exc)) from None
+        f.flush()
+        os.fsync(f.fileno())
 
     def save_final_model(self, model, tokenizer) -> None:
         path = self.path / "final_model"

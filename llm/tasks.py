@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from runkit.cli import first_line
+
 RewardFn = Callable[[str, str], float]
 #: The exact expected-reward hook: the completions (text before EOS) that score 1 for an answer.
 AcceptedFn = Callable[[str], Sequence[str]]
@@ -122,13 +124,13 @@ def text_reward(fn: RewardFn, completion: str, answer: str) -> float:
     try:
         value = fn(completion, answer)
     except Exception as exc:  # noqa: BLE001 - the user's code: any exception becomes one line
-        raise ValueError(f"reward_fn: raised {type(exc).__name__}: {str(exc)[:200]} {where}") from None
+        raise ValueError(f"reward_fn: raised {type(exc).__name__}: {first_line(exc, 200)} {where}") from None
     if isinstance(value, (list, tuple, np.ndarray)) and np.ndim(value) > 0:
         raise ValueError(f"reward_fn: returned {len(value)} values {where}; it scores one completion, "
                          "so it must return one number")
-    if isinstance(value, (str, bytes)) or not isinstance(value, (int, float, np.number, np.ndarray)) and not hasattr(
-            value, "__float__"):
-        raise ValueError(f"reward_fn: returned a {type(value).__name__} ({value!r}) {where}; expected a number in [0, 1]")
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):  # numbers, 0-d arrays and tensors have it
+        raise ValueError(f"reward_fn: returned a {type(value).__name__} ({value!r}) {where}; "
+                         "expected a number in [0, 1]")
     r = float(value)
     if not 0.0 <= r <= 1.0:  # also nan
         raise ValueError(f"reward_fn: rewards must lie in [0, 1] (Theorem 1's bound needs it), got {r!r} {where}")

@@ -52,6 +52,15 @@ def parse(cls: type[T], args: list[str] | None, prog: str, description: str | No
     raise AssertionError("unreachable")
 
 
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first non-empty line of an exception's message (at most ``limit`` characters), or its type's name:
+    what a one-line error quotes of an exception raised by a library or a user's code."""
+    for line in str(exc).splitlines():
+        if line.strip():
+            return line.strip()[:limit]
+    return type(exc).__name__
+
+
 class RunError(RuntimeError):
     """A failure of the run's environment, not of its configuration (a server that died, a lost
     connection): ``run_main`` prints it as one line and exits with status 1."""

@@ -18,6 +18,8 @@ import time
 
 import torch
 
+from runkit.cli import first_line
+
 from .base import Rollout
 
 #: CPU KV-cache size in GiB when the user has not set VLLM_CPU_KVCACHE_SPACE (vLLM's default takes
@@ -67,8 +69,7 @@ class VLLMSampler:
         try:
             self.llm = LLM(**kwargs)
         except (ValueError, RuntimeError, NotImplementedError, KeyError) as exc:  # vLLM's refusals, one line
-            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-            raise ValueError(f"sampler: vLLM cannot run {model_path}: {first} (VLLM_LOGGING_LEVEL=INFO shows its "
+            raise ValueError(f"sampler: vLLM cannot run {model_path}: {first_line(exc)} (VLLM_LOGGING_LEVEL=INFO shows its "
                              "log; --sampler transformers avoids vLLM)") from None
         self.start_seconds = time.perf_counter() - t0
         torch.set_num_threads(threads)  # vLLM drops torch to one thread for serving; the trainer needs them

@@ -1,13 +1,17 @@
 """Throughput benchmark, everything measured side by side in one run: ``make benchmark``.
 
-Prints one table: our trainer with the vLLM sampler at v = 1, 4, 10, our trainer with the
-transformers sampler, and TRL's GRPOTrainer, on the same locally built ~19M-parameter Qwen2
-(character tokenizer, random weights), the built-in arithmetic prompts, G = 16, 4 prompts per
-step (64 completions), completions of up to 64 tokens, one optimiser step per batch, beta = 0,
-fp32 (``--dtype bfloat16`` for the bf16 variant). Then a roofline (achieved FLOP/s of generation
-and training against this machine's matmul rate, measured in the same run) and a step-time model
-t(v) = generate + train + sync/v fitted to the measured split, which predicts the v = 10 speed-up
-here and, fed with the paper's 7B timings, the sync cost those timings imply.
+Prints one table: our trainer with the in-process vLLM engine at v = 1, 4, 10 (v = 1 and 10 also with the
+diagnostics on, '+diag'), with vLLM's server in its own process at v = 1, 4, 10, with the transformers
+sampler, and TRL's GRPOTrainer, on the same locally built ~19M-parameter Qwen2 (character tokenizer, random
+weights), the built-in arithmetic prompts, G = 16, 4 prompts per step (64 completions), completions of up to
+64 tokens, one optimiser step per batch, beta = 0, float32 (``--dtype bfloat16`` for the bf16 variant).
+
+Columns: steps/s; the trainer's own ``time/<phase>`` metrics (mean seconds per step; ``time/sync`` includes
+the v - 1 steps without a sync); the end-to-end efficiency = the step's unavoidable arithmetic (2N FLOPs per
+generated token, 6N per trained token) / (seconds per step x the matmul rate of the same dtype measured in this
+run); the ratio to TRL's steps/s at the same dtype. Then a step-time model t(v) = per-step work + sync/v fitted
+at v = 1, which predicts the v = 10 speed-up here and, fed with the paper's 7B timings, the sync cost those
+timings imply.
 
 Steps are timed over whole sync windows after a warm-up window (vLLM's first call compiles), so
 window-batched generation is charged in full. TRL runs in its own process.
@@ -21,7 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -73,26 +77,45 @@ def cpu_description() -> str:
     return f"{model} ({', '.join(ext) or 'no AVX2'})"
 
 
+#: The trainer's timed phases (``llm.trainer.PHASES``) shown as columns, under the trainer's own metric names.
+SHOWN_PHASES = ("sync", "generate", "score", "behaviour", "optimise", "diagnostics")
+
+
 @dataclass
 class Row:
+    """One configuration: steps/s over the timed steps, the mean seconds per step of each trainer phase
+    (``time/<phase>``, the trainer's metric names), and the tokens of a step (generated; trained = prompt +
+    completion tokens, padding excluded)."""
+
     name: str
     steps_per_s: float
-    gen_tokens_per_s: float
-    s_generate: float
-    s_train: float
-    s_sync: float
-    s_other: float
     gen_tokens: float
     train_tokens: float
-    s_alpha: float = 0.0  # trainer-side forward with alpha's weights (sync verification)
+    phases: dict = field(default_factory=dict)
     sync_seconds: float = float("nan")  # seconds per weight sync (not per step)
     sync_mb_per_s: float = float("nan")
+    v: int = 1
+    diagnostics: bool = False
     note: str = ""
+
+    @property
+    def gen_tokens_per_s(self) -> float:
+        t = self.phases.get("time/generate")
+        return self.gen_tokens / t if t else float("nan")
+
+
+def step_flops(n_params: int, gen_tokens: float, train_tokens: float) -> float:
+    """The arithmetic a GRPO step cannot avoid: 2N FLOPs per generated token (one forward while sampling) and 6N
+    per trained token (forward and backward of the policy), N = the model's parameters. Diagnostics, the sync and
+    any second forward are not counted: they are what an efficiency below 100% pays for."""
+    return 2 * n_params * gen_tokens + 6 * n_params * train_tokens
 
 
 def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: Path, windows: int = 0,
-             server_url: str = "") -> Row:
-    """Run our trainer for ``windows`` sync windows (at least 4 steps each); time all but the first."""
+             server_url: str = "", diagnostics: bool = False) -> Row:
+    """Run our trainer for ``windows`` sync windows (at least 4 steps each); time all but the first.
+    ``diagnostics``: the trainer's default TV and in-sample bound estimates on (``tv_diagnostics``,
+    ``insample_diagnostics``); off, the step does what TRL's does (exact J is off in both: real tasks lack it)."""
     from llm import GRPOConfig, train
     from llm.rundir import read_metrics
 
@@ -102,27 +125,26 @@ def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: 
     per_window = max(v, 4 if v == 1 else v)
     windows = windows or (2 if v >= 10 else 3)  # at least 8 timed steps after the warm-up window
     steps = per_window * windows
-    cfg = GRPOConfig(model_name_or_path=str(model_dir), output_dir=str(out / name), sampler=sampler,
-                     sync_period=v, max_steps=steps, prompts_per_step=PROMPTS, num_generations=G,
-                     max_completion_length=MAX_TOKENS, beta=0.0, tv_diagnostics=False, dtype=dtype,
-                     progress=False, save_steps=0, learning_rate=1e-5, server_url=server_url,
+    cfg = GRPOConfig(model_name_or_path=str(model_dir), output_dir=str(out / name.replace(" ", "_")),
+                     sampler=sampler, sync_period=v, max_steps=steps, prompts_per_step=PROMPTS, num_generations=G,
+                     max_completion_length=MAX_TOKENS, beta=0.0, tv_diagnostics=diagnostics,
+                     insample_diagnostics=diagnostics, dtype=dtype, progress=False, save_steps=0, learning_rate=1e-5,
+                     server_url=server_url,
                      # a random model earns no reward: without the mask every step still does the full
                      # forward/backward (zero advantages), as TRL does, so the work compared is equal
-                     mask_zero_std_groups=False, exact_j=False)  # exact J is a diagnostic TRL lacks
+                     mask_zero_std_groups=False, exact_j=False)
+    shutil.rmtree(cfg.output_dir, ignore_errors=True)
     train(cfg, log=lambda *a: None)
     rows = read_metrics(cfg.output_dir)[per_window:]
-    tot = lambda k: sum(r.get(k, 0.0) for r in rows)  # noqa: E731
-    wall = sum(sum(v_ for k, v_ in r.items() if k.startswith("time/")) for r in rows)
-    gen_tok = sum(r["completions/mean_length"] * PROMPTS * G for r in rows)
+    keys = [k for k in rows[0] if k.startswith("time/")]
+    phases = {k: sum(r.get(k, 0.0) for r in rows) / len(rows) for k in keys}
+    wall = sum(phases.values())
+    gen_tok = statistics.mean(r["completions/mean_length"] for r in rows) * PROMPTS * G
     prompt_tok = 5.0 * PROMPTS * G  # arithmetic prompts are 4-5 characters
     syncs = [r for r in read_metrics(cfg.output_dir) if "sync/mb" in r]  # every sync after the first step
     sync_s = statistics.median(r["time/sync"] for r in syncs) if syncs else float("nan")
     sync_rate = statistics.median(r["sync/mb_per_s"] for r in syncs) if syncs else float("nan")
-    return Row(name, len(rows) / wall, gen_tok / tot("time/generate"), tot("time/generate") / len(rows),
-               tot("time/optimise") / len(rows), tot("time/sync") / len(rows),
-               (wall - tot("time/generate") - tot("time/optimise") - tot("time/sync") - tot("time/behaviour")) / len(rows),
-               gen_tok / len(rows), gen_tok / len(rows) + prompt_tok,
-               s_alpha=tot("time/behaviour") / len(rows), sync_seconds=sync_s, sync_mb_per_s=sync_rate)
+    return Row(name, 1 / wall, gen_tok, gen_tok + prompt_tok, phases, sync_s, sync_rate, v, diagnostics)
 
 
 TRL_SCRIPT = r'''
@@ -175,8 +197,7 @@ def run_trl(model_dir: Path, dtype: str, out: Path, python: str, steps: int = 5)
         mean_len = statistics.mean(data["lengths"]) if data["lengths"] else float("nan")
         sec = statistics.mean(t)
         gen_tok = mean_len * PROMPTS * G
-        return Row(mode, 1 / sec, float("nan"), float("nan"), float("nan"), float("nan"), float("nan"),
-                   gen_tok, gen_tok + 5.0 * PROMPTS * G, note="; ".join(notes)), "; ".join(notes)
+        return Row(mode, 1 / sec, gen_tok, gen_tok + 5.0 * PROMPTS * G, note="; ".join(notes)), "; ".join(notes)
     return None, "; ".join(notes)
 
 
@@ -198,12 +219,19 @@ def main() -> int:
     n_params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(model_dir).parameters())
     print(f"model: Qwen2, {n_params / 1e6:.1f}M parameters; {PROMPTS} prompts x G={G}, <= {MAX_TOKENS} tokens, "
           f"{args.dtype}, torch threads {torch.get_num_threads()}", flush=True)
+    dt = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    rates = [matmul_flops(dt, reps=3 if dt == torch.bfloat16 else 10)]  # again at the end; the larger one is used
 
     rows: list[Row] = []
+
+    def done(row: Row) -> None:
+        rows.append(row)
+        print(f"  done: {row.name}: {row.steps_per_s:.3f} steps/s", flush=True)
+
     if not args.skip_inprocess:
-        for v in (1, 4, 10):
-            rows.append(run_ours(f"ours vLLM v={v}", model_dir, "vllm", v, args.dtype, out))
-            print(f"  done: {rows[-1].name}: {rows[-1].steps_per_s:.3f} steps/s", flush=True)
+        for v, diag in ((1, False), (1, True), (4, False), (10, False), (10, True)):
+            done(run_ours(f"ours vLLM v={v}" + (" +diag" if diag else ""), model_dir, "vllm", v, args.dtype, out,
+                          diagnostics=diag))
     if not args.skip_server:
         from llm.serve import ServeConfig, ServerProcess
 
@@ -211,39 +239,38 @@ def main() -> int:
         with ServerProcess(ServeConfig(model=str(model_dir), port=0, dtype=args.dtype, max_model_len=128),
                            log=lambda *a: None, log_file=out / "server.log") as server:
             for v in (1, 4, 10):
-                rows.append(run_ours(f"ours server v={v}", model_dir, "server", v, args.dtype, out,
-                                     server_url=server.url))
-                print(f"  done: {rows[-1].name}: {rows[-1].steps_per_s:.3f} steps/s", flush=True)
+                done(run_ours(f"ours server v={v}", model_dir, "server", v, args.dtype, out, server_url=server.url))
     if not args.skip_transformers:
-        rows.append(run_ours("ours transformers v=1", model_dir, "transformers", 1, args.dtype, out, windows=2))
-        print(f"  done: {rows[-1].name}", flush=True)
+        done(run_ours("ours transformers v=1", model_dir, "transformers", 1, args.dtype, out, windows=2))
     trl_note = "TRL skipped"
     if args.trl_python and Path(args.trl_python).exists():
         trl, trl_note = run_trl(model_dir, args.dtype, out, args.trl_python)
         if trl is not None:
-            rows.append(trl)
-            print(f"  done: {trl.name}", flush=True)
-    # bf16 only for a bf16 benchmark: on a CPU without native bf16 (AVX2 only) one 2048^3 bf16 matmul takes ~60 s.
-    f32 = matmul_flops(torch.float32)
-    bf16 = matmul_flops(torch.bfloat16, reps=3) if args.dtype == "bfloat16" else float("nan")
-    peak = bf16 if args.dtype == "bfloat16" else f32
+            done(trl)
+    rates.append(matmul_flops(dt, reps=3 if dt == torch.bfloat16 else 10))
+    peak = max(rates)
+    trl = next((r for r in rows if r.name.startswith("TRL")), None)
 
-    print(f"\nCPU: {cpu_description()}; matmul rate measured now: fp32 {f32 / 1e9:.0f} GFLOP/s"
-          + (f", bf16 {bf16 / 1e9:.0f} GFLOP/s" if bf16 == bf16 else "") + " (2048x2048, median)\n")
-    head = (f"| {'configuration':<26} | steps/s | gen tok/s | time/generate | time/optimise | time/sync | time/behaviour "
-            "| other | gen eff. | train eff. | s per sync | sync MB/s |")
-    print(head)
-    print("|" + "---|" * 12)
+    print(f"\nCPU: {cpu_description()}; {args.dtype} matmul rate measured in this run (2048x2048, median): "
+          f"{rates[0] / 1e9:.0f} GFLOP/s before the runs, {rates[1] / 1e9:.0f} after; efficiency uses "
+          f"{peak / 1e9:.0f}\n")
+    cols = [f"time/{p}" for p in SHOWN_PHASES]
+    print(f"| {'configuration':<24} | steps/s | s/step | " + " | ".join(cols)
+          + " | gen tok/s | end-to-end eff. | x TRL | s per sync | sync MB/s |")
+    print("|" + "---|" * (len(cols) + 8))
     for r in rows:
-        gen_eff = 2 * n_params * r.gen_tokens / r.s_generate / peak if r.s_generate == r.s_generate else float("nan")
-        # train: fwd+bwd (6N per token); the sync-verification forward (2N per token) is timed apart
-        train_eff = (6 * n_params * r.train_tokens / r.s_train / peak
-                     if r.s_train == r.s_train else float("nan"))
-        print(f"| {r.name:<26} | {r.steps_per_s:7.3f} | {r.gen_tokens_per_s:9.0f} | {r.s_generate:13.3f} | "
-              f"{r.s_train:13.3f} | {r.s_sync:9.4f} | {r.s_alpha:14.3f} | {r.s_other:5.3f} | {gen_eff:8.0%} | {train_eff:10.0%} "
-              f"| {r.sync_seconds:10.3f} | {r.sync_mb_per_s:9.0f} |")
+        eff = step_flops(n_params, r.gen_tokens, r.train_tokens) * r.steps_per_s / peak
+        vs_trl = r.steps_per_s / trl.steps_per_s if trl is not None else float("nan")
+        times = " | ".join(f"{r.phases[c]:.3f}" if c in r.phases else "" for c in cols)
+        print(f"| {r.name:<24} | {r.steps_per_s:7.3f} | {1 / r.steps_per_s:6.2f} | {times} | "
+              f"{r.gen_tokens_per_s:9.0f} | {eff:15.0%} | {vs_trl:5.2f} | {r.sync_seconds:10.3f} | "
+              f"{r.sync_mb_per_s:9.0f} |")
+    (out / "results.json").write_text(json.dumps(
+        {"dtype": args.dtype, "n_params": n_params, "matmul_flops": rates, "rows": [asdict(r) for r in rows]}, indent=1))
+    print("\nend-to-end eff. = (2N x generated + 6N x trained tokens of a step) / (s per step x the matmul rate); "
+          "x TRL = steps/s over TRL's at the same dtype. '+diag': the TV and in-sample bound estimates on.")
+    print(f"TRL: {trl_note or 'ran'}")
     by = {r.name: r for r in rows}
-    (out / "results.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
     if "ours server v=1" in by and "ours vLLM v=1" in by:
         print()
         for v in (1, 4, 10):
@@ -252,57 +279,50 @@ def main() -> int:
                   f"sync {a.sync_seconds:.3f} s vs {b.sync_seconds:.3f} s")
     if "ours server v=1" in by:
         server_step_model(by)
-    if "ours vLLM v=1" not in by:
-        return 0
-    base = by["ours vLLM v=1"]
-    print()
-    for r in rows:
-        if r is not base:
-            print(f"ratio {r.name} / ours vLLM v=1 (steps/s): {r.steps_per_s / base.steps_per_s:.2f}x")
-    trl = next((r for r in rows if r.name.startswith("TRL")), None)
-    if trl is not None:
-        for v in (1, 10):
-            print(f"ratio ours vLLM v={v} / {trl.name} (steps/s): {by[f'ours vLLM v={v}'].steps_per_s / trl.steps_per_s:.2f}x")
-    print(f"TRL: {trl_note or 'ran'}")
-
-    # Step-time model fitted at v = 1: t(v) = g + tr + o + (s + a) / v, with s the weight copy and a the
-    # sync-verification forward, both paid once per sync (generation time per step unchanged).
-    g, o, s, a = base.s_generate, base.s_other, base.s_sync, base.s_alpha
-    tr = base.s_train
-    pred = (g + tr + o + s + a) / (g + tr + o + (s + a) / 10)
-    meas = by["ours vLLM v=10"].steps_per_s / base.steps_per_s
-    print(f"\nstep-time model t(v) = generate + train + other + (sync + verify)/v, fitted at v=1: "
-          f"{g:.3f} + {tr:.3f} + {o:.3f} + ({s:.4f} + {a:.3f})/v s")
-    g10 = by["ours vLLM v=10"].s_generate
-    pred_w = (g + tr + o + s + a) / (g10 + tr + o + (s + a) / 10)
-    print(f"  from per-sync savings alone: predicted v=10 speed-up {pred:.3f}x; measured {meas:.3f}x")
-    print(f"  with the measured window-batched generation time at v=10 ({g10:.3f} s/step vs {g:.3f}): "
-          f"predicted {pred_w:.3f}x; measured {meas:.3f}x")
-    t1, t10 = 1 / PAPER_ITS[1], 1 / PAPER_ITS[10]
-    s_paper = (t1 - t10) / (1 - 1 / 10)
-    print(f"  paper 7B (TP 4): {t1:.1f} s/step at v=1, {t10:.1f} at v=10 ({PAPER_ITS[10] / PAPER_ITS[1]:.2f}x): "
-          f"the model implies a sync-and-related cost of {s_paper:.1f} s per sync = {s_paper / t1:.0%} of a v=1 step; "
-          f"here sync + verification are {(s + a) / (g + tr + o + s + a):.1%} of a v=1 step (the weight copy alone "
-          f"{s / (g + tr + o + s + a):.2%})")
+    if "ours vLLM v=1" in by:
+        step_model(by)
     return 0
 
 
+def per_step(row: Row) -> float:
+    """Seconds of a step that do not depend on v (everything but the sync)."""
+    return sum(row.phases.values()) - row.phases.get("time/sync", 0.0)
+
+
+def step_model(by: dict[str, Row]) -> None:
+    """Step-time model t(v) = per-step work + sync/v, fitted at v = 1, against the measured v = 10 speed-up."""
+    base, ten = by["ours vLLM v=1"], by["ours vLLM v=10"]
+    work, sync = per_step(base), base.sync_seconds
+    meas = ten.steps_per_s / base.steps_per_s
+    print(f"\nstep-time model t(v) = {work:.3f} + {sync:.3f}/v s (fitted at v=1; per-step work + the median sync)")
+    print(f"  from fewer syncs alone: predicted v=10 speed-up {(work + sync) / (work + sync / 10):.3f}x; measured "
+          f"{meas:.3f}x")
+    g1, g10 = base.phases["time/generate"], ten.phases["time/generate"]
+    pred_w = (work + sync) / (work - g1 + g10 + sync / 10)
+    print(f"  with the measured window-batched generation at v=10 ({g10:.3f} s/step vs {g1:.3f}): predicted "
+          f"{pred_w:.3f}x; measured {meas:.3f}x")
+    t1, t10 = 1 / PAPER_ITS[1], 1 / PAPER_ITS[10]
+    s_paper = (t1 - t10) / (1 - 1 / 10)
+    print(f"  paper 7B (TP 4): {t1:.1f} s/step at v=1, {t10:.1f} at v=10 ({PAPER_ITS[10] / PAPER_ITS[1]:.2f}x): "
+          f"the model implies a sync cost of {s_paper:.1f} s per sync = {s_paper / t1:.0%} of a v=1 step; here "
+          f"the sync is {sync / (work + sync):.1%} of a v=1 step")
+
+
 def server_step_model(by: dict[str, Row]) -> None:
-    """The step-time model fed with the measured over-the-wire sync: t(v) = per-step work + (sync + verify)/v."""
+    """The step-time model fed with the measured over-the-wire sync: t(v) = per-step work + sync/v."""
     base = by["ours server v=1"]
-    per_step = base.s_generate + base.s_train + base.s_other
-    sync, verify = base.sync_seconds, base.s_alpha
-    print(f"\nserver step-time model t(v) = {per_step:.3f} + ({sync:.3f} sync + {verify:.3f} verify)/v s "
-          f"(fitted at v=1; the sync measured over the wire: {sync:.3f} s at {base.sync_mb_per_s:.0f} MB/s)")
+    work, sync = per_step(base), base.sync_seconds
+    print(f"\nserver step-time model t(v) = {work:.3f} + {sync:.3f}/v s (fitted at v=1; the sync measured over the "
+          f"wire: {sync:.3f} s at {base.sync_mb_per_s:.0f} MB/s)")
     for v in (4, 10):
-        pred = (per_step + sync + verify) / (per_step + (sync + verify) / v)
+        pred = (work + sync) / (work + sync / v)
         meas = by[f"ours server v={v}"].steps_per_s / base.steps_per_s
         print(f"  v={v}: predicted speed-up from fewer syncs {pred:.3f}x; measured {meas:.3f}x "
               "(the measurement adds window-batched generation)")
     for ratio in (0.1, 1.0):
-        s_big = ratio * per_step
+        s_big = ratio * work
         print(f"  a sync costing {ratio:g} x the per-step work (a large model over a slow link) would make v=10 "
-              f"{(per_step + s_big) / (per_step + s_big / 10):.2f}x faster than v=1")
+              f"{(work + s_big) / (work + s_big / 10):.2f}x faster than v=1")
 
 
 if __name__ == "__main__":

@@ -108,6 +108,12 @@ class GRPOConfig:
     the zero-variance mask and the logged statistics are the whole step's, so the gradient does not depend on
     the split. Every other pass of the step (alpha, pi_ref, diagnostics) runs in micro-batches of the same size.
     0: the whole step in one pass (fastest on the built-in model; use 4-16 on real models)."""
+    group_by_length: bool = True
+    """Run the passes of a step (each at most ``per_device_train_batch_size`` completions) over sequences of similar
+    length, each pass padded only to its own longest sequence, so padding positions stay out of the matmuls
+    (transformers' name; the passes are chosen to minimise padded positions plus a fixed cost per pass). The
+    gradient and every logged number are the same as without it, up to float rounding. Off: consecutive
+    completions per pass, padded to the step's longest."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (transformers'
     gradient checkpointing): activation memory of a micro-batch drops from about one layer's worth per layer
@@ -145,6 +151,11 @@ class GRPOConfig:
     are biased upwards (pi_{k+1} was fitted to these samples; docs/theory.md, §8); ``--heldout-prompts``
     gives unbiased ones. Off: the step skips that pass; the pi_k quantities (TV(pi_k, alpha), the lag
     penalty, the sync check) need no extra pass and stay."""
+    insample_diagnostics_steps: int = 1
+    """With ``insample_diagnostics``: compute them at every this many steps only (steps k with k % N == 0), so
+    their forward pass costs 1/N of a pass per step. Each computed row is the same estimate as at N = 1; what is
+    lost is rows: a mean of ``insample/*`` over a run then rests on 1/N as many steps (N times the variance of
+    that mean from step-to-step noise)."""
     exact_j: bool = True
     """When the task allows it (the built-in task), log the exact J(pi_k), J(pi_{k+1}) over the training
     prompts and the exact improvement (one forward pass over the accepted completions per step)."""
@@ -170,6 +181,7 @@ class GRPOConfig:
         require(self, self.num_iterations >= 1, "num_iterations", "must be >= 1")
         require(self, self.heldout_prompts >= 0, "heldout_prompts", "must be >= 0")
         require(self, self.eval_steps >= 0, "eval_steps", "must be >= 0")
+        require(self, self.insample_diagnostics_steps >= 1, "insample_diagnostics_steps", "must be >= 1")
         require(self, self.eval_generations >= 1, "eval_generations", "must be >= 1")
         require(self, self.ratio_level == "token" or self.loss_type == "grpo", "ratio_level",
                 "sequence-level ratios need loss_type grpo (dapo and dr_grpo would weight each sequence's one "

@@ -109,9 +109,16 @@ class Forward:
     hidden: torch.Tensor | None = None
 
     @staticmethod
-    def cat(parts: list["Forward"]) -> "Forward":
-        """Row-wise concatenation of the micro-batches' passes."""
-        join = lambda xs: torch.cat(xs) if xs[0] is not None else None  # noqa: E731
+    def assemble(batch: Batch, rows: list[torch.Tensor], parts: list["Forward"]) -> "Forward":
+        """The passes ``parts`` over ``batch.take(r)`` for ``r`` in ``rows`` (which cover the batch) as one pass over
+        ``batch``: per-token values in the batch's rows and columns (B, T, ...), zero at padding."""
+        def join(values: list[torch.Tensor | None]) -> torch.Tensor | None:
+            if values[0] is None:
+                return None
+            out = values[0].new_zeros((batch.size, batch.completion_ids.shape[1], *values[0].shape[2:]))
+            for r, v in zip(rows, values, strict=True):
+                out[r.to(out.device), :v.shape[1]] = v
+            return out
         return Forward(join([p.logp for p in parts]), join([p.entropy for p in parts]),
                        join([p.hidden for p in parts]))
 
@@ -138,10 +145,12 @@ def forward_completions(model, batch: Batch, temperature: float, precision: Prec
 @torch.no_grad()
 def completion_logprobs(model, batch: Batch, temperature: float, precision: Precision = Precision(), *,
                         micro_batch: int = 0, chunk_tokens: int = 0, entropy: bool = False,
-                        keep_hidden: bool = False) -> Forward:
-    """``forward_completions`` without gradients, ``micro_batch`` sequences per pass (0: all at once)."""
-    return Forward.cat([forward_completions(model, mb, temperature, precision, chunk_tokens, entropy, keep_hidden)
-                        for mb in batch.micro_batches(micro_batch)])
+                        keep_hidden: bool = False, by_length: bool = False) -> Forward:
+    """``forward_completions`` without gradients, ``micro_batch`` sequences per pass (0: no limit); ``by_length``:
+    sequences of similar length share a pass, padded only to the longest of them (``Batch.passes``)."""
+    rows = batch.passes(micro_batch, by_length)
+    return Forward.assemble(batch, rows, [forward_completions(model, batch.take(r), temperature, precision,
+                                                              chunk_tokens, entropy, keep_hidden) for r in rows])
 
 
 @dataclass

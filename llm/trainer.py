@@ -117,7 +117,7 @@ def logprobs(config: GRPOConfig, models: Models, model: torch.nn.Module, batch: 
     """A pass of ``model`` without gradients over ``batch`` in the config's micro-batches and logit chunks."""
     return completion_logprobs(model, batch, config.temperature, models.precision,
                                micro_batch=config.per_device_train_batch_size, chunk_tokens=config.logit_chunk_tokens,
-                               **kw)
+                               by_length=config.group_by_length, **kw)
 
 
 def dists(config: GRPOConfig, models: Models, model: torch.nn.Module, hidden: torch.Tensor | None) -> TokenDists | None:
@@ -255,28 +255,30 @@ def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, l
     adv = torch.tensor(groups.advantages.reshape(-1), dtype=torch.float32, device=models.device)
     seq_mask = torch.tensor(np.repeat(groups.keep, G), dtype=torch.float32, device=models.device)
     weights = loss_weights(batch.completion_mask, config.loss_type, config.max_completion_length, seq_mask)
-    parts = batch.slices(config.per_device_train_batch_size)
+    parts = batch.passes(config.per_device_train_batch_size, config.group_by_length)
+    passes = [batch.take(rows) for rows in parts]
     stats, grad_norm, chain_tv_k, first, skipped = LossStats(), 0.0, None, [], 0
     for it in range(config.num_iterations):
         models.optimizer.zero_grad(set_to_none=True)
         stats = LossStats()
-        for j, rows in enumerate(parts):
-            fwd = forward_completions(models.policy, batch.rows(rows.start, rows.stop), config.temperature,
-                                      models.precision, config.logit_chunk_tokens, entropy=it == 0,
-                                      keep_hidden=it == 0 and tv)
+        for j, (rows, mb) in enumerate(zip(parts, passes)):
+            fwd = forward_completions(models.policy, mb, config.temperature, models.precision,
+                                      config.logit_chunk_tokens, entropy=it == 0, keep_hidden=it == 0 and tv)
             if it == 0:
                 first.append(Forward(fwd.logp.detach(), fwd.entropy, fwd.hidden))
             logp_k = first[j].logp
+            t = mb.completion_ids.shape[1]
+            cols = lambda x: x[rows, :t]  # noqa: E731  (B, T) -> this pass's rows and columns
             loss, part = grpo_loss(
-                fwd.logp, logp_k, logp_k if logp_alpha is None else logp_alpha[rows], adv[rows], weights[rows],
+                fwd.logp, logp_k, logp_k if logp_alpha is None else cols(logp_alpha), adv[rows], cols(weights),
                 clip=config.epsilon, ratio_level=config.ratio_level, beta=config.beta,
-                logp_ref=None if logp_ref is None else logp_ref[rows],
+                logp_ref=None if logp_ref is None else cols(logp_ref),
                 use_bias_correction_kl=config.use_bias_correction_kl)
             stats = stats.merge(part)
             if part.tokens:
                 loss.backward()
         if it == 0 and tv:  # before the update: the policy's output layer is still pi_k's
-            hidden_k = Forward.cat(first).hidden
+            hidden_k = Forward.assemble(batch, parts, first).hidden
             chain_tv_k = 0.0 if alpha_dists is None else dg.chain_tv_estimate(
                 dists(config, models, models.policy, hidden_k), alpha_dists, batch.completion_mask,
                 config.logit_chunk_tokens)
@@ -291,15 +293,15 @@ def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, l
             torch.nn.utils.clip_grads_with_norm_(models.policy.parameters(), config.max_grad_norm,
                                                  torch.tensor(grad_norm))
         models.optimizer.step()
-    k = Forward.cat(first)
+    k = Forward.assemble(batch, parts, first)
     return Optimised(k.logp, k.entropy, k.hidden, chain_tv_k, stats, grad_norm, skipped)
 
 
 def diagnose(config: GRPOConfig, models: Models, batch: Batch, rewards: np.ndarray, groups: Groups,
-             roll: Rollout, behaviour: Behaviour, optimised: Optimised) -> dict[str, float]:
+             roll: Rollout, behaviour: Behaviour, optimised: Optimised, step: int) -> dict[str, float]:
     """Metrics of the step on the training batch: rollout statistics, the loss's statistics, the unbiased
-    pi_k quantities and (``insample_diagnostics``) the in-sample estimates of the terms involving pi_{k+1}
-    (one forward pass of it)."""
+    pi_k quantities and (``insample_diagnostics``, every ``insample_diagnostics_steps`` steps) the in-sample
+    estimates of the terms involving pi_{k+1} (one forward pass of it)."""
     cm = batch.completion_mask
     P, G = rewards.shape
     log_w_k = dg.sequence_log_ratio(optimised.logp_k, behaviour.logp, cm, P, G)
@@ -311,7 +313,7 @@ def diagnose(config: GRPOConfig, models: Models, batch: Batch, rewards: np.ndarr
     row.update(dg.group_metrics(rewards, log_w_k, config.variance_eps))
     if optimised.chain_tv_k is not None:
         row["tv/pi_k_alpha_chain_ub_est"] = optimised.chain_tv_k
-    if config.insample_diagnostics:
+    if config.insample_diagnostics and step % config.insample_diagnostics_steps == 0:
         new = logprobs(config, models, models.policy, batch, keep_hidden=behaviour.dists is not None)
         insample = dg.bound_estimates(rewards, log_w_k, dg.sequence_log_ratio(new.logp, behaviour.logp, cm, P, G),
                                       config.variance_eps)
@@ -502,7 +504,7 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
                 alpha_k = dists(config, models, models.alpha, optimised.hidden_k)  # alpha's layer = pi_k's at lag 0
                 behaviour = behaviour.with_pi_k(optimised.logp_k, alpha_k)
             with timer("diagnostics"):
-                row.update(diagnose(config, models, batch, rewards, groups, roll, behaviour, optimised))
+                row.update(diagnose(config, models, batch, rewards, groups, roll, behaviour, optimised, step))
                 if heldout is not None:
                     row.update(diagnose_heldout(config, models, heldout))
                 row.update(exact.after_update())

@@ -6,17 +6,22 @@
   the unsplit step, for every loss type, with and without the zero-variance mask, with unequal completion
   lengths, with and without gradient checkpointing.
 - A whole run split into micro-batches logs the same metrics as the unsplit run.
+- Passes over sequences of similar length (``group_by_length``): the cheapest grouping (brute force over every
+  partition), each pass trimmed to its longest sequence with the same log-probs, and the same gradient.
 """
 
+import itertools
 import math
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from llm import GRPOConfig, train
-from llm.batch import make_batch
-from llm.logprobs import LogitHead, check_head, completion_logprobs, forward_completions
+from llm.batch import length_groups, make_batch
+from llm.logprobs import Forward, LogitHead, check_head, completion_logprobs, forward_completions
 from llm.model import Precision, frozen_copy, load_policy
 from llm.rundir import read_metrics
 from llm.tiny import FAMILIES, build_family_model, tiny_model_dir
@@ -138,7 +143,7 @@ CASES = [("grpo", "token", True), ("grpo", "token", False), ("grpo", "sequence",
          ("dapo", "token", False), ("dr_grpo", "token", True), ("dr_grpo", "token", False)]
 
 
-def _optimise(loss_type, ratio_level, mask, micro_batch, checkpointing=False):
+def _optimise(loss_type, ratio_level, mask, micro_batch, checkpointing=False, by_length=False):
     """One step of 3 prompts x G = 3 (one group with equal rewards) with alpha != pi_k, beta > 0 and i = 2, in
     float64, so that any difference between two splits above 1e-10 is an error, not rounding."""
     torch.manual_seed(0)
@@ -157,7 +162,7 @@ def _optimise(loss_type, ratio_level, mask, micro_batch, checkpointing=False):
     batch = make_batch([p for p in prompts[:3] for _ in range(G)], comps, tok.pad_token_id, "cpu")
     config = GRPOConfig(prompts_per_step=3, num_generations=G, loss_type=loss_type, ratio_level=ratio_level,
                         mask_zero_std_groups=mask, beta=0.1, num_iterations=2, epsilon=0.1, max_completion_length=6,
-                        per_device_train_batch_size=micro_batch, logit_chunk_tokens=5)
+                        per_device_train_batch_size=micro_batch, logit_chunk_tokens=5, group_by_length=by_length)
     models = Models(policy, RecordingSGD(policy.parameters(), lr=0.5), None, alpha, ref, tok, torch.device("cpu"),
                     Precision())
     groups = advantages(np.array([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 1.0, 1.0]]), config)
@@ -175,11 +180,14 @@ def _optimise(loss_type, ratio_level, mask, micro_batch, checkpointing=False):
 def test_accumulated_gradient_equals_the_unsplit_step(loss_type, ratio_level, mask):
     whole, whole_grads = _optimise(loss_type, ratio_level, mask, micro_batch=0)
     assert len(whole_grads) == 2 and whole.stats.tokens > 0
-    for micro_batch, ckpt in ((4, False), (1, False), (4, True)):  # 4 + 4 + 1 rows; one per pass; checkpointed
-        split, split_grads = _optimise(loss_type, ratio_level, mask, micro_batch, checkpointing=ckpt)
+    # 4 + 4 + 1 rows; one per pass; checkpointed; rows grouped by length, trimmed to each pass's longest
+    for micro_batch, ckpt, by_length in ((4, False, False), (1, False, False), (4, True, False), (0, False, True),
+                                         (4, False, True), (2, True, True)):
+        split, split_grads = _optimise(loss_type, ratio_level, mask, micro_batch, checkpointing=ckpt,
+                                       by_length=by_length)
         for step_w, step_s in zip(whole_grads, split_grads, strict=True):
             for gw, gs in zip(step_w, step_s, strict=True):
-                assert _same_gradient(gs, gw, RTOL64), (micro_batch, ckpt)
+                assert _same_gradient(gs, gw, RTOL64), (micro_batch, ckpt, by_length)
         mw, ms = whole.stats.metrics(), split.stats.metrics()
         assert mw.keys() == ms.keys() and "kl" in mw
         for key in mw:
@@ -213,3 +221,65 @@ def test_a_run_in_micro_batches_logs_the_unsplit_runs_metrics(tmp_path):
         for k in keys:
             assert math.isclose(rw[k], rs[k], rel_tol=RUN_RTOL, abs_tol=RUN_ATOL), (rw["step"], k, rw[k], rs[k])
     assert split[1]["tv/pi_k_alpha_chain_ub_est"] > 0
+
+
+def _partitions(items):
+    """Every partition of ``items`` into non-empty groups."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in _partitions(rest):
+        yield [[first], *part]
+        for i in range(len(part)):
+            yield part[:i] + [[first, *part[i]]] + part[i + 1:]
+
+
+def _padded_cost(groups, lengths, overhead):
+    return sum(len(g) * max(lengths[i] for i in g) + overhead for g in groups)
+
+
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=7), st.integers(0, 7), st.sampled_from([0, 0.25, 1, 2, 9]))
+@example([5, 5, 5, 5], 0, 0).via("equal lengths: one pass")
+@example([1, 40, 1, 40, 1], 2, 100).via("the row cap binds over a huge per-pass cost")
+def test_length_groups_are_the_cheapest_grouping(lengths, max_rows, overhead_rows):
+    """Every row in exactly one pass, no pass above ``max_rows`` rows, and no partition of the rows (not only
+    contiguous runs of the sorted lengths) pads fewer positions plus a pass's cost (``overhead_rows`` x the longest
+    length) per pass."""
+    groups = length_groups(lengths, max_rows, overhead_rows)
+    overhead = overhead_rows * max(lengths)
+    assert sorted(int(i) for g in groups for i in g) == list(range(len(lengths)))
+    cap = max_rows or len(lengths)
+    assert all(1 <= len(g) <= cap for g in groups)
+    best = min(_padded_cost(p, lengths, overhead) for p in _partitions(list(range(len(lengths))))
+               if all(len(g) <= cap for g in p))
+    assert _padded_cost([list(g) for g in groups], lengths, overhead) == best
+
+
+def test_passes_by_length_pad_fewer_positions_with_the_same_logprobs():
+    """Sequences of unequal prompt and completion lengths (float64 model): each pass of ``Batch.passes`` trimmed by
+    ``Batch.take`` holds fewer positions than the rectangle, and its log-probs, entropies and hidden states, put back
+    by ``Forward.assemble``, are the whole batch's."""
+    model, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))
+    model.double()
+    prompts = [tok(f"{i}+{i}=" if i < 4 else f"{i}+{10 * i}=").input_ids for i in range(12)]  # 4, 6 or 7 tokens
+    g = np.random.default_rng(4)
+    comps = [g.integers(3, len(tok), size=n).tolist() for n in (1, 2, 2, 3, 20, 21, 22, 22, 40, 41, 41, 42)]
+    batch = make_batch(prompts, comps, tok.pad_token_id, "cpu")
+    with torch.no_grad():  # the rectangle in one pass
+        whole = forward_completions(model, batch, 0.7, entropy=True, keep_hidden=True)
+    rows = batch.passes(0, by_length=True)
+    parts = [batch.take(r) for r in rows]
+    assert len(parts) > 1 and sum(p.input_ids.numel() for p in parts) < batch.input_ids.numel()
+    assert any(p.prompt_width < batch.prompt_width for p in parts)  # left padding trimmed too
+    for r, p in zip(rows, parts):
+        assert torch.equal(p.completion_mask.sum(1), batch.completion_mask[r].sum(1))
+    with torch.no_grad():
+        grouped = Forward.assemble(batch, rows, [forward_completions(model, p, 0.7, entropy=True, keep_hidden=True)
+                                                 for p in parts])
+    assert torch.allclose(grouped.logp, whole.logp, rtol=RTOL64, atol=1e-12)
+    assert torch.allclose(grouped.entropy, whole.entropy, rtol=RTOL64, atol=1e-12)
+    m = batch.completion_mask[..., None] > 0
+    assert torch.allclose(grouped.hidden * m, whole.hidden * m, rtol=RTOL64, atol=1e-12)
+    same = completion_logprobs(model, batch, 0.7, micro_batch=5, by_length=True)
+    assert torch.allclose(same.logp, whole.logp, rtol=RTOL64, atol=1e-12)

@@ -96,6 +96,8 @@ class Row:
     sync_mb_per_s: float = float("nan")
     v: int = 1
     diagnostics: bool = False
+    lag0_logp_gap: float = float("nan")  # median over lag-0 steps of sampling/logp_diff_max (worst token)
+    lag0_tv: float = float("nan")  # median over lag-0 steps of tv/pi_k_alpha: the sampler-trainer noise floor
     note: str = ""
 
     @property
@@ -112,7 +114,7 @@ def step_flops(n_params: int, gen_tokens: float, train_tokens: float) -> float:
 
 
 def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: Path, windows: int = 0,
-             server_url: str = "", diagnostics: bool = False) -> Row:
+             server_url: str = "", diagnostics: bool = False, attn: str = "auto") -> Row:
     """Run our trainer for ``windows`` sync windows (at least 4 steps each); time all but the first.
     ``diagnostics``: the trainer's default TV and in-sample bound estimates on (``tv_diagnostics``,
     ``insample_diagnostics``); off, the step does what TRL's does (exact J is off in both: real tasks lack it)."""
@@ -129,7 +131,7 @@ def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: 
                      sampler=sampler, sync_period=v, max_steps=steps, prompts_per_step=PROMPTS, num_generations=G,
                      max_completion_length=MAX_TOKENS, beta=0.0, tv_diagnostics=diagnostics,
                      insample_diagnostics=diagnostics, dtype=dtype, progress=False, save_steps=0, learning_rate=1e-5,
-                     server_url=server_url,
+                     server_url=server_url, attn_implementation=attn,
                      # a random model earns no reward: without the mask every step still does the full
                      # forward/backward (zero advantages), as TRL does, so the work compared is equal
                      mask_zero_std_groups=False, exact_j=False)
@@ -144,7 +146,10 @@ def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: 
     syncs = [r for r in read_metrics(cfg.output_dir) if "sync/mb" in r]  # every sync after the first step
     sync_s = statistics.median(r["time/sync"] for r in syncs) if syncs else float("nan")
     sync_rate = statistics.median(r["sync/mb_per_s"] for r in syncs) if syncs else float("nan")
-    return Row(name, 1 / wall, gen_tok, gen_tok + prompt_tok, phases, sync_s, sync_rate, v, diagnostics)
+    lag0 = [r for r in read_metrics(cfg.output_dir) if r["lag"] == 0 and "sampling/logp_diff_max" in r]
+    gap = statistics.median(r["sampling/logp_diff_max"] for r in lag0) if lag0 else float("nan")
+    tv0 = statistics.median(r["tv/pi_k_alpha"] for r in lag0) if lag0 else float("nan")
+    return Row(name, 1 / wall, gen_tok, gen_tok + prompt_tok, phases, sync_s, sync_rate, v, diagnostics, gap, tv0)
 
 
 TRL_SCRIPT = r'''
@@ -155,6 +160,7 @@ from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 model_dir, out, use_vllm, dtype, steps = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4], int(sys.argv[5])
 sys.path.insert(0, sys.argv[6])
+attn = sys.argv[7]
 from llm.tasks import arithmetic_task
 task = arithmetic_task()
 ds = Dataset.from_dict({"prompt": list(task.prompts) * 4, "answer": list(task.answers) * 4})
@@ -172,21 +178,23 @@ cfg = GRPOConfig(output_dir=out, per_device_train_batch_size=%(B)d, num_generati
                  max_completion_length=%(T)d, beta=0.0, num_iterations=1, learning_rate=1e-5, max_steps=steps,
                  logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, bf16=dtype == "bfloat16",
                  use_vllm=use_vllm, vllm_mode="colocate", temperature=1.0, top_k=0, top_p=1.0,
-                 dataloader_num_workers=0, shuffle_dataset=False)
+                 dataloader_num_workers=0, shuffle_dataset=False,
+                 model_init_kwargs=None if attn == "auto" else {"attn_implementation": attn})
 trainer = GRPOTrainer(model=model_dir, reward_funcs=reward, args=cfg, train_dataset=ds, callbacks=[Clock(), Len()])
 trainer.train()
 print("RESULT " + json.dumps({"times": times, "lengths": lengths}))
 ''' % dict(B=PROMPTS * G, G=G, T=MAX_TOKENS)
 
 
-def run_trl(model_dir: Path, dtype: str, out: Path, python: str, steps: int = 5) -> tuple[Row | None, str]:
+def run_trl(model_dir: Path, dtype: str, out: Path, python: str, steps: int = 5,
+            attn: str = "auto") -> tuple[Row | None, str]:
     script = out / "trl_bench.py"
     script.write_text(TRL_SCRIPT)
     notes = []
     for use_vllm in (True, False):
         mode = "TRL vLLM colocate" if use_vllm else "TRL transformers generate"
         res = subprocess.run([python, str(script), str(model_dir), str(out / "trl"), "1" if use_vllm else "0",
-                              dtype, str(steps), str(ROOT)], capture_output=True, text=True, timeout=3600)
+                              dtype, str(steps), str(ROOT), attn], capture_output=True, text=True, timeout=3600)
         line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
         if res.returncode != 0 or not line:
             err = [ln.strip() for ln in (res.stderr or "").splitlines() if "Error" in ln or "error:" in ln]
@@ -210,7 +218,11 @@ def main() -> int:
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--skip-server", action="store_true", help="skip the rows with vLLM's server in its own process")
     ap.add_argument("--skip-inprocess", action="store_true", help="skip the rows with the in-process vLLM engine")
+    ap.add_argument("--attn-implementation", choices=["auto", "sdpa", "eager"], default=None,
+                    help="the trainers' attention kernel, the same for ours and TRL's (default: eager for bfloat16, "
+                         "whose sdpa backward is slow on CPUs, auto for float32)")
     args = ap.parse_args()
+    attn = args.attn_implementation or ("eager" if args.dtype == "bfloat16" else "auto")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from llm.tiny import cache_root
@@ -218,7 +230,7 @@ def main() -> int:
     model_dir = build_bench_model(cache_root() / "bench-qwen2-19m")
     n_params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(model_dir).parameters())
     print(f"model: Qwen2, {n_params / 1e6:.1f}M parameters; {PROMPTS} prompts x G={G}, <= {MAX_TOKENS} tokens, "
-          f"{args.dtype}, torch threads {torch.get_num_threads()}", flush=True)
+          f"{args.dtype}, attention {attn} (ours and TRL), torch threads {torch.get_num_threads()}", flush=True)
     dt = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     rates = [matmul_flops(dt, reps=3 if dt == torch.bfloat16 else 10)]  # again at the end; the larger one is used
 
@@ -231,7 +243,7 @@ def main() -> int:
     if not args.skip_inprocess:
         for v, diag in ((1, False), (1, True), (4, False), (10, False), (10, True)):
             done(run_ours(f"ours vLLM v={v}" + (" +diag" if diag else ""), model_dir, "vllm", v, args.dtype, out,
-                          diagnostics=diag))
+                          diagnostics=diag, attn=attn))
     if not args.skip_server:
         from llm.serve import ServeConfig, ServerProcess
 
@@ -239,12 +251,13 @@ def main() -> int:
         with ServerProcess(ServeConfig(model=str(model_dir), port=0, dtype=args.dtype, max_model_len=128),
                            log=lambda *a: None, log_file=out / "server.log") as server:
             for v in (1, 4, 10):
-                done(run_ours(f"ours server v={v}", model_dir, "server", v, args.dtype, out, server_url=server.url))
+                done(run_ours(f"ours server v={v}", model_dir, "server", v, args.dtype, out, server_url=server.url,
+                              attn=attn))
     if not args.skip_transformers:
-        done(run_ours("ours transformers v=1", model_dir, "transformers", 1, args.dtype, out, windows=2))
+        done(run_ours("ours transformers v=1", model_dir, "transformers", 1, args.dtype, out, windows=2, attn=attn))
     trl_note = "TRL skipped"
     if args.trl_python and Path(args.trl_python).exists():
-        trl, trl_note = run_trl(model_dir, args.dtype, out, args.trl_python)
+        trl, trl_note = run_trl(model_dir, args.dtype, out, args.trl_python, attn=attn)
         if trl is not None:
             done(trl)
     rates.append(matmul_flops(dt, reps=3 if dt == torch.bfloat16 else 10))
@@ -256,19 +269,21 @@ def main() -> int:
           f"{peak / 1e9:.0f}\n")
     cols = [f"time/{p}" for p in SHOWN_PHASES]
     print(f"| {'configuration':<24} | steps/s | s/step | " + " | ".join(cols)
-          + " | gen tok/s | end-to-end eff. | x TRL | s per sync | sync MB/s |")
-    print("|" + "---|" * (len(cols) + 8))
+          + " | gen tok/s | end-to-end eff. | x TRL | s per sync | sync MB/s | lag-0 logp gap | lag-0 TV |")
+    print("|" + "---|" * (len(cols) + 10))
     for r in rows:
         eff = step_flops(n_params, r.gen_tokens, r.train_tokens) * r.steps_per_s / peak
         vs_trl = r.steps_per_s / trl.steps_per_s if trl is not None else float("nan")
         times = " | ".join(f"{r.phases[c]:.3f}" if c in r.phases else "" for c in cols)
         print(f"| {r.name:<24} | {r.steps_per_s:7.3f} | {1 / r.steps_per_s:6.2f} | {times} | "
               f"{r.gen_tokens_per_s:9.0f} | {eff:15.0%} | {vs_trl:5.2f} | {r.sync_seconds:10.3f} | "
-              f"{r.sync_mb_per_s:9.0f} |")
+              f"{r.sync_mb_per_s:9.0f} | {r.lag0_logp_gap:14.2g} | {r.lag0_tv:8.2g} |")
     (out / "results.json").write_text(json.dumps(
         {"dtype": args.dtype, "n_params": n_params, "matmul_flops": rates, "rows": [asdict(r) for r in rows]}, indent=1))
     print("\nend-to-end eff. = (2N x generated + 6N x trained tokens of a step) / (s per step x the matmul rate); "
-          "x TRL = steps/s over TRL's at the same dtype. '+diag': the TV and in-sample bound estimates on.")
+          "x TRL = steps/s over TRL's at the same dtype. '+diag': the TV and in-sample bound estimates on. "
+          "lag-0 logp gap / TV: medians over the steps right after a sync of the worst token's |log alpha (sampler) - "
+          "log pi_k (trainer)| and of tv/pi_k_alpha, which is then 0 up to rounding: the precision's noise floor.")
     print(f"TRL: {trl_note or 'ran'}")
     by = {r.name: r for r in rows}
     if "ours server v=1" in by and "ours vLLM v=1" in by:

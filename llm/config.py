@@ -114,6 +114,12 @@ class GRPOConfig:
     (transformers' name; the passes are chosen to minimise padded positions plus a fixed cost per pass). The
     gradient and every logged number are the same as without it, up to float rounding. Off: consecutive
     completions per pass, padded to the step's longest."""
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
+    """The trainer's attention kernel (transformers' name; the sampler's is the engine's own). auto: transformers'
+    choice (sdpa where the family has it). On the benchmark model on a CPU, eager made a bfloat16 forward and
+    backward 22% faster than sdpa (whose bf16 backward is slow there) and changed nothing in float32; eager keeps
+    a (length x length) score matrix per head, so prefer sdpa for long sequences. flash_attention_2 needs a CUDA
+    device and the flash-attn package."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (transformers'
     gradient checkpointing): activation memory of a micro-batch drops from about one layer's worth per layer
@@ -222,7 +228,8 @@ class GRPOConfig:
 
     @property
     def gradient_accumulation_steps(self) -> int:
-        """Micro-batches per optimiser step (TRL's name): ceil(P x G / per_device_train_batch_size)."""
+        """Micro-batches per optimiser step (TRL's name): ceil(P x G / per_device_train_batch_size). With
+        ``group_by_length`` a step may run more, shorter passes (never longer ones)."""
         size = self.per_device_train_batch_size or self.completions_per_step
         return -(-self.completions_per_step // size)
 

@@ -53,11 +53,12 @@ def check_model_path(path: str, field: str = "model_name_or_path") -> None:
         raise ValueError(f"{field}: no model directory at {path!r}")
 
 
-def load_policy(path: str, device: torch.device, trust_remote_code: bool = False):
+def load_policy(path: str, device: torch.device, trust_remote_code: bool = False, attn_implementation: str = "auto"):
     """The policy with float32 master weights and its tokenizer (a pad token is added if missing).
 
     ``path``: a local directory, or a hub name (``owner/name``) when no such directory exists. Code shipped with
-    the model runs only with ``trust_remote_code``."""
+    the model runs only with ``trust_remote_code``. ``attn_implementation``: transformers' attention kernel
+    ("auto": transformers' own choice)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     check_model_path(path)
@@ -68,7 +69,11 @@ def load_policy(path: str, device: torch.device, trust_remote_code: bool = False
     if len(tokenizer) < 2 or not tokenizer("a 1").input_ids:  # transformers builds an empty one from no files
         raise ValueError(f"model_name_or_path: {path!r} holds no tokenizer (tokenizer.json, vocab or merges files)")
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code)
+        attn = {} if attn_implementation == "auto" else {"attn_implementation": attn_implementation}
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code,
+                                                     **attn)
+    except ImportError as exc:  # e.g. flash_attention_2 without the flash-attn package
+        raise ValueError(f"attn_implementation: {attn_implementation} cannot be used here ({_why(exc)})") from None
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise ValueError(f"model_name_or_path: cannot load a causal language model from {path!r} "
                          f"({_why(exc)})") from None

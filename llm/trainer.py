@@ -84,7 +84,7 @@ def setup(config: GRPOConfig, log=print) -> tuple[Models, TokenizedTask, str]:
     device = resolve_device(config.device)
     task = load_task(config.dataset, config.reward_fn, config.eval_dataset)
     model_path = resolve_model_path(config, log=log)
-    policy, tokenizer = load_policy(model_path, device, config.trust_remote_code)
+    policy, tokenizer = load_policy(model_path, device, config.trust_remote_code, config.attn_implementation)
     policy.train()
     if config.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -577,6 +577,7 @@ def log_arithmetic(config: GRPOConfig, models: Models, task: TokenizedTask, mode
         f"<= {config.completions_per_step * config.max_completion_length} generated tokens, "
         f"i={config.num_iterations} optimiser steps of {config.gradient_accumulation_steps} micro-batch(es) "
         f"(per_device_train_batch_size {config.per_device_train_batch_size or config.completions_per_step}"
+        f"{'; more, shorter passes where sequences of similar length save padding' if config.group_by_length else ''}"
         f"{', gradient checkpointing' if config.gradient_checkpointing else ''}); v={v}: {config.num_syncs} weight syncs over "
         f"{config.max_steps} steps (saves {config.max_steps - config.num_syncs})")
 

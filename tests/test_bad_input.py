@@ -279,6 +279,12 @@ def test_model_paths_without_a_model_or_a_tokenizer_are_refused(tmp_path):
             load_policy(path, torch.device("cpu"))
 
 
+def test_an_attention_kernel_that_cannot_load_is_refused_in_one_line():
+    """flash_attention_2 without its package (and without CUDA): one line naming the field, not a traceback."""
+    with pytest.raises(ValueError, match=r"^attn_implementation: flash_attention_2 cannot be used here \([^\n]+\)$"):
+        load_policy(str(tiny_model_dir()), torch.device("cpu"), attn_implementation="flash_attention_2")
+
+
 def test_a_prompt_longer_than_the_models_context_is_refused_at_start_up(tmp_path):
     from llm import train
 

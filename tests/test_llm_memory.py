@@ -283,3 +283,20 @@ def test_passes_by_length_pad_fewer_positions_with_the_same_logprobs():
     assert torch.allclose(grouped.hidden * m, whole.hidden * m, rtol=RTOL64, atol=1e-12)
     same = completion_logprobs(model, batch, 0.7, micro_batch=5, by_length=True)
     assert torch.allclose(same.logp, whole.logp, rtol=RTOL64, atol=1e-12)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_the_attention_kernel_asked_for_is_used_and_gives_the_same_logprobs(attn):
+    """--attn-implementation reaches the model, and both kernels give the same log-probs and gradients (float32
+    rounding), so the choice is one of speed and memory only."""
+    model, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"), attn_implementation=attn)
+    assert model.config._attn_implementation == attn
+    ref, _ = load_policy(str(tiny_model_dir()), torch.device("cpu"), attn_implementation="sdpa" if attn == "eager"
+                         else "eager")
+    batch = make_batch(*_sequences(tok, 6), tok.pad_token_id, "cpu")
+    a, b = forward_completions(model, batch, 1.0), forward_completions(ref, batch, 1.0)
+    assert torch.allclose(a.logp, b.logp, rtol=RTOL, atol=1e-5)
+    a.logp.sum().backward()
+    b.logp.sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        assert _same_gradient(p.grad, q.grad, 1e-3)

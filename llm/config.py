@@ -176,6 +176,10 @@ class GRPOConfig:
     """Checkpoint every this many steps (and at the end, and on Ctrl-C). 0: only at the end."""
     num_threads: int = 0
     """torch CPU threads (0: torch's default)."""
+    report_to: tuple[Literal["none", "tensorboard", "wandb", "trackio"], ...] = ("none",)
+    """Experiment trackers that get every metrics.jsonl row under the same names, step for step (TRL's name;
+    several allowed: ``--report-to tensorboard wandb``). Each needs its package (an optional install); TensorBoard
+    writes to <output_dir>/tensorboard. ``llm.trackers`` has the details."""
     progress: bool = True
     """Show a tqdm progress bar."""
 
@@ -212,6 +216,8 @@ class GRPOConfig:
         require(self, 0 <= self.num_threads <= (os.cpu_count() or 1), "num_threads",
                 f"must lie in [0, {os.cpu_count()}] (this machine's cores; 0: torch's default)")
         require(self, bool(self.output_dir), "output_dir", "must not be empty")
+        require(self, len(self.report_to) >= 1 and ("none" not in self.report_to or len(self.report_to) == 1),
+                "report_to", "give 'none' alone, or one or more of tensorboard, wandb, trackio")
         require(self, self.sampler != "server" or self.server_url.startswith(("http://", "https://")), "server_url",
                 "sampler 'server' needs the server's URL, e.g. --server-url http://127.0.0.1:8000 "
                 "(start one with python -m llm.serve)")

@@ -44,6 +44,7 @@ from .model import Precision, copy_weights, frozen_copy, load_policy, resolve_de
 from .rollout import RolloutWindow
 from .rundir import RunDir
 from .sampling import Rollout, Sampler, TransformersSampler, make_sampler, max_model_len, probe_sync
+from .trackers import Trackers
 from .tasks import TokenizedTask, load_task
 
 #: Warn when sampler and trainer log-probs of the same tokens differ by more than this (worst token of
@@ -437,18 +438,23 @@ class PhaseTimer:
 def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ()) -> Path:
     """Run Algorithm 1 with ``config``; returns the run directory. Resumes if it holds a checkpoint.
 
-    ``callbacks`` are called as ``cb(step, row)`` after each step's metrics row is written.
+    ``callbacks`` are called as ``cb(step, row)`` after each step's metrics row is written (``row``: that row),
+    after the trackers of ``config.report_to``.
     """
     with RunDir(config) as run:  # locked: a second trainer on the same output_dir is refused
         ckpt = run.open()  # writes config.json before step 0
         if ckpt is not None and ckpt["step"] >= config.max_steps:
             log(f"{run.path} already holds a finished run of {ckpt['step']} steps (raise --max-steps to continue it)")
             return run.path
-        models, task, model_path = setup(config, log)
+        trackers = Trackers(config, run.path)  # a tracker whose package is missing stops the run here
         try:
-            run_loop(config, run, models, task, model_path, ckpt, log, callbacks)
+            models, task, model_path = setup(config, log)
+            try:
+                run_loop(config, run, models, task, model_path, ckpt, log, (trackers, *callbacks))
+            finally:
+                models.sampler.close()  # also on an error: a server's weight-transfer group, an engine's memory
         finally:
-            models.sampler.close()  # also on an error: a server's weight-transfer group, an engine's memory
+            trackers.close()
     return run.path
 
 
@@ -512,7 +518,8 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
                 with timer("eval"):  # the updated policy pi_{k+1}
                     row.update(run_evaluation(config, models, task, step + 1))
             warn_if_stale(config, row, lag, bar.write)
-            run.append_metrics({**row, **timer.seconds})
+            row.update(timer.seconds)
+            run.append_metrics(row)
             skips_in_a_row = skips_in_a_row + 1 if row["skipped_updates"] else 0
             if skips_in_a_row >= config.max_consecutive_skipped_updates:
                 raise RunError(

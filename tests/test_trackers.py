@@ -1,0 +1,69 @@
+"""``--report-to``: every metrics.jsonl row reaches the tracker under the same names, step for step (read back
+from the tracker's own files, offline)."""
+
+import sys
+
+import pytest
+
+from llm import GRPOConfig, train
+from llm.rundir import read_metrics
+from llm.trackers import scalars
+
+#: TensorBoard stores scalars as float32.
+TB_RTOL = 1e-6
+
+
+def _run(tmp_path, name, **kw):
+    cfg = GRPOConfig(output_dir=str(tmp_path / name), sampler="transformers", max_steps=3, sync_period=2,
+                     heldout_prompts=4, progress=False, logging_steps=100, **kw)
+    return train(cfg, log=lambda *a: None)
+
+
+def test_tensorboard_gets_every_metric_of_every_step(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = _run(tmp_path, "tb", report_to=("tensorboard",))
+    rows = read_metrics(run)
+    acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    logged = {k: {e.step: e.value for e in acc.Scalars(k)} for k in acc.Tags()["scalars"]}
+    expected = {}
+    for r in rows:
+        for k, v in scalars(r).items():
+            expected.setdefault(k, {})[r["step"]] = v
+    assert logged.keys() == expected.keys() and "heldout/bound/lower_tight" in logged and "time/optimise" in logged
+    for key, by_step in expected.items():
+        assert logged[key].keys() == by_step.keys(), key
+        for step, v in by_step.items():
+            assert logged[key][step] == pytest.approx(v, rel=TB_RTOL, abs=1e-30), (key, step)
+
+
+def test_wandb_offline_gets_every_metric_of_every_step(tmp_path, monkeypatch):
+    """The real wandb in offline mode: the run is written under <output_dir>/wandb, and the rows it was given
+    (``Run.log``, wrapped and called through) are metrics.jsonl's, step for step. wandb 0.31 keeps its offline
+    file in a format without a Python reader, so the rows are checked at the call, not read back."""
+    wandb = pytest.importorskip("wandb")
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    calls, real = [], wandb.sdk.wandb_run.Run.log
+
+    def spy(self, data, step=None, **kw):
+        calls.append((step, dict(data)))
+        return real(self, data, step=step, **kw)
+
+    monkeypatch.setattr(wandb.sdk.wandb_run.Run, "log", spy)
+    run = _run(tmp_path, "wb", report_to=("wandb",))
+    rows = read_metrics(run)
+    assert list((run / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert [step for step, _ in calls] == [r["step"] for r in rows]
+    assert all(data == scalars(r) for (_, data), r in zip(calls, rows))
+
+
+def test_a_tracker_without_its_package_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
+    with pytest.raises(ValueError, match=r"^report_to: wandb needs the wandb package, which is not installed"):
+        _run(tmp_path, "nowb", report_to=("wandb",))
+    with pytest.raises(ValueError, match="report_to: give 'none' alone"):
+        GRPOConfig(report_to=("none", "tensorboard"))

@@ -190,7 +190,8 @@ def plot_runs(run_dirs: Sequence[str | Path], out_dir: str | Path, window: int =
                 above = float(np.mean(b > i))
                 ax.scatter(i, b, s=8, marker=marker, color=color, alpha=0.6,
                            label=f"{label}: {name} ({above:.0%} of steps above)")
-                cum.plot(steps, np.cumsum(b), style, color=color, label=f"{label}: bound, {name}")
+                cum.plot(steps, np.cumsum(b), style, color=color,
+                         label=f"{label}: bound, {name}" + ("" if len(b) == len(k) else f" ({len(b)} steps)"))
         lims = ax.get_xlim()
         ax.plot(lims, lims, "k-", lw=0.8, label="bound = improvement")
         ax.set(xlabel="realised improvement of the step", ylabel="tight lower bound (estimated)",

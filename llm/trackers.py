@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import os
 from pathlib import Path
 
@@ -75,6 +76,14 @@ class Trackio:
 
 
 BACKENDS = {"tensorboard": TensorBoard, "wandb": WandB, "trackio": Trackio}
+
+
+def check_trackers(config: GRPOConfig) -> None:
+    """Refuse, in one line, a tracker of ``config.report_to`` whose package is not installed (before any is started)."""
+    for name in config.report_to:
+        if name != "none" and importlib.util.find_spec(PACKAGES[name]) is None:
+            raise ValueError(f"report_to: {name} needs the {PACKAGES[name]} package, which is not installed "
+                             f"(pip install {PACKAGES[name]})")
 
 
 class Trackers:

@@ -44,7 +44,7 @@ from .model import Precision, copy_weights, frozen_copy, load_policy, resolve_de
 from .rollout import RolloutWindow
 from .rundir import RunDir
 from .sampling import Rollout, Sampler, TransformersSampler, make_sampler, max_model_len, probe_sync
-from .trackers import Trackers
+from .trackers import Trackers, check_trackers
 from .tasks import TokenizedTask, load_task
 
 #: Warn when sampler and trainer log-probs of the same tokens differ by more than this (worst token of
@@ -446,15 +446,16 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
         if ckpt is not None and ckpt["step"] >= config.max_steps:
             log(f"{run.path} already holds a finished run of {ckpt['step']} steps (raise --max-steps to continue it)")
             return run.path
-        trackers = Trackers(config, run.path)  # a tracker whose package is missing stops the run here
+        check_trackers(config)  # a tracker whose package is missing stops the run before the model loads
+        models, task, model_path = setup(config, log)
         try:
-            models, task, model_path = setup(config, log)
+            trackers = Trackers(config, run.path)
             try:
                 run_loop(config, run, models, task, model_path, ckpt, log, (trackers, *callbacks))
             finally:
-                models.sampler.close()  # also on an error: a server's weight-transfer group, an engine's memory
+                trackers.close()
         finally:
-            trackers.close()
+            models.sampler.close()  # also on an error: a server's weight-transfer group, an engine's memory
     return run.path
 
 

@@ -119,6 +119,7 @@ def test_fuzzed_trainer_command_lines_are_accepted_or_refused_in_one_line(files,
         "model_name_or_path": st.sampled_from(["", f"{d}/missing_model"]),
         "server_url": st.sampled_from(["", "http://127.0.0.1:1", "ftp://x", "x"]),
         "device": st.sampled_from(["auto", "cpu", "cuda:0", "tpu", ""]),
+        "report_to": st.sampled_from(["none", "tensorboard", "wandb", "trackio", "bogus"]),  # none started
     }
     argv, invalid = data.draw(_args(GRPOConfig, strings))
     argv = ["--output-dir", f"{d}/run", "--no-progress", *argv]

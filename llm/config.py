@@ -34,6 +34,10 @@ class GRPOConfig:
     """Test prompts for a JSONL or hub dataset (a JSONL file, or 'hf:<name>' for its test split)."""
     reward_fn: str = ""
     """Optional reward as 'module:function' mapping (completion, answer) to [0, 1]; default: the task's own."""
+    chat_template: bool = False
+    """Render every prompt (training, held-out and test) as one user message with the tokenizer's chat template
+    and its generation prompt, as an instruct model expects; the built-in tiny model has no template and takes
+    the prompts as they are (the default). A tokenizer without a template is refused at start-up."""
     output_dir: str = "runs/arithmetic"
     """Run directory: config.json, metrics.jsonl, checkpoints, samples. Re-using it resumes the run."""
     seed: int = 0

@@ -67,8 +67,8 @@ class Task:
         """The same prompts scored by a user's text reward (no exact J any more)."""
         return replace(self, reward_fn=reward_fn, accepted=None)
 
-    def bind(self, tokenizer) -> "TokenizedTask":
-        return TokenizedTask(self, tokenizer)
+    def bind(self, tokenizer, chat_template: bool = False) -> "TokenizedTask":
+        return TokenizedTask(self, tokenizer, chat_template)
 
 
 class TokenizedTask:
@@ -80,8 +80,11 @@ class TokenizedTask:
     whitespace or with special tokens inside scores 0, and J counts none of them either).
     """
 
-    def __init__(self, task: Task, tokenizer):
-        self.task, self.tokenizer = task, tokenizer
+    def __init__(self, task: Task, tokenizer, chat_template: bool = False):
+        self.task, self.tokenizer, self.chat_template = task, tokenizer, chat_template
+        if chat_template and not getattr(tokenizer, "chat_template", None):
+            raise ValueError("chat_template: the model's tokenizer has no chat template (tokenizer_config.json or "
+                             "chat_template.jinja); drop --chat-template to use the prompts as they are")
         self.eos = tokenizer.eos_token_id
         self.prompt_ids = self._encode(task.prompts)
         self.test_prompt_ids = self._encode(task.test_prompts)
@@ -89,7 +92,15 @@ class TokenizedTask:
         self.test_accepted_ids = self._accepted_ids(task.test_answers)
 
     def _encode(self, texts: Sequence[str]) -> list[list[int]]:
-        return self.tokenizer(list(texts)).input_ids if texts else []
+        """Prompt token ids: the text as it is, or (``chat_template``) as one user message rendered by the
+        tokenizer's chat template with its generation prompt (the template supplies any special tokens)."""
+        if not texts:
+            return []
+        if not self.chat_template:
+            return self.tokenizer(list(texts)).input_ids
+        rendered = [self.tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
+                                                       add_generation_prompt=True) for t in texts]
+        return self.tokenizer(rendered, add_special_tokens=False).input_ids
 
     def _accepted_ids(self, answers: Sequence[str]) -> list[list[list[int]]] | None:
         if self.task.accepted is None:

@@ -89,7 +89,7 @@ def setup(config: GRPOConfig, log=print) -> tuple[Models, TokenizedTask, str]:
     policy.train()
     if config.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    bound = task.bind(tokenizer)  # prompt tokens once; indexed by prompt every step
+    bound = task.bind(tokenizer, config.chat_template)  # prompt tokens once; indexed by prompt every step
     check_head(policy, make_batch(bound.prompt_ids[:2], [p[:3] for p in bound.prompt_ids[:2]], tokenizer.pad_token_id,
                                   device), config.temperature)  # the chunked log-probs know this output layer
     if config.exact_j and bound.max_accepted_length > config.max_completion_length:

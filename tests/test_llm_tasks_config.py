@@ -163,3 +163,47 @@ def test_python_m_llm_train_prints_no_import_warning(tmp_path):
                           "--no-progress", "--output-dir", str(tmp_path / "cli")], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "RuntimeWarning" not in res.stderr and "median seconds per step" in res.stdout
+
+
+#: A chat template over the tiny model's characters: one "Q: ...\nA:" turn per user message.
+QA_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}Q: {{ m['content'] }}\n{% endif %}{% endfor %}"
+               "{% if add_generation_prompt %}A:{% endif %}")
+
+
+def test_chat_template_renders_every_prompt_as_a_user_turn(tmp_path, tokenizer, monkeypatch):
+    """--chat-template: the prompt tokens are those of the template's rendering with the generation prompt (here
+    written out by hand); a run trains on them; a tokenizer without a template is refused in one line."""
+    import shutil
+
+    from llm import train
+    from llm.rundir import read_metrics
+    from llm.tiny import tiny_model_dir
+
+    model = tmp_path / "chat_model"
+    shutil.copytree(tiny_model_dir(), model)
+    tok = type(tokenizer).from_pretrained(model)
+    tok.chat_template = QA_TEMPLATE
+    tok.save_pretrained(model)
+    tok = type(tokenizer).from_pretrained(model)
+    task = arithmetic_task()
+    bound = task.bind(tok, chat_template=True)
+    for ids, text in zip(bound.prompt_ids + bound.test_prompt_ids, task.prompts + task.test_prompts):
+        assert ids == tok(f"Q: {text}\nA:", add_special_tokens=False).input_ids
+    assert task.bind(tok).prompt_ids == tok(list(task.prompts)).input_ids  # without the flag: as they are
+    with pytest.raises(ValueError, match=r"^chat_template: the model's tokenizer has no chat template"):
+        task.bind(tokenizer, chat_template=True)
+    from llm.tasks import TokenizedTask
+
+    bound_prompts, real_init = [], TokenizedTask.__init__
+
+    def recording(self, *args, **kw):
+        real_init(self, *args, **kw)
+        bound_prompts.append(self.prompt_ids)
+
+    monkeypatch.setattr(TokenizedTask, "__init__", recording)
+    cfg = GRPOConfig(model_name_or_path=str(model), chat_template=True, output_dir=str(tmp_path / "run"),
+                     sampler="transformers", max_steps=2, progress=False, logging_steps=100, max_completion_length=6)
+    rows = read_metrics(train(cfg, log=lambda *a: None))
+    assert len(rows) == 2 and "j/pi_new" in rows[-1]
+    rendered = bound_prompts == [bound.prompt_ids]  # a bool: pytest's diff of 160 token lists takes minutes
+    assert rendered, "the trainer's prompts are not the chat template's rendering"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from pathlib import Path
 from typing import Literal
@@ -34,6 +35,13 @@ class GRPOConfig:
     """Test prompts for a JSONL or hub dataset (a JSONL file, or 'hf:<name>' for its test split)."""
     reward_fn: str = ""
     """Optional reward as 'module:function' mapping (completion, answer) to [0, 1]; default: the task's own."""
+    reward_funcs: tuple[str, ...] = ()
+    """Reward functions with TRL's signature, as 'module:function' (several allowed): f(prompts, completions,
+    completion_ids, answer, **kwargs) -> list[float | None], called once per batch; each is logged as
+    ``rewards/<function>/mean|std``. The reward is their weighted sum (None counts as 0) and must lie in [0, 1],
+    the range Theorem 1 and its logged terms assume. Replaces the task's own reward; excludes ``reward_fn``."""
+    reward_weights: tuple[float, ...] = ()
+    """One weight per reward function (TRL's name); empty: 1 each."""
     chat_template: bool = False
     """Render every prompt (training, held-out and test) as one user message with the tokenizer's chat template
     and its generation prompt, as an instruct model expects; the built-in tiny model has no template and takes
@@ -196,6 +204,11 @@ class GRPOConfig:
         require(self, self.heldout_prompts >= 0, "heldout_prompts", "must be >= 0")
         require(self, self.eval_steps >= 0, "eval_steps", "must be >= 0")
         require(self, self.insample_diagnostics_steps >= 1, "insample_diagnostics_steps", "must be >= 1")
+        require(self, not (self.reward_fn and self.reward_funcs), "reward_funcs",
+                "give either --reward-fn (one completion at a time) or --reward-funcs, not both")
+        require(self, not self.reward_weights or len(self.reward_weights) == len(self.reward_funcs), "reward_weights",
+                f"needs one weight per reward function ({len(self.reward_funcs)})")
+        require(self, all(math.isfinite(w) for w in self.reward_weights), "reward_weights", "must be finite numbers")
         require(self, self.eval_generations >= 1, "eval_generations", "must be >= 1")
         require(self, self.ratio_level == "token" or self.loss_type == "grpo", "ratio_level",
                 "sequence-level ratios need loss_type grpo (dapo and dr_grpo would weight each sequence's one "

@@ -7,6 +7,9 @@
 - GSM8K-format JSONL (``question``, ``answer`` ending in "#### N"): reward 1 iff the last number in
   the completion equals N. A second file (``eval_dataset``) is its test split.
 - A user reward function ``module:function`` with signature ``(completion: str, answer: str) -> float``.
+- Reward functions with TRL's signature, several with weights (``BatchReward``):
+  ``f(prompts, completions, completion_ids, answer, **kwargs) -> list[float | None]``; the reward is the
+  weighted sum (None: this function does not apply to that completion, counted as 0, as TRL does).
 """
 
 from __future__ import annotations
@@ -24,6 +27,15 @@ import numpy as np
 from runkit.cli import first_line
 
 RewardFn = Callable[[str, str], float]
+
+
+@dataclass(frozen=True)
+class BatchReward:
+    """A reward function with TRL's signature, its name (logged as ``rewards/<name>/mean|std``) and its weight."""
+
+    name: str
+    fn: Callable
+    weight: float = 1.0
 #: The exact expected-reward hook: the completions (text before EOS) that score 1 for an answer.
 AcceptedFn = Callable[[str], Sequence[str]]
 
@@ -45,14 +57,16 @@ class Task:
     accepted: AcceptedFn | None = None
     test_prompts: tuple[str, ...] = ()
     test_answers: tuple[str, ...] = ()
+    reward_funcs: tuple[BatchReward, ...] = ()
 
     def __post_init__(self):
         if len(self.prompts) == 0:
             raise ValueError(f"dataset: task {self.name!r} has no prompts")
         if len(self.prompts) != len(self.answers) or len(self.test_prompts) != len(self.test_answers):
             raise ValueError("dataset: prompts and answers differ in number")
-        if (self.reward_fn is None) == (self.accepted is None):
-            raise ValueError("reward_fn: a task needs exactly one of a text reward and an accepted-completions hook")
+        if (self.reward_fn is not None) + (self.accepted is not None) + bool(self.reward_funcs) != 1:
+            raise ValueError("reward_fn: a task needs exactly one of a text reward, reward functions and an "
+                             "accepted-completions hook")
 
     @property
     def has_exact_j(self) -> bool:
@@ -65,7 +79,11 @@ class Task:
 
     def with_reward(self, reward_fn: RewardFn) -> "Task":
         """The same prompts scored by a user's text reward (no exact J any more)."""
-        return replace(self, reward_fn=reward_fn, accepted=None)
+        return replace(self, reward_fn=reward_fn, accepted=None, reward_funcs=())
+
+    def with_reward_funcs(self, funcs: Sequence[BatchReward]) -> "Task":
+        """The same prompts scored by reward functions with TRL's signature (no exact J any more)."""
+        return replace(self, reward_fn=None, accepted=None, reward_funcs=tuple(funcs))
 
     def bind(self, tokenizer, chat_template: bool = False) -> "TokenizedTask":
         return TokenizedTask(self, tokenizer, chat_template)
@@ -90,6 +108,8 @@ class TokenizedTask:
         self.test_prompt_ids = self._encode(task.test_prompts)
         self.accepted_ids = self._accepted_ids(task.answers)
         self.test_accepted_ids = self._accepted_ids(task.test_answers)
+        #: Each reward function's values for the completions of the last ``score`` call (nan where it gave None).
+        self.last_parts: dict[str, np.ndarray] = {}
 
     def _encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Prompt token ids: the text as it is, or (``chat_template``) as one user message rendered by the
@@ -124,8 +144,52 @@ class TokenizedTask:
             accepted = self.test_accepted_ids if test else self.accepted_ids
             return np.array([float(list(ids) in accepted[i]) for i, ids in zip(prompt_idx, completion_ids)])
         answers = self.task.test_answers if test else self.task.answers
+        if self.task.reward_funcs:
+            prompts = self.task.test_prompts if test else self.task.prompts
+            total, self.last_parts = batch_rewards(self.task.reward_funcs, [prompts[i] for i in prompt_idx], list(texts),
+                                                   [list(c) for c in completion_ids], [answers[i] for i in prompt_idx])
+            return total
         return np.array([text_reward(self.task.reward_fn, t, answers[i]) for i, t in zip(prompt_idx, texts)],
                         dtype=np.float64)
+
+
+def batch_rewards(funcs: Sequence[BatchReward], prompts: list[str], completions: list[str],
+                  completion_ids: list[list[int]], answers: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The weighted sum of the reward functions' values for each completion, and each function's values (nan
+    where it returned None). Each function is called once for the batch with TRL's keyword arguments (``prompts``,
+    ``completions``, ``completion_ids`` and the dataset's column ``answer``). A function that raises, returns
+    the wrong number of values or a value that is neither a real number nor None, a completion no function
+    scores, or a weighted sum outside [0, 1] (Theorem 1's bound is stated for such rewards) raises one line."""
+    n = len(completions)
+    total, scored, parts = np.zeros(n), np.zeros(n, dtype=bool), {}
+    for f in funcs:
+        try:
+            values = f.fn(prompts=prompts, completions=completions, completion_ids=completion_ids, answer=answers)
+        except Exception as exc:  # noqa: BLE001 - the user's code: any exception becomes one line
+            raise ValueError(f"reward_funcs: {f.name} raised {type(exc).__name__}: {first_line(exc, 200)}") from None
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or len(values) != n:
+            got = f"{len(values)} values" if hasattr(values, "__len__") else f"a {type(values).__name__}"
+            raise ValueError(f"reward_funcs: {f.name} returned {got} for {n} completions; expected one number or "
+                             "None per completion")
+        arr = np.empty(n)
+        for j, v in enumerate(values):
+            if v is None:
+                arr[j] = np.nan
+            elif isinstance(v, (str, bytes)) or not hasattr(v, "__float__") or not math.isfinite(float(v)):
+                raise ValueError(f"reward_funcs: {f.name} returned {v!r} for completion {completions[j][:200]!r} "
+                                 f"(answer {answers[j]!r}); expected a finite number or None")
+            else:
+                arr[j] = float(v)
+        parts[f.name] = arr
+        total += f.weight * np.nan_to_num(arr)
+        scored |= ~np.isnan(arr)
+    for j in np.flatnonzero(~scored)[:1]:
+        raise ValueError(f"reward_funcs: every function returned None for completion {completions[j][:200]!r}")
+    for j in np.flatnonzero(~((total >= 0) & (total <= 1)))[:1]:
+        raise ValueError(f"reward_funcs: the weighted reward {float(total[j])!r} of completion {completions[j][:200]!r} lies "
+                         "outside [0, 1], which Theorem 1's bound and its logged terms assume; rescale the "
+                         "functions or --reward-weights")
+    return total, parts
 
 
 def text_reward(fn: RewardFn, completion: str, answer: str) -> float:
@@ -274,7 +338,25 @@ def import_reward_fn(path: str) -> RewardFn:
     return fn
 
 
-def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "") -> Task:
+def import_reward_funcs(paths: Sequence[str], weights: Sequence[float]) -> list[BatchReward]:
+    """``module:function`` reward functions with TRL's signature, named by their function, with their weights
+    (1 each when none are given)."""
+    weights = list(weights) or [1.0] * len(paths)
+    funcs = []
+    for path, w in zip(paths, weights, strict=True):
+        try:
+            fn = import_reward_fn(path)
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("reward_fn:", "reward_funcs:", 1)) from None
+        funcs.append(BatchReward(path.partition(":")[2], fn, float(w)))
+    names = [f.name for f in funcs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"reward_funcs: two functions share a name ({', '.join(names)}); their metrics would clash")
+    return funcs
+
+
+def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "", reward_funcs: Sequence[str] = (),
+              reward_weights: Sequence[float] = ()) -> Task:
     """``arithmetic`` (built in, with its own test split), a GSM8K-format JSONL file, or ``hf:<name>``.
 
     ``eval_dataset`` (a JSONL file, or ``hf:<name>`` for its test split) gives the test prompts of the
@@ -296,11 +378,13 @@ def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "") -> Task
             test = load_hub_gsm8k(eval_dataset[3:], split="test")
         elif eval_dataset:
             test = read_gsm8k_jsonl(eval_dataset)
-        if not reward_fn:
+        if not reward_fn and not reward_funcs:
             check_numeric_answers(answers, dataset)
             check_numeric_answers(test[1], eval_dataset)
         task = Task(f"gsm8k:{Path(dataset).name}", prompts, answers, reward_fn=numeric_reward,
                     test_prompts=test[0], test_answers=test[1])
     if reward_fn:
         task = task.with_reward(import_reward_fn(reward_fn))
+    if reward_funcs:
+        task = task.with_reward_funcs(import_reward_funcs(reward_funcs, reward_weights))
     return task

@@ -83,7 +83,7 @@ def setup(config: GRPOConfig, log=print) -> tuple[Models, TokenizedTask, str]:
         torch.set_num_threads(config.num_threads)
     torch.manual_seed(config.seed)
     device = resolve_device(config.device)
-    task = load_task(config.dataset, config.reward_fn, config.eval_dataset)
+    task = load_task(config.dataset, config.reward_fn, config.eval_dataset, config.reward_funcs, config.reward_weights)
     model_path = resolve_model_path(config, log=log)
     policy, tokenizer = load_policy(model_path, device, config.trust_remote_code, config.attn_implementation)
     policy.train()
@@ -141,10 +141,22 @@ def sync_metrics(sampler: Sampler, seconds: float) -> dict[str, float]:
 
 
 def score(task: TokenizedTask, prompt_idx: list[int], roll: Rollout, n: int) -> tuple[np.ndarray, list[str]]:
-    """Rewards of the P x n completions, shape (P, n), and the decoded completions."""
+    """Rewards of the P x n completions, shape (P, n), and the decoded completions (with reward functions, each
+    one's values are in ``task.last_parts``: ``reward_metrics``)."""
     texts = task.tokenizer.batch_decode(roll.completion_ids, skip_special_tokens=True)
     rows = [i for i in prompt_idx for _ in range(n)]
     return task.score(rows, texts, roll.completion_ids).reshape(len(prompt_idx), n), texts
+
+
+def reward_metrics(task: TokenizedTask) -> dict[str, float]:
+    """``rewards/<name>/mean|std`` of each reward function over the last scored completions it applied to (TRL's
+    names and convention: None is left out; the standard deviation with n - 1)."""
+    out = {}
+    for name, values in task.last_parts.items():
+        applied = values[~np.isnan(values)]
+        out[f"rewards/{name}/mean"] = float(applied.mean()) if applied.size else float("nan")
+        out[f"rewards/{name}/std"] = float(applied.std(ddof=1)) if applied.size > 1 else float("nan")
+    return out
 
 
 @dataclass
@@ -495,6 +507,7 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
                 prompt_idx, roll = step_rollout.prompt_idx, step_rollout.rollout
             with timer("score"):
                 rewards, texts = score(task, prompt_idx, roll, G)
+                row.update(reward_metrics(task))
                 groups = advantages(rewards, config)
                 batch = make_batch([task.prompt_ids[i] for i in prompt_idx for _ in range(G)], roll.completion_ids,
                                    models.tokenizer.pad_token_id, models.device)

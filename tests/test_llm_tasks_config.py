@@ -207,3 +207,91 @@ def test_chat_template_renders_every_prompt_as_a_user_turn(tmp_path, tokenizer, 
     assert len(rows) == 2 and "j/pi_new" in rows[-1]
     rendered = bound_prompts == [bound.prompt_ids]  # a bool: pytest's diff of 160 token lists takes minutes
     assert rendered, "the trainer's prompts are not the chat template's rendering"
+
+
+REWARDS_MODULE = '''
+def correct(prompts, completions, answer, **kwargs):
+    return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
+
+def short(prompts, completions, completion_ids, **kwargs):
+    return [1.0 if len(ids) <= 3 else 0.0 for ids in completion_ids]
+
+def only_even(prompts, completions, answer, **kwargs):
+    return [None if int(a) % 2 else 1.0 for a in answer]
+
+def wrong_length(prompts, completions, **kwargs):
+    return [0.5]
+
+def text(prompts, completions, **kwargs):
+    return ["high" for _ in completions]
+
+def boom(prompts, completions, **kwargs):
+    raise KeyError("no column 'solution'")
+'''
+
+
+@pytest.fixture
+def reward_module(tmp_path, monkeypatch):
+    (tmp_path / "my_batch_rewards.py").write_text(REWARDS_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_batch_rewards", raising=False)  # imported afresh, forgotten afterwards
+    yield "my_batch_rewards"
+    sys.modules.pop("my_batch_rewards", None)
+
+
+def test_trl_signature_reward_functions_are_weighted_and_logged(reward_module, tokenizer, tmp_path):
+    """--reward-funcs with --reward-weights: the reward is the weighted sum of the functions' values (None counts
+    0, as in TRL), each function's values are kept for rewards/<name>/mean|std, and a run logs them."""
+    from llm import train
+    from llm.rundir import read_metrics
+    from llm.trainer import reward_metrics
+
+    task = load_task("arithmetic", reward_funcs=[f"{reward_module}:correct", f"{reward_module}:short",
+                                                 f"{reward_module}:only_even"], reward_weights=[0.5, 0.25, 0.25])
+    assert not task.has_exact_j
+    bound = task.bind(tokenizer)
+    idx = [0, 1, 2, 3]
+    completions = [task.answers[0], "x", "not the answer", task.answers[3] + " "]
+    ids = [tokenizer(c, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for c in completions]
+    r = bound.score(idx, completions, ids)
+    correct = np.array([1.0, 0.0, 0.0, 1.0])
+    short = np.array([len(i) <= 3 for i in ids], dtype=float)
+    even = np.array([np.nan if int(task.answers[i]) % 2 else 1.0 for i in idx])
+    assert np.allclose(r, 0.5 * correct + 0.25 * short + 0.25 * np.nan_to_num(even))
+    m = reward_metrics(bound)
+    assert m["rewards/correct/mean"] == 0.5 and m["rewards/correct/std"] == pytest.approx(np.std(correct, ddof=1))
+    assert m["rewards/only_even/mean"] == pytest.approx(np.nanmean(even))  # None left out of the mean
+    rows = read_metrics(train(GRPOConfig(output_dir=str(tmp_path / "run"), sampler="transformers", max_steps=2,
+                                         progress=False, logging_steps=100, reward_funcs=(f"{reward_module}:correct",
+                                         f"{reward_module}:short"), reward_weights=(0.8, 0.2)), log=lambda *a: None))
+    for row in rows:  # no None here: the mean reward is the weighted sum of the functions' means
+        assert row["reward"] == pytest.approx(0.8 * row["rewards/correct/mean"] + 0.2 * row["rewards/short/mean"])
+        assert "j/pi_new" not in row
+
+
+@pytest.mark.parametrize("name,weights,match", [
+    ("wrong_length", None, r"wrong_length returned 1 values for 2 completions"),
+    ("text", None, r"text returned 'high' for completion"),
+    ("boom", None, r"boom raised KeyError: \"no column 'solution'\""),
+    ("correct", [1.5], r"the weighted reward 1.5 of completion .* lies outside \[0, 1\]"),
+    ("only_even", [1.0], r"every function returned None for completion"),
+])
+def test_misbehaving_reward_functions_are_one_line(reward_module, tokenizer, name, weights, match):
+    task = load_task("arithmetic", reward_funcs=[f"{reward_module}:{name}"], reward_weights=weights or [])
+    bound = task.bind(tokenizer)
+    idx = [0, 1] if name != "only_even" else [i for i, a in enumerate(task.answers) if int(a) % 2][:2]
+    comps = [task.answers[i] for i in idx]
+    with pytest.raises(ValueError, match="^reward_funcs: " + match) as err:
+        bound.score(idx, comps, [[5, 1]] * 2)
+    assert "\n" not in str(err.value)
+
+
+def test_reward_funcs_config_errors():
+    with pytest.raises(ValueError, match="reward_funcs: give either --reward-fn"):
+        GRPOConfig(reward_fn="a:b", reward_funcs=("a:c",))
+    with pytest.raises(ValueError, match=r"reward_weights: needs one weight per reward function \(2\)"):
+        GRPOConfig(reward_funcs=("a:b", "a:c"), reward_weights=(1.0,))
+    with pytest.raises(ValueError, match="reward_weights: must be finite"):
+        GRPOConfig(reward_funcs=("a:b",), reward_weights=(float("nan"),))
+    with pytest.raises(ValueError, match="reward_funcs: cannot import 'no_such_module:f'"):
+        load_task("arithmetic", reward_funcs=["no_such_module:f"])

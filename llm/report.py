@@ -94,7 +94,8 @@ def rolling_mean(values: np.ndarray, window: int) -> np.ndarray:
 
 
 def realised_improvement(rows: list[dict]) -> tuple[str, str] | None:
-    """The improvement the bound is compared with: the exact one where the task allows it, else the held-out estimate."""
+    """The improvement the bound is compared with: the exact one where the task allows it, else the held-out
+    estimate."""
     for key, label in (("improvement", "exact improvement"), ("heldout/improvement", "held-out improvement (est.)")):
         if rows and key in rows[0]:
             return key, label

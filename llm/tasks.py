@@ -28,6 +28,11 @@ from runkit.cli import first_line
 
 RewardFn = Callable[[str, str], float]
 
+#: The exact expected-reward hook: the completions (text before EOS) that score 1 for an answer.
+AcceptedFn = Callable[[str], Sequence[str]]
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
 
 @dataclass(frozen=True)
 class BatchReward:
@@ -36,18 +41,15 @@ class BatchReward:
     name: str
     fn: Callable
     weight: float = 1.0
-#: The exact expected-reward hook: the completions (text before EOS) that score 1 for an answer.
-AcceptedFn = Callable[[str], Sequence[str]]
-
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 @dataclass(frozen=True)
 class Task:
     """A finite pool of training prompts with answers, an optional test pool, and a verifiable reward.
 
-    Exactly one of ``reward_fn`` (a text reward) and ``accepted`` (a finite set of accepted completions
-    per answer: the reward is then 1 iff the completion's tokens are one of them followed by EOS) is set.
+    Exactly one of ``reward_fn`` (a text reward), ``reward_funcs`` (functions with TRL's signature, weighted)
+    and ``accepted`` (a finite set of accepted completions per answer: the reward is then 1 iff the completion's
+    tokens are one of them followed by EOS) is set.
     """
 
     name: str
@@ -146,8 +148,9 @@ class TokenizedTask:
         answers = self.task.test_answers if test else self.task.answers
         if self.task.reward_funcs:
             prompts = self.task.test_prompts if test else self.task.prompts
-            total, self.last_parts = batch_rewards(self.task.reward_funcs, [prompts[i] for i in prompt_idx], list(texts),
-                                                   [list(c) for c in completion_ids], [answers[i] for i in prompt_idx])
+            total, self.last_parts = batch_rewards(self.task.reward_funcs, [prompts[i] for i in prompt_idx],
+                                                   list(texts), [list(c) for c in completion_ids],
+                                                   [answers[i] for i in prompt_idx])
             return total
         return np.array([text_reward(self.task.reward_fn, t, answers[i]) for i, t in zip(prompt_idx, texts)],
                         dtype=np.float64)
@@ -186,9 +189,9 @@ def batch_rewards(funcs: Sequence[BatchReward], prompts: list[str], completions:
     for j in np.flatnonzero(~scored)[:1]:
         raise ValueError(f"reward_funcs: every function returned None for completion {completions[j][:200]!r}")
     for j in np.flatnonzero(~((total >= 0) & (total <= 1)))[:1]:
-        raise ValueError(f"reward_funcs: the weighted reward {float(total[j])!r} of completion {completions[j][:200]!r} lies "
-                         "outside [0, 1], which Theorem 1's bound and its logged terms assume; rescale the "
-                         "functions or --reward-weights")
+        raise ValueError(f"reward_funcs: the weighted reward {float(total[j])!r} of completion "
+                         f"{completions[j][:200]!r} lies outside [0, 1], which Theorem 1's bound and its logged terms "
+                         "assume; rescale the functions or --reward-weights")
     return total, parts
 
 

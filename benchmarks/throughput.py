@@ -123,7 +123,6 @@ def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: 
 
     import shutil
 
-    shutil.rmtree(out / name, ignore_errors=True)  # a fresh run, never a resumed one
     per_window = max(v, 4 if v == 1 else v)
     windows = windows or (2 if v >= 10 else 3)  # at least 8 timed steps after the warm-up window
     steps = per_window * windows
@@ -135,7 +134,7 @@ def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: 
                      # a random model earns no reward: without the mask every step still does the full
                      # forward/backward (zero advantages), as TRL does, so the work compared is equal
                      mask_zero_std_groups=False, exact_j=False)
-    shutil.rmtree(cfg.output_dir, ignore_errors=True)
+    shutil.rmtree(cfg.output_dir, ignore_errors=True)  # a fresh run, never a resumed one
     train(cfg, log=lambda *a: None)
     rows = read_metrics(cfg.output_dir)[per_window:]
     keys = [k for k in rows[0] if k.startswith("time/")]

@@ -78,12 +78,17 @@ class Trackio:
 BACKENDS = {"tensorboard": TensorBoard, "wandb": WandB, "trackio": Trackio}
 
 
+def missing(name: str, why: str = "") -> ValueError:
+    """The one-line error for a tracker whose package is not installed."""
+    return ValueError(f"report_to: {name} needs the {PACKAGES[name]} package, which is not installed "
+                      f"(pip install {PACKAGES[name]}{'; ' + why if why else ''})")
+
+
 def check_trackers(config: GRPOConfig) -> None:
     """Refuse, in one line, a tracker of ``config.report_to`` whose package is not installed (before any is started)."""
     for name in config.report_to:
         if name != "none" and importlib.util.find_spec(PACKAGES[name]) is None:
-            raise ValueError(f"report_to: {name} needs the {PACKAGES[name]} package, which is not installed "
-                             f"(pip install {PACKAGES[name]})")
+            raise missing(name)
 
 
 class Trackers:
@@ -97,10 +102,9 @@ class Trackers:
                 continue
             try:
                 self.backends.append(BACKENDS[name](config, Path(run_path)))
-            except ImportError as exc:
+            except ImportError as exc:  # installed, but something it imports is not
                 self.close()
-                raise ValueError(f"report_to: {name} needs the {PACKAGES[name]} package, which is not installed "
-                                 f"(pip install {PACKAGES[name]}; {exc.name or exc})") from None
+                raise missing(name, str(exc.name or exc)) from None
 
     def __call__(self, step: int, row: dict) -> None:
         for backend in self.backends:

@@ -290,11 +290,12 @@ def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, l
             stats = stats.merge(part)
             if part.tokens:
                 loss.backward()
-        if it == 0 and tv:  # before the update: the policy's output layer is still pi_k's
-            hidden_k = Forward.assemble(batch, parts, first).hidden
-            chain_tv_k = 0.0 if alpha_dists is None else dg.chain_tv_estimate(
-                dists(config, models, models.policy, hidden_k), alpha_dists, batch.completion_mask,
-                config.logit_chunk_tokens)
+        if it == 0:  # pi_k's pass over the whole batch: log pi_k, its entropy and hidden states
+            k = Forward.assemble(batch, parts, first)
+            if tv:  # before the update: the policy's output layer is still pi_k's
+                chain_tv_k = 0.0 if alpha_dists is None else dg.chain_tv_estimate(
+                    dists(config, models, models.policy, k.hidden), alpha_dists, batch.completion_mask,
+                    config.logit_chunk_tokens)
         if stats.tokens == 0:
             break  # every group masked: nothing to learn from this batch
         grad_norm = gradient_norm(models.policy.parameters())
@@ -306,7 +307,6 @@ def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, l
             torch.nn.utils.clip_grads_with_norm_(models.policy.parameters(), config.max_grad_norm,
                                                  torch.tensor(grad_norm))
         models.optimizer.step()
-    k = Forward.assemble(batch, parts, first)
     return Optimised(k.logp, k.entropy, k.hidden, chain_tv_k, stats, grad_norm, skipped)
 
 

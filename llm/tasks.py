@@ -4,8 +4,10 @@
   160 for training and 40 for testing). Its reward is defined on tokens: 1 iff the completion's tokens
   are exactly the answer's tokens followed by EOS. Because its accepted completions form a finite set,
   its expected reward J(pi | x) is computable exactly (``Task.accepted``; docs/theory.md, §8.1).
-- GSM8K-format JSONL (``question``, ``answer`` ending in "#### N"): reward 1 iff the last number in
-  the completion equals N. A second file (``eval_dataset``) is its test split.
+- GSM8K-format JSONL (``question``, ``answer`` ending in "#### N"): reward 1 iff the completion's answer
+  equals N, as ``math-verify`` decides (``math_verify_reward``: ``1,000`` = ``1000``, ``\frac{1}{2}`` = ``0.5``),
+  or by the last number in the completion (``numeric_reward``, ``answer_check="last_number"``). A second file
+  (``eval_dataset``) is its test split.
 - A user reward function ``module:function`` with signature ``(completion: str, answer: str) -> float``.
 - Reward functions with TRL's signature, several with weights (``BatchReward``):
   ``f(prompts, completions, completion_ids, answer, **kwargs) -> list[float | None]``; the reward is the
@@ -285,6 +287,17 @@ def numeric_reward(completion: str, answer: str) -> float:
 GSM8K_TEMPLATE = "Question: {question}\nAnswer:"
 
 
+def math_verify_reward(completion: str, answer: str) -> float:
+    """1.0 iff ``math-verify`` (the checker of open-r1 and TRL's examples) finds the completion's answer equal to
+    ``answer``: numbers with thousands separators, fractions, LaTeX and plain expressions compare by value."""
+    from math_verify import parse, verify
+
+    return 1.0 if verify(parse(answer), parse(completion)) else 0.0
+
+
+ANSWER_CHECKS: dict[str, RewardFn] = {"math_verify": math_verify_reward, "last_number": numeric_reward}
+
+
 def read_gsm8k_jsonl(path: str | Path, template: str = GSM8K_TEMPLATE) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(prompts, answers) of a GSM8K-format JSONL file; a bad row raises naming the file and line."""
     path = Path(path)
@@ -359,7 +372,7 @@ def import_reward_funcs(paths: Sequence[str], weights: Sequence[float]) -> list[
 
 
 def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "", reward_funcs: Sequence[str] = (),
-              reward_weights: Sequence[float] = ()) -> Task:
+              reward_weights: Sequence[float] = (), answer_check: str = "math_verify") -> Task:
     """``arithmetic`` (built in, with its own test split), a GSM8K-format JSONL file, or ``hf:<name>``.
 
     ``eval_dataset`` (a JSONL file, or ``hf:<name>`` for its test split) gives the test prompts of the
@@ -384,7 +397,13 @@ def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "", reward_
         if not reward_fn and not reward_funcs:
             check_numeric_answers(answers, dataset)
             check_numeric_answers(test[1], eval_dataset)
-        task = Task(f"gsm8k:{Path(dataset).name}", prompts, answers, reward_fn=numeric_reward,
+        if answer_check == "math_verify" and not (reward_fn or reward_funcs):
+            try:
+                import math_verify  # noqa: F401
+            except ImportError:
+                raise ValueError("answer_check: math_verify needs the math-verify package (pip install math-verify); "
+                                 "--answer-check last_number uses the last number instead") from None
+        task = Task(f"gsm8k:{Path(dataset).name}", prompts, answers, reward_fn=ANSWER_CHECKS[answer_check],
                     test_prompts=test[0], test_answers=test[1])
     if reward_fn:
         task = task.with_reward(import_reward_fn(reward_fn))

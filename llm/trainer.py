@@ -83,7 +83,8 @@ def setup(config: GRPOConfig, log=print) -> tuple[Models, TokenizedTask, str]:
         torch.set_num_threads(config.num_threads)
     torch.manual_seed(config.seed)
     device = resolve_device(config.device)
-    task = load_task(config.dataset, config.reward_fn, config.eval_dataset, config.reward_funcs, config.reward_weights)
+    task = load_task(config.dataset, config.reward_fn, config.eval_dataset, config.reward_funcs, config.reward_weights,
+                     config.answer_check)
     model_path = resolve_model_path(config, log=log)
     policy, tokenizer = load_policy(model_path, device, config.trust_remote_code, config.attn_implementation)
     policy.train()

@@ -295,3 +295,28 @@ def test_reward_funcs_config_errors():
         GRPOConfig(reward_funcs=("a:b",), reward_weights=(float("nan"),))
     with pytest.raises(ValueError, match="reward_funcs: cannot import 'no_such_module:f'"):
         load_task("arithmetic", reward_funcs=["no_such_module:f"])
+
+
+@pytest.mark.parametrize("completion,answer,math_verify,last_number", [
+    ("The total is 1,000.", "1000", 1.0, 1.0),
+    ("so the answer is $\\frac{1}{2}$", "0.5", 1.0, 0.0),       # a fraction: the last-number rule reads "2"
+    ("x = 3/4", "0.75", 1.0, 0.0),
+    ("She sold 48 in April and 24 in May, 72 in all. #### 72", "72", 1.0, 1.0),
+    ("It is 71", "72", 0.0, 0.0),
+    ("72 apples, minus 2", "72", 0.0, 0.0),                       # the answer is not the last value
+])
+def test_math_verify_checks_answers_that_differ_only_in_format(completion, answer, math_verify, last_number):
+    from llm.tasks import ANSWER_CHECKS
+
+    assert ANSWER_CHECKS["math_verify"](completion, answer) == math_verify
+    assert ANSWER_CHECKS["last_number"](completion, answer) == last_number
+
+
+def test_answer_check_selects_the_gsm8k_reward(tmp_path):
+    from llm.tasks import math_verify_reward
+
+    path = tmp_path / "g.jsonl"
+    path.write_text(json.dumps({"question": "Half of 1?", "answer": "#### 0.5"}) + "\n")
+    assert load_task(str(path)).reward_fn is math_verify_reward  # the default
+    assert load_task(str(path), answer_check="last_number").reward_fn is numeric_reward
+    assert GRPOConfig().answer_check == "math_verify"

@@ -1,4 +1,4 @@
-"""Bandit experiments: ``python -m grpo_theory.experiments {ablation,vsweep,all}``.
+"""Bandit experiments: ``python -m grpo_theory.experiments {ablation,vsweep,staleness,all}``.
 
 - ablation: the paper's four GRPO configurations in bandit form, on-policy (v=1, i=1), on-policy +
   zero-variance mask, off-policy (v=10, i=1), sample reuse (v=1, i=10): final J, steps to reach a
@@ -6,6 +6,8 @@
 - vsweep: v in {1, 2, 4, 8, 16, 32}: final J, mean TV(pi_k, alpha), fraction of steps with a positive
   bound (paper and tight constants), steps where the exact bound exceeds the realised improvement
   (must be 0).
+- staleness: v in {1, 2, 4, 8, 16}, synchronous and with asynchronous generation (alpha one window older:
+  lag v to 2v - 1): the same columns and the mean lag, to show what the extra staleness costs the guarantee.
 
 Each run writes a run directory under ``<out>/<experiment>/<name>/seed<k>``; the table is printed
 and written to ``<out>/<experiment>/results.md``. The figures in ``figures/`` read these directories.
@@ -32,13 +34,14 @@ ABLATION = {
     "sample reuse (v=1, i=10)": dict(sync_period=1, num_iterations=10),
 }
 V_SWEEP = (1, 2, 4, 8, 16, 32)
+STALENESS_V = (1, 2, 4, 8, 16)
 
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     """Run the bandit ablation and/or the sweep over the sync period v."""
 
-    experiment: Literal["ablation", "vsweep", "all"] = "all"
+    experiment: Literal["ablation", "vsweep", "staleness", "all"] = "all"
     """Which experiment to run."""
     seeds: int = 5
     """Number of seeds per configuration (mean ± std over them)."""
@@ -105,15 +108,38 @@ def vsweep(cfg: ExperimentConfig) -> str:
     return "\n".join(lines)
 
 
+def staleness(cfg: ExperimentConfig) -> str:
+    lines = ["| v | generation | mean lag | final J | mean TV(pi_k, alpha) | bound > 0 (paper) | bound > 0 (tight) | "
+             "steps with bound > improvement |", "|---|---|---|---|---|---|---|---|"]
+    for v in STALENESS_V:
+        for asynchronous in (False, True):
+            fj, tv, lag, pos, pos_t, viol = [], [], [], [], [], 0
+            for seed in range(cfg.seeds):
+                name = f"v{v}_{'async' if asynchronous else 'sync'}"
+                sim, rows, _ = _run(cfg, "staleness", name, seed, sync_period=v, async_generation=asynchronous)
+                fj.append(final_j(rows))
+                tv.append(np.mean([r["tv/pi_k_alpha"] for r in rows]))
+                lag.append(np.mean([r["lag"] for r in rows]))
+                pos.append(np.mean([r["bound/lower"] > 0 for r in rows]))
+                pos_t.append(np.mean([r["bound/lower_tight"] > 0 for r in rows]))
+                viol += bound_violations(rows) + bound_violations(rows, tight=True)
+            lines.append(f"| {v} | {'async' if asynchronous else 'sync'} | {np.mean(lag):.1f} | {_pm(fj)} | {_pm(tv)} | "
+                         f"{_pm(pos)} | {_pm(pos_t)} | {viol} |")
+    return "\n".join(lines)
+
+
+EXPERIMENTS = {"ablation": ablation, "vsweep": vsweep, "staleness": staleness}
+
+
 def main(args: list[str] | None = None) -> int:
     cfg = parse(ExperimentConfig, args, prog="python -m grpo_theory.experiments", description=__doc__.splitlines()[0])
-    todo = ["ablation", "vsweep"] if cfg.experiment == "all" else [cfg.experiment]
+    todo = list(EXPERIMENTS) if cfg.experiment == "all" else [cfg.experiment]
     mode = "population (exact gradients)" if cfg.population else "sampled groups (G=8, 4 prompts/step)"
     header = (f"bandit: 16 prompts x 8 actions, binary rewards, {mode}, lr {cfg.learning_rate}, "
               f"{cfg.max_steps} steps, {cfg.seeds} seeds (mean ± std)")
     for exp in todo:
         t0 = time.perf_counter()
-        table = ablation(cfg) if exp == "ablation" else vsweep(cfg)
+        table = EXPERIMENTS[exp](cfg)
         text = f"{header}\n\n{table}\n"
         path = Path(cfg.out) / exp / "results.md"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -55,6 +55,10 @@ class SimConfig:
     """i: gradient steps per batch."""
     sync_period: int = 1
     """v: alpha <- pi_theta every v steps."""
+    async_generation: bool = False
+    """The server generates the next window while the trainer trains this one: the samples of the window starting
+    at step k come from the weights synced at step k - v (the initial weights in the first two windows), so alpha
+    lags by v to 2v - 1 steps instead of 0 to v - 1 (``lag`` logs the true age)."""
     epsilon: float = 0.2
     """Clip width of f_eps."""
     beta: float = 0.0
@@ -228,14 +232,17 @@ def simulate(config: SimConfig, progress: bool = False) -> list[dict]:
     theta_alpha = theta.copy()
     theta_ref = theta.copy()
     rows = []
-    last_sync = 0
+    last_sync = 0  # the step whose weights alpha holds
+    pending = (theta.copy(), 0)  # async: the weights synced at the start of this window, served from the next one
     bar = tqdm(total=config.max_steps, unit="step", disable=not progress)
     t_start = time.perf_counter()
     for step in range(config.max_steps):
         # ---- sync: every v steps the server gets the trainer's weights
         if step % config.sync_period == 0:
-            theta_alpha = theta.copy()
-            last_sync = step
+            if config.async_generation:  # this window's samples were generated from the previous sync's weights
+                (theta_alpha, last_sync), pending = pending, (theta.copy(), step)
+            else:
+                theta_alpha, last_sync = theta.copy(), step
         pi_k, alpha, ref = core.softmax(theta), core.softmax(theta_alpha), core.softmax(theta_ref)
         # ---- rollout + score + advantages
         roll = sample_rollout(config, bandit, alpha, rng)

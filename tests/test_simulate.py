@@ -21,6 +21,8 @@ CONFIGS = {
     "population off-policy masked": dict(population=True, sync_period=4, mask_zero_std_groups=True),
     "continuous stochastic KL": dict(rewards="continuous", stochastic_rewards=True, beta=0.1, ref_sync_steps=20),
     "eps = 0, large clip": dict(variance_eps=0.0, epsilon=1.0, sync_period=3),
+    "asynchronous v=4": dict(sync_period=4, async_generation=True, learning_rate=3.0),
+    "asynchronous v=1 population": dict(population=True, async_generation=True),
 }
 
 
@@ -141,3 +143,29 @@ def test_run_directory(tmp_path):
 def test_cli_errors(args, needle):
     res = subprocess.run([sys.executable, "-m", "grpo_theory.simulate", *args], capture_output=True, text=True)
     assert res.returncode == 2 and needle in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("v", [1, 3])
+def test_asynchronous_lag_is_the_true_age_of_the_sampling_weights(v, monkeypatch):
+    """With asynchronous generation the samples of step k come from pi_{k - lag}: the logged lag is the age of the
+    weights that really produced them, v to 2v - 1 from the third window on (the first two use the initial weights)."""
+    import grpo_theory.simulate as sim_mod
+
+    policies, alphas, real_grad, real_roll = {}, [], sim_mod.objective_gradient, sim_mod.sample_rollout
+
+    def grad(config, bandit, roll, theta, pi_k, alpha, ref):
+        policies.setdefault(len(alphas) - 1, pi_k.copy())  # pi_k of the current step (first inner step)
+        return real_grad(config, bandit, roll, theta, pi_k, alpha, ref)
+
+    def roll(config, bandit, alpha, rng):
+        alphas.append(alpha.copy())
+        return real_roll(config, bandit, alpha, rng)
+
+    monkeypatch.setattr(sim_mod, "objective_gradient", grad)
+    monkeypatch.setattr(sim_mod, "sample_rollout", roll)
+    rows = simulate(SimConfig(max_steps=6 * v + 2, sync_period=v, async_generation=True, learning_rate=3.0))
+    for r in rows:
+        k, lag = r["step"], r["lag"]
+        assert np.array_equal(alphas[k], policies[k - lag]), (k, lag)
+        assert lag == k if k < 2 * v else v <= lag <= 2 * v - 1
+    assert rows[-1]["tv/pi_k_alpha"] > 0  # alpha is really another policy

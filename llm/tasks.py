@@ -158,6 +158,12 @@ class TokenizedTask:
                         dtype=np.float64)
 
 
+def is_number(value) -> bool:
+    """A reward value is one real number: it converts with float() (numbers, bools, 0-d arrays and tensors do) and
+    is not a string (``float("0.5")`` would pass)."""
+    return not isinstance(value, (str, bytes)) and hasattr(value, "__float__")
+
+
 def batch_rewards(funcs: Sequence[BatchReward], prompts: list[str], completions: list[str],
                   completion_ids: list[list[int]], answers: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The weighted sum of the reward functions' values for each completion, and each function's values (nan
@@ -180,7 +186,7 @@ def batch_rewards(funcs: Sequence[BatchReward], prompts: list[str], completions:
         for j, v in enumerate(values):
             if v is None:
                 arr[j] = np.nan
-            elif isinstance(v, (str, bytes)) or not hasattr(v, "__float__") or not math.isfinite(float(v)):
+            elif not is_number(v) or not math.isfinite(float(v)):
                 raise ValueError(f"reward_funcs: {f.name} returned {v!r} for completion {completions[j][:200]!r} "
                                  f"(answer {answers[j]!r}); expected a finite number or None")
             else:
@@ -208,7 +214,7 @@ def text_reward(fn: RewardFn, completion: str, answer: str) -> float:
     if isinstance(value, (list, tuple, np.ndarray)) and np.ndim(value) > 0:
         raise ValueError(f"reward_fn: returned {len(value)} values {where}; it scores one completion, "
                          "so it must return one number")
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):  # numbers, 0-d arrays and tensors have it
+    if not is_number(value):
         raise ValueError(f"reward_fn: returned a {type(value).__name__} ({value!r}) {where}; "
                          "expected a number in [0, 1]")
     r = float(value)

@@ -93,6 +93,7 @@ class SimConfig:
         require(self, 0 <= self.variance_eps <= EPS_MAX, "variance_eps", "must lie in [0, 3/4] (Theorem 1)")
         require(self, self.learning_rate > 0, "learning_rate", "must be > 0")
         require(self, self.max_steps >= 1, "max_steps", "must be >= 1")
+        require(self, self.seed >= 0, "seed", "must be >= 0 (numpy's generators take non-negative seeds)")
 
 
 @dataclasses.dataclass
@@ -247,9 +248,14 @@ def simulate(config: SimConfig, progress: bool = False) -> list[dict]:
         # ---- rollout + score + advantages
         roll = sample_rollout(config, bandit, alpha, rng)
         # ---- optimise: i gradient-ascent steps on L^c - beta KL
-        for _ in range(config.num_iterations):
-            grad, clip_low, clip_high = objective_gradient(config, bandit, roll, theta, pi_k, alpha, ref)
-            theta = theta + config.learning_rate * grad
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a divergence is reported below
+            for _ in range(config.num_iterations):
+                grad, clip_low, clip_high = objective_gradient(config, bandit, roll, theta, pi_k, alpha, ref)
+                theta = theta + config.learning_rate * grad
+        if not np.all(np.isfinite(theta)):
+            bar.close()  # the error line starts on a line of its own
+            raise ValueError(f"learning_rate: the logits diverged at step {step} (non-finite after the update with "
+                             f"learning_rate={config.learning_rate!r}, beta={config.beta!r}); lower either")
         # ---- exact diagnostics (Theorem 1 per prompt, prompt-weighted)
         row = {"step": step, "lag": step - last_sync, "reward": roll.reward, "frac_reward_zero_std": roll.frac_zero_std,
                "clip_ratio/low_mean": clip_low, "clip_ratio/high_mean": clip_high}

@@ -202,6 +202,7 @@ class GRPOConfig:
     def __post_init__(self):
         require_finite(self)
         require(self, self.max_steps >= 1, "max_steps", "must be >= 1")
+        require(self, self.seed >= 0, "seed", "must be >= 0 (numpy's generators take non-negative seeds)")
         require(self, self.prompts_per_step >= 1, "prompts_per_step", "must be >= 1")
         require(self, self.num_generations >= 2, "num_generations", "a group needs G >= 2 completions")
         require(self, self.num_iterations >= 1, "num_iterations", "must be >= 1")

@@ -29,10 +29,14 @@ class GRPOConfig:
     model_name_or_path: str = ""
     """Local model directory or hub name. Empty: the built-in tiny Qwen2 (built and cached locally)."""
     dataset: str = "arithmetic"
-    """'arithmetic' (built in, with its own train/test split), a GSM8K-format JSONL file (question, answer
-    ending in '#### N'), or 'hf:<name>'."""
+    """'arithmetic' (built in, with its own train/test split), or data in TRL's format read with ``datasets``: a
+    .json/.jsonl/.parquet/.csv file, a directory written by save_to_disk (its 'train' split), or 'hf:<name>'. Rows
+    have a 'prompt' (a string, or a list of messages rendered with the chat template), an optional 'answer' (the
+    default reward's reference) and any other columns (passed to --reward-funcs by name); GSM8K's rows (question,
+    answer ending in '#### N') are mapped onto it."""
     eval_dataset: str = ""
-    """Test prompts for a JSONL or hub dataset (a JSONL file, or 'hf:<name>' for its test split)."""
+    """Test prompts for a data set other than the built-in one, in the same formats ('test' split of a saved
+    DatasetDict or a hub data set)."""
     reward_fn: str = ""
     """Optional reward as 'module:function' mapping (completion, answer) to [0, 1]; default: the task's own."""
     answer_check: Literal["math_verify", "last_number"] = "math_verify"
@@ -41,15 +45,17 @@ class GRPOConfig:
     the earlier rule). The built-in task keeps its own token-level reward."""
     reward_funcs: tuple[str, ...] = ()
     """Reward functions with TRL's signature, as 'module:function' (several allowed): f(prompts, completions,
-    completion_ids, answer, **kwargs) -> list[float | None], called once per batch; each is logged as
+    completion_ids, **columns) -> list[float | None], called once per batch with the data's columns (answer among
+    them) and, for conversational data, TRL's message lists as prompts and completions; each is logged as
     ``rewards/<function>/mean|std``. The reward is their weighted sum (None counts as 0) and must lie in [0, 1],
     the range Theorem 1 and its logged terms assume. Replaces the task's own reward; excludes ``reward_fn``."""
     reward_weights: tuple[float, ...] = ()
     """One weight per reward function (TRL's name); empty: 1 each."""
     chat_template: bool = False
-    """Render every prompt (training, held-out and test) as one user message with the tokenizer's chat template
-    and its generation prompt, as an instruct model expects; the built-in tiny model has no template and takes
-    the prompts as they are (the default). A tokenizer without a template is refused at start-up."""
+    """Render every text prompt (training, held-out and test) as one user message with the tokenizer's chat
+    template and its generation prompt, as an instruct model expects; the built-in tiny model has no template and
+    takes the prompts as they are (the default). Conversational prompts always go through the template. A
+    tokenizer without a template is refused at start-up."""
     output_dir: str = "runs/arithmetic"
     """Run directory: config.json, metrics.jsonl, checkpoints, samples. Re-using it resumes the run."""
     seed: int = 0

@@ -4,29 +4,33 @@
   160 for training and 40 for testing). Its reward is defined on tokens: 1 iff the completion's tokens
   are exactly the answer's tokens followed by EOS. Because its accepted completions form a finite set,
   its expected reward J(pi | x) is computable exactly (``Task.accepted``; docs/theory.md, §8.1).
-- GSM8K-format JSONL (``question``, ``answer`` ending in "#### N"): reward 1 iff the completion's answer
-  equals N, as ``math-verify`` decides (``math_verify_reward``: ``1,000`` = ``1000``, ``\frac{1}{2}`` = ``0.5``),
-  or by the last number in the completion (``numeric_reward``, ``answer_check="last_number"``). A second file
-  (``eval_dataset``) is its test split.
+- Data in TRL's formats (``llm.data``: a ``prompt`` column holding text or a conversation, other columns passed
+  to reward functions; GSM8K's ``question``/``answer`` rows mapped onto it), read with ``datasets`` from files,
+  saved data sets or the hub. Default reward: 1 iff the completion's answer equals the ``answer`` column, as
+  ``math-verify`` decides (``math_verify_reward``: ``1,000`` = ``1000``, ``\frac{1}{2}`` = ``0.5``), or by the last
+  number in the completion (``numeric_reward``, ``answer_check="last_number"``). ``eval_dataset`` is its test split.
 - A user reward function ``module:function`` with signature ``(completion: str, answer: str) -> float``.
 - Reward functions with TRL's signature, several with weights (``BatchReward``):
-  ``f(prompts, completions, completion_ids, answer, **kwargs) -> list[float | None]``; the reward is the
-  weighted sum (None: this function does not apply to that completion, counted as 0, as TRL does).
+  ``f(prompts, completions, completion_ids, **columns) -> list[float | None]``; the reward is the
+  weighted sum (None: this function does not apply to that completion, counted as 0, as TRL does). For
+  conversational data they receive the prompts as message lists and each completion as
+  ``[{"role": "assistant", "content": text}]``, as TRL passes them.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from runkit.cli import first_line
+
+from .data import Prompt, PromptData, load_prompt_data, rows_of
 
 RewardFn = Callable[[str, str], float]
 
@@ -51,26 +55,40 @@ class Task:
 
     Exactly one of ``reward_fn`` (a text reward), ``reward_funcs`` (functions with TRL's signature, weighted)
     and ``accepted`` (a finite set of accepted completions per answer: the reward is then 1 iff the completion's
-    tokens are one of them followed by EOS) is set.
+    tokens are one of them followed by EOS) is set. A prompt is a string or a conversation (a list of messages);
+    ``answers`` is empty for data without an ``answer`` column (only reward functions can score it then), and
+    ``columns`` holds the data's other columns, passed to reward functions by name.
     """
 
     name: str
-    prompts: tuple[str, ...]
+    prompts: tuple[Prompt, ...]
     answers: tuple[str, ...]
     reward_fn: RewardFn | None = None
     accepted: AcceptedFn | None = None
-    test_prompts: tuple[str, ...] = ()
+    test_prompts: tuple[Prompt, ...] = ()
     test_answers: tuple[str, ...] = ()
     reward_funcs: tuple[BatchReward, ...] = ()
+    columns: dict[str, tuple] = field(default_factory=dict)
+    test_columns: dict[str, tuple] = field(default_factory=dict)
 
     def __post_init__(self):
         if len(self.prompts) == 0:
             raise ValueError(f"dataset: task {self.name!r} has no prompts")
-        if len(self.prompts) != len(self.answers) or len(self.test_prompts) != len(self.test_answers):
-            raise ValueError("dataset: prompts and answers differ in number")
+        for prompts, answers, columns in ((self.prompts, self.answers, self.columns),
+                                          (self.test_prompts, self.test_answers, self.test_columns)):
+            if answers and len(answers) != len(prompts) or any(len(c) != len(prompts) for c in columns.values()):
+                raise ValueError("dataset: prompts and their answers or columns differ in number")
         if (self.reward_fn is not None) + (self.accepted is not None) + bool(self.reward_funcs) != 1:
             raise ValueError("reward_fn: a task needs exactly one of a text reward, reward functions and an "
                              "accepted-completions hook")
+        if not self.reward_funcs and (not self.answers or (self.test_prompts and not self.test_answers)):
+            raise ValueError(f"dataset: {self.name} has no 'answer' column, which the default reward and --reward-fn "
+                             "compare completions with; score it with --reward-funcs (TRL's signature) instead")
+
+    @property
+    def conversational(self) -> bool:
+        """True when the prompts are conversations (TRL's conversational format)."""
+        return any(isinstance(p, list) for p in self.prompts + self.test_prompts)
 
     @property
     def has_exact_j(self) -> bool:
@@ -115,16 +133,24 @@ class TokenizedTask:
         #: Each reward function's values for the completions of the last ``score`` call (nan where it gave None).
         self.last_parts: dict[str, np.ndarray] = {}
 
-    def _encode(self, texts: Sequence[str]) -> list[list[int]]:
-        """Prompt token ids: the text as it is, or (``chat_template``) as one user message rendered by the
-        tokenizer's chat template with its generation prompt (the template supplies any special tokens)."""
-        if not texts:
+    def _encode(self, prompts: Sequence[Prompt]) -> list[list[int]]:
+        """Prompt token ids: a text as it is, or (``chat_template``) as one user message; a conversation always
+        through the tokenizer's chat template, with its generation prompt (or, when it ends with an assistant
+        message, continuing that message, as TRL does). The template supplies any special tokens."""
+        if not prompts:
             return []
-        if not self.chat_template:
-            return self.tokenizer(list(texts)).input_ids
-        rendered = [self.tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
-                                                       add_generation_prompt=True) for t in texts]
+        if not self.chat_template and all(isinstance(p, str) for p in prompts):
+            return self.tokenizer(list(prompts)).input_ids
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("dataset: the prompts are conversations (lists of messages), which need a chat template, "
+                             "and the model's tokenizer has none; use a model with a template or text prompts")
+        rendered = [self._render([{"role": "user", "content": p}] if isinstance(p, str) else p) for p in prompts]
         return self.tokenizer(rendered, add_special_tokens=False).input_ids
+
+    def _render(self, messages: list[dict]) -> str:
+        cont = messages[-1]["role"] == "assistant"
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=not cont,
+                                                  continue_final_message=cont)
 
     def _accepted_ids(self, answers: Sequence[str]) -> list[list[list[int]]] | None:
         if self.task.accepted is None:
@@ -149,10 +175,13 @@ class TokenizedTask:
             return np.array([float(list(ids) in accepted[i]) for i, ids in zip(prompt_idx, completion_ids)])
         answers = self.task.test_answers if test else self.task.answers
         if self.task.reward_funcs:
-            prompts = self.task.test_prompts if test else self.task.prompts
-            total, self.last_parts = batch_rewards(self.task.reward_funcs, [prompts[i] for i in prompt_idx],
-                                                   list(texts), [list(c) for c in completion_ids],
-                                                   [answers[i] for i in prompt_idx])
+            t = self.task
+            prompts, columns = (t.test_prompts, t.test_columns) if test else (t.prompts, t.columns)
+            columns = ({"answer": answers} if answers else {}) | columns
+            completions = ([[{"role": "assistant", "content": c}] for c in texts] if t.conversational
+                           else list(texts))
+            total, self.last_parts = batch_rewards(t.reward_funcs, [prompts[i] for i in prompt_idx], completions,
+                                                   [list(c) for c in completion_ids], rows_of(columns, prompt_idx))
             return total
         return np.array([text_reward(self.task.reward_fn, t, answers[i]) for i, t in zip(prompt_idx, texts)],
                         dtype=np.float64)
@@ -164,18 +193,18 @@ def is_number(value) -> bool:
     return not isinstance(value, (str, bytes)) and hasattr(value, "__float__")
 
 
-def batch_rewards(funcs: Sequence[BatchReward], prompts: list[str], completions: list[str],
-                  completion_ids: list[list[int]], answers: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def batch_rewards(funcs: Sequence[BatchReward], prompts: list, completions: list, completion_ids: list[list[int]],
+                  columns: dict[str, list]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The weighted sum of the reward functions' values for each completion, and each function's values (nan
     where it returned None). Each function is called once for the batch with TRL's keyword arguments (``prompts``,
-    ``completions``, ``completion_ids`` and the dataset's column ``answer``). A function that raises, returns
+    ``completions``, ``completion_ids`` and the data's columns, ``answer`` among them). A function that raises, returns
     the wrong number of values or a value that is neither a real number nor None, a completion no function
     scores, or a weighted sum outside [0, 1] (Theorem 1's bound is stated for such rewards) raises one line."""
     n = len(completions)
     total, scored, parts = np.zeros(n), np.zeros(n, dtype=bool), {}
     for f in funcs:
         try:
-            values = f.fn(prompts=prompts, completions=completions, completion_ids=completion_ids, answer=answers)
+            values = f.fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
         except Exception as exc:  # noqa: BLE001 - the user's code: any exception becomes one line
             raise ValueError(f"reward_funcs: {f.name} raised {type(exc).__name__}: {first_line(exc, 200)}") from None
         if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or len(values) != n:
@@ -187,20 +216,26 @@ def batch_rewards(funcs: Sequence[BatchReward], prompts: list[str], completions:
             if v is None:
                 arr[j] = np.nan
             elif not is_number(v) or not math.isfinite(float(v)):
-                raise ValueError(f"reward_funcs: {f.name} returned {v!r} for completion {completions[j][:200]!r} "
-                                 f"(answer {answers[j]!r}); expected a finite number or None")
+                raise ValueError(f"reward_funcs: {f.name} returned {v!r} for completion {shown(completions[j])} "
+                                 "; expected a finite number or None")
             else:
                 arr[j] = float(v)
         parts[f.name] = arr
         total += f.weight * np.nan_to_num(arr)
         scored |= ~np.isnan(arr)
     for j in np.flatnonzero(~scored)[:1]:
-        raise ValueError(f"reward_funcs: every function returned None for completion {completions[j][:200]!r}")
+        raise ValueError(f"reward_funcs: every function returned None for completion {shown(completions[j])}")
     for j in np.flatnonzero(~((total >= 0) & (total <= 1)))[:1]:
         raise ValueError(f"reward_funcs: the weighted reward {float(total[j])!r} of completion "
-                         f"{completions[j][:200]!r} lies outside [0, 1], which Theorem 1's bound and its logged terms "
+                         f"{shown(completions[j])} lies outside [0, 1], which Theorem 1's bound and its logged terms "
                          "assume; rescale the functions or --reward-weights")
     return total, parts
+
+
+def shown(completion) -> str:
+    """A completion (text, or TRL's conversational [{"role": "assistant", "content": text}]) quoted in an error."""
+    text = completion[0]["content"] if isinstance(completion, list) else completion
+    return repr(text[:200])
 
 
 def text_reward(fn: RewardFn, completion: str, answer: str) -> float:
@@ -274,23 +309,10 @@ def parse_number(text: str) -> float | None:
         return None
 
 
-def gsm8k_answer(answer_field: str) -> str:
-    """The final answer of a GSM8K ``answer`` field: the text after the last '####'."""
-    if not isinstance(answer_field, str) or "####" not in answer_field:
-        raise ValueError("dataset: a GSM8K answer must be a string ending with '#### <number>'")
-    answer = answer_field.rsplit("####", 1)[1].strip().replace(",", "")
-    if not answer:
-        raise ValueError("dataset: the GSM8K answer after '####' is empty")
-    return answer
-
-
 def numeric_reward(completion: str, answer: str) -> float:
     """1.0 iff the last number in the completion equals the numeric answer."""
     got, want = parse_number(completion), parse_number(answer)
     return 1.0 if got is not None and want is not None and math.isclose(got, want, rel_tol=0, abs_tol=1e-6) else 0.0
-
-
-GSM8K_TEMPLATE = "Question: {question}\nAnswer:"
 
 
 def math_verify_reward(completion: str, answer: str) -> float:
@@ -298,52 +320,30 @@ def math_verify_reward(completion: str, answer: str) -> float:
     ``answer``: numbers with thousands separators, fractions, LaTeX and plain expressions compare by value."""
     from math_verify import parse, verify
 
-    return 1.0 if verify(parse(answer), parse(completion)) else 0.0
+    return 1.0 if verify(parse_answer(answer), parse(completion)) else 0.0
+
+
+def parse_answer(answer: str) -> list:
+    """A reference answer as math-verify reads it: as written, or, when that finds nothing and the answer holds a
+    digit or a LaTeX command (bare LaTeX such as ``x^2+1`` or ``\\pi``, as MATH's answers are written), inside
+    $...$. Empty when neither applies (a word such as 'seven' is not read as a product of symbols)."""
+    from math_verify import parse
+
+    return parse(answer) or (parse(f"${answer}$") if re.search(r"[\\\d]", answer) else [])
 
 
 ANSWER_CHECKS: dict[str, RewardFn] = {"math_verify": math_verify_reward, "last_number": numeric_reward}
 
 
-def read_gsm8k_jsonl(path: str | Path, template: str = GSM8K_TEMPLATE) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(prompts, answers) of a GSM8K-format JSONL file; a bad row raises naming the file and line."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"dataset: file not found: {path}")
-    prompts, answers = [], []
-    with path.open() as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                prompts.append(template.format(question=row["question"].strip()))
-                answers.append(gsm8k_answer(row["answer"]))
-            except (json.JSONDecodeError, KeyError, AttributeError, TypeError, ValueError) as exc:
-                raise ValueError(f"dataset: {path}:{i}: expected a JSON object with a 'question' string and an "
-                                 f"'answer' ending in '#### <number>' ({str(exc).removeprefix('dataset: ')})") from None
-    if not prompts:
-        raise ValueError(f"dataset: {path} holds no rows")
-    return tuple(prompts), tuple(answers)
-
-
-def check_numeric_answers(answers: Sequence[str], source: str) -> None:
-    """The default GSM8K reward compares numbers: refuse answers without one (they would score 0 always)."""
+def check_answers(answers: Sequence[str], source: str, answer_check: str) -> None:
+    """Refuse reference answers the default reward cannot read (every completion would score 0): for
+    ``last_number`` one without a number, for ``math_verify`` one math-verify parses to nothing."""
+    readable = (lambda a: parse_number(a) is not None) if answer_check == "last_number" else parse_answer
     for i, a in enumerate(answers, 1):
-        if parse_number(a) is None:
-            raise ValueError(f"dataset: {source}: the answer of row {i} ({a!r}) is not a number, so the default reward "
-                             "would score every completion 0; fix the row or pass --reward-fn for non-numeric answers")
-
-
-def load_hub_gsm8k(name: str, split: str = "train", template: str = GSM8K_TEMPLATE) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(prompts, answers) of a GSM8K-format data set by ``datasets`` name (needs ``datasets`` and network)."""
-    try:
-        import datasets  # noqa: PLC0415
-    except ImportError:
-        raise ValueError("dataset: loading a hub data set needs `pip install datasets`; pass a local JSONL file instead") from None
-    config = "main" if name in ("gsm8k", "openai/gsm8k") else None
-    ds = datasets.load_dataset(name, config, split=split)
-    return (tuple(template.format(question=q.strip()) for q in ds["question"]),
-            tuple(gsm8k_answer(a) for a in ds["answer"]))
+        if not readable(a):
+            raise ValueError(f"dataset: {source}: the answer of row {i} ({a!r}) cannot be read by --answer-check "
+                             f"{answer_check}, so the default reward would score every completion 0; fix the row or "
+                             "pass --reward-fn / --reward-funcs for such answers")
 
 
 def import_reward_fn(path: str) -> RewardFn:
@@ -379,40 +379,34 @@ def import_reward_funcs(paths: Sequence[str], weights: Sequence[float]) -> list[
 
 def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "", reward_funcs: Sequence[str] = (),
               reward_weights: Sequence[float] = (), answer_check: str = "math_verify") -> Task:
-    """``arithmetic`` (built in, with its own test split), a GSM8K-format JSONL file, or ``hf:<name>``.
-
-    ``eval_dataset`` (a JSONL file, or ``hf:<name>`` for its test split) gives the test prompts of the
-    other two.
+    """``arithmetic`` (built in, with its own test split), or data in TRL's format (``llm.data``: a file, a saved
+    data set or ``hf:<name>``; GSM8K's rows are mapped onto it) with ``eval_dataset`` as its test split.
     """
     if dataset == "arithmetic":
         if eval_dataset:
             raise ValueError("eval_dataset: the built-in arithmetic task has its own test split; leave it empty")
         task = arithmetic_task()
+        if reward_fn:
+            task = task.with_reward(import_reward_fn(reward_fn))
+        if reward_funcs:
+            task = task.with_reward_funcs(import_reward_funcs(reward_funcs, reward_weights))
+        return task
+    train = load_prompt_data(dataset, "train")
+    test = load_prompt_data(eval_dataset, "test") if eval_dataset else PromptData(())
+    if reward_funcs:
+        reward = {"reward_funcs": tuple(import_reward_funcs(reward_funcs, reward_weights))}
+    elif reward_fn:
+        reward = {"reward_fn": import_reward_fn(reward_fn)}
     else:
-        if dataset.startswith("hf:"):
-            prompts, answers = load_hub_gsm8k(dataset[3:])
-        elif dataset.endswith((".jsonl", ".json")) or Path(dataset).exists():
-            prompts, answers = read_gsm8k_jsonl(dataset)
-        else:
-            raise ValueError(f"dataset: expected 'arithmetic', a .jsonl path or 'hf:<name>', got {dataset!r}")
-        test = ((), ())
-        if eval_dataset.startswith("hf:"):
-            test = load_hub_gsm8k(eval_dataset[3:], split="test")
-        elif eval_dataset:
-            test = read_gsm8k_jsonl(eval_dataset)
-        if not reward_fn and not reward_funcs:
-            check_numeric_answers(answers, dataset)
-            check_numeric_answers(test[1], eval_dataset)
-        if answer_check == "math_verify" and not (reward_fn or reward_funcs):
+        if answer_check == "math_verify":
             try:
                 import math_verify  # noqa: F401
             except ImportError:
                 raise ValueError("answer_check: math_verify needs the math-verify package (pip install math-verify); "
                                  "--answer-check last_number uses the last number instead") from None
-        task = Task(f"gsm8k:{Path(dataset).name}", prompts, answers, reward_fn=ANSWER_CHECKS[answer_check],
-                    test_prompts=test[0], test_answers=test[1])
-    if reward_fn:
-        task = task.with_reward(import_reward_fn(reward_fn))
-    if reward_funcs:
-        task = task.with_reward_funcs(import_reward_funcs(reward_funcs, reward_weights))
-    return task
+        check_answers(train.answers, dataset, answer_check)
+        check_answers(test.answers, eval_dataset, answer_check)
+        reward = {"reward_fn": ANSWER_CHECKS[answer_check]}
+    name = dataset[3:] if dataset.startswith("hf:") else Path(dataset).name
+    return Task(name, train.prompts, train.answers, test_prompts=test.prompts, test_answers=test.answers,
+                columns=train.columns, test_columns=test.columns, **reward)

@@ -7,6 +7,7 @@ import dataclasses
 import importlib
 import io
 import json
+import re
 import sys
 import typing
 from unittest import mock
@@ -46,7 +47,8 @@ def run_cli(main, prog: str, argv: list[str]) -> tuple[int, str]:
 
 
 def assert_one_line_error(status: int, stderr: str, prog: str, names: list[str]) -> None:
-    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    progress = re.compile(r"^\s*\d+%\|.*\]$")  # tqdm's bar of a run that had started (each redraw ends in ']')
+    lines = [ln for ln in stderr.splitlines() if ln.strip() and not progress.match(ln)]
     assert status == 2, (status, stderr)
     assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), stderr
     text = lines[0]
@@ -212,13 +214,18 @@ def test_every_number_field_refuses_non_finite_and_non_numeric_values(tmp_path, 
 @pytest.mark.parametrize("content,match", [
     ("", "holds no rows"),
     ("\n\n", "holds no rows"),
-    ('{"question": "q"\n', r"bad.jsonl:1: expected a JSON object"),
-    ('[1, 2]\n', r"bad.jsonl:1: expected a JSON object"),
-    ('{"question": 5, "answer": "#### 5"}\n', r"bad.jsonl:1: .*'question' string"),
-    ('{"question": "q", "answer": 5}\n', r"bad.jsonl:1: .*must be a string ending with"),
-    ('{"question": "q", "answer": "#### 1"}\n{"question": "q2"}\n', r"bad.jsonl:2: .*KeyError|bad.jsonl:2: .*'answer'"),
-    ('{"question": "q", "answer": "####  "}\n', r"bad.jsonl:1: .*empty"),
-    ('{"question": "q", "answer": "#### seven"}\n', r"answer of row 1 \('seven'\) is not a number"),
+    ('{"question": "q", "answer": "#### 1"}\n{"question": "q"\n', r"bad.jsonl:2: not valid JSON"),
+    ('{"question": "q", "answer": "#### 1"}\n[1, 2]\n', r"bad.jsonl:2: expected a JSON object, got a list"),
+    ('[1, 2]\n', r"bad.jsonl has columns \['text'\]; expected a 'prompt' column"),
+    ('{"question": 5, "answer": "#### 5"}\n', r"bad.jsonl: row 1: expected a 'question' string"),
+    ('{"question": "q", "answer": 5}\n', r"bad.jsonl: row 1: .*must be a string ending with"),
+    ('{"question": "q", "answer": "#### 1"}\n{"question": "q2"}\n', r"bad.jsonl: row 2: .*must be a string ending"),
+    ('{"question": "q", "answer": "####  "}\n', r"bad.jsonl: row 1: .*empty"),
+    ('{"question": "q", "answer": "#### seven"}\n', r"answer of row 1 \('seven'\) cannot be read by --answer-check"),
+    ('{"prompt": 3}\n', r"bad.jsonl: row 1: the prompt must be a string or a non-empty list of messages"),
+    ('{"prompt": [{"role": "user"}]}\n', r"bad.jsonl: row 1: the prompt must be"),
+    ('{"prompt": "p", "answer": [1]}\n', r"bad.jsonl: row 1: the answer must be a string or a number"),
+    ('{"prompt": "p"}\n', r"has no 'answer' column, which the default reward"),
 ])
 def test_bad_data_files_are_refused_naming_the_row(tmp_path, content, match):
     path = tmp_path / "bad.jsonl"

@@ -71,10 +71,10 @@ def test_gsm8k_jsonl_loader_and_numeric_reward(tmp_path, tokenizer):
 def test_bad_dataset_rows_are_named(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"question": "q"}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:1"):
+    with pytest.raises(ValueError, match=r"bad.jsonl has columns \['question'\]; expected a 'prompt' column"):
         load_task(str(path))
-    path.write_text('{"question": "q", "answer": "no marker"}\n')
-    with pytest.raises(ValueError, match="####"):
+    path.write_text('{"question": "q", "answer": "#### 1"}\n{"question": "q", "answer": "no marker"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl: row 2: .*####"):
         load_task(str(path))
     with pytest.raises(ValueError, match="dataset: expected"):
         load_task("nonsense")
@@ -304,6 +304,9 @@ def test_reward_funcs_config_errors():
     ("She sold 48 in April and 24 in May, 72 in all. #### 72", "72", 1.0, 1.0),
     ("It is 71", "72", 0.0, 0.0),
     ("72 apples, minus 2", "72", 0.0, 0.0),                       # the answer is not the last value
+    ("so $f(x) = 1 + x^2$", "x^2+1", 1.0, 0.0),                    # MATH-style bare LaTeX answers
+    ("the area is \\(\\pi\\)", "\\pi", 1.0, 0.0),
+    ("the area is \\(2\\pi\\)", "\\pi", 0.0, 0.0),
 ])
 def test_math_verify_checks_answers_that_differ_only_in_format(completion, answer, math_verify, last_number):
     from llm.tasks import ANSWER_CHECKS

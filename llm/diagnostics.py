@@ -21,11 +21,21 @@ plug-in. What the average is taken over therefore decides the bias:
   expectation over the prompt distribution.
 - ``tv/pi_k_alpha`` on the training batch is unbiased: pi_k depends on no sample of its own step.
 
+Rewards outside [0, 1] (reward functions may return any finite number): Theorem 1 holds for rewards in a known
+range [lo, hi] through r' = (r - lo)/(hi - lo), which lies in [0, 1]: every term is computed for r' (its sigma,
+s <= 1 and weight) and the terms in units of J (improvement, surrogate, penalties, lower bound) are multiplied
+back by hi - lo. ``RewardRange`` holds the range used: [0, 1], widened to every training and held-out reward the
+run has seen. A measured range can only be narrower than the true one, and the bound holds only for rewards inside
+it; for rewards in [0, 1] nothing changes. With the shift, the improvement estimate is
+mean (w_new - w_k)(r - lo), still unbiased (E_alpha[w_new - w_k] = 0).
+
 Chain-rule estimate (``*_chain_ub_est``): TV(pi, alpha) <= E_{y~alpha} sum_t TV(pi(.|x, y_<t), alpha(.|x, y_<t));
 the batch mean of the inner sum is a Monte-Carlo estimate of that upper bound, not a bound on each batch.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -33,6 +43,30 @@ import torch
 import grpo_theory as gt
 
 from .logprobs import TokenDists
+
+
+@dataclass(frozen=True)
+class RewardRange:
+    """The reward range Theorem 1's terms are computed for: [0, 1] widened to hold every reward seen so far."""
+
+    lo: float = 0.0
+    hi: float = 1.0
+
+    @property
+    def width(self) -> float:
+        return self.hi - self.lo
+
+    def widened(self, rewards: np.ndarray) -> "RewardRange":
+        """The smallest range holding this one and ``rewards``."""
+        return RewardRange(min(self.lo, float(np.min(rewards))), max(self.hi, float(np.max(rewards))))
+
+    def rescale(self, rewards: np.ndarray) -> np.ndarray:
+        """r' = (r - lo)/(hi - lo), in [0, 1] for rewards inside the range."""
+        return (np.asarray(rewards, dtype=np.float64) - self.lo) / self.width
+
+
+#: Rewards in [0, 1], Theorem 1's own range: r' = r.
+UNIT_RANGE = RewardRange()
 
 
 def tv_rows(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
@@ -91,11 +125,13 @@ _overflow_is_the_answer = np.errstate(over="ignore", invalid="ignore")
 
 
 @_overflow_is_the_answer
-def bound_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndarray, eps: float) -> dict[str, float]:
+def bound_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndarray, eps: float,
+                    reward_range: RewardRange = UNIT_RANGE) -> dict[str, float]:
     """Theorem 1 estimates from groups of completions of P prompts: ``rewards`` and the sequence log-ratios
     log pi_k/alpha and log pi_{k+1}/alpha, each (P, G). Returns means over prompts; callers prefix them with
-    ``insample/`` or ``heldout/`` (which one decides the bias: see the module docstring)."""
-    r = np.asarray(rewards, dtype=np.float64)
+    ``insample/`` or ``heldout/`` (which one decides the bias: see the module docstring). With a ``reward_range``
+    other than [0, 1] the terms are those of the rescaled reward, in units of the reward (module docstring)."""
+    r = reward_range.rescale(rewards)
     _, sigma = group_statistics(r)
     w_k, w_new = np.exp(np.asarray(log_w_k, np.float64)), np.exp(np.asarray(log_w_new, np.float64))
     tv_k = 0.5 * np.mean(np.abs(w_k - 1.0), axis=1)
@@ -108,19 +144,21 @@ def bound_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndar
     tight = gt.combine_bound(surrogate, weight, tv_new, tv_k, gt.bound_constant(tight=True, reward_range=1.0))
     improvement = np.mean((w_new - w_k) * r, axis=1)
     varied = sigma > 0  # the prompts the zero-variance mask keeps
-    nz = (lambda x: float(x[varied].mean()) if varied.any() else float("nan"))
+    width = reward_range.width  # back to units of the reward: J(pi) - J(pi_k) = width (J'(pi) - J'(pi_k))
+    nz = (lambda x: width * float(x[varied].mean()) if varied.any() else float("nan"))
+    mean = (lambda x: width * float(x.mean()))  # noqa: E731
     return {
         "tv/pi_k_alpha": float(tv_k.mean()),
         "tv/pi_new_alpha": float(tv_new.mean()),
-        "improvement": float(improvement.mean()),
+        "improvement": mean(improvement),
         "improvement_nonzero_std": nz(improvement),
-        "bound/surrogate": float(paper.surrogate.mean()),
-        "bound/penalty_tv": float(paper.penalty_tv.mean()),
-        "bound/penalty_lag": float(paper.penalty_lag.mean()),
-        "bound/lower": float(paper.lower.mean()),
-        "bound/penalty_tv_tight": float(tight.penalty_tv.mean()),
-        "bound/penalty_lag_tight": float(tight.penalty_lag.mean()),
-        "bound/lower_tight": float(tight.lower.mean()),
+        "bound/surrogate": mean(paper.surrogate),
+        "bound/penalty_tv": mean(paper.penalty_tv),
+        "bound/penalty_lag": mean(paper.penalty_lag),
+        "bound/lower": mean(paper.lower),
+        "bound/penalty_tv_tight": mean(tight.penalty_tv),
+        "bound/penalty_lag_tight": mean(tight.penalty_lag),
+        "bound/lower_tight": mean(tight.lower),
         "bound/frac_lower_tight_positive": float(np.mean(tight.lower > 0)),
         "bound/lower_nonzero_std": nz(paper.lower),
         "bound/lower_tight_nonzero_std": nz(tight.lower),
@@ -128,11 +166,13 @@ def bound_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndar
 
 
 @_overflow_is_the_answer
-def group_metrics(group_rewards: np.ndarray, log_w_k: np.ndarray, eps: float) -> dict[str, float]:
+def group_metrics(group_rewards: np.ndarray, log_w_k: np.ndarray, eps: float,
+                  reward_range: RewardRange = UNIT_RANGE) -> dict[str, float]:
     """Quantities of the training groups that involve only alpha and pi_k (no bias from the update):
-    TV(pi_k, alpha), the largest sequence weight pi_k/alpha, and the per-prompt sigma and weight (1 - s)/s."""
+    TV(pi_k, alpha), the largest sequence weight pi_k/alpha, and the per-prompt sigma (of the rewards) and weight
+    (1 - s)/s (of the rewards rescaled to ``reward_range``, as in Theorem 1)."""
     _, sigma = group_statistics(group_rewards)
-    weight = gt.penalty_weight(sigma, eps)
+    weight = gt.penalty_weight(sigma / reward_range.width, eps)
     finite = weight[np.isfinite(weight)]
     w_k = np.exp(np.asarray(log_w_k, np.float64))
     return {

@@ -199,7 +199,8 @@ def batch_rewards(funcs: Sequence[BatchReward], prompts: list, completions: list
     where it returned None). Each function is called once for the batch with TRL's keyword arguments (``prompts``,
     ``completions``, ``completion_ids`` and the data's columns, ``answer`` among them). A function that raises, returns
     the wrong number of values or a value that is neither a real number nor None, a completion no function
-    scores, or a weighted sum outside [0, 1] (Theorem 1's bound is stated for such rewards) raises one line."""
+    scores raises one line. The weighted sum may be any finite number: outside [0, 1] Theorem 1's terms use the
+    reward range the run has seen (``llm.diagnostics.RewardRange``)."""
     n = len(completions)
     total, scored, parts = np.zeros(n), np.zeros(n, dtype=bool), {}
     for f in funcs:
@@ -225,10 +226,6 @@ def batch_rewards(funcs: Sequence[BatchReward], prompts: list, completions: list
         scored |= ~np.isnan(arr)
     for j in np.flatnonzero(~scored)[:1]:
         raise ValueError(f"reward_funcs: every function returned None for completion {shown(completions[j])}")
-    for j in np.flatnonzero(~((total >= 0) & (total <= 1)))[:1]:
-        raise ValueError(f"reward_funcs: the weighted reward {float(total[j])!r} of completion "
-                         f"{shown(completions[j])} lies outside [0, 1], which Theorem 1's bound and its logged terms "
-                         "assume; rescale the functions or --reward-weights")
     return total, parts
 
 

@@ -42,7 +42,7 @@ from .logprobs import Forward, LogitHead, TokenDists, check_head, completion_log
 from .loss import LossStats, grpo_loss, loss_weights
 from .model import Precision, copy_weights, frozen_copy, load_policy, resolve_device, resolve_model_path
 from .rollout import RolloutWindow
-from .rundir import RunDir
+from .rundir import RunDir, read_metrics
 from .sampling import Rollout, Sampler, TransformersSampler, make_sampler, max_model_len, probe_sync
 from .trackers import Trackers, check_trackers
 from .tasks import TokenizedTask, load_task
@@ -312,10 +312,12 @@ def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, l
 
 
 def diagnose(config: GRPOConfig, models: Models, batch: Batch, rewards: np.ndarray, groups: Groups,
-             roll: Rollout, behaviour: Behaviour, optimised: Optimised, step: int) -> dict[str, float]:
+             roll: Rollout, behaviour: Behaviour, optimised: Optimised, step: int,
+             reward_range: dg.RewardRange = dg.UNIT_RANGE) -> dict[str, float]:
     """Metrics of the step on the training batch: rollout statistics, the loss's statistics, the unbiased
     pi_k quantities and (``insample_diagnostics``, every ``insample_diagnostics_steps`` steps) the in-sample
-    estimates of the terms involving pi_{k+1} (one forward pass of it)."""
+    estimates of the terms involving pi_{k+1} (one forward pass of it). Theorem 1's terms are those of the
+    rewards rescaled from ``reward_range`` (``llm.diagnostics``)."""
     cm = batch.completion_mask
     P, G = rewards.shape
     log_w_k = dg.sequence_log_ratio(optimised.logp_k, behaviour.logp, cm, P, G)
@@ -324,13 +326,13 @@ def diagnose(config: GRPOConfig, models: Models, batch: Batch, rewards: np.ndarr
     row["grad_norm"] = optimised.grad_norm
     row["skipped_updates"] = optimised.skipped
     row.update(optimised.stats.metrics())
-    row.update(dg.group_metrics(rewards, log_w_k, config.variance_eps))
+    row.update(dg.group_metrics(rewards, log_w_k, config.variance_eps, reward_range))
     if optimised.chain_tv_k is not None:
         row["tv/pi_k_alpha_chain_ub_est"] = optimised.chain_tv_k
     if config.insample_diagnostics and step % config.insample_diagnostics_steps == 0:
         new = logprobs(config, models, models.policy, batch, keep_hidden=behaviour.dists is not None)
         insample = dg.bound_estimates(rewards, log_w_k, dg.sequence_log_ratio(new.logp, behaviour.logp, cm, P, G),
-                                      config.variance_eps)
+                                      config.variance_eps, reward_range)
         del insample["tv/pi_k_alpha"]  # the same number as the top-level (unbiased) tv/pi_k_alpha
         row.update(dg.prefixed("insample", insample))
         if behaviour.dists is not None:
@@ -363,16 +365,48 @@ def prepare_heldout(config: GRPOConfig, models: Models, task: TokenizedTask, pro
     return Heldout(rewards, batch, logp_alpha, logp_k)
 
 
-def diagnose_heldout(config: GRPOConfig, models: Models, heldout: Heldout) -> dict[str, float]:
+def diagnose_heldout(config: GRPOConfig, models: Models, heldout: Heldout,
+                     reward_range: dg.RewardRange = dg.UNIT_RANGE) -> dict[str, float]:
     """``heldout/*``: the bound's terms, TV distances and improvement estimated on prompts and completions
     that never entered the loss (unbiased over the prompt distribution; docs/theory.md, §8.2)."""
     logp_new = logprobs(config, models, models.policy, heldout.batch).logp
     cm = heldout.batch.completion_mask
     P, G = heldout.rewards.shape
     log_w = lambda logp: dg.sequence_log_ratio(logp, heldout.logp_alpha, cm, P, G)  # noqa: E731
-    est = dg.bound_estimates(heldout.rewards, log_w(heldout.logp_k), log_w(logp_new), config.variance_eps)
+    est = dg.bound_estimates(heldout.rewards, log_w(heldout.logp_k), log_w(logp_new), config.variance_eps,
+                             reward_range)
     est["reward"] = float(heldout.rewards.mean())
     return dg.prefixed("heldout", est)
+
+
+class RangeTracker:
+    """The reward range of Theorem 1's terms for a task scored by reward functions (any finite rewards): [0, 1]
+    widened to every training and held-out reward seen, logged as ``bound/reward_lo|hi``; the first widening is
+    announced. A resumed run starts from the range of the steps it keeps. Other tasks' rewards lie in [0, 1]."""
+
+    def __init__(self, task: TokenizedTask, run: RunDir, start: int, log):
+        self.active = bool(task.task.reward_funcs)
+        self.range = dg.UNIT_RANGE
+        if self.active and start:
+            kept = [r for r in read_metrics(run.path) if "bound/reward_lo" in r]
+            if kept:
+                self.range = dg.RewardRange(min(r["bound/reward_lo"] for r in kept),
+                                            max(r["bound/reward_hi"] for r in kept))
+            if self.range != dg.UNIT_RANGE:
+                log(f"rewards outside [0, 1] in the steps kept: Theorem 1's terms continue with their range "
+                    f"[{self.range.lo:.4g}, {self.range.hi:.4g}], widened as new rewards are seen")
+
+    def see(self, step: int, rewards: np.ndarray, heldout_rewards: np.ndarray, row: dict, write) -> dg.RewardRange:
+        if not self.active:
+            return self.range
+        wider = self.range.widened(rewards).widened(heldout_rewards)
+        if self.range == dg.UNIT_RANGE and wider != self.range:
+            write(f"step {step}: rewards outside [0, 1] (seen so far: [{wider.lo:.4g}, {wider.hi:.4g}]): Theorem 1's "
+                  "terms are from now on computed for the rewards rescaled from [0, 1] widened to every reward seen "
+                  "(bound/reward_lo|hi), in units of the reward; they hold only if no reward lies outside that range")
+        self.range = wider
+        row["bound/reward_lo"], row["bound/reward_hi"] = wider.lo, wider.hi
+        return wider
 
 
 class ExactJ:
@@ -484,6 +518,7 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
     log_arithmetic(config, models, task, model_path, log)
     rollouts = RolloutWindow(config, task.task, task.prompt_ids, models.sampler)
     exact = ExactJ(config, models, task)
+    ranges = RangeTracker(task, run, start, log)
     G = config.num_generations
     stop = GracefulStop(log)
     bar = tqdm(total=config.max_steps, initial=start, disable=not config.progress, dynamic_ncols=True, unit="step")
@@ -520,14 +555,17 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
                 exact.before_update()
                 heldout = (prepare_heldout(config, models, task, step_rollout.heldout_idx, step_rollout.heldout, lag)
                            if config.heldout_prompts else None)
+                reward_range = ranges.see(step, rewards, heldout.rewards if heldout is not None else rewards, row,
+                                          bar.write)
             with timer("optimise"):
                 optimised = optimise(config, models, batch, groups, behaviour.logp, logp_ref, behaviour.dists)
                 alpha_k = dists(config, models, models.alpha, optimised.hidden_k)  # alpha's layer = pi_k's at lag 0
                 behaviour = behaviour.with_pi_k(optimised.logp_k, alpha_k)
             with timer("diagnostics"):
-                row.update(diagnose(config, models, batch, rewards, groups, roll, behaviour, optimised, step))
+                row.update(diagnose(config, models, batch, rewards, groups, roll, behaviour, optimised, step,
+                                    reward_range))
                 if heldout is not None:
-                    row.update(diagnose_heldout(config, models, heldout))
+                    row.update(diagnose_heldout(config, models, heldout, reward_range))
                 row.update(exact.after_update())
             if config.eval_steps and ((step + 1) % config.eval_steps == 0 or step + 1 == config.max_steps):
                 with timer("eval"):  # the updated policy pi_{k+1}

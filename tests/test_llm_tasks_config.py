@@ -227,6 +227,13 @@ def text(prompts, completions, **kwargs):
 
 def boom(prompts, completions, **kwargs):
     raise KeyError("no column 'solution'")
+
+calls = []
+
+def length_minus_three(prompts, completions, completion_ids, **kwargs):
+    bonus = 10.0 if len(calls) == 1 else 0.0  # the second call: step 0's held-out completions
+    calls.append([len(ids) - 3.0 + bonus for ids in completion_ids])
+    return calls[-1]
 '''
 
 
@@ -273,7 +280,6 @@ def test_trl_signature_reward_functions_are_weighted_and_logged(reward_module, t
     ("wrong_length", None, r"wrong_length returned 1 values for 2 completions"),
     ("text", None, r"text returned 'high' for completion"),
     ("boom", None, r"boom raised KeyError: \"no column 'solution'\""),
-    ("correct", [1.5], r"the weighted reward 1.5 of completion .* lies outside \[0, 1\]"),
     ("only_even", [1.0], r"every function returned None for completion"),
 ])
 def test_misbehaving_reward_functions_are_one_line(reward_module, tokenizer, name, weights, match):
@@ -284,6 +290,31 @@ def test_misbehaving_reward_functions_are_one_line(reward_module, tokenizer, nam
     with pytest.raises(ValueError, match="^reward_funcs: " + match) as err:
         bound.score(idx, comps, [[5, 1]] * 2)
     assert "\n" not in str(err.value)
+
+
+def test_rewards_outside_unit_range_train_and_the_bound_uses_the_range_seen(reward_module, tmp_path, capsys):
+    """Rewards from -2 to 13 train; each step logs the range its bound terms used, [0, 1] widened to every training
+    and held-out reward seen up to that step (both scored each step, in that order), the first widening is said
+    once, and a resumed run starts from the range of the steps it keeps."""
+    import importlib
+
+    from llm import train
+    from llm.rundir import read_metrics
+
+    funcs = importlib.import_module(reward_module)
+    cfg = dict(output_dir=str(tmp_path / "run"), sampler="transformers", max_steps=3, progress=False,
+               logging_steps=100, heldout_prompts=2, eval_steps=0, max_completion_length=6, save_steps=1,
+               reward_funcs=(f"{reward_module}:length_minus_three",))
+    rows = read_metrics(train(GRPOConfig(**cfg)))
+    rows += read_metrics(train(GRPOConfig(**cfg | {"max_steps": 5})))[3:]  # resumed at step 3
+    assert len(funcs.calls) == 2 * len(rows) == 10
+    assert min(min(c) for c in funcs.calls) < 0 and max(funcs.calls[1]) > max(max(c) for c in funcs.calls[2:])
+    for k, row in enumerate(rows):
+        seen = [v for c in funcs.calls[: 2 * (k + 1)] for v in c]
+        assert (row["bound/reward_lo"], row["bound/reward_hi"]) == (min(0.0, *seen), max(1.0, *seen)), k
+        assert np.isfinite(row["heldout/bound/lower_tight"])
+    said = capsys.readouterr().out
+    assert said.count("rewards outside [0, 1]") == 2  # once per process: the first run and the resumed one
 
 
 def test_reward_funcs_config_errors():

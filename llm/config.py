@@ -64,6 +64,16 @@ class GRPOConfig:
     trust_remote_code: bool = False
     """Let transformers and vLLM run the Python code a model directory or hub repository ships (its own
     architecture). Off: only architectures transformers and vLLM implement load."""
+    use_peft: bool = False
+    """Train LoRA adapters (``peft``, TRL's name for the switch) instead of every weight: the sampler, alpha and
+    pi_ref get the merged weights W + (lora_alpha / r) B A, final_model/ holds the adapters. Needs the lora extra."""
+    lora_r: int = 16
+    """LoRA rank."""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator: the update is (lora_alpha / lora_r) B A."""
+    lora_target_modules: tuple[str, ...] = ("all-linear",)
+    """Modules given adapters: 'all-linear' (every linear layer but the output layer) or module names
+    (e.g. q_proj v_proj). LoRA dropout is always 0: pi/alpha needs the same log-probs from every pass."""
 
     # ---- Algorithm 1 -----------------------------------------------------------------------
     max_steps: int = 100
@@ -210,6 +220,10 @@ class GRPOConfig:
         require_finite(self)
         require(self, self.max_steps >= 1, "max_steps", "must be >= 1")
         require(self, self.seed >= 0, "seed", "must be >= 0 (numpy's generators take non-negative seeds)")
+        require(self, self.lora_r >= 1, "lora_r", "must be >= 1")
+        require(self, self.lora_alpha > 0, "lora_alpha", "must be > 0")
+        require(self, len(self.lora_target_modules) >= 1 and all(self.lora_target_modules), "lora_target_modules",
+                "needs 'all-linear' or module names")
         require(self, self.prompts_per_step >= 1, "prompts_per_step", "must be >= 1")
         require(self, self.num_generations >= 2, "num_generations", "a group needs G >= 2 completions")
         require(self, self.num_iterations >= 1, "num_iterations", "must be >= 1")

@@ -85,8 +85,12 @@ def load_policy(path: str, device: torch.device, trust_remote_code: bool = False
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of ``model`` in eval mode with gradients off (alpha's or pi_ref's weights)."""
-    m = copy.deepcopy(model).eval()
+    """A copy of ``model`` in eval mode with gradients off (alpha's or pi_ref's weights); of a LoRA policy, the
+    plain model with the adapters merged into its weights."""
+    m = copy.deepcopy(model)
+    if is_lora(m):
+        m = m.merge_and_unload()
+    m.eval()
     for p in m.parameters():
         p.requires_grad_(False)
     return m
@@ -94,10 +98,52 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 @torch.no_grad()
 def copy_weights(dst: torch.nn.Module, src: torch.nn.Module) -> None:
-    """dst <- src, parameter by parameter (same architecture)."""
-    source = dict(src.named_parameters())
+    """dst <- src, parameter by parameter (the same architecture; a LoRA ``src`` gives its merged weights)."""
+    source = plain_state_dict(src)
     for name, p in dst.named_parameters():
         p.copy_(source[name].detach())
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    """True for a ``peft`` model (the policy under ``--use-peft``)."""
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+@torch.no_grad()
+def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights under the plain model's names, as a sampler, alpha and pi_ref take them: the state dict
+    of a plain model; of a LoRA model, every base weight with its adapter's update W + (lora_alpha / r) B A added
+    (peft's ``get_delta_weight``), the adapters themselves left out. The policy is not modified."""
+    if not is_lora(model):
+        return model.state_dict()
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    deltas = {f"{name}.weight": sum(m.get_delta_weight(a) for a in m.active_adapters)
+              for name, m in base.named_modules() if isinstance(m, LoraLayer) and m.active_adapters}
+    out = {}
+    for key, value in base.state_dict().items():
+        if ".lora_" in key:
+            continue
+        key = key.replace(".base_layer.", ".")
+        out[key] = value + deltas[key].to(value.dtype) if key in deltas else value
+    return out
+
+
+def add_lora(model: torch.nn.Module, r: int, lora_alpha: float, target_modules: tuple[str, ...]) -> torch.nn.Module:
+    """The model with LoRA adapters (``peft``) on ``target_modules`` ('all-linear': every linear layer but the
+    output layer), B = 0 so the policy starts as the model; only the adapters train. Dropout is 0: the importance
+    weight pi/alpha needs the same log-probs from every pass."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ValueError("use_peft: LoRA needs the peft package (pip install -e '.[lora]')") from None
+    targets = target_modules[0] if target_modules == ("all-linear",) else list(target_modules)
+    try:
+        return get_peft_model(model, LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules=targets,
+                                                task_type="CAUSAL_LM"))
+    except ValueError as exc:  # e.g. a target module the model does not have
+        raise ValueError(f"lora_target_modules: {first_line(exc, 200)}") from None
 
 
 @dataclass(frozen=True)

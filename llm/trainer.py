@@ -40,7 +40,8 @@ from .evaluation import evaluate, mean_exact_j
 from .config import GRPOConfig
 from .logprobs import Forward, LogitHead, TokenDists, check_head, completion_logprobs, forward_completions
 from .loss import LossStats, grpo_loss, loss_weights
-from .model import Precision, copy_weights, frozen_copy, load_policy, resolve_device, resolve_model_path
+from .model import (Precision, add_lora, copy_weights, frozen_copy, is_lora, load_policy, resolve_device,
+                    resolve_model_path)
 from .rollout import RolloutWindow
 from .rundir import RunDir, read_metrics
 from .sampling import Rollout, Sampler, TransformersSampler, make_sampler, max_model_len, probe_sync
@@ -90,13 +91,16 @@ def setup(config: GRPOConfig, log=print) -> tuple[Models, TokenizedTask, str]:
     policy.train()
     if config.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if config.use_peft:
+        policy = add_lora(policy, config.lora_r, config.lora_alpha, config.lora_target_modules)
     bound = task.bind(tokenizer, config.chat_template)  # prompt tokens once; indexed by prompt every step
     check_head(policy, make_batch(bound.prompt_ids[:2], [p[:3] for p in bound.prompt_ids[:2]], tokenizer.pad_token_id,
                                   device), config.temperature)  # the chunked log-probs know this output layer
     if config.exact_j and bound.max_accepted_length > config.max_completion_length:
         raise ValueError(f"max_completion_length: the task's accepted completions need {bound.max_accepted_length} "
                          f"tokens, more than {config.max_completion_length}; raise it or pass --no-exact-j")
-    opt = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    trainable = [p for p in policy.parameters() if p.requires_grad]  # all, or the LoRA adapters
+    opt = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
     longest = max(map(len, bound.prompt_ids + bound.test_prompt_ids))
     max_model_len(policy, config, longest)  # the longest prompt plus a whole completion fit the model's positions
     sampler = make_sampler(config, policy, tokenizer, model_path, longest)
@@ -626,8 +630,11 @@ def log_arithmetic(config: GRPOConfig, models: Models, task: TokenizedTask, mode
     """Print the derived arithmetic of the run once at start-up."""
     P, G, v = config.prompts_per_step, config.num_generations, config.sync_period
     n_params = sum(p.numel() for p in models.policy.parameters())
+    n_train = sum(p.numel() for p in models.policy.parameters() if p.requires_grad)
+    lora = (f", LoRA r={config.lora_r} on {' '.join(config.lora_target_modules)}: {n_train / 1e6:.3f}M trained"
+            if is_lora(models.policy) else "")
     t = task.task
-    log(f"off-policy GRPO: model {model_path} ({n_params / 1e6:.2f}M params, {config.dtype}, {models.device}), "
+    log(f"off-policy GRPO: model {model_path} ({n_params / 1e6:.2f}M params{lora}, {config.dtype}, {models.device}), "
         f"sampler {models.sampler.name}, task {t.name} ({len(t.prompts)} training prompts, {len(t.test_prompts)} test"
         f"{', exact J' if t.has_exact_j and config.exact_j else ''})")
     if config.heldout_prompts:

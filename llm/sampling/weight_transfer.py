@@ -201,10 +201,16 @@ class CheckpointSource(WeightSource):
         self.model = model
 
     def metadata(self) -> list[ParamMeta]:
-        return [ParamMeta(k, v.dtype, tuple(v.shape)) for k, v in self.model.state_dict().items()]
+        return [ParamMeta(k, v.dtype, tuple(v.shape)) for k, v in self._weights().items()]
 
     def __iter__(self):
-        return ((k, v.detach()) for k, v in self.model.state_dict().items())
+        return ((k, v.detach()) for k, v in self._weights().items())
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        """Under the plain model's names; a LoRA policy's merged (``llm.model.plain_state_dict``)."""
+        from ..model import plain_state_dict
+
+        return plain_state_dict(self.model)
 
     def nbytes(self) -> int:
         """Bytes one round sends (every tensor of the state dict)."""

@@ -85,11 +85,18 @@ class GRPOConfig:
     num_iterations: int = 1
     """i: optimiser steps on each batch (TRL's num_iterations; i > 1 is sample reuse)."""
     sync_period: int = 1
-    """v: copy the trainer's weights into the sampler every v steps (alpha = pi_{k - lag}, lag < v)."""
+    """v: copy the trainer's weights into the sampler every v steps (alpha = pi_{k - lag}, lag < v; with
+    --async-generation v <= lag < 2v after the first window)."""
     ref_sync_steps: int = 0
     """Reset pi_ref <- pi_theta every this many steps (0: pi_ref stays the initial model)."""
     window_generation: bool = True
     """Generate the prompts of the whole sync window in one sampler call (alpha is frozen for v steps)."""
+    async_generation: bool = False
+    """Generate the next window while the trainer trains this one (a background thread; with --sampler server the
+    server's own cores do the work): the window starting at step k is generated from the weights synced at k - v
+    (the initial ones for the first two windows), so alpha lags v to 2v - 1 steps; ``lag``, the TV estimates
+    and the bound's terms report that real staleness. Needs window generation; keeps one more copy of the
+    weights (alpha's successor). Off: the sampler generates each window after its sync (lag < v)."""
     heldout_prompts: int = 0
     """Extra prompts per step, drawn independently of the training prompts, whose G completions from alpha
     never enter the loss. The TV distances, the bound's terms and the improvement are also estimated on
@@ -221,6 +228,8 @@ class GRPOConfig:
         require(self, self.max_steps >= 1, "max_steps", "must be >= 1")
         require(self, self.seed >= 0, "seed", "must be >= 0 (numpy's generators take non-negative seeds)")
         require(self, self.lora_r >= 1, "lora_r", "must be >= 1")
+        require(self, self.window_generation or not self.async_generation, "async_generation",
+                "generates whole windows ahead: it needs --window-generation")
         require(self, self.lora_alpha > 0, "lora_alpha", "must be > 0")
         require(self, len(self.lora_target_modules) >= 1 and all(self.lora_target_modules), "lora_target_modules",
                 "needs 'all-linear' or module names")

@@ -4,10 +4,16 @@ The prompts of step k are drawn from ``(seed, k)`` alone, so a run and its resum
 the same ones. alpha is frozen for the v steps of a sync window, so with window generation the
 prompts of every step of the window are generated in one sampler call at the window's first step
 (docs/theory.md, §7); per-step generation draws the same prompts, one call per step.
+
+Asynchronous generation (``async_generation``): the window starting at step w0 is generated in a background
+thread while the trainer trains the previous window, from the weights synced at w0 - v (the initial weights for
+the first two windows); ``weights_step`` is the step whose weights produced a step's samples, so its lag is
+step - weights_step, from v to 2v - 1 after the first window.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,12 +39,23 @@ class StepRollout:
     heldout: Rollout
 
 
+def weights_step(config: GRPOConfig, step: int) -> int:
+    """The step whose policy weights the sampler held when it generated ``step``'s completions (alpha =
+    pi_{weights_step}): the window's first step, or with ``async_generation`` the previous window's (0 for the
+    first two windows)."""
+    w0 = step - step % config.sync_period
+    return max(w0 - config.sync_period, 0) if config.async_generation else w0
+
+
 class RolloutWindow:
-    """Completions for each step, generated per window (or per step) and handed out step by step."""
+    """Completions for each step, generated per window (or per step) and handed out step by step; with
+    ``prefetch`` a window is generated in a background thread (asynchronous generation)."""
 
     def __init__(self, config: GRPOConfig, task: Task, prompt_tokens: list[list[int]], sampler: Sampler):
         self.config, self.task, self.prompt_tokens, self.sampler = config, task, prompt_tokens, sampler
         self._ready: dict[int, StepRollout] = {}
+        self._pending: dict[int, Future] = {}  # window start -> its completions, being generated
+        self._pool: ThreadPoolExecutor | None = None
 
     def prompts_of(self, step: int) -> tuple[list[int], list[int]]:
         """Indices into the task's training prompts of the P training and the held-out prompts of ``step``,
@@ -53,24 +70,49 @@ class RolloutWindow:
         self._ready.clear()
 
     def get(self, step: int) -> StepRollout:
-        """The prompts of ``step`` and their G completions each, generating if needed."""
-        cfg = self.config
+        """The prompts of ``step`` and their G completions each: prefetched (waiting for them if need be), or
+        generated now."""
         if step not in self._ready:
-            v, G = cfg.sync_period, cfg.num_generations
-            # A window always starts at its first step (also when resuming inside it), so a resumed run
-            # draws exactly the completions the interrupted one did.
-            w0 = step - step % v if cfg.window_generation else step
-            steps = list(range(w0, min(w0 + v, cfg.max_steps))) if cfg.window_generation else [step]
-            prompts = {s: self.prompts_of(s) for s in steps}
-            idx = [i for s in steps for part in prompts[s] for i in part]
-            roll = self.sampler.generate([self.prompt_tokens[i] for i in idx], G, cfg.max_completion_length,
-                                         cfg.temperature, step_seed(cfg.seed, w0))
-            start = 0
-            for s in steps:
-                train, held = prompts[s]
-                n_train, n_held = len(train) * G, len(held) * G
-                if s >= step:
-                    self._ready[s] = StepRollout(train, roll.slice(start, start + n_train), held,
-                                                 roll.slice(start + n_train, start + n_train + n_held))
-                start += n_train + n_held
+            w0 = self._window_start(step)
+            future = self._pending.pop(w0, None)
+            self._ready.update(future.result() if future is not None else self._generate(w0, step))
         return self._ready.pop(step)
+
+    def prefetch(self, w0: int) -> None:
+        """Start generating the window that starts at ``w0`` in the background, with the sampler's weights now
+        (nothing past ``max_steps``). The sampler's weights must not change until ``get`` has its completions."""
+        if w0 >= self.config.max_steps or w0 in self._pending:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
+        self._pending[w0] = self._pool.submit(self._generate, w0, w0)
+
+    def close(self) -> None:
+        """Wait for a generation in flight (the sampler may not be closed under it) and drop its result."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool, self._pending = None, {}
+
+    def _window_start(self, step: int) -> int:
+        return step - step % self.config.sync_period if self.config.window_generation else step
+
+    def _generate(self, w0: int, first: int) -> dict[int, StepRollout]:
+        """One sampler call for the steps of the window starting at ``w0`` (a single step without window
+        generation); the completions of steps from ``first`` on. A window always starts at its first step (also
+        when resuming inside it), so a resumed run draws exactly the completions the interrupted one did."""
+        cfg = self.config
+        v, G = cfg.sync_period, cfg.num_generations
+        steps = list(range(w0, min(w0 + v, cfg.max_steps))) if cfg.window_generation else [w0]
+        prompts = {s: self.prompts_of(s) for s in steps}
+        idx = [i for s in steps for part in prompts[s] for i in part]
+        roll = self.sampler.generate([self.prompt_tokens[i] for i in idx], G, cfg.max_completion_length,
+                                     cfg.temperature, step_seed(cfg.seed, w0))
+        ready, start = {}, 0
+        for s in steps:
+            train, held = prompts[s]
+            n_train, n_held = len(train) * G, len(held) * G
+            if s >= first:
+                ready[s] = StepRollout(train, roll.slice(start, start + n_train), held,
+                                       roll.slice(start + n_train, start + n_train + n_held))
+            start += n_train + n_held
+        return ready

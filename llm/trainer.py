@@ -42,7 +42,7 @@ from .logprobs import Forward, LogitHead, TokenDists, check_head, completion_log
 from .loss import LossStats, grpo_loss, loss_weights
 from .model import (Precision, add_lora, copy_weights, frozen_copy, is_lora, load_policy, resolve_device,
                     resolve_model_path)
-from .rollout import RolloutWindow
+from .rollout import RolloutWindow, StepRollout, weights_step
 from .rundir import RunDir, read_metrics
 from .sampling import Rollout, Sampler, TransformersSampler, make_sampler, max_model_len, probe_sync
 from .trackers import Trackers, check_trackers
@@ -76,6 +76,9 @@ class Models:
     tokenizer: object
     device: torch.device
     precision: Precision
+    alpha_next: torch.nn.Module | None = None
+    """Asynchronous generation: the weights the sampler holds while it generates the next window (alpha's
+    successor at the next sync); None otherwise."""
 
 
 def setup(config: GRPOConfig, log=print) -> tuple[Models, TokenizedTask, str]:
@@ -109,9 +112,12 @@ def setup(config: GRPOConfig, log=print) -> tuple[Models, TokenizedTask, str]:
                    Precision.from_config(config), SYNC_LOGP_TOLERANCE[config.dtype])  # ends with the policy's weights
     elif sampler.name == "server":  # a server's weights may be anyone's: send the initial policy
         sampler.load_weights(policy)
-    alpha = sampler.model if isinstance(sampler, TransformersSampler) else frozen_copy(policy)
+    own = isinstance(sampler, TransformersSampler) and not config.async_generation
+    alpha = sampler.model if own else frozen_copy(policy)  # asynchronous: the sampler runs ahead of alpha
+    alpha_next = frozen_copy(policy) if config.async_generation else None
     ref = frozen_copy(policy) if config.beta > 0 else None
-    return Models(policy, opt, sampler, alpha, ref, tokenizer, device, Precision.from_config(config)), bound, model_path
+    return (Models(policy, opt, sampler, alpha, ref, tokenizer, device, Precision.from_config(config), alpha_next),
+            bound, model_path)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -132,10 +138,14 @@ def dists(config: GRPOConfig, models: Models, model: torch.nn.Module, hidden: to
 
 
 def sync_weights(models: Models, source: torch.nn.Module | None = None) -> None:
-    """alpha <- ``source`` (the policy by default): into the sampler and the trainer-side copy of alpha."""
+    """alpha <- ``source`` (the policy by default): into the sampler and the trainer-side copy of alpha. With
+    asynchronous generation the sampler's new weights serve the next window: alpha <- alpha_next <- ``source``."""
     source = models.policy if source is None else source
     models.sampler.load_weights(source)
-    if models.alpha is not getattr(models.sampler, "model", None):
+    if models.alpha_next is not None:
+        copy_weights(models.alpha, models.alpha_next)
+        copy_weights(models.alpha_next, source)
+    elif models.alpha is not getattr(models.sampler, "model", None):
         copy_weights(models.alpha, source)
 
 
@@ -206,16 +216,18 @@ class Behaviour:
 
 
 def behaviour_logprobs(config: GRPOConfig, models: Models, batch: Batch, roll: Rollout, lag: int,
-                       diagnostics: bool = True) -> Behaviour:
-    """log alpha from the sampler, recomputed by the trainer when the config needs it, and right after
-    every sync when ``verify_sync`` is on, so a stale sampler is always caught. At lag 0 (right after a
-    sync) the recomputation is pi_k's forward, which the caller has or will have anyway: no extra pass
-    (``from_pi_k``; resolved with ``Behaviour.with_pi_k``). ``diagnostics=False`` (held-out completions):
+                       diagnostics: bool = True, fresh: bool | None = None) -> Behaviour:
+    """log alpha from the sampler, recomputed by the trainer when the config needs it, and at the first step
+    served by newly synced weights (``fresh``; by default lag 0, right after a sync) when ``verify_sync`` is on,
+    so a stale sampler is always caught. At lag 0 the recomputation is pi_k's forward, which the caller has or
+    will have anyway: no extra pass (``from_pi_k``; resolved with ``Behaviour.with_pi_k``); with asynchronous
+    generation (lag >= v) it is a forward of alpha's weights. ``diagnostics=False`` (held-out completions):
     recompute only if the loss's convention needs it."""
+    fresh = lag == 0 if fresh is None else fresh
     T = batch.completion_ids.shape[1]
     from_sampler = padded(roll.logprobs, T, models.device) if roll.logprobs is not None else None
     need = config.behaviour_logprobs == "recompute" or from_sampler is None
-    check = diagnostics and (config.tv_diagnostics or (lag == 0 and config.verify_sync))
+    check = diagnostics and (config.tv_diagnostics or (fresh and config.verify_sync))
     use_sampler = config.behaviour_logprobs == "sampler" and from_sampler is not None
     if lag == 0 and (need or check):
         return Behaviour(from_sampler if use_sampler else None, from_sampler, None, None, from_pi_k=True)
@@ -383,6 +395,29 @@ def diagnose_heldout(config: GRPOConfig, models: Models, heldout: Heldout,
     return dg.prefixed("heldout", est)
 
 
+def async_rollout(config: GRPOConfig, models: Models, rollouts: RolloutWindow, step: int, start: int,
+                  timer: PhaseTimer, row: dict) -> StepRollout:
+    """A step's completions under asynchronous generation (``llm.rollout``). At a window's first step: wait for
+    the window (generated in the background from alpha_next's weights), sync (alpha <- alpha_next <- pi_k, the
+    sampler <- pi_k) and start generating the next window. The first step of a process generates its window now:
+    from the initial weights, or on resume from the weights that generated it (alpha inside a window, alpha_next
+    at its start), then hands the sampler alpha_next for the next window."""
+    v, fresh = config.sync_period, step % config.sync_period == 0
+    with timer("generate"):
+        if step == start and start > 0 and fresh:
+            models.sampler.load_weights(models.alpha_next)  # this window's weights (restore loaded alpha's)
+        step_rollout = rollouts.get(step)
+    if fresh and step > 0:
+        with timer("sync"):
+            sync_weights(models)
+        row.update(sync_metrics(models.sampler, timer.seconds["time/sync"]))
+    elif step == start and start > 0:  # resumed inside a window: the sampler goes on with the next window's weights
+        models.sampler.load_weights(models.alpha_next)
+    if fresh or step == start:
+        rollouts.prefetch(step - step % v + v)
+    return step_rollout
+
+
 class RangeTracker:
     """The reward range of Theorem 1's terms for a task scored by reward functions (any finite rewards): [0, 1]
     widened to every training and held-out reward seen, logged as ``bound/reward_lo|hi``; the first widening is
@@ -445,6 +480,7 @@ def save_checkpoint(run: RunDir, models: Models, next_step: int) -> None:
         "policy": models.policy.state_dict(),
         "optimizer": models.optimizer.state_dict(),
         "alpha": models.alpha.state_dict(),
+        "alpha_next": models.alpha_next.state_dict() if models.alpha_next is not None else None,
         "ref": models.ref.state_dict() if models.ref is not None else None,
     })
 
@@ -455,7 +491,11 @@ def restore_checkpoint(models: Models, ckpt: dict) -> int:
     models.optimizer.load_state_dict(ckpt["optimizer"])
     alpha = frozen_copy(models.policy)
     alpha.load_state_dict(ckpt["alpha"])
-    sync_weights(models, source=alpha)
+    models.sampler.load_weights(alpha)
+    if models.alpha is not getattr(models.sampler, "model", None):
+        copy_weights(models.alpha, alpha)
+    if models.alpha_next is not None:  # asynchronous generation: the weights of the window after this one
+        models.alpha_next.load_state_dict(ckpt["alpha_next"])
     if models.ref is not None:
         models.ref.load_state_dict(ckpt["ref"])
     return ckpt["step"]
@@ -531,20 +571,24 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
         for step in range(start, config.max_steps):
             if stop.requested:
                 break
-            timer, lag = PhaseTimer(), step % config.sync_period
+            timer, lag = PhaseTimer(), step - weights_step(config, step)
+            fresh = step % config.sync_period == 0  # the first step served by newly synced weights
             row = {"step": step, "lag": lag}
             if config.eval_steps and step == 0:  # the initial policy, before any update
                 with timer("eval"):
                     row.update({k.replace("eval/", "eval_initial/"): v for k, v in
                                 run_evaluation(config, models, task, step).items()})
-            if lag == 0 and step > 0:  # at step 0 the sampler already holds the initial weights
-                with timer("sync"):
-                    sync_weights(models)
-                row.update(sync_metrics(models.sampler, timer.seconds["time/sync"]))
-                rollouts.clear()
-            with timer("generate"):
-                step_rollout = rollouts.get(step)
-                prompt_idx, roll = step_rollout.prompt_idx, step_rollout.rollout
+            if config.async_generation:
+                step_rollout = async_rollout(config, models, rollouts, step, start, timer, row)
+            else:
+                if lag == 0 and step > 0:  # at step 0 the sampler already holds the initial weights
+                    with timer("sync"):
+                        sync_weights(models)
+                    row.update(sync_metrics(models.sampler, timer.seconds["time/sync"]))
+                    rollouts.clear()
+                with timer("generate"):
+                    step_rollout = rollouts.get(step)
+            prompt_idx, roll = step_rollout.prompt_idx, step_rollout.rollout
             with timer("score"):
                 rewards, texts = score(task, prompt_idx, roll, G)
                 row.update(reward_metrics(task))
@@ -552,7 +596,7 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
                 batch = make_batch([task.prompt_ids[i] for i in prompt_idx for _ in range(G)], roll.completion_ids,
                                    models.tokenizer.pad_token_id, models.device)
             with timer("behaviour"):
-                behaviour = behaviour_logprobs(config, models, batch, roll, lag)
+                behaviour = behaviour_logprobs(config, models, batch, roll, lag, fresh=fresh)
             with timer("reference"):
                 logp_ref = reference_logprobs(config, models, batch)
             with timer("diagnostics"):
@@ -574,7 +618,7 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
             if config.eval_steps and ((step + 1) % config.eval_steps == 0 or step + 1 == config.max_steps):
                 with timer("eval"):  # the updated policy pi_{k+1}
                     row.update(run_evaluation(config, models, task, step + 1))
-            warn_if_stale(config, row, lag, bar.write)
+            warn_if_stale(config, row, fresh, bar.write)
             row.update(timer.seconds)
             run.append_metrics(row)
             skips_in_a_row = skips_in_a_row + 1 if row["skipped_updates"] else 0
@@ -603,6 +647,7 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
         raise
     finally:
         stop.restore()
+        rollouts.close()  # a window in flight finishes before the sampler may close
     bar.close()
     if stop.requested:
         save_checkpoint(run, models, step)
@@ -647,13 +692,17 @@ def log_arithmetic(config: GRPOConfig, models: Models, task: TokenizedTask, mode
         f"{'; more, shorter passes where sequences of similar length save padding' if config.group_by_length else ''}"
         f"{', gradient checkpointing' if config.gradient_checkpointing else ''}); v={v}: {config.num_syncs} weight syncs over "
         f"{config.max_steps} steps (saves {config.max_steps - config.num_syncs})")
+    if config.async_generation:
+        log(f"  asynchronous generation: each window is generated while the previous one trains, from the weights "
+            f"synced one window earlier (alpha lags {v} to {2 * v - 1} steps after the first window)")
 
 
-def warn_if_stale(config: GRPOConfig, row: dict, lag: int, write) -> None:
-    """Right after a sync the sampler and the trainer must agree on log alpha; say so loudly if not."""
+def warn_if_stale(config: GRPOConfig, row: dict, fresh: bool, write) -> None:
+    """At the first step served by newly synced weights the sampler and the trainer must agree on log alpha;
+    say so loudly if not."""
     gap = row.get("sampling/logp_diff_max")
     tol = SYNC_LOGP_TOLERANCE[config.dtype]
-    if lag == 0 and gap is not None and gap > tol:
+    if fresh and gap is not None and gap > tol:
         write(f"WARNING step {row['step']}: sampler and trainer log-probs differ by up to {gap:.2e} right after "
               f"a weight sync (> {tol:g}): the sampler may hold stale weights")
 

@@ -117,6 +117,20 @@ def test_training_against_the_server_raises_exact_j_and_every_sync_is_exact(serv
                 assert row["sync/mb"] > 1 and row["sync/mb_per_s"] > 0 and row["time/sync"] > 0
 
 
+def test_asynchronous_generation_against_the_server(server, tmp_path):
+    """--async-generation, v = 2: the server generates each window while the trainer trains the previous one; the
+    logged lag runs v..2v-1 after the first window, each sync moves the weights, and the server's log-probs at the
+    first step of every window equal the trainer's copy of the weights that generated it."""
+    rows = read_metrics(train(_config(tmp_path, server, "async", max_steps=7, sync_period=2, async_generation=True,
+                                      prompts_per_step=8), log=lambda *a: None))
+    assert [r["lag"] for r in rows] == [0, 1, 2, 3, 2, 3, 2]
+    for row in rows:
+        if row["step"] % 2 == 0:
+            assert row["sampling/logp_diff_max"] <= 10 * SYNC_ATOL, row["step"]
+            if row["step"] > 0:
+                assert row["sync/mb"] > 1 and row["time/sync"] > 0
+
+
 def test_a_sync_that_moves_no_weights_is_caught(server, tmp_path, monkeypatch, capsys):
     """A sync that reports success (the version is set) but moves no weights: from the start, the start-up probe
     refuses the run; later in a run, the lag-0 log-prob check after it fails and the trainer warns. A sync skipped

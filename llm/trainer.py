@@ -38,6 +38,7 @@ from . import diagnostics as dg
 from .batch import Batch, make_batch, padded
 from .evaluation import evaluate, mean_exact_j
 from .config import GRPOConfig
+from .distributed import SINGLE, Ranks, close_ranks, init_ranks
 from .logprobs import Forward, LogitHead, TokenDists, check_head, completion_logprobs, forward_completions
 from .loss import LossStats, grpo_loss, loss_weights
 from .model import (Precision, add_lora, copy_weights, frozen_copy, is_lora, load_policy, resolve_device,
@@ -79,17 +80,38 @@ class Models:
     alpha_next: torch.nn.Module | None = None
     """Asynchronous generation: the weights the sampler holds while it generates the next window (alpha's
     successor at the next sync); None otherwise."""
+    ranks: Ranks = SINGLE
+    """This process among the trainer's processes (``llm.distributed``; one process: ``SINGLE``)."""
 
 
-def setup(config: GRPOConfig, log=print) -> tuple[Models, TokenizedTask, str]:
-    """Load the task, the policy and its tokenizer, the optimiser and the sampler (alpha = the policy)."""
+class NoSampler:
+    """The sampler of a rank other than 0: rank 0 alone generates and syncs (``llm.distributed``)."""
+
+    name = "rank 0's"
+
+    def load_weights(self, model) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def setup(config: GRPOConfig, log=print, ranks: Ranks = SINGLE) -> tuple[Models, TokenizedTask, str]:
+    """Load the task, the policy and its tokenizer, the optimiser and the sampler (alpha = the policy); with several
+    ranks, rank 0 alone holds the sampler."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     torch.manual_seed(config.seed)
     device = resolve_device(config.device)
+    if ranks.active and device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
     task = load_task(config.dataset, config.reward_fn, config.eval_dataset, config.reward_funcs, config.reward_weights,
                      config.answer_check)
+    if not ranks.main:
+        ranks.barrier()  # rank 0 builds the built-in model's files first
     model_path = resolve_model_path(config, log=log)
+    if ranks.main:
+        ranks.barrier()
     policy, tokenizer = load_policy(model_path, device, config.trust_remote_code, config.attn_implementation)
     policy.train()
     if config.gradient_checkpointing:
@@ -106,18 +128,18 @@ def setup(config: GRPOConfig, log=print) -> tuple[Models, TokenizedTask, str]:
     opt = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
     longest = max(map(len, bound.prompt_ids + bound.test_prompt_ids))
     max_model_len(policy, config, longest)  # the longest prompt plus a whole completion fit the model's positions
-    sampler = make_sampler(config, policy, tokenizer, model_path, longest)
+    sampler = make_sampler(config, policy, tokenizer, model_path, longest) if ranks.main else NoSampler()
     if config.verify_sync and sampler.name in ("vllm", "server"):  # refuse an architecture the sync cannot reach
         probe_sync(sampler, policy, bound.prompt_ids[:2], tokenizer.pad_token_id, config.temperature,
                    Precision.from_config(config), SYNC_LOGP_TOLERANCE[config.dtype])  # ends with the policy's weights
     elif sampler.name == "server":  # a server's weights may be anyone's: send the initial policy
         sampler.load_weights(policy)
-    own = isinstance(sampler, TransformersSampler) and not config.async_generation
+    own = isinstance(sampler, TransformersSampler) and not config.async_generation and not ranks.active
     alpha = sampler.model if own else frozen_copy(policy)  # asynchronous: the sampler runs ahead of alpha
     alpha_next = frozen_copy(policy) if config.async_generation else None
     ref = frozen_copy(policy) if config.beta > 0 else None
-    return (Models(policy, opt, sampler, alpha, ref, tokenizer, device, Precision.from_config(config), alpha_next),
-            bound, model_path)
+    return (Models(policy, opt, sampler, alpha, ref, tokenizer, device, Precision.from_config(config), alpha_next,
+                   ranks), bound, model_path)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -126,10 +148,35 @@ def setup(config: GRPOConfig, log=print) -> tuple[Models, TokenizedTask, str]:
 
 
 def logprobs(config: GRPOConfig, models: Models, model: torch.nn.Module, batch: Batch, **kw) -> Forward:
-    """A pass of ``model`` without gradients over ``batch`` in the config's micro-batches and logit chunks."""
-    return completion_logprobs(model, batch, config.temperature, models.precision,
-                               micro_batch=config.per_device_train_batch_size, chunk_tokens=config.logit_chunk_tokens,
-                               by_length=config.group_by_length, **kw)
+    """A pass of ``model`` without gradients over ``batch`` in the config's micro-batches and logit chunks. With
+    several ranks each runs its share of the rows and the per-token results are summed into the whole batch's
+    (hidden states stay with their rank)."""
+    ranks = models.ranks
+    out = completion_logprobs(model, batch, config.temperature, models.precision,
+                              micro_batch=config.per_device_train_batch_size, chunk_tokens=config.logit_chunk_tokens,
+                              by_length=config.group_by_length, rows=ranks.rows(batch.size, config.num_generations),
+                              **kw)
+    return whole_batch(ranks, out)
+
+
+def whole_batch(ranks: Ranks, fwd: Forward) -> Forward:
+    """The ranks' per-token log-probs and entropies (each zero outside its rows) summed into the whole batch's."""
+    if ranks.active:
+        ranks.sum(fwd.logp)
+        if fwd.entropy is not None:
+            ranks.sum(fwd.entropy)
+    return fwd
+
+
+def chain_tv(config: GRPOConfig, models: Models, a: TokenDists, b: TokenDists, mask: torch.Tensor) -> float:
+    """``llm.diagnostics.chain_tv_estimate`` over the whole batch: each rank sums over its own rows (where its
+    hidden states are) and the sums are added up."""
+    rows = models.ranks.rows(mask.shape[0], config.num_generations)
+    if rows is not None:
+        mine = torch.zeros_like(mask)
+        mine[rows.to(mask.device)] = mask[rows.to(mask.device)]
+        mask = mine
+    return models.ranks.sum_float(dg.chain_tv_estimate(a, b, mask, config.logit_chunk_tokens))
 
 
 def dists(config: GRPOConfig, models: Models, model: torch.nn.Module, hidden: torch.Tensor | None) -> TokenDists | None:
@@ -141,7 +188,7 @@ def sync_weights(models: Models, source: torch.nn.Module | None = None) -> None:
     """alpha <- ``source`` (the policy by default): into the sampler and the trainer-side copy of alpha. With
     asynchronous generation the sampler's new weights serve the next window: alpha <- alpha_next <- ``source``."""
     source = models.policy if source is None else source
-    models.sampler.load_weights(source)
+    models.sampler.load_weights(source)  # a no-op on ranks other than 0
     if models.alpha_next is not None:
         copy_weights(models.alpha, models.alpha_next)
         copy_weights(models.alpha_next, source)
@@ -161,6 +208,14 @@ def score(task: TokenizedTask, prompt_idx: list[int], roll: Rollout, n: int) -> 
     texts = task.tokenizer.batch_decode(roll.completion_ids, skip_special_tokens=True)
     rows = [i for i in prompt_idx for _ in range(n)]
     return task.score(rows, texts, roll.completion_ids).reshape(len(prompt_idx), n), texts
+
+
+def score_once(ranks: Ranks, task: TokenizedTask, prompt_idx: list[int], roll: Rollout,
+               n: int) -> tuple[np.ndarray, list[str]]:
+    """``score`` on rank 0 (reward functions run once per completion), the result on every rank."""
+    rewards, texts, parts = ranks.broadcast((*score(task, prompt_idx, roll, n), task.last_parts) if ranks.main else None)
+    task.last_parts = parts
+    return rewards, texts
 
 
 def reward_metrics(task: TokenizedTask) -> dict[str, float]:
@@ -285,7 +340,8 @@ def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, l
     adv = torch.tensor(groups.advantages.reshape(-1), dtype=torch.float32, device=models.device)
     seq_mask = torch.tensor(np.repeat(groups.keep, G), dtype=torch.float32, device=models.device)
     weights = loss_weights(batch.completion_mask, config.loss_type, config.max_completion_length, seq_mask)
-    parts = batch.passes(config.per_device_train_batch_size, config.group_by_length)
+    ranks = models.ranks
+    parts = batch.passes(config.per_device_train_batch_size, config.group_by_length, ranks.rows(batch.size, G))
     passes = [batch.take(rows) for rows in parts]
     stats, grad_norm, chain_tv_k, first, skipped = LossStats(), 0.0, None, [], 0
     for it in range(config.num_iterations):
@@ -308,11 +364,13 @@ def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, l
             if part.tokens:
                 loss.backward()
         if it == 0:  # pi_k's pass over the whole batch: log pi_k, its entropy and hidden states
-            k = Forward.assemble(batch, parts, first)
+            k = whole_batch(ranks, Forward.assemble(batch, parts, first))
             if tv:  # before the update: the policy's output layer is still pi_k's
-                chain_tv_k = 0.0 if alpha_dists is None else dg.chain_tv_estimate(
-                    dists(config, models, models.policy, k.hidden), alpha_dists, batch.completion_mask,
-                    config.logit_chunk_tokens)
+                chain_tv_k = 0.0 if alpha_dists is None else chain_tv(
+                    config, models, dists(config, models, models.policy, k.hidden), alpha_dists,
+                    batch.completion_mask)
+        stats = reduce_stats(ranks, stats)
+        ranks.sum_grads(models.policy.parameters())  # the ranks' shares add up to the whole step's gradient
         if stats.tokens == 0:
             break  # every group masked: nothing to learn from this batch
         grad_norm = gradient_norm(models.policy.parameters())
@@ -325,6 +383,19 @@ def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, l
                                                  torch.tensor(grad_norm))
         models.optimizer.step()
     return Optimised(k.logp, k.entropy, k.hidden, chain_tv_k, stats, grad_norm, skipped)
+
+
+def reduce_stats(ranks: Ranks, stats: LossStats) -> LossStats:
+    """The step's loss statistics over every rank's tokens (sums added, minima and maxima taken)."""
+    if not ranks.active:
+        return stats
+    kl_names = sorted(stats.kl)
+    sums = torch.tensor([stats.loss, stats.tokens, stats.clip_low, stats.clip_high, stats.is_weight_sum,
+                         *(stats.kl[k] for k in kl_names)], dtype=torch.float64)
+    ranks.sum(sums)
+    lo, hi = -ranks.max_float(-stats.is_weight_min), ranks.max_float(stats.is_weight_max)
+    v = sums.tolist()
+    return LossStats(v[0], v[1], v[2], v[3], v[4], lo, hi, dict(zip(kl_names, v[5:])))
 
 
 def diagnose(config: GRPOConfig, models: Models, batch: Batch, rewards: np.ndarray, groups: Groups,
@@ -352,8 +423,8 @@ def diagnose(config: GRPOConfig, models: Models, batch: Batch, rewards: np.ndarr
         del insample["tv/pi_k_alpha"]  # the same number as the top-level (unbiased) tv/pi_k_alpha
         row.update(dg.prefixed("insample", insample))
         if behaviour.dists is not None:
-            row["insample/tv/pi_new_alpha_chain_ub_est"] = dg.chain_tv_estimate(
-                dists(config, models, models.policy, new.hidden), behaviour.dists, cm, config.logit_chunk_tokens)
+            row["insample/tv/pi_new_alpha_chain_ub_est"] = chain_tv(
+                config, models, dists(config, models, models.policy, new.hidden), behaviour.dists, cm)
     if behaviour.from_sampler is not None and behaviour.recomputed is not None:
         row.update(dg.sampler_gap(behaviour.from_sampler, behaviour.recomputed, cm))
     return row
@@ -373,7 +444,7 @@ def prepare_heldout(config: GRPOConfig, models: Models, task: TokenizedTask, pro
                     roll: Rollout, lag: int) -> Heldout:
     """Score the held-out prompts' completions and take log alpha and log pi_k of them (before the update)."""
     G = config.num_generations
-    rewards, _ = score(task, prompt_idx, roll, G)
+    rewards, _ = score_once(models.ranks, task, prompt_idx, roll, G)
     batch = make_batch([task.prompt_ids[i] for i in prompt_idx for _ in range(G)], roll.completion_ids,
                        models.tokenizer.pad_token_id, models.device)
     logp_k = logprobs(config, models, models.policy, batch).logp
@@ -403,17 +474,18 @@ def async_rollout(config: GRPOConfig, models: Models, rollouts: RolloutWindow, s
     from the initial weights, or on resume from the weights that generated it (alpha inside a window, alpha_next
     at its start), then hands the sampler alpha_next for the next window."""
     v, fresh = config.sync_period, step % config.sync_period == 0
+    ranks = models.ranks
     with timer("generate"):
         if step == start and start > 0 and fresh:
             models.sampler.load_weights(models.alpha_next)  # this window's weights (restore loaded alpha's)
-        step_rollout = rollouts.get(step)
+        step_rollout = ranks.broadcast(rollouts.get(step) if ranks.main else None)
     if fresh and step > 0:
         with timer("sync"):
             sync_weights(models)
         row.update(sync_metrics(models.sampler, timer.seconds["time/sync"]))
     elif step == start and start > 0:  # resumed inside a window: the sampler goes on with the next window's weights
         models.sampler.load_weights(models.alpha_next)
-    if fresh or step == start:
+    if (fresh or step == start) and ranks.main:
         rollouts.prefetch(step - step % v + v)
     return step_rollout
 
@@ -482,6 +554,7 @@ def save_checkpoint(run: RunDir, models: Models, next_step: int) -> None:
         "alpha": models.alpha.state_dict(),
         "alpha_next": models.alpha_next.state_dict() if models.alpha_next is not None else None,
         "ref": models.ref.state_dict() if models.ref is not None else None,
+        "world_size": models.ranks.world,
     })
 
 
@@ -532,22 +605,63 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
     ``callbacks`` are called as ``cb(step, row)`` after each step's metrics row is written (``row``: that row),
     after the trackers of ``config.report_to``.
     """
-    with RunDir(config) as run:  # locked: a second trainer on the same output_dir is refused
-        ckpt = run.open()  # writes config.json before step 0
-        if ckpt is not None and ckpt["step"] >= config.max_steps:
-            log(f"{run.path} already holds a finished run of {ckpt['step']} steps (raise --max-steps to continue it)")
-            return run.path
-        check_trackers(config)  # a tracker whose package is missing stops the run before the model loads
-        models, task, model_path = setup(config, log)
-        try:
-            trackers = Trackers(config, run.path)
+    ranks = init_ranks(resolve_device(config.device))  # torchrun: this process's rank; else one process
+    try:
+        if not ranks.main:
+            return train_rank(config, ranks)
+        with RunDir(config) as run:  # locked: a second trainer on the same output_dir is refused
+            ckpt = run.open()  # writes config.json before step 0
+            ranks.barrier()  # the other ranks read the checkpoint once the run directory is ready
+            if ckpt is not None and ckpt["step"] >= config.max_steps:
+                log(f"{run.path} already holds a finished run of {ckpt['step']} steps (raise --max-steps to continue "
+                    "it)")
+                return run.path
+            check_trackers(config)  # a tracker whose package is missing stops the run before the model loads
+            models, task, model_path = setup(config, log, ranks)
             try:
-                run_loop(config, run, models, task, model_path, ckpt, log, (trackers, *callbacks))
+                trackers = Trackers(config, run.path)
+                try:
+                    run_loop(config, run, models, task, model_path, ckpt, log, (trackers, *callbacks))
+                finally:
+                    trackers.close()
             finally:
-                trackers.close()
-        finally:
-            models.sampler.close()  # also on an error: a server's weight-transfer group, an engine's memory
-    return run.path
+                models.sampler.close()  # also on an error: a server's weight-transfer group, an engine's memory
+        return run.path
+    finally:
+        close_ranks(ranks)
+
+
+def train_rank(config: GRPOConfig, ranks: Ranks) -> Path:
+    """A rank other than 0: the same steps on its share of each step's prompts; it writes nothing."""
+    path = Path(config.output_dir)
+    ranks.barrier()
+    ckpt_path = path / "checkpoint.pt"
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path.is_file() else None
+    if ckpt is not None and ckpt["step"] >= config.max_steps:
+        return path
+    quiet = lambda *a: None  # noqa: E731 - rank 0 speaks for the run
+    models, task, model_path = setup(config, quiet, ranks)
+    run_loop(config, NullRun(path), models, task, model_path, ckpt, quiet, ())
+    return path
+
+
+class NullRun:
+    """The run directory as ranks other than 0 see it: readable (``path``), never written."""
+
+    def __init__(self, path: Path):
+        self.path, self.metrics_path = path, path / "metrics.jsonl"
+
+    def append_metrics(self, row: dict) -> None:
+        pass
+
+    def append_samples(self, rows: list[dict]) -> None:
+        pass
+
+    def save_checkpoint(self, state: dict) -> None:
+        pass
+
+    def save_final_model(self, model, tokenizer) -> None:
+        pass
 
 
 def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTask, model_path: str,
@@ -556,25 +670,32 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
     checkpoint and model."""
     from tqdm.auto import tqdm
 
+    ranks = models.ranks
     start = restore_checkpoint(models, ckpt) if ckpt is not None else 0
     if start:
         log(f"resuming {run.path} at step {start}")
+        written_by = ckpt.get("world_size", 1)
+        if written_by != ranks.world:
+            log(f"  the checkpoint was written by {written_by} trainer process(es), this run has {ranks.world}: it "
+                "continues with the same global batch and gradient (each rank's share differs), so it matches an "
+                "uninterrupted run up to float rounding, not bit for bit")
     log_arithmetic(config, models, task, model_path, log)
     rollouts = RolloutWindow(config, task.task, task.prompt_ids, models.sampler)
     exact = ExactJ(config, models, task)
     ranges = RangeTracker(task, run, start, log)
     G = config.num_generations
     stop = GracefulStop(log)
-    bar = tqdm(total=config.max_steps, initial=start, disable=not config.progress, dynamic_ncols=True, unit="step")
+    bar = tqdm(total=config.max_steps, initial=start, disable=not (config.progress and ranks.main), dynamic_ncols=True,
+               unit="step")
     step, skips_in_a_row = start, 0
     try:
         for step in range(start, config.max_steps):
-            if stop.requested:
+            if ranks.max_float(float(stop.requested)):  # every rank stops at the same step
                 break
             timer, lag = PhaseTimer(), step - weights_step(config, step)
             fresh = step % config.sync_period == 0  # the first step served by newly synced weights
             row = {"step": step, "lag": lag}
-            if config.eval_steps and step == 0:  # the initial policy, before any update
+            if config.eval_steps and step == 0 and ranks.main:  # the initial policy, before any update
                 with timer("eval"):
                     row.update({k.replace("eval/", "eval_initial/"): v for k, v in
                                 run_evaluation(config, models, task, step).items()})
@@ -587,10 +708,10 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
                     row.update(sync_metrics(models.sampler, timer.seconds["time/sync"]))
                     rollouts.clear()
                 with timer("generate"):
-                    step_rollout = rollouts.get(step)
+                    step_rollout = ranks.broadcast(rollouts.get(step) if ranks.main else None)
             prompt_idx, roll = step_rollout.prompt_idx, step_rollout.rollout
             with timer("score"):
-                rewards, texts = score(task, prompt_idx, roll, G)
+                rewards, texts = score_once(models.ranks, task, prompt_idx, roll, G)
                 row.update(reward_metrics(task))
                 groups = advantages(rewards, config)
                 batch = make_batch([task.prompt_ids[i] for i in prompt_idx for _ in range(G)], roll.completion_ids,
@@ -615,7 +736,8 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
                 if heldout is not None:
                     row.update(diagnose_heldout(config, models, heldout, reward_range))
                 row.update(exact.after_update())
-            if config.eval_steps and ((step + 1) % config.eval_steps == 0 or step + 1 == config.max_steps):
+            evaluate_now = config.eval_steps and ((step + 1) % config.eval_steps == 0 or step + 1 == config.max_steps)
+            if evaluate_now and ranks.main:
                 with timer("eval"):  # the updated policy pi_{k+1}
                     row.update(run_evaluation(config, models, task, step + 1))
             warn_if_stale(config, row, fresh, bar.write)

@@ -86,7 +86,8 @@ def _args(cls, strings: dict, exclude=()) -> st.SearchStrategy:
     named = [_option(f, strings).map(lambda o, n=f.name: (n, o)) for f in fields]
     options = st.lists(st.one_of(*named), max_size=4, unique_by=lambda o: o[0]).map(lambda os: [o[1] for o in os])
     extra = st.sampled_from([([], False), (["--no-such-option", "1"], True), (["positional"], True)])
-    return st.tuples(options, extra).map(lambda t: ([a for o in t[0] + [t[1]] for a in o[0]],
+    # the extra arguments go first: after an option of a tuple field they would be read as more of its values
+    return st.tuples(options, extra).map(lambda t: ([a for o in [t[1]] + t[0] for a in o[0]],
                                                     any(o[1] for o in t[0] + [t[1]])))
 
 

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from llm import GRPOConfig, train
 from llm.batch import length_groups, make_batch
+from llm.distributed import SINGLE
 from llm.logprobs import Forward, LogitHead, check_head, completion_logprobs, forward_completions
 from llm.model import Precision, frozen_copy, load_policy
 from llm.rundir import read_metrics
@@ -143,9 +144,10 @@ CASES = [("grpo", "token", True), ("grpo", "token", False), ("grpo", "sequence",
          ("dapo", "token", False), ("dr_grpo", "token", True), ("dr_grpo", "token", False)]
 
 
-def _optimise(loss_type, ratio_level, mask, micro_batch, checkpointing=False, by_length=False):
+def _optimise(loss_type, ratio_level, mask, micro_batch, checkpointing=False, by_length=False, ranks=SINGLE):
     """One step of 3 prompts x G = 3 (one group with equal rewards) with alpha != pi_k, beta > 0 and i = 2, in
-    float64, so that any difference between two splits above 1e-10 is an error, not rounding."""
+    float64, so that any difference between two splits above 1e-10 is an error, not rounding. ``ranks``: this
+    process's share of the prompts among several (tests/test_distributed.py)."""
     torch.manual_seed(0)
     policy, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))
     policy.double()
@@ -164,7 +166,7 @@ def _optimise(loss_type, ratio_level, mask, micro_batch, checkpointing=False, by
                         mask_zero_std_groups=mask, beta=0.1, num_iterations=2, epsilon=0.1, max_completion_length=6,
                         per_device_train_batch_size=micro_batch, logit_chunk_tokens=5, group_by_length=by_length)
     models = Models(policy, RecordingSGD(policy.parameters(), lr=0.5), None, alpha, ref, tok, torch.device("cpu"),
-                    Precision())
+                    Precision(), ranks=ranks)
     groups = advantages(np.array([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 1.0, 1.0]]), config)
     a = completion_logprobs(alpha, batch, 1.0, keep_hidden=True)
     logp_ref = completion_logprobs(ref, batch, 1.0).logp

@@ -1,0 +1,103 @@
+"""Asynchronous generation, measured side by side in one run: ``make benchmark-async``.
+
+vLLM's server runs in its own process with its compute threads bound to one core (VLLM_CPU_OMP_THREADS_BIND), the
+trainer on the other core (one torch thread, CPU affinity set after the server has started). Our trainer runs the
+throughput benchmark's workload (``benchmarks/throughput.py``: the 19M-parameter Qwen2, 4 prompts x G = 16, up to 64
+tokens, float32) against it at v = 1, 2, 4, synchronously and with ``--async-generation``.
+
+Printed: steps/s and the trainer's ``time/<phase>`` metrics per configuration (with asynchronous generation
+``time/generate`` is the time the trainer waited for the window); the ratio async / sync at each v; and a step-time
+model with overlap fed with the synchronous runs' phases:
+
+    synchronous:  t(v) = gen + train + sync / v
+    asynchronous: t(v) = max(gen, train) + sync / v
+
+(the next window is generated while this one trains, after the sync at the window's start; gen = generation per
+step with window batching at that v, train = every other phase). The model is then fed with the paper's 7B
+timings, whose split between generation and training the paper does not report, for several generation shares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from throughput import PAPER_ITS, Row, build_bench_model, run_ours  # noqa: E402
+
+V_VALUES = (1, 2, 4)
+SHOWN = ("time/generate", "time/sync", "time/behaviour", "time/optimise", "time/score")
+
+
+def train_seconds(row: Row) -> float:
+    """Seconds per step of everything but generation and the sync."""
+    return sum(t for k, t in row.phases.items() if k not in ("time/generate", "time/sync"))
+
+
+def sync_per_step(row: Row) -> float:
+    return row.phases.get("time/sync", 0.0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "runs" / "benchmark_async"))
+    ap.add_argument("--server-core", type=int, default=1, help="the core vLLM's server computes on")
+    ap.add_argument("--trainer-core", type=int, default=0, help="the core the trainer runs on")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from llm.serve import ServeConfig, ServerProcess
+    from llm.tiny import cache_root
+
+    model_dir = build_bench_model(cache_root() / "bench-qwen2-19m")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(args.server_core)  # the server's compute threads: one core
+    print(f"server on core {args.server_core}, trainer on core {args.trainer_core} (1 torch thread); "
+          f"v in {V_VALUES}, synchronous and asynchronous generation", flush=True)
+    rows: dict[tuple[int, bool], Row] = {}
+    with ServerProcess(ServeConfig(model=str(model_dir), port=0, max_model_len=128), log=lambda *a: None,
+                       log_file=out / "server.log") as server:
+        os.sched_setaffinity(0, {args.trainer_core})  # after the server started: it keeps both cores' affinity
+        for v in V_VALUES:
+            for asynchronous in (False, True):
+                name = f"server v={v} {'async' if asynchronous else 'sync'}"
+                rows[v, asynchronous] = run_ours(name, model_dir, "server", v, "float32", out, server_url=server.url,
+                                                 windows=3 if v < 4 else 2, async_generation=asynchronous,
+                                                 num_threads=1)
+                print(f"  done: {name}: {rows[v, asynchronous].steps_per_s:.3f} steps/s", flush=True)
+
+    print(f"\n| configuration | steps/s | s/step | " + " | ".join(SHOWN) + " | async / sync |")
+    print("|" + "---|" * (len(SHOWN) + 4))
+    for (v, asynchronous), r in rows.items():
+        ratio = r.steps_per_s / rows[v, False].steps_per_s
+        times = " | ".join(f"{r.phases.get(k, 0.0):.3f}" for k in SHOWN)
+        print(f"| {r.name} | {r.steps_per_s:.3f} | {1 / r.steps_per_s:.2f} | {times} | {ratio:.2f}x |")
+
+    print("\nstep-time model with overlap, fed with each v's synchronous phases (gen, train, sync per step):")
+    for v in V_VALUES:
+        s = rows[v, False]
+        gen, train, sync = s.phases["time/generate"], train_seconds(s), sync_per_step(s)
+        pred = (gen + train + sync) / (max(gen, train) + sync)
+        meas = rows[v, True].steps_per_s / s.steps_per_s
+        print(f"  v={v}: gen {gen:.3f} s, train {train:.3f} s, sync {sync:.3f} s per step: predicted async speed-up "
+              f"{pred:.2f}x, measured {meas:.2f}x")
+
+    t1, t10 = 1 / PAPER_ITS[1], 1 / PAPER_ITS[10]
+    sync = (t1 - t10) / (1 - 1 / 10)
+    work = t1 - sync
+    print(f"\nthe paper's 7B (TP 4, colocated): {t1:.1f} s/step at v=1, {t10:.1f} at v=10; the model without overlap "
+          f"implies a sync of {sync:.1f} s and {work:.1f} s of generation + training per step. With generation and "
+          "training on separate devices at the same speeds, asynchronous generation at v=10 would give:")
+    for share in (0.3, 0.5, 0.7):
+        gen, train = share * work, (1 - share) * work
+        t_async = max(gen, train) + sync / 10
+        print(f"  generation {share:.0%} of the work: {t_async:.1f} s/step, {t10 / t_async:.2f}x the synchronous "
+              f"v=10 step and {t1 / t_async:.2f}x the v=1 step")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

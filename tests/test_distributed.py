@@ -1,0 +1,91 @@
+"""Several trainer processes (``llm.distributed``): two ranks sharing a step's prompts compute the one-process
+gradient, loss statistics and whole-batch log-probs (float64, to 1e-10), and ``torchrun`` with two ranks logs the
+one-process run's metrics."""
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from llm import GRPOConfig, train
+from llm.distributed import Ranks
+from llm.rundir import read_metrics
+
+from .test_llm_memory import CASES, RTOL64, _optimise, _same_gradient
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+#: The first step of a torchrun run with two ranks against one process (float32; the samples are the same, the
+#: gradient's float32 sums are split differently): every logged metric to this relative tolerance (or 1e-6 absolute).
+STEP0_RTOL = 1e-4
+
+
+def _rank(rank: int, world: int, init_file: str, out: str, case: tuple, micro_batch: int, by_length: bool) -> None:
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        result, grads = _optimise(*case, micro_batch, by_length=by_length, ranks=Ranks(rank, world))
+        torch.save({"grads": grads, "metrics": result.stats.metrics(), "grad_norm": result.grad_norm,
+                    "chain_tv_k": result.chain_tv_k, "logp_k": result.logp_k, "entropy_k": result.entropy_k},
+                   f"{out}/rank{rank}.pt")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[5]], ids=["grpo", "dapo", "dr_grpo"])
+@pytest.mark.parametrize("micro_batch,by_length", [(0, False), (2, True)])
+def test_two_ranks_compute_the_one_process_step(tmp_path, case, micro_batch, by_length):
+    """3 prompts x G = 3 over 2 ranks (1 and 2 prompts), i = 2 inner steps: on every rank the summed gradients of
+    both inner steps, the loss statistics, the gradient norm and the whole-batch log pi_k and entropies equal one
+    process's (float64, 1e-10); the chain-rule TV (summed in float32) to 1e-6."""
+    import torch.multiprocessing as mp
+
+    whole, whole_grads = _optimise(*case, micro_batch, by_length=by_length)
+    mp.spawn(_rank, args=(2, str(tmp_path / "init"), str(tmp_path), case, micro_batch, by_length), nprocs=2)
+    for rank in range(2):
+        got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        for step_w, step_r in zip(whole_grads, got["grads"], strict=True):
+            for gw, gr in zip(step_w, step_r, strict=True):
+                assert _same_gradient(gr, gw, RTOL64), rank
+        want = whole.stats.metrics()
+        assert want.keys() == got["metrics"].keys()
+        for key in want:
+            assert math.isclose(want[key], got["metrics"][key], rel_tol=RTOL64, abs_tol=1e-12), (rank, key)
+        assert math.isclose(whole.grad_norm, got["grad_norm"], rel_tol=RTOL64)
+        # tv_rows sums in float32 (llm.diagnostics): the two ranks' partial sums round differently
+        assert math.isclose(whole.chain_tv_k, got["chain_tv_k"], rel_tol=1e-6) and whole.chain_tv_k > 0
+        assert torch.allclose(whole.logp_k, got["logp_k"], rtol=RTOL64, atol=1e-12)
+        assert torch.allclose(whole.entropy_k, got["entropy_k"], rtol=RTOL64, atol=1e-12)
+
+
+def _cli(out: Path, steps: int) -> list[str]:
+    return ["-m", "llm.train", "--sampler", "transformers", "--max-steps", str(steps), "--prompts-per-step", "8",
+            "--heldout-prompts", "2", "--sync-period", "2", "--num-threads", "1", "--no-progress", "--logging-steps",
+            "100", "--output-dir", str(out)]
+
+
+@pytest.mark.slow
+def test_torchrun_with_two_ranks_logs_the_one_process_metrics(tmp_path):
+    """torchrun --nproc-per-node 2: one metrics.jsonl (rank 0 writes; every row once), the same completions and
+    rewards at every step, every metric of the first step equal to a one-process run's to STEP0_RTOL (after it the
+    runs drift apart by float32 rounding of the split gradient sums, amplified by Adam), and a checkpoint that records
+    two ranks."""
+    one = subprocess.run([sys.executable, *_cli(tmp_path / "one", 3)], cwd=ROOT, capture_output=True, text=True)
+    assert one.returncode == 0, one.stderr[-2000:]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    two = subprocess.run([TORCHRUN, "--nproc-per-node", "2", *_cli(tmp_path / "two", 3)], cwd=ROOT,
+                         capture_output=True, text=True, env=env)
+    assert two.returncode == 0, two.stderr[-3000:]
+    a, b = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert [r["step"] for r in b] == [0, 1, 2]
+    for x, y in zip(a, b):
+        assert (x["reward"], x["lag"], x["heldout/reward"]) == (y["reward"], y["lag"], y["heldout/reward"])
+    first = {k: v for k, v in a[0].items() if not k.startswith("time/")}
+    assert first.keys() == {k for k in b[0] if not k.startswith("time/")}
+    for key, value in first.items():
+        assert math.isclose(b[0][key], value, rel_tol=STEP0_RTOL, abs_tol=1e-6), (key, value, b[0][key])
+    assert torch.load(tmp_path / "two" / "checkpoint.pt", weights_only=True)["world_size"] == 2

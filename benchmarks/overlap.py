@@ -1,4 +1,4 @@
-"""Asynchronous generation, measured side by side in one run: ``make benchmark-async``.
+"""Asynchronous generation and two trainer ranks, measured side by side in one run: ``make benchmark-async``.
 
 vLLM's server runs in its own process with its compute threads bound to one core (VLLM_CPU_OMP_THREADS_BIND), the
 trainer on the other core (one torch thread, CPU affinity set after the server has started). Our trainer runs the
@@ -15,19 +15,27 @@ model with overlap fed with the synchronous runs' phases:
 (the next window is generated while this one trains, after the sync at the window's start; gen = generation per
 step with window batching at that v, train = every other phase). The model is then fed with the paper's 7B
 timings, whose split between generation and training the paper does not report, for several generation shares.
+
+Then trainer ranks (``--ranks``, on by default): the same workload with the in-process vLLM engine at v = 4, in one
+process with 1 and with 2 torch threads, and under ``torchrun --nproc-per-node 2`` (1 thread each; rank 0 also
+generates): steps/s and ``time/optimise``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
+import statistics
+import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from throughput import PAPER_ITS, Row, build_bench_model, run_ours  # noqa: E402
+from throughput import G, MAX_TOKENS, PAPER_ITS, PROMPTS, Row, build_bench_model, run_ours  # noqa: E402
 
 V_VALUES = (1, 2, 4)
 SHOWN = ("time/generate", "time/sync", "time/behaviour", "time/optimise", "time/score")
@@ -47,20 +55,65 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "runs" / "benchmark_async"))
     ap.add_argument("--server-core", type=int, default=1, help="the core vLLM's server computes on")
     ap.add_argument("--trainer-core", type=int, default=0, help="the core the trainer runs on")
+    ap.add_argument("--skip-async", action="store_true", help="skip the server rows (asynchronous generation)")
+    ap.add_argument("--skip-ranks", action="store_true", help="skip the 1 vs 2 trainer ranks rows")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from llm.serve import ServeConfig, ServerProcess
     from llm.tiny import cache_root
 
     model_dir = build_bench_model(cache_root() / "bench-qwen2-19m")
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(args.server_core)  # the server's compute threads: one core
-    print(f"server on core {args.server_core}, trainer on core {args.trainer_core} (1 torch thread); "
+    if not args.skip_ranks:
+        ranks_rows(model_dir, out)  # first: it needs both cores for itself
+    if not args.skip_async:
+        async_rows(model_dir, out, args.server_core, args.trainer_core)
+    return 0
+
+
+def run_cli(name: str, model_dir: Path, out: Path, v: int, launcher: list[str], threads: int) -> dict:
+    """Our trainer as a command (under ``launcher``, e.g. torchrun); steps/s and mean phases over the steps after
+    the first window."""
+    run = out / name.replace(" ", "_")
+    shutil.rmtree(run, ignore_errors=True)
+    steps = 3 * v
+    cmd = [*launcher, "-m", "llm.train", "--model-name-or-path", str(model_dir), "--output-dir", str(run),
+           "--sampler", "vllm", "--sync-period", str(v), "--max-steps", str(steps), "--prompts-per-step", str(PROMPTS),
+           "--num-generations", str(G), "--max-completion-length", str(MAX_TOKENS), "--beta", "0",
+           "--no-tv-diagnostics", "--no-insample-diagnostics", "--save-steps", "0", "--learning-rate", "1e-5",
+           "--no-mask-zero-std-groups", "--no-exact-j", "--no-progress", "--num-threads", str(threads)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    if res.returncode != 0:
+        raise SystemExit(f"{name} failed: {res.stderr[-2000:]}")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][v:]
+    phases = {k: statistics.fmean(r[k] for r in rows) for k in rows[0] if k.startswith("time/")}
+    return {"name": name, "steps_per_s": 1 / sum(phases.values()), **phases}
+
+
+def ranks_rows(model_dir: Path, out: Path) -> None:
+    v = 4
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    runs = [run_cli("1 process, 1 thread", model_dir, out, v, [sys.executable], 1),
+            run_cli("1 process, 2 threads", model_dir, out, v, [sys.executable], 2),
+            run_cli("torchrun 2 ranks x 1 thread", model_dir, out, v,
+                    [torchrun, "--standalone", "--nproc-per-node", "2"], 1)]
+    print(f"\ntrainer ranks (in-process vLLM on rank 0, v={v}, {PROMPTS} prompts x G={G}):")
+    print("| configuration | steps/s | time/generate | time/optimise | time/diagnostics | vs 1 process, 2 threads |")
+    print("|---|---|---|---|---|---|")
+    for r in runs:
+        print(f"| {r['name']} | {r['steps_per_s']:.3f} | {r.get('time/generate', 0):.3f} | {r['time/optimise']:.3f} | "
+              f"{r.get('time/diagnostics', 0):.3f} | {r['steps_per_s'] / runs[1]['steps_per_s']:.2f}x |", flush=True)
+
+
+def async_rows(model_dir: Path, out: Path, server_core: int, trainer_core: int) -> None:
+    from llm.serve import ServeConfig, ServerProcess
+
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(server_core)  # the server's compute threads: one core
+    print(f"\nserver on core {server_core}, trainer on core {trainer_core} (1 torch thread); "
           f"v in {V_VALUES}, synchronous and asynchronous generation", flush=True)
     rows: dict[tuple[int, bool], Row] = {}
     with ServerProcess(ServeConfig(model=str(model_dir), port=0, max_model_len=128), log=lambda *a: None,
                        log_file=out / "server.log") as server:
-        os.sched_setaffinity(0, {args.trainer_core})  # after the server started: it keeps both cores' affinity
+        os.sched_setaffinity(0, {trainer_core})  # after the server started: it keeps both cores' affinity
         for v in V_VALUES:
             for asynchronous in (False, True):
                 name = f"server v={v} {'async' if asynchronous else 'sync'}"
@@ -96,7 +149,6 @@ def main() -> int:
         t_async = max(gen, train) + sync / 10
         print(f"  generation {share:.0%} of the work: {t_async:.1f} s/step, {t10 / t_async:.2f}x the synchronous "
               f"v=10 step and {t1 / t_async:.2f}x the v=1 step")
-    return 0
 
 
 if __name__ == "__main__":

@@ -10,15 +10,23 @@ is the one-process gradient of the whole step. Per-token results of no-gradient 
 pi_{k+1}, entropies) are summed over ranks into whole-batch tensors, so every metric is computed over the global
 batch, never rank 0's share; hidden states stay with their rank and the token-level TV sums are reduced as numbers.
 With one process (no torchrun) nothing here runs: ``SINGLE`` does no communication.
+
+Faults: a rank that dies leaves the others in a collective, which fails (gloo: the peer's connection closes) or times
+out after ``COLLECTIVE_TIMEOUT_S``; each surviving rank then stops with one line (``RunError``), and torchrun ends
+the job. Rank 0 writes checkpoints atomically, so the last one is intact; the same command resumes. A different
+number of ranks may resume it too: the global batch and its gradient do not depend on the split.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from dataclasses import dataclass
 
 import torch
+
+from runkit.cli import RunError, first_line
 
 #: Seconds a rank waits in a collective before giving up (a rank that died leaves the others waiting).
 COLLECTIVE_TIMEOUT_S = 600
@@ -54,8 +62,19 @@ class Ranks:
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """The element-wise sum over ranks (in place)."""
         if self.active:
-            torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
+            with self.collective():
+                torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
         return tensor
+
+    @contextlib.contextmanager
+    def collective(self):
+        """A collective operation; its failure (another rank died or timed out) becomes one line."""
+        try:
+            yield
+        except RuntimeError as exc:
+            raise RunError(f"rank {self.rank} of {self.world}: another trainer process stopped or stalled "
+                           f"({type(exc).__name__}: {first_line(exc, 160)}); this run ends; the last checkpoint in "
+                           "output_dir is intact and the same command resumes from it") from None
 
     def sum_float(self, value: float) -> float:
         if not self.active:
@@ -66,7 +85,8 @@ class Ranks:
         if not self.active:
             return value
         t = torch.tensor([value], dtype=torch.float64)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        with self.collective():
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return float(t)
 
     def sum_grads(self, parameters) -> None:
@@ -78,19 +98,22 @@ class Ranks:
             if p.requires_grad:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                torch.distributed.all_reduce(p.grad, op=torch.distributed.ReduceOp.SUM)
+                with self.collective():
+                    torch.distributed.all_reduce(p.grad, op=torch.distributed.ReduceOp.SUM)
 
     def broadcast(self, obj):
         """Rank 0's ``obj`` on every rank (pickled; small objects: prompts, completions, rewards)."""
         if not self.active:
             return obj
         box = [obj if self.main else None]
-        torch.distributed.broadcast_object_list(box, src=0)
+        with self.collective():
+            torch.distributed.broadcast_object_list(box, src=0)
         return box[0]
 
     def barrier(self) -> None:
         if self.active:
-            torch.distributed.barrier()
+            with self.collective():
+                torch.distributed.barrier()
 
 
 SINGLE = Ranks()

@@ -77,7 +77,7 @@ def test_torchrun_with_two_ranks_logs_the_one_process_metrics(tmp_path):
     one = subprocess.run([sys.executable, *_cli(tmp_path / "one", 3)], cwd=ROOT, capture_output=True, text=True)
     assert one.returncode == 0, one.stderr[-2000:]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    two = subprocess.run([TORCHRUN, "--nproc-per-node", "2", *_cli(tmp_path / "two", 3)], cwd=ROOT,
+    two = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "2", *_cli(tmp_path / "two", 3)], cwd=ROOT,
                          capture_output=True, text=True, env=env)
     assert two.returncode == 0, two.stderr[-3000:]
     a, b = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
@@ -89,3 +89,45 @@ def test_torchrun_with_two_ranks_logs_the_one_process_metrics(tmp_path):
     for key, value in first.items():
         assert math.isclose(b[0][key], value, rel_tol=STEP0_RTOL, abs_tol=1e-6), (key, value, b[0][key])
     assert torch.load(tmp_path / "two" / "checkpoint.pt", weights_only=True)["world_size"] == 2
+
+
+def _rank_pid(marker: str, rank: int) -> int | None:
+    """The pid of the torchrun worker of ``rank`` whose command line holds ``marker``."""
+    for pid in subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split():
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env:
+            return int(pid)
+    return None
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_ends_the_run_in_one_line_and_it_resumes(tmp_path):
+    """SIGKILL to rank 1 of 2 mid-run: rank 0 stops with one line saying so, the checkpoint loads, and the run
+    resumed by one process (which says the checkpoint was written by two) ends with every step logged once."""
+    import signal
+    import time
+
+    out = tmp_path / "killed"
+    cli = [*_cli(out, 20), "--save-steps", "1"]
+    proc = subprocess.Popen([TORCHRUN, "--standalone", "--nproc-per-node", "2", *cli], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "metrics.jsonl").is_file() or len(read_metrics(out)) < 3:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]
+        time.sleep(0.1)
+    pid = _rank_pid(str(out), 1)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    ours = [ln for ln in err.splitlines() if ln.startswith("python -m llm.train: error:")]
+    assert len(ours) == 1 and "rank 0 of 2: another trainer process stopped" in ours[0], err[-2000:]
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert ckpt["world_size"] == 2 and ckpt["step"] >= 3
+    res = subprocess.run([sys.executable, *cli], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "the checkpoint was written by 2 trainer process(es), this run has 1" in res.stdout
+    assert [r["step"] for r in read_metrics(out)] == list(range(20))

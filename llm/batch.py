@@ -70,6 +70,8 @@ class Batch:
         ``size`` rows each (0: no limit): consecutive rows, or (``by_length``) rows of similar length grouped by
         ``length_groups``."""
         rows = torch.arange(self.size) if rows is None else rows.cpu()
+        if len(rows) == 0:
+            return []
         if not by_length:
             return list(rows.split(size or len(rows)))
         lengths = self.attention_mask[rows.to(self.attention_mask.device)].sum(dim=1).cpu().numpy()

@@ -150,6 +150,9 @@ def completion_logprobs(model, batch: Batch, temperature: float, precision: Prec
     sequences of similar length share a pass, padded only to the longest of them (``Batch.passes``); ``rows``: only
     these sequences (a rank's share; the others' values are zero)."""
     rows = batch.passes(micro_batch, by_length, rows)
+    if not rows:  # a rank whose share is empty (fewer prompts than ranks): zeros, which the sum over ranks ignores
+        zeros = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=batch.completion_ids.device)
+        return Forward(zeros, zeros.clone() if entropy else None, None)
     return Forward.assemble(batch, rows, [forward_completions(model, batch.take(r), temperature, precision,
                                                               chunk_tokens, entropy, keep_hidden) for r in rows])
 

@@ -105,6 +105,10 @@ def setup(config: GRPOConfig, log=print, ranks: Ranks = SINGLE) -> tuple[Models,
     device = resolve_device(config.device)
     if ranks.active and device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
+    if ranks.active and in_process_vllm(config):
+        raise ValueError("sampler: the in-process vLLM engine sets up torch.distributed for itself and cannot share "
+                         "torchrun's process group; under torchrun use --sampler server (vLLM in its own process) or "
+                         "--sampler transformers")
     task = load_task(config.dataset, config.reward_fn, config.eval_dataset, config.reward_funcs, config.reward_weights,
                      config.answer_check)
     if not ranks.main:
@@ -140,6 +144,15 @@ def setup(config: GRPOConfig, log=print, ranks: Ranks = SINGLE) -> tuple[Models,
     ref = frozen_copy(policy) if config.beta > 0 else None
     return (Models(policy, opt, sampler, alpha, ref, tokenizer, device, Precision.from_config(config), alpha_next,
                    ranks), bound, model_path)
+
+
+def in_process_vllm(config: GRPOConfig) -> bool:
+    """True when the run's sampler is the in-process vLLM engine (``vllm``, or ``auto`` with vLLM installed)."""
+    if config.sampler != "auto":
+        return config.sampler == "vllm"
+    from .sampling.vllm_engine import vllm_available
+
+    return vllm_available()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -261,6 +274,9 @@ class Behaviour:
     recomputed: torch.Tensor | None
     dists: TokenDists | None
     from_pi_k: bool = False
+    checked_rows: int = 0
+    """When the recomputation served the sync check alone (asynchronous generation): it covers the first
+    ``checked_rows`` sequences only (one prompt's group); 0: every sequence."""
 
     def with_pi_k(self, logp_k: torch.Tensor, dists_k: TokenDists | None) -> "Behaviour":
         """The behaviour log-probs once log pi_k (= log alpha at lag 0) is known; ``dists_k``: pi_k's
@@ -288,6 +304,12 @@ def behaviour_logprobs(config: GRPOConfig, models: Models, batch: Batch, roll: R
         return Behaviour(from_sampler if use_sampler else None, from_sampler, None, None, from_pi_k=True)
     if not (need or check):
         return Behaviour(from_sampler, from_sampler, None, None)
+    if not need and not config.tv_diagnostics:  # the sync check alone: one group's forward of alpha suffices
+        G = config.num_generations
+        part = logprobs(config, models, models.alpha, batch.take(torch.arange(G))).logp
+        recomputed = torch.zeros_like(from_sampler)
+        recomputed[:G, :part.shape[1]] = part
+        return Behaviour(from_sampler, from_sampler, recomputed, None, checked_rows=G)
     alpha = logprobs(config, models, models.alpha, batch, keep_hidden=diagnostics and config.tv_diagnostics)
     return Behaviour(from_sampler if use_sampler else alpha.logp, from_sampler, alpha.logp,
                      dists(config, models, models.alpha, alpha.hidden))
@@ -426,7 +448,8 @@ def diagnose(config: GRPOConfig, models: Models, batch: Batch, rewards: np.ndarr
             row["insample/tv/pi_new_alpha_chain_ub_est"] = chain_tv(
                 config, models, dists(config, models, models.policy, new.hidden), behaviour.dists, cm)
     if behaviour.from_sampler is not None and behaviour.recomputed is not None:
-        row.update(dg.sampler_gap(behaviour.from_sampler, behaviour.recomputed, cm))
+        n = behaviour.checked_rows or cm.shape[0]
+        row.update(dg.sampler_gap(behaviour.from_sampler[:n], behaviour.recomputed[:n], cm[:n]))
     return row
 
 

@@ -131,3 +131,13 @@ def test_a_rank_that_dies_ends_the_run_in_one_line_and_it_resumes(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert "the checkpoint was written by 2 trainer process(es), this run has 1" in res.stdout
     assert [r["step"] for r in read_metrics(out)] == list(range(20))
+
+
+def test_the_in_process_vllm_engine_is_refused_under_torchrun(tmp_path):
+    """It would initialise torch.distributed inside torchrun's group and hang both ranks: one line instead."""
+    res = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "llm.train", "--sampler", "vllm",
+                          "--max-steps", "1", "--output-dir", str(tmp_path / "run")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode != 0
+    ours = [ln for ln in res.stderr.splitlines() if ln.startswith("python -m llm.train: error:")]
+    assert ours and all("sampler: the in-process vLLM engine" in ln for ln in ours), res.stderr[-2000:]

@@ -3,8 +3,9 @@
 ``train`` is a loop over named phases, one function each, in the order a step runs them:
 
     sync        every v steps the sampler gets the trainer's weights (alpha <- pi_theta)
-    rollout     G completions per prompt (training and held-out) from alpha  (``llm.rollout``)
-    score       verifiable rewards in [0, 1]                               (``score``)
+    rollout     G completions per prompt (training and held-out) from alpha  (``llm.rollout``; with
+                ``async_generation`` the next window is generated while this one trains)
+    score       verifiable rewards (reward functions: any finite number)   (``score``)
     advantages  group whitening and the zero-variance mask                 (``advantages``)
     behaviour   log alpha (sampler's or recomputed) and log pi_ref         (``behaviour_logprobs``)
     optimise    i steps on the clipped off-policy objective (+ beta KL)    (``optimise``)
@@ -15,7 +16,8 @@
     checkpoint  every ``save_steps`` steps, at the end and on Ctrl-C       (``save_checkpoint``)
 
 Every knob is read where it acts: ``sync_period`` (v) at the sync, ``num_iterations`` (i) in
-``optimise``, ``ref_sync_steps`` at the reference reset.
+``optimise``, ``ref_sync_steps`` at the reference reset. Under torchrun each phase runs on every rank over its
+share of the prompts, and rank 0 alone generates, scores and writes (``llm.distributed``).
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ benchmark: $(STAMP) $(BENCH_VENV)/.installed
 
 # Peak memory of llm.train against prompts, completion length and micro-batch (151,936-token vocabulary), and a
 # projection for the README's GSM8K command on Qwen2.5-0.5B from constants measured at its width (~15 min).
-# Asynchronous generation against vLLM's server, server and trainer on a core each (~10 min on 2 cores).
+# Trainer ranks (1 vs 2), then asynchronous generation against vLLM's server, server and trainer on a core each (~12 min).
 benchmark-async: $(STAMP)
 	$(PY) benchmarks/overlap.py --out runs/benchmark_async
 

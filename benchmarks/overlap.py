@@ -15,7 +15,8 @@ model with overlap fed with the synchronous runs' phases:
 per step (the next window is generated while this one trains, after the sync at the window's start; gen =
 generation per step with window batching at that v, train = every other phase, sync = the sync's seconds per step;
 check = the sync check at each window's first step, which under asynchronous generation is a forward of alpha's
-weights over one group, estimated as a third of the optimise phase's forward and backward over 1/P of the batch). The model is then fed with the paper's 7B
+weights over one group, estimated as a third of the optimise phase's forward and backward over 1/P of the
+batch). The model is then fed with the paper's 7B
 timings, whose split between generation and training the paper does not report, for several generation shares.
 
 Then trainer ranks: the same workload with the transformers sampler (the in-process vLLM engine cannot share
@@ -80,11 +81,13 @@ def run_cli(name: str, model_dir: Path, out: Path, v: int, launcher: list[str], 
     shutil.rmtree(run, ignore_errors=True)
     steps = 3 * v
     cmd = [*launcher, "-m", "llm.train", "--model-name-or-path", str(model_dir), "--output-dir", str(run),
-           "--sampler", "transformers", "--sync-period", str(v), "--max-steps", str(steps), "--prompts-per-step", str(PROMPTS),
+           "--sampler", "transformers", "--sync-period", str(v), "--max-steps", str(steps),
+           "--prompts-per-step", str(PROMPTS),
            "--num-generations", str(G), "--max-completion-length", str(MAX_TOKENS), "--beta", "0",
            "--no-tv-diagnostics", "--no-insample-diagnostics", "--save-steps", "0", "--learning-rate", "1e-5",
            "--no-mask-zero-std-groups", "--no-exact-j", "--no-progress", "--num-threads", str(threads)]
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     if res.returncode != 0:
         raise SystemExit(f"{name} failed: {res.stderr[-2000:]}")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][v:]
@@ -139,8 +142,9 @@ def async_rows(model_dir: Path, out: Path, server_core: int, trainer_core: int) 
         check = s.phases["time/optimise"] / 3 / PROMPTS
         pred = (gen + train + sync) / (max(gen, train + check / v) + sync)
         meas = rows[v, True].steps_per_s / s.steps_per_s
+        no_check = (gen + train + sync) / (max(gen, train) + sync)
         print(f"  v={v}: gen {gen:.3f} s, train {train:.3f} s, sync {sync:.3f} s, check {check:.3f} s per window: "
-              f"predicted async speed-up {pred:.2f}x (without the check {(gen + train + sync) / (max(gen, train) + sync):.2f}x), "
+              f"predicted async speed-up {pred:.2f}x (without the check {no_check:.2f}x), "
               f"measured {meas:.2f}x; async time/behaviour {rows[v, True].phases.get('time/behaviour', 0):.3f} s")
 
     t1, t10 = 1 / PAPER_ITS[1], 1 / PAPER_ITS[10]

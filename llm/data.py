@@ -141,7 +141,8 @@ def _read(datasets, source: str, split: str):
         try:
             ds = datasets.load_from_disk(str(path))
         except Exception as exc:  # noqa: BLE001
-            raise ValueError(f"dataset: {path} is not a directory written by save_to_disk ({first_line(exc, 200)})") from None
+            raise ValueError(f"dataset: {path} is not a directory written by save_to_disk "
+                             f"({first_line(exc, 200)})") from None
         if isinstance(ds, datasets.DatasetDict):
             if split not in ds:
                 raise ValueError(f"dataset: {path} holds the splits {sorted(ds)}; the {split!r} split is read from it")

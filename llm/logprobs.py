@@ -145,7 +145,8 @@ def forward_completions(model, batch: Batch, temperature: float, precision: Prec
 @torch.no_grad()
 def completion_logprobs(model, batch: Batch, temperature: float, precision: Precision = Precision(), *,
                         micro_batch: int = 0, chunk_tokens: int = 0, entropy: bool = False,
-                        keep_hidden: bool = False, by_length: bool = False, rows: torch.Tensor | None = None) -> Forward:
+                        keep_hidden: bool = False, by_length: bool = False,
+                        rows: torch.Tensor | None = None) -> Forward:
     """``forward_completions`` without gradients, ``micro_batch`` sequences per pass (0: no limit); ``by_length``:
     sequences of similar length share a pass, padded only to the longest of them (``Batch.passes``); ``rows``: only
     these sequences (a rank's share; the others' values are zero)."""

@@ -228,7 +228,8 @@ def score(task: TokenizedTask, prompt_idx: list[int], roll: Rollout, n: int) -> 
 def score_once(ranks: Ranks, task: TokenizedTask, prompt_idx: list[int], roll: Rollout,
                n: int) -> tuple[np.ndarray, list[str]]:
     """``score`` on rank 0 (reward functions run once per completion), the result on every rank."""
-    rewards, texts, parts = ranks.broadcast((*score(task, prompt_idx, roll, n), task.last_parts) if ranks.main else None)
+    scored = (*score(task, prompt_idx, roll, n), task.last_parts) if ranks.main else None
+    rewards, texts, parts = ranks.broadcast(scored)
     task.last_parts = parts
     return rewards, texts
 
@@ -712,6 +713,7 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
     stop = GracefulStop(log)
     bar = tqdm(total=config.max_steps, initial=start, disable=not (config.progress and ranks.main), dynamic_ncols=True,
                unit="step")
+    write = bar.write if ranks.main else (lambda *a: None)  # rank 0 speaks for the run
     step, skips_in_a_row = start, 0
     try:
         for step in range(start, config.max_steps):
@@ -750,7 +752,7 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
                 heldout = (prepare_heldout(config, models, task, step_rollout.heldout_idx, step_rollout.heldout, lag)
                            if config.heldout_prompts else None)
                 reward_range = ranges.see(step, rewards, heldout.rewards if heldout is not None else rewards, row,
-                                          bar.write)
+                                          write)
             with timer("optimise"):
                 optimised = optimise(config, models, batch, groups, behaviour.logp, logp_ref, behaviour.dists)
                 alpha_k = dists(config, models, models.alpha, optimised.hidden_k)  # alpha's layer = pi_k's at lag 0
@@ -765,7 +767,7 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
             if evaluate_now and ranks.main:
                 with timer("eval"):  # the updated policy pi_{k+1}
                     row.update(run_evaluation(config, models, task, step + 1))
-            warn_if_stale(config, row, fresh, bar.write)
+            warn_if_stale(config, row, fresh, write)
             row.update(timer.seconds)
             run.append_metrics(row)
             skips_in_a_row = skips_in_a_row + 1 if row["skipped_updates"] else 0

@@ -127,9 +127,9 @@ def test_two_torchrun_ranks_against_the_server_learn(server, tmp_path):
 
     out = tmp_path / "two_ranks"
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    res = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "llm.train", "--sampler", "server", "--server-url",
-                          server.url, "--sync-period", "4", "--max-steps", "80", "--num-threads", "1", "--no-progress",
-                          "--output-dir", str(out)], capture_output=True, text=True,
+    res = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "llm.train", "--sampler", "server",
+                          "--server-url", server.url, "--sync-period", "4", "--max-steps", "80", "--num-threads", "1",
+                          "--no-progress", "--output-dir", str(out)], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[1])
     assert res.returncode == 0, [ln for ln in res.stderr.splitlines() if "error" in ln.lower()]
     rows = read_metrics(out)

@@ -126,6 +126,7 @@ class TokenizedTask:
             raise ValueError("chat_template: the model's tokenizer has no chat template (tokenizer_config.json or "
                              "chat_template.jinja); drop --chat-template to use the prompts as they are")
         self.eos = tokenizer.eos_token_id
+        self.conversational = task.conversational  # once: ``score`` asks at every batch
         self.prompt_ids = self._encode(task.prompts)
         self.test_prompt_ids = self._encode(task.test_prompts)
         self.accepted_ids = self._accepted_ids(task.answers)
@@ -178,7 +179,7 @@ class TokenizedTask:
             t = self.task
             prompts, columns = (t.test_prompts, t.test_columns) if test else (t.prompts, t.columns)
             columns = ({"answer": answers} if answers else {}) | columns
-            completions = ([[{"role": "assistant", "content": c}] for c in texts] if t.conversational
+            completions = ([[{"role": "assistant", "content": c}] for c in texts] if self.conversational
                            else list(texts))
             total, self.last_parts = batch_rewards(t.reward_funcs, [prompts[i] for i in prompt_idx], completions,
                                                    [list(c) for c in completion_ids], rows_of(columns, prompt_idx))

@@ -203,12 +203,20 @@ def sync_weights(models: Models, source: torch.nn.Module | None = None) -> None:
     """alpha <- ``source`` (the policy by default): into the sampler and the trainer-side copy of alpha. With
     asynchronous generation the sampler's new weights serve the next window: alpha <- alpha_next <- ``source``."""
     source = models.policy if source is None else source
+    if models.alpha_next is None:
+        serve_as_alpha(models, source)
+        return
     models.sampler.load_weights(source)  # a no-op on ranks other than 0
-    if models.alpha_next is not None:
-        copy_weights(models.alpha, models.alpha_next)
-        copy_weights(models.alpha_next, source)
-    elif models.alpha is not getattr(models.sampler, "model", None):
-        copy_weights(models.alpha, source)
+    copy_weights(models.alpha, models.alpha_next)
+    copy_weights(models.alpha_next, source)
+
+
+def serve_as_alpha(models: Models, weights: torch.nn.Module) -> None:
+    """alpha <- ``weights``: the sampler's (a no-op on ranks other than 0) and the trainer-side copy's, unless the
+    sampler's model is that copy."""
+    models.sampler.load_weights(weights)
+    if models.alpha is not getattr(models.sampler, "model", None):
+        copy_weights(models.alpha, weights)
 
 
 def sync_metrics(sampler: Sampler, seconds: float) -> dict[str, float]:
@@ -548,10 +556,11 @@ class RangeTracker:
 
 class ExactJ:
     """Exact J(pi) over the training prompts (tasks with a finite set of accepted completions): J(pi_k) at the
-    start of a step is J(pi_{k+1}) of the previous one (the same weights), so each step costs one forward pass."""
+    start of a step is J(pi_{k+1}) of the previous one (the same weights), so each step costs one forward pass.
+    Under torchrun rank 0 alone measures it (every rank holds the same policy; rank 0 writes the row)."""
 
     def __init__(self, config: GRPOConfig, models: Models, task: TokenizedTask):
-        self.enabled = config.exact_j and task.task.has_exact_j
+        self.enabled = config.exact_j and task.task.has_exact_j and models.ranks.main
         self.config, self.models, self.task = config, models, task
         self._current: float | None = None
 
@@ -590,9 +599,7 @@ def restore_checkpoint(models: Models, ckpt: dict) -> int:
     models.optimizer.load_state_dict(ckpt["optimizer"])
     alpha = frozen_copy(models.policy)
     alpha.load_state_dict(ckpt["alpha"])
-    models.sampler.load_weights(alpha)
-    if models.alpha is not getattr(models.sampler, "model", None):
-        copy_weights(models.alpha, alpha)
+    serve_as_alpha(models, alpha)
     if models.alpha_next is not None:  # asynchronous generation: the weights of the window after this one
         models.alpha_next.load_state_dict(ckpt["alpha_next"])
     if models.ref is not None:

@@ -28,7 +28,6 @@ and under ``torchrun --nproc-per-node 2`` (1 thread each; rank 0 also generates)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -90,7 +89,9 @@ def run_cli(name: str, model_dir: Path, out: Path, v: int, launcher: list[str], 
                          env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     if res.returncode != 0:
         raise SystemExit(f"{name} failed: {res.stderr[-2000:]}")
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][v:]
+    from llm.rundir import read_metrics
+
+    rows = read_metrics(run)[v:]
     phases = {k: statistics.fmean(r[k] for r in rows) for k in rows[0] if k.startswith("time/")}
     return {"name": name, "steps_per_s": 1 / sum(phases.values()), **phases}
 

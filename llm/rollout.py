@@ -39,11 +39,16 @@ class StepRollout:
     heldout: Rollout
 
 
+def window_start(config: GRPOConfig, step: int) -> int:
+    """The first step of the sync window ``step`` lies in."""
+    return step - step % config.sync_period
+
+
 def weights_step(config: GRPOConfig, step: int) -> int:
     """The step whose policy weights the sampler held when it generated ``step``'s completions (alpha =
     pi_{weights_step}): the window's first step, or with ``async_generation`` the previous window's (0 for the
     first two windows)."""
-    w0 = step - step % config.sync_period
+    w0 = window_start(config, step)
     return max(w0 - config.sync_period, 0) if config.async_generation else w0
 
 
@@ -73,7 +78,7 @@ class RolloutWindow:
         """The prompts of ``step`` and their G completions each: prefetched (waiting for them if need be), or
         generated now."""
         if step not in self._ready:
-            w0 = self._window_start(step)
+            w0 = window_start(self.config, step) if self.config.window_generation else step
             future = self._pending.pop(w0, None)
             self._ready.update(future.result() if future is not None else self._generate(w0, step))
         return self._ready.pop(step)
@@ -92,9 +97,6 @@ class RolloutWindow:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool, self._pending = None, {}
-
-    def _window_start(self, step: int) -> int:
-        return step - step % self.config.sync_period if self.config.window_generation else step
 
     def _generate(self, w0: int, first: int) -> dict[int, StepRollout]:
         """One sampler call for the steps of the window starting at ``w0`` (a single step without window

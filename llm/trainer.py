@@ -45,7 +45,7 @@ from .logprobs import Forward, LogitHead, TokenDists, check_head, completion_log
 from .loss import LossStats, grpo_loss, loss_weights
 from .model import (Precision, add_lora, copy_weights, frozen_copy, is_lora, load_policy, resolve_device,
                     resolve_model_path)
-from .rollout import RolloutWindow, StepRollout, weights_step
+from .rollout import RolloutWindow, StepRollout, weights_step, window_start
 from .rundir import RunDir, read_metrics
 from .sampling import Rollout, Sampler, TransformersSampler, make_sampler, max_model_len, probe_sync
 from .trackers import Trackers, check_trackers
@@ -500,14 +500,13 @@ def diagnose_heldout(config: GRPOConfig, models: Models, heldout: Heldout,
     return dg.prefixed("heldout", est)
 
 
-def async_rollout(config: GRPOConfig, models: Models, rollouts: RolloutWindow, step: int, start: int,
+def async_rollout(config: GRPOConfig, models: Models, rollouts: RolloutWindow, step: int, start: int, fresh: bool,
                   timer: PhaseTimer, row: dict) -> StepRollout:
     """A step's completions under asynchronous generation (``llm.rollout``). At a window's first step: wait for
     the window (generated in the background from alpha_next's weights), sync (alpha <- alpha_next <- pi_k, the
     sampler <- pi_k) and start generating the next window. The first step of a process generates its window now:
     from the initial weights, or on resume from the weights that generated it (alpha inside a window, alpha_next
-    at its start), then hands the sampler alpha_next for the next window."""
-    v, fresh = config.sync_period, step % config.sync_period == 0
+    at its start), then hands the sampler alpha_next for the next window. ``fresh``: ``step`` starts a window."""
     ranks = models.ranks
     with timer("generate"):
         if step == start and start > 0 and fresh:
@@ -520,7 +519,7 @@ def async_rollout(config: GRPOConfig, models: Models, rollouts: RolloutWindow, s
     elif step == start and start > 0:  # resumed inside a window: the sampler goes on with the next window's weights
         models.sampler.load_weights(models.alpha_next)
     if (fresh or step == start) and ranks.main:
-        rollouts.prefetch(step - step % v + v)
+        rollouts.prefetch(window_start(config, step) + config.sync_period)
     return step_rollout
 
 
@@ -727,14 +726,14 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
             if ranks.max_float(float(stop.requested)):  # every rank stops at the same step
                 break
             timer, lag = PhaseTimer(), step - weights_step(config, step)
-            fresh = step % config.sync_period == 0  # the first step served by newly synced weights
+            fresh = step == window_start(config, step)  # the first step served by newly synced weights
             row = {"step": step, "lag": lag}
             if config.eval_steps and step == 0 and ranks.main:  # the initial policy, before any update
                 with timer("eval"):
                     row.update({k.replace("eval/", "eval_initial/"): v for k, v in
                                 run_evaluation(config, models, task, step).items()})
             if config.async_generation:
-                step_rollout = async_rollout(config, models, rollouts, step, start, timer, row)
+                step_rollout = async_rollout(config, models, rollouts, step, start, fresh, timer, row)
             else:
                 if lag == 0 and step > 0:  # at step 0 the sampler already holds the initial weights
                     with timer("sync"):

@@ -21,6 +21,14 @@ checkpointed passes). The projection is
 for the trainer alone (an in-process vLLM engine takes what ``--gpu-memory-utilization`` gives it on top;
 a server in its own process takes none of the trainer's memory). Measured in float32 on CPU; bf16 autocast
 keeps float32 master weights, so the static part is unchanged and activations shrink (an upper bound).
+
+Part 3 (``--fsdp-ranks``), what ``--fsdp`` saves: the peak resident memory of each of 2 torchrun ranks running
+``llm.train`` (2 steps, transformers sampler, beta 0.04), data parallel against ``--fsdp``, on a model of
+Qwen2.5-0.5B's layer shape with ``FSDP_LAYERS`` layers and the built-in 99-token vocabulary (so the blocks are
+nearly all of it), beside what each rank's tensors need: 24 bytes per parameter it holds (the policy, its
+gradient, two AdamW moments, alpha's and pi_ref's copies; the blocks' share 1/2 under FSDP), plus on rank 0 the
+sampler's own copy (4 bytes per parameter) and under FSDP the whole copy for syncs (4 more) and the checkpoint,
+gathered whole on rank 0 (20 bytes per parameter while it is written).
 """
 
 from __future__ import annotations
@@ -56,6 +64,8 @@ STATIC_BYTES_PER_PARAM = 4 + 4 + 8 + 4 + 4
 SEQS = (1, 8)
 #: Decoder layers of part 2's models (the difference gives the per-layer constant).
 LAYERS = (1, 3)
+#: Decoder layers of part 3's model (Qwen2.5-0.5B's layer shape, the built-in vocabulary): ~119M parameters.
+FSDP_LAYERS = 8
 
 
 def peak_mb() -> float:
@@ -78,8 +88,10 @@ def reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def build_model(path: Path, layers: int | None = None, shape: dict = SMALL, max_positions: int = 1024) -> Path:
-    """A random Qwen2 of ``shape`` with the 151,936-token vocabulary and the built-in character tokenizer."""
+def build_model(path: Path, layers: int | None = None, shape: dict = SMALL, max_positions: int = 1024,
+                vocab: int = VOCAB) -> Path:
+    """A random Qwen2 of ``shape`` with the 151,936-token vocabulary (or ``vocab`` tokens: 0, the built-in
+    tokenizer's) and the built-in character tokenizer."""
     if (path / "config.json").is_file():
         return path
     import torch
@@ -91,7 +103,7 @@ def build_model(path: Path, layers: int | None = None, shape: dict = SMALL, max_
     dims = {k: v for k, v in shape.items() if k != "parameters"}
     if layers is not None:
         dims["num_hidden_layers"] = layers
-    config = Qwen2Config(vocab_size=VOCAB, max_position_embeddings=max_positions, tie_word_embeddings=True,
+    config = Qwen2Config(vocab_size=vocab or len(tok), max_position_embeddings=max_positions, tie_word_embeddings=True,
                          bos_token_id=None, eos_token_id=1, pad_token_id=0, **dims)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
@@ -209,6 +221,74 @@ def projection(constants: dict, micro: int, tv: bool, ckpt: bool) -> dict:
             "total_gb": (static + act + kept) / 1e9}
 
 
+# ---- part 3: data parallel against --fsdp, per rank ------------------------------------------------------------
+
+
+def child_rank(settings: dict, out: Path) -> None:
+    """Run by torchrun: llm.train on this rank, then this rank's peak memory and time in out/rank<RANK>.json."""
+    from llm import GRPOConfig, train
+
+    t0 = time.perf_counter()
+    train(GRPOConfig(**settings), log=lambda *a: None)
+    rank = int(os.environ["RANK"])
+    (out / f"rank{rank}.json").write_text(json.dumps({"peak_mb": peak_mb(), "seconds": time.perf_counter() - t0}))
+
+
+def parameter_split(model: Path) -> tuple[int, int]:
+    """(parameters in the transformer blocks, parameters outside them) of ``model``."""
+    from llm.distributed import transformer_blocks
+    from llm.model import load_policy
+
+    import torch
+
+    policy, _ = load_policy(str(model), torch.device("cpu"))
+    blocks = sum(p.numel() for p in transformer_blocks(policy).parameters())
+    return blocks, sum(p.numel() for p in policy.parameters()) - blocks
+
+
+def run_ranks(model: Path, out: Path, code: Path, fsdp: bool) -> list[dict]:
+    """Both ranks' peaks of a 2-rank torchrun of llm.train (data parallel or --fsdp)."""
+    settings = dict(model_name_or_path=str(model), sampler="transformers", max_steps=2, prompts_per_step=4,
+                    num_generations=4, max_completion_length=8, exact_j=False, progress=False, save_steps=0,
+                    beta=0.04, num_threads=1, fsdp=fsdp, output_dir=str(out / ("fsdp" if fsdp else "data_parallel")),
+                    mask_zero_std_groups=False)  # the random model's rewards are all 0: still take AdamW steps
+    shutil.rmtree(settings["output_dir"], ignore_errors=True)
+    marks = out / ("marks_fsdp" if fsdp else "marks_dp")
+    shutil.rmtree(marks, ignore_errors=True)
+    marks.mkdir(parents=True)
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", str(Path(__file__).resolve()), "--child-rank",
+           json.dumps(settings), "--marks", str(marks)]
+    proc = subprocess.run(cmd, cwd=code, capture_output=True, text=True,
+                          env={**os.environ, "OFFPOLICY_GRPO_CODE": str(code), "OMP_NUM_THREADS": "1",
+                               # large blocks mmap'd and returned on free: the peak counts live memory, not what
+                               # glibc's heap kept after the whole copies made before sharding were freed
+                               "MALLOC_MMAP_THRESHOLD_": "131072"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"torchrun llm.train failed (fsdp={fsdp}):\n{proc.stderr[-2000:]}")
+    shutil.rmtree(settings["output_dir"], ignore_errors=True)  # the checkpoint: gigabytes
+    return [json.loads((marks / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def fsdp_ranks(workdir: Path, code: Path) -> None:
+    model = build_model(workdir / f"qwen05_l{FSDP_LAYERS}_vocab99", FSDP_LAYERS, QWEN05, vocab=0)
+    blocks, whole = parameter_split(model)
+    print(f"part 3: per-rank peak memory of torchrun --nproc-per-node 2 llm.train (2 steps, 4 prompts x G = 4, "
+          f"beta 0.04, float32, transformers sampler) on Qwen2.5-0.5B's layer shape with {FSDP_LAYERS} layers and "
+          f"the built-in vocabulary: {blocks / 1e6:.1f}M parameters in the blocks, {whole / 1e6:.2f}M outside\n")
+    print("| mode | rank | peak GB | tensors GB (24 B/param held + rank 0's copies) | whole checkpoint on rank 0 GB |"
+          " s |")
+    print("|:--|---:|---:|---:|---:|---:|")
+    gb = 1e9
+    for fsdp in (False, True):
+        held = whole + (blocks / 2 if fsdp else blocks)
+        for rank, r in enumerate(run_ranks(model, workdir / "fsdp_runs", code, fsdp)):
+            tensors = 24 * held + (4 * (blocks + whole) * (2 if fsdp else 1) if rank == 0 else 0)
+            ckpt = 20 * (blocks + whole) / gb if rank == 0 and fsdp else 0
+            print(f"| {'--fsdp' if fsdp else 'data parallel'} | {rank} | {r['peak_mb'] * 2**20 / gb:.2f} | "
+                  f"{tensors / gb:.2f} | {ckpt:.2f} | {r['seconds']:.0f} |", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "offpolicy_grpo_memory")
@@ -219,12 +299,22 @@ def main() -> int:
                          "commit)")
     ap.add_argument("--skip-train", action="store_true", help="only part 2 (the projection)")
     ap.add_argument("--skip-projection", action="store_true", help="only part 1 (llm.train)")
+    ap.add_argument("--fsdp-ranks", action="store_true",
+                    help="only part 3: 2 torchrun ranks, data parallel against --fsdp")
     ap.add_argument("--child-train", help=argparse.SUPPRESS)
+    ap.add_argument("--child-rank", help=argparse.SUPPRESS)
+    ap.add_argument("--marks", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_train:
         child_train(json.loads(args.child_train))
         return 0
+    if args.child_rank:
+        child_rank(json.loads(args.child_rank), args.marks)
+        return 0
     args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.fsdp_ranks:
+        fsdp_ranks(args.workdir, args.code)
+        return 0
     if not args.skip_train:
         model = build_model(args.workdir / "qwen2_vocab152k_h64")
         print(f"part 1: peak memory of python -m llm.train (1 step, G = 8, float32, beta 0.04, transformers sampler)\n"

@@ -97,6 +97,13 @@ class GRPOConfig:
     (the initial ones for the first two windows), so alpha lags v to 2v - 1 steps; ``lag``, the TV estimates
     and the bound's terms report that real staleness. Needs window generation; keeps one more copy of the
     weights (alpha's successor). Off: the sampler generates each window after its sync (lag < v)."""
+    fsdp: bool = False
+    """Under torchrun: shard the transformer blocks of the policy, alpha, alpha's successor and pi_ref over the
+    ranks (PyTorch's FSDP2), with their gradients and Adam moments, instead of every rank holding every weight
+    (data parallel, the default). For a policy that does not fit one device. The embeddings, the final norm and the
+    output layer stay whole on every rank (the chunked log-probs apply the output layer outside the model's
+    forward); rank 0 keeps one unsharded copy in CPU memory for the sampler's syncs, evaluation and the saved model.
+    Not with --use-peft."""
     heldout_prompts: int = 0
     """Extra prompts per step, drawn independently of the training prompts, whose G completions from alpha
     never enter the loss. The TV distances, the bound's terms and the improvement are also estimated on
@@ -230,6 +237,9 @@ class GRPOConfig:
         require(self, self.lora_r >= 1, "lora_r", "must be >= 1")
         require(self, self.window_generation or not self.async_generation, "async_generation",
                 "generates whole windows ahead: it needs --window-generation")
+        require(self, not (self.fsdp and self.use_peft), "fsdp",
+                "shards whole weights; LoRA's adapters are small enough for data parallel: drop one of --fsdp and "
+                "--use-peft")
         require(self, self.lora_alpha > 0, "lora_alpha", "must be > 0")
         require(self, len(self.lora_target_modules) >= 1 and all(self.lora_target_modules), "lora_target_modules",
                 "needs 'all-linear' or module names")

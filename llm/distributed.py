@@ -11,6 +11,22 @@ pi_{k+1}, entropies) are summed over ranks into whole-batch tensors, so every me
 batch, never rank 0's share; hidden states stay with their rank and the token-level TV sums are reduced as numbers.
 With one process (no torchrun) nothing here runs: ``SINGLE`` does no communication.
 
+FSDP (``--fsdp``, ``shard_blocks``): the transformer blocks of every model copy (policy, alpha, alpha's successor,
+pi_ref) are sharded over the ranks with PyTorch's FSDP2: each rank stores 1/N of every block's weights, gradients
+and Adam moments and gathers a block's weights for its forward and backward. The rest (embeddings, final norm,
+output layer) stays whole on every rank, as in data parallel, because the chunked log-probs (``llm.logprobs``)
+apply the output layer outside the model's forward. What changes for the step:
+
+- every rank runs every forward and backward pass of a model (a block's gather needs every rank): a rank with fewer
+  passes in its share runs idle passes over one row, whose results are dropped (``Ranks.idle_passes``);
+- the blocks' gradients are summed by FSDP's reduce-scatter (divide factor 1), the whole weights' by ``sum_grads``;
+  the gradient norm adds the shards' squares over ranks (``grad_norm``);
+- checkpoints hold whole tensors in the one-process layout (``whole_state_dict``, ``whole_optimizer_state``), so a
+  run may resume with or without FSDP and with any number of ranks (``load_whole_state_dict``,
+  ``load_whole_optimizer_state``);
+- the sampler's syncs, evaluation and the final model take the gathered weights from rank 0's one unsharded copy
+  (``gather_into``).
+
 Faults: a rank that dies leaves the others in a collective, which fails (gloo: the peer's connection closes) or times
 out after ``COLLECTIVE_TIMEOUT_S``; each surviving rank then stops with one line (``RunError``), and torchrun ends
 the job. Rank 0 writes checkpoints atomically, so the last one is intact; the same command resumes. A different
@@ -21,10 +37,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from runkit.cli import RunError, first_line
 
@@ -38,6 +56,8 @@ class Ranks:
 
     rank: int = 0
     world: int = 1
+    fsdp: bool = False
+    """The transformer blocks are sharded over the ranks (``shard_blocks``)."""
 
     @property
     def active(self) -> bool:
@@ -89,13 +109,18 @@ class Ranks:
             torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return float(t)
 
+    def idle_passes(self, n: int) -> int:
+        """Passes a rank with ``n`` passes in its share must add so that every rank runs as many (FSDP: a sharded
+        block's forward and backward need every rank); 0 without FSDP."""
+        return int(self.max_float(n)) - n if self.fsdp else 0
+
     def sum_grads(self, parameters) -> None:
         """Sum the gradients over ranks; a parameter without a gradient on this rank (no loss token here)
-        contributes zeros."""
+        contributes zeros. Sharded parameters' gradients are skipped: FSDP's reduce-scatter summed them."""
         if not self.active:
             return
         for p in parameters:
-            if p.requires_grad:
+            if p.requires_grad and not isinstance(p, DTensor):
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
                 with self.collective():
@@ -116,14 +141,148 @@ class Ranks:
                 torch.distributed.barrier()
 
 
+    def grad_norm(self, parameters) -> float:
+        """The global L2 norm of the gradients, accumulated in float64 (a float32 sum of squares overflows for
+        elements above 1.8e19); inf or nan if any gradient element is. A sharded gradient's squares are added over
+        the ranks (each holds one shard); a whole one counts once (every rank holds the same sum)."""
+        whole, shards = [], []
+        for p in parameters:
+            if p.grad is not None:
+                g = p.grad
+                (shards if isinstance(g, DTensor) else whole).append(
+                    torch.linalg.vector_norm(local(g), dtype=torch.float64))
+        if not shards:
+            return float(torch.linalg.vector_norm(torch.stack(whole))) if whole else 0.0
+        squares = self.sum_float(float(torch.stack(shards).square().sum()))
+        return math.sqrt(squares + (float(torch.stack(whole).square().sum()) if whole else 0.0))
+
+
 SINGLE = Ranks()
 
 
-def init_ranks(device: torch.device) -> Ranks:
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a sharded tensor (a view: writing to it writes the shard); any other tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def clip_gradients(parameters, max_norm: float, total_norm: float) -> None:
+    """Scale the gradients by min(1, max_norm / (total_norm + 1e-6)), as ``torch.nn.utils.clip_grads_with_norm_``
+    (which it calls when no gradient is sharded; its fused path refuses sharded and whole gradients together)."""
+    params = list(parameters)
+    grads = [p.grad for p in params if p.grad is not None]
+    if not any(isinstance(g, DTensor) for g in grads):
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, torch.tensor(total_norm))
+        return
+    coef = torch.clamp(max_norm / (torch.tensor(total_norm) + 1e-6), max=1.0)
+    for g in grads:
+        local(g).mul_(coef.to(g.device))
+
+
+def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The decoder's list of transformer blocks (``layers``, or GPT-2's ``h``)."""
+    decoder = model.get_decoder()
+    for name in ("layers", "h"):
+        blocks = getattr(decoder, name, None)
+        if isinstance(blocks, torch.nn.ModuleList) and len(blocks):
+            return blocks
+    raise ValueError(f"fsdp: {type(model).__name__}'s decoder has no list of transformer blocks ('layers' or 'h') "
+                     "to shard; run without --fsdp")
+
+
+def shard_blocks(model: torch.nn.Module) -> torch.nn.Module:
+    """Shard ``model``'s transformer blocks over the ranks (FSDP2, in place; each block one unit, its weights
+    gathered for its forward and freed after it) with the decoder as the root unit; every other weight (embeddings,
+    final norm, output layer) stays whole on every rank. Gradients are summed over the ranks, as without FSDP."""
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = transformer_blocks(model)
+    for block in blocks:
+        fully_shard(block, reshard_after_forward=True)
+        block.set_gradient_divide_factor(1.0)  # a plain sum (float32 would otherwise use a pre-multiplied
+        block.set_force_sum_reduction_for_comms(True)  # sum, which gloo lacks)
+    in_blocks = {id(p) for p in blocks.parameters()}
+    whole = {p for p in model.parameters() if id(p) not in in_blocks}
+    fully_shard(model.get_decoder(), reshard_after_forward=True, ignored_params=whole)
+    return model
+
+
+@torch.no_grad()
+def whole_state_dict(model: torch.nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
+    """``model.state_dict()`` with every sharded tensor gathered whole (on the CPU): the one-process layout. A
+    collective under FSDP (every rank calls it); ``keep`` False (ranks that write nothing): an empty dict, each
+    gathered tensor dropped at once."""
+    out = {}
+    for key, value in model.state_dict().items():
+        if isinstance(value, DTensor):
+            value = value.full_tensor().cpu()
+        if keep:
+            out[key] = value
+    return out
+
+
+def shard_like(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A whole tensor cut as ``like`` (a sharded tensor of the same shape) is: this rank's shard of it, locally."""
+    if not isinstance(like, DTensor):
+        return value
+    return distribute_tensor(value.to(like.device, like.dtype), like.device_mesh, like.placements, src_data_rank=None)
+
+
+def load_whole_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """model <- ``state`` in the one-process layout (``whole_state_dict``), each rank keeping its shards."""
+    own = model.state_dict()
+    model.load_state_dict({k: shard_like(state[k], v) for k, v in own.items()} if any(
+        isinstance(v, DTensor) for v in own.values()) else state)
+
+
+def _optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def whole_optimizer_state(optimizer: torch.optim.Optimizer, keep: bool = True) -> dict:
+    """``optimizer.state_dict()`` with the sharded moments gathered whole: the one-process layout (the parameters
+    are in the same order; a collective under FSDP)."""
+    state = optimizer.state_dict()
+    if not any(isinstance(p, DTensor) for p in _optimizer_params(optimizer)):
+        return state
+    whole = {}
+    for i in sorted(state["state"]):  # the same order on every rank; new dicts (these are the optimiser's own)
+        entry = state["state"][i]
+        gathered = {name: entry[name].full_tensor().cpu() if isinstance(entry[name], DTensor) else entry[name]
+                    for name in sorted(entry)}
+        if keep:  # else each entry's gathered moments are dropped at once
+            whole[i] = gathered
+    return {**state, "state": whole} if keep else {}
+
+
+def load_whole_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """optimizer <- ``state`` in the one-process layout, each rank keeping the shards of its sharded parameters."""
+    params = _optimizer_params(optimizer)
+    entries = {i: {name: shard_like(v, params[i]) if torch.is_tensor(v) and v.shape == params[i].shape else v
+                   for name, v in entry.items()} for i, entry in state["state"].items()}
+    optimizer.load_state_dict({**state, "state": entries})
+
+
+@torch.no_grad()
+def gather_into(dst: torch.nn.Module | None, src: torch.nn.Module) -> None:
+    """dst <- ``src``'s weights gathered whole (FSDP: a collective, every rank calls it; ``dst`` None on ranks that
+    only take part), tensor by tensor, so a rank holds at most one gathered tensor besides ``dst``."""
+    params = dict(dst.named_parameters()) if dst is not None else {}
+    for name, value in src.state_dict().items():
+        if isinstance(value, DTensor):
+            value = value.full_tensor()
+        if name in params:
+            params[name].copy_(value)
+
+
+def init_ranks(device: torch.device, fsdp: bool = False) -> Ranks:
     """The ranks torchrun started (WORLD_SIZE, RANK in the environment), with the process group initialised:
-    gloo on CPU, NCCL on CUDA (each rank on cuda:LOCAL_RANK). Without torchrun: ``SINGLE``."""
+    gloo on CPU, NCCL on CUDA (each rank on cuda:LOCAL_RANK). Without torchrun: ``SINGLE``; ``fsdp`` without
+    torchrun is refused."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
+        if fsdp:
+            raise ValueError("fsdp: shards the model over torchrun's trainer processes; start the run with "
+                             "torchrun --nproc-per-node N -m llm.train ... (N >= 2), or drop --fsdp")
         return SINGLE
     rank = int(os.environ["RANK"])
     if not torch.distributed.is_initialized():
@@ -131,10 +290,16 @@ def init_ranks(device: torch.device) -> Ranks:
         if device.type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    return Ranks(rank, world)
+    return Ranks(rank, world, fsdp)
 
 
-def close_ranks(ranks: Ranks) -> None:
+def close_ranks(ranks: Ranks, finished: bool = True) -> None:
+    """Tear down the process group. After a run that ``finished`` on every rank, first a barrier: no rank closes its
+    connections while another still completes a collective with it (without it, a rank that left early was
+    aborted at exit, "terminate called without an active exception", in about 1 of 8 runs of the FSDP tests).
+    After an error no barrier: the other ranks may be gone."""
     if ranks.active and torch.distributed.is_initialized():
+        if finished:
+            ranks.barrier()
         torch.distributed.destroy_process_group()
 

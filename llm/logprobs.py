@@ -22,6 +22,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .batch import Batch
+from .distributed import SINGLE, Ranks
 from .model import Precision
 
 #: Default size of one chunk of float32 logits: chunk_tokens = LOGIT_CHUNK_BYTES / (4 V) rows (441 rows for a
@@ -146,16 +147,27 @@ def forward_completions(model, batch: Batch, temperature: float, precision: Prec
 def completion_logprobs(model, batch: Batch, temperature: float, precision: Precision = Precision(), *,
                         micro_batch: int = 0, chunk_tokens: int = 0, entropy: bool = False,
                         keep_hidden: bool = False, by_length: bool = False,
-                        rows: torch.Tensor | None = None) -> Forward:
+                        rows: torch.Tensor | None = None, ranks: Ranks = SINGLE) -> Forward:
     """``forward_completions`` without gradients, ``micro_batch`` sequences per pass (0: no limit); ``by_length``:
     sequences of similar length share a pass, padded only to the longest of them (``Batch.passes``); ``rows``: only
-    these sequences (a rank's share; the others' values are zero)."""
+    these sequences (a rank's share; the others' values are zero). Under FSDP (``ranks``) this rank also runs the
+    idle passes that give every rank as many passes (``Ranks.idle_passes``)."""
     rows = batch.passes(micro_batch, by_length, rows)
+    for _ in range(ranks.idle_passes(len(rows))):
+        idle_pass(model, batch, temperature, precision, chunk_tokens)
     if not rows:  # a rank whose share is empty (fewer prompts than ranks): zeros, which the sum over ranks ignores
         zeros = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=batch.completion_ids.device)
         return Forward(zeros, zeros.clone() if entropy else None, None)
     return Forward.assemble(batch, rows, [forward_completions(model, batch.take(r), temperature, precision,
                                                               chunk_tokens, entropy, keep_hidden) for r in rows])
+
+
+def idle_pass(model, batch: Batch, temperature: float, precision: Precision = Precision(),
+              chunk_tokens: int = 0) -> torch.Tensor:
+    """A pass over the batch's first sequence whose result only takes part (FSDP: a rank with fewer passes than
+    another runs these, since each pass gathers the sharded blocks from every rank): 0 x its log-probs' sum, so a
+    backward through it adds zero gradients."""
+    return forward_completions(model, batch.take(torch.arange(1)), temperature, precision, chunk_tokens).logp.sum() * 0
 
 
 @dataclass

@@ -10,6 +10,7 @@ was imported before.
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 
@@ -24,9 +25,10 @@ PROG = "python -m llm.train"
 def main(args: list[str] | None = None) -> int:
     config = parse(GRPOConfig, args, prog=PROG, description="Off-policy GRPO (arXiv 2505.22257) with per-step TV and bound logging.")
     run_dir = _train_function(config)
-    from .report import summarise
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun rank 0 speaks for the run
+        from .report import summarise
 
-    print(summarise(run_dir))
+        print(summarise(run_dir))
     return 0
 
 

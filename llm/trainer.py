@@ -40,8 +40,11 @@ from . import diagnostics as dg
 from .batch import Batch, make_batch, padded
 from .evaluation import evaluate, mean_exact_j
 from .config import GRPOConfig
-from .distributed import SINGLE, Ranks, close_ranks, init_ranks
-from .logprobs import Forward, LogitHead, TokenDists, check_head, completion_logprobs, forward_completions
+from .distributed import (SINGLE, Ranks, clip_gradients, close_ranks, gather_into, init_ranks,
+                          load_whole_optimizer_state, load_whole_state_dict, shard_blocks, whole_optimizer_state,
+                          whole_state_dict)
+from .logprobs import (Forward, LogitHead, TokenDists, check_head, completion_logprobs, forward_completions,
+                       idle_pass)
 from .loss import LossStats, grpo_loss, loss_weights
 from .model import (Precision, add_lora, copy_weights, frozen_copy, is_lora, load_policy, resolve_device,
                     resolve_model_path)
@@ -84,6 +87,9 @@ class Models:
     successor at the next sync); None otherwise."""
     ranks: Ranks = SINGLE
     """This process among the trainer's processes (``llm.distributed``; one process: ``SINGLE``)."""
+    staging: torch.nn.Module | None = None
+    """Under FSDP, rank 0's unsharded copy of the weights (in CPU memory), into which ``unsharded`` gathers the
+    policy or alpha for the sampler, evaluation and the saved model; None otherwise."""
 
 
 class NoSampler:
@@ -130,8 +136,6 @@ def setup(config: GRPOConfig, log=print, ranks: Ranks = SINGLE) -> tuple[Models,
     if config.exact_j and bound.max_accepted_length > config.max_completion_length:
         raise ValueError(f"max_completion_length: the task's accepted completions need {bound.max_accepted_length} "
                          f"tokens, more than {config.max_completion_length}; raise it or pass --no-exact-j")
-    trainable = [p for p in policy.parameters() if p.requires_grad]  # all, or the LoRA adapters
-    opt = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
     longest = max(map(len, bound.prompt_ids + bound.test_prompt_ids))
     max_model_len(policy, config, longest)  # the longest prompt plus a whole completion fit the model's positions
     sampler = make_sampler(config, policy, tokenizer, model_path, longest) if ranks.main else NoSampler()
@@ -141,11 +145,19 @@ def setup(config: GRPOConfig, log=print, ranks: Ranks = SINGLE) -> tuple[Models,
     elif sampler.name == "server":  # a server's weights may be anyone's: send the initial policy
         sampler.load_weights(policy)
     own = isinstance(sampler, TransformersSampler) and not config.async_generation and not ranks.active
-    alpha = sampler.model if own else frozen_copy(policy)  # asynchronous: the sampler runs ahead of alpha
-    alpha_next = frozen_copy(policy) if config.async_generation else None
-    ref = frozen_copy(policy) if config.beta > 0 else None
+    # FSDP: each copy is sharded as soon as it is made (one whole copy besides the policy at a time); rank 0 also
+    # keeps one whole copy, in CPU memory, to hand out
+    copy = (lambda: shard_blocks(frozen_copy(policy))) if ranks.fsdp else (lambda: frozen_copy(policy))
+    alpha = sampler.model if own else copy()  # asynchronous: the sampler runs ahead of alpha
+    alpha_next = copy() if config.async_generation else None
+    ref = copy() if config.beta > 0 else None
+    staging = frozen_copy(policy).to("cpu") if ranks.fsdp and ranks.main else None
+    if ranks.fsdp:
+        shard_blocks(policy)
+    trainable = [p for p in policy.parameters() if p.requires_grad]  # all, or the LoRA adapters (after sharding)
+    opt = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
     return (Models(policy, opt, sampler, alpha, ref, tokenizer, device, Precision.from_config(config), alpha_next,
-                   ranks), bound, model_path)
+                   ranks, staging), bound, model_path)
 
 
 def in_process_vllm(config: GRPOConfig) -> bool:
@@ -170,7 +182,7 @@ def logprobs(config: GRPOConfig, models: Models, model: torch.nn.Module, batch: 
     out = completion_logprobs(model, batch, config.temperature, models.precision,
                               micro_batch=config.per_device_train_batch_size, chunk_tokens=config.logit_chunk_tokens,
                               by_length=config.group_by_length, rows=ranks.rows(batch.size, config.num_generations),
-                              **kw)
+                              ranks=ranks, **kw)
     return whole_batch(ranks, out)
 
 
@@ -206,7 +218,7 @@ def sync_weights(models: Models, source: torch.nn.Module | None = None) -> None:
     if models.alpha_next is None:
         serve_as_alpha(models, source)
         return
-    models.sampler.load_weights(source)  # a no-op on ranks other than 0
+    models.sampler.load_weights(unsharded(models, source))  # a no-op on ranks other than 0
     copy_weights(models.alpha, models.alpha_next)
     copy_weights(models.alpha_next, source)
 
@@ -214,9 +226,19 @@ def sync_weights(models: Models, source: torch.nn.Module | None = None) -> None:
 def serve_as_alpha(models: Models, weights: torch.nn.Module) -> None:
     """alpha <- ``weights``: the sampler's (a no-op on ranks other than 0) and the trainer-side copy's, unless the
     sampler's model is that copy."""
-    models.sampler.load_weights(weights)
+    models.sampler.load_weights(unsharded(models, weights))
     if models.alpha is not getattr(models.sampler, "model", None):
         copy_weights(models.alpha, weights)
+
+
+def unsharded(models: Models, source: torch.nn.Module) -> torch.nn.Module:
+    """``source``'s weights where rank 0 can hand them to the sampler, evaluate or save them: ``source`` itself, or
+    under FSDP rank 0's whole copy (``Models.staging``) after every rank has taken part in gathering them into it
+    (so every rank calls this; ranks other than 0 get ``source`` back, for calls that do nothing there)."""
+    if not models.ranks.fsdp:
+        return source
+    gather_into(models.staging, source)
+    return models.staging if models.ranks.main else source
 
 
 def sync_metrics(sampler: Sampler, seconds: float) -> dict[str, float]:
@@ -351,13 +373,6 @@ class Optimised:
     inner steps are skipped too, as they would start from the same weights)."""
 
 
-def gradient_norm(parameters) -> float:
-    """The global L2 norm of the gradients, accumulated in float64 (a float32 sum of squares overflows for
-    elements above 1.8e19); inf or nan if any gradient element is."""
-    norms = [torch.linalg.vector_norm(p.grad, dtype=torch.float64) for p in parameters if p.grad is not None]
-    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
-
-
 def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, logp_alpha: torch.Tensor | None,
              logp_ref: torch.Tensor | None, alpha_dists: TokenDists | None = None) -> Optimised:
     """i = ``num_iterations`` optimiser steps on the clipped off-policy objective (docs/theory.md, §6).
@@ -376,6 +391,7 @@ def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, l
     ranks = models.ranks
     parts = batch.passes(config.per_device_train_batch_size, config.group_by_length, ranks.rows(batch.size, G))
     passes = [batch.take(rows) for rows in parts]
+    idle = ranks.idle_passes(len(parts))  # FSDP: every rank runs as many passes as the one with the most
     stats, grad_norm, chain_tv_k, first, skipped = LossStats(), 0.0, None, [], 0
     for it in range(config.num_iterations):
         models.optimizer.zero_grad(set_to_none=True)
@@ -396,6 +412,10 @@ def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, l
             stats = stats.merge(part)
             if part.tokens:
                 loss.backward()
+            elif ranks.fsdp:  # the sharded blocks' backward needs every rank: a zero gradient from this one
+                (fwd.logp.sum() * 0).backward()
+        for _ in range(idle):
+            idle_pass(models.policy, batch, config.temperature, models.precision, config.logit_chunk_tokens).backward()
         if it == 0:  # pi_k's pass over the whole batch: log pi_k, its entropy and hidden states
             k = whole_batch(ranks, Forward.assemble(batch, parts, first))
             if tv:  # before the update: the policy's output layer is still pi_k's
@@ -406,14 +426,13 @@ def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, l
         ranks.sum_grads(models.policy.parameters())  # the ranks' shares add up to the whole step's gradient
         if stats.tokens == 0:
             break  # every group masked: nothing to learn from this batch
-        grad_norm = gradient_norm(models.policy.parameters())
+        grad_norm = ranks.grad_norm(models.policy.parameters())
         if not (math.isfinite(stats.loss) and math.isfinite(grad_norm)):
             models.optimizer.zero_grad(set_to_none=True)
             skipped = config.num_iterations - it
             break
         if config.max_grad_norm > 0:
-            torch.nn.utils.clip_grads_with_norm_(models.policy.parameters(), config.max_grad_norm,
-                                                 torch.tensor(grad_norm))
+            clip_gradients(models.policy.parameters(), config.max_grad_norm, grad_norm)
         models.optimizer.step()
     return Optimised(k.logp, k.entropy, k.hidden, chain_tv_k, stats, grad_norm, skipped)
 
@@ -510,14 +529,14 @@ def async_rollout(config: GRPOConfig, models: Models, rollouts: RolloutWindow, s
     ranks = models.ranks
     with timer("generate"):
         if step == start and start > 0 and fresh:
-            models.sampler.load_weights(models.alpha_next)  # this window's weights (restore loaded alpha's)
+            models.sampler.load_weights(unsharded(models, models.alpha_next))  # this window's (restore sent alpha's)
         step_rollout = ranks.broadcast(rollouts.get(step) if ranks.main else None)
     if fresh and step > 0:
         with timer("sync"):
             sync_weights(models)
         row.update(sync_metrics(models.sampler, timer.seconds["time/sync"]))
     elif step == start and start > 0:  # resumed inside a window: the sampler goes on with the next window's weights
-        models.sampler.load_weights(models.alpha_next)
+        models.sampler.load_weights(unsharded(models, models.alpha_next))
     if (fresh or step == start) and ranks.main:
         rollouts.prefetch(window_start(config, step) + config.sync_period)
     return step_rollout
@@ -556,10 +575,11 @@ class RangeTracker:
 class ExactJ:
     """Exact J(pi) over the training prompts (tasks with a finite set of accepted completions): J(pi_k) at the
     start of a step is J(pi_{k+1}) of the previous one (the same weights), so each step costs one forward pass.
-    Under torchrun rank 0 alone measures it (every rank holds the same policy; rank 0 writes the row)."""
+    Under torchrun rank 0 alone measures it (every rank holds the same policy; rank 0 writes the row), except
+    under FSDP, where every rank takes part in its passes."""
 
     def __init__(self, config: GRPOConfig, models: Models, task: TokenizedTask):
-        self.enabled = config.exact_j and task.task.has_exact_j and models.ranks.main
+        self.enabled = config.exact_j and task.task.has_exact_j and (models.ranks.main or models.ranks.fsdp)
         self.config, self.models, self.task = config, models, task
         self._current: float | None = None
 
@@ -580,29 +600,36 @@ class ExactJ:
 
 
 def save_checkpoint(run: RunDir, models: Models, next_step: int) -> None:
-    """Everything a resumed run needs: policy, optimiser, the lagged alpha and pi_ref."""
+    """Everything a resumed run needs: policy, optimiser, the lagged alpha and pi_ref, in the one-process layout
+    (under FSDP gathered whole by every rank, kept by rank 0, which writes)."""
+    keep = models.ranks.main
+
+    def whole(model: torch.nn.Module | None) -> dict | None:
+        return None if model is None else whole_state_dict(model, keep)
+
     run.save_checkpoint({
         "step": next_step,
-        "policy": models.policy.state_dict(),
-        "optimizer": models.optimizer.state_dict(),
-        "alpha": models.alpha.state_dict(),
-        "alpha_next": models.alpha_next.state_dict() if models.alpha_next is not None else None,
-        "ref": models.ref.state_dict() if models.ref is not None else None,
+        "policy": whole(models.policy),
+        "optimizer": whole_optimizer_state(models.optimizer, keep),
+        "alpha": whole(models.alpha),
+        "alpha_next": whole(models.alpha_next),
+        "ref": whole(models.ref),
         "world_size": models.ranks.world,
+        "fsdp": models.ranks.fsdp,
     })
 
 
 def restore_checkpoint(models: Models, ckpt: dict) -> int:
-    """Load a checkpoint into ``models`` (alpha's weights re-sent to the sampler); returns the next step."""
-    models.policy.load_state_dict(ckpt["policy"])
-    models.optimizer.load_state_dict(ckpt["optimizer"])
-    alpha = frozen_copy(models.policy)
-    alpha.load_state_dict(ckpt["alpha"])
-    serve_as_alpha(models, alpha)
+    """Load a checkpoint into ``models`` (alpha's weights re-sent to the sampler); returns the next step. Any
+    checkpoint of the run loads, with or without FSDP (each rank keeps its shards)."""
+    load_whole_state_dict(models.policy, ckpt["policy"])
+    load_whole_optimizer_state(models.optimizer, ckpt["optimizer"])
+    load_whole_state_dict(models.alpha, ckpt["alpha"])  # the transformers sampler's own model, when alpha is it
+    serve_as_alpha(models, models.alpha)
     if models.alpha_next is not None:  # asynchronous generation: the weights of the window after this one
-        models.alpha_next.load_state_dict(ckpt["alpha_next"])
+        load_whole_state_dict(models.alpha_next, ckpt["alpha_next"])
     if models.ref is not None:
-        models.ref.load_state_dict(ckpt["ref"])
+        load_whole_state_dict(models.ref, ckpt["ref"])
     return ckpt["step"]
 
 
@@ -637,30 +664,36 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
     ``callbacks`` are called as ``cb(step, row)`` after each step's metrics row is written (``row``: that row),
     after the trackers of ``config.report_to``.
     """
-    ranks = init_ranks(resolve_device(config.device))  # torchrun: this process's rank; else one process
+    ranks = init_ranks(resolve_device(config.device), config.fsdp)  # torchrun: this process's rank; else one process
+    finished = False
     try:
-        if not ranks.main:
-            return train_rank(config, ranks)
-        with RunDir(config) as run:  # locked: a second trainer on the same output_dir is refused
-            ckpt = run.open()  # writes config.json before step 0
-            ranks.barrier()  # the other ranks read the checkpoint once the run directory is ready
-            if ckpt is not None and ckpt["step"] >= config.max_steps:
-                log(f"{run.path} already holds a finished run of {ckpt['step']} steps (raise --max-steps to continue "
-                    "it)")
-                return run.path
-            check_trackers(config)  # a tracker whose package is missing stops the run before the model loads
-            models, task, model_path = setup(config, log, ranks)
-            try:
-                trackers = Trackers(config, run.path)
-                try:
-                    run_loop(config, run, models, task, model_path, ckpt, log, (trackers, *callbacks))
-                finally:
-                    trackers.close()
-            finally:
-                models.sampler.close()  # also on an error: a server's weight-transfer group, an engine's memory
-        return run.path
+        path = train_main(config, ranks, log, callbacks) if ranks.main else train_rank(config, ranks)
+        finished = True
+        return path
     finally:
-        close_ranks(ranks)
+        close_ranks(ranks, finished)
+
+
+def train_main(config: GRPOConfig, ranks: Ranks, log, callbacks: Sequence[StepCallback]) -> Path:
+    """The one process, or rank 0 of several: it owns the run directory, the sampler and the trackers."""
+    with RunDir(config) as run:  # locked: a second trainer on the same output_dir is refused
+        ckpt = run.open()  # writes config.json before step 0
+        ranks.barrier()  # the other ranks read the checkpoint once the run directory is ready
+        if ckpt is not None and ckpt["step"] >= config.max_steps:
+            log(f"{run.path} already holds a finished run of {ckpt['step']} steps (raise --max-steps to continue "
+                "it)")
+            return run.path
+        check_trackers(config)  # a tracker whose package is missing stops the run before the model loads
+        models, task, model_path = setup(config, log, ranks)
+        try:
+            trackers = Trackers(config, run.path)
+            try:
+                run_loop(config, run, models, task, model_path, ckpt, log, (trackers, *callbacks))
+            finally:
+                trackers.close()
+        finally:
+            models.sampler.close()  # also on an error: a server's weight-transfer group, an engine's memory
+    return run.path
 
 
 def train_rank(config: GRPOConfig, ranks: Ranks) -> Path:
@@ -728,7 +761,7 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
             timer, lag = PhaseTimer(), step - weights_step(config, step)
             fresh = step == window_start(config, step)  # the first step served by newly synced weights
             row = {"step": step, "lag": lag}
-            if config.eval_steps and step == 0 and ranks.main:  # the initial policy, before any update
+            if config.eval_steps and step == 0 and (ranks.main or ranks.fsdp):  # the policy before any update
                 with timer("eval"):
                     row.update({k.replace("eval/", "eval_initial/"): v for k, v in
                                 run_evaluation(config, models, task, step).items()})
@@ -770,7 +803,7 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
                     row.update(diagnose_heldout(config, models, heldout, reward_range))
                 row.update(exact.after_update())
             evaluate_now = config.eval_steps and ((step + 1) % config.eval_steps == 0 or step + 1 == config.max_steps)
-            if evaluate_now and ranks.main:
+            if evaluate_now and (ranks.main or ranks.fsdp):
                 with timer("eval"):  # the updated policy pi_{k+1}
                     row.update(run_evaluation(config, models, task, step + 1))
             warn_if_stale(config, row, fresh, write)
@@ -809,7 +842,7 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
         log(f"interrupted: checkpoint saved after step {step - 1} in {run.path}; run the same command to resume")
         raise KeyboardInterrupt
     save_checkpoint(run, models, config.max_steps)
-    run.save_final_model(models.policy, models.tokenizer)
+    run.save_final_model(unsharded(models, models.policy), models.tokenizer)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -819,9 +852,13 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
 
 def run_evaluation(config: GRPOConfig, models: Models, task: TokenizedTask, policy_step: int) -> dict[str, float]:
     """``eval/*`` of the current policy (after ``policy_step`` updates) on the test prompts. In a step's row
-    ``eval/*`` is the policy after that step's update; row 0 also holds ``eval_initial/*``, the policy before any."""
+    ``eval/*`` is the policy after that step's update; row 0 also holds ``eval_initial/*``, the policy before any.
+    Under FSDP every rank calls it (to gather the policy into rank 0's whole copy) and rank 0 evaluates."""
     m = models
-    return evaluate(m.policy, task, temperature=config.temperature, max_tokens=config.max_completion_length,
+    policy = unsharded(m, m.policy)
+    if not m.ranks.main:
+        return {}
+    return evaluate(policy, task, temperature=config.temperature, max_tokens=config.max_completion_length,
                     generations=config.eval_generations, seed=config.seed + policy_step, pad=m.tokenizer.pad_token_id,
                     precision=m.precision, exact=config.exact_j)
 

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.tensor import DTensor
 
 from llm import GRPOConfig, train
 from llm.distributed import Ranks
 from llm.rundir import read_metrics
+from llm.trainer import SYNC_LOGP_TOLERANCE
 
 from .test_llm_memory import CASES, RTOL64, _optimise, _same_gradient
 
@@ -22,32 +24,50 @@ TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 #: The first step of a torchrun run with two ranks against one process (float32; the samples are the same, the
 #: gradient's float32 sums are split differently): every logged metric to this relative tolerance (or 1e-6 absolute).
 STEP0_RTOL = 1e-4
+#: torchrun --fsdp against one process, every metric of 4 steps (float32).
+FSDP_RTOL = 1e-4
 
 
-def _rank(rank: int, world: int, init_file: str, out: str, case: tuple, micro_batch: int, by_length: bool) -> None:
+def _rank(rank: int, world: int, init_file: str, out: str, case: tuple, micro_batch: int, by_length: bool,
+          fsdp: bool = False) -> None:
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         torch.set_num_threads(1)
-        result, grads = _optimise(*case, micro_batch, by_length=by_length, ranks=Ranks(rank, world))
+        result, grads = _optimise(*case, micro_batch, by_length=by_length, ranks=Ranks(rank, world, fsdp))
+        shards = [g for g in grads[0] if isinstance(g, DTensor)]
+        sharded = len(shards)
+        held, whole = sum(g.to_local().numel() for g in shards), sum(g.numel() for g in shards)
+        grads = [[g.full_tensor() if isinstance(g, DTensor) else g for g in step] for step in grads]
         torch.save({"grads": grads, "metrics": result.stats.metrics(), "grad_norm": result.grad_norm,
-                    "chain_tv_k": result.chain_tv_k, "logp_k": result.logp_k, "entropy_k": result.entropy_k},
+                    "chain_tv_k": result.chain_tv_k, "logp_k": result.logp_k, "entropy_k": result.entropy_k,
+                    "sharded": sharded, "held": held, "whole": whole},
                    f"{out}/rank{rank}.pt")
     finally:
         torch.distributed.destroy_process_group()
 
 
-@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[5]], ids=["grpo", "dapo", "dr_grpo"])
-@pytest.mark.parametrize("micro_batch,by_length", [(0, False), (2, True)])
-def test_two_ranks_compute_the_one_process_step(tmp_path, case, micro_batch, by_length):
+TWO_RANK_CASES = [(case, micro_batch, by_length, False) for case in (CASES[0], CASES[3], CASES[5])
+                  for micro_batch, by_length in ((0, False), (2, True))]
+#: FSDP: whole passes, and micro-batches of 2 (rank 0's 3 rows in 2 passes, rank 1's 6 in 3: one idle pass).
+FSDP_CASES = [(CASES[0], 0, False, True), (CASES[3], 2, False, True), (CASES[5], 2, True, True)]
+
+
+@pytest.mark.parametrize("case,micro_batch,by_length,fsdp", TWO_RANK_CASES + FSDP_CASES, ids=[
+    f"{c[0][0]}-mb{c[1]}{'-by_length' if c[2] else ''}{'-fsdp' if c[3] else ''}" for c in TWO_RANK_CASES + FSDP_CASES])
+def test_two_ranks_compute_the_one_process_step(tmp_path, case, micro_batch, by_length, fsdp):
     """3 prompts x G = 3 over 2 ranks (1 and 2 prompts), i = 2 inner steps: on every rank the summed gradients of
     both inner steps, the loss statistics, the gradient norm and the whole-batch log pi_k and entropies equal one
-    process's (float64, 1e-10); the chain-rule TV (summed in float32) to 1e-6."""
+    process's (float64, 1e-10); the chain-rule TV (summed in float32) to 1e-6. With FSDP (the blocks of the policy,
+    alpha and pi_ref sharded, each rank running as many passes as the other) the same, with the blocks' gradients
+    gathered whole."""
     import torch.multiprocessing as mp
 
     whole, whole_grads = _optimise(*case, micro_batch, by_length=by_length)
-    mp.spawn(_rank, args=(2, str(tmp_path / "init"), str(tmp_path), case, micro_batch, by_length), nprocs=2)
+    mp.spawn(_rank, args=(2, str(tmp_path / "init"), str(tmp_path), case, micro_batch, by_length, fsdp), nprocs=2)
     for rank in range(2):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        assert (got["sharded"] > 0) == fsdp  # FSDP: the blocks' gradients are shards
+        assert whole.grad_norm > 1.0  # max_grad_norm = 1: the gradients compared were clipped
         for step_w, step_r in zip(whole_grads, got["grads"], strict=True):
             for gw, gr in zip(step_w, step_r, strict=True):
                 assert _same_gradient(gr, gw, RTOL64), rank
@@ -60,6 +80,9 @@ def test_two_ranks_compute_the_one_process_step(tmp_path, case, micro_batch, by_
         assert math.isclose(whole.chain_tv_k, got["chain_tv_k"], rel_tol=1e-6) and whole.chain_tv_k > 0
         assert torch.allclose(whole.logp_k, got["logp_k"], rtol=RTOL64, atol=1e-12)
         assert torch.allclose(whole.entropy_k, got["entropy_k"], rtol=RTOL64, atol=1e-12)
+    if fsdp:  # each rank holds a part of every block's gradient (so of its weights and moments), together all of it
+        held = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False)["held"] for r in range(2)]
+        assert sum(held) == got["whole"] and max(held) < 0.6 * got["whole"], (held, got["whole"])
 
 
 def _cli(out: Path, steps: int) -> list[str]:
@@ -141,3 +164,55 @@ def test_the_in_process_vllm_engine_is_refused_under_torchrun(tmp_path):
     assert res.returncode != 0
     ours = [ln for ln in res.stderr.splitlines() if ln.startswith("python -m llm.train: error:")]
     assert ours and all("sampler: the in-process vLLM engine" in ln for ln in ours), res.stderr[-2000:]
+
+
+def _torchrun(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "2", *args], cwd=ROOT, capture_output=True,
+                          text=True, env=env, timeout=600)
+
+
+def _errors(res: subprocess.CompletedProcess) -> list[str]:
+    """What a failed torchrun said: error lines, the ranks' exceptions, signals (torchrun's frames left out)."""
+    return [ln for ln in res.stderr.splitlines() if ("error" in ln.lower() or "signal" in ln.lower() or
+                                                     ln.startswith("[rank")) and "File " not in ln]
+
+
+@pytest.mark.slow
+def test_fsdp_under_torchrun_logs_the_one_process_metrics_and_its_checkpoints_resume_either_way(tmp_path):
+    """torchrun --fsdp with 2 ranks, a checkpoint after every step: every metric of every step equal to a one-process
+    run's to FSDP_RTOL; the checkpoint holds whole tensors in the one-process layout (the same keys and shapes, the
+    Adam moments included); a one-process run resumes it, and a --fsdp run resumes a one-process checkpoint, both
+    logging the uninterrupted run's rows."""
+    one = subprocess.run([sys.executable, *_cli(tmp_path / "one", 4), "--save-steps", "1"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert one.returncode == 0, one.stderr[-2000:]
+    fsdp = _torchrun(*_cli(tmp_path / "fsdp", 4), "--save-steps", "1", "--fsdp")
+    assert fsdp.returncode == 0, _errors(fsdp)
+    half = _torchrun(*_cli(tmp_path / "to_one", 2), "--save-steps", "1", "--fsdp")  # FSDP, then one process
+    assert half.returncode == 0, _errors(half)
+    ckpt, ref = (torch.load(p / "checkpoint.pt", weights_only=True) for p in (tmp_path / "to_one", tmp_path / "one"))
+    assert ckpt["fsdp"] and ckpt["world_size"] == 2 and not ref["fsdp"]
+    for part in ("policy", "alpha"):
+        assert {k: v.shape for k, v in ckpt[part].items()} == {k: v.shape for k, v in ref[part].items()}
+        assert not any(isinstance(v, DTensor) for v in ckpt[part].values())
+    moments = lambda c: {i: {k: v.shape for k, v in s.items()} for i, s in c["optimizer"]["state"].items()}  # noqa
+    assert moments(ckpt) == moments(ref)
+    resumed = subprocess.run([sys.executable, *_cli(tmp_path / "to_one", 4), "--save-steps", "1"], cwd=ROOT,
+                             capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    first = subprocess.run([sys.executable, *_cli(tmp_path / "to_fsdp", 2), "--save-steps", "1"], cwd=ROOT,
+                           capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-2000:]
+    then = _torchrun(*_cli(tmp_path / "to_fsdp", 4), "--save-steps", "1", "--fsdp")
+    assert then.returncode == 0, _errors(then)
+    want = read_metrics(tmp_path / "one")
+    for name in ("fsdp", "to_one", "to_fsdp"):
+        got = read_metrics(tmp_path / name)
+        assert [r["step"] for r in got] == [0, 1, 2, 3], name
+        for x, y in zip(want, got):
+            for key, value in x.items():
+                if key.startswith("sampling/logp_diff"):  # float rounding itself (~1e-6): within the sync check's
+                    assert y[key] <= SYNC_LOGP_TOLERANCE["float32"], (name, x["step"], key)
+                elif not key.startswith("time/"):
+                    assert math.isclose(y[key], value, rel_tol=FSDP_RTOL, abs_tol=1e-6), (name, x["step"], key)

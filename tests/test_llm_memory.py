@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from llm import GRPOConfig, train
 from llm.batch import length_groups, make_batch
-from llm.distributed import SINGLE
+from llm.distributed import SINGLE, shard_blocks
 from llm.logprobs import Forward, LogitHead, check_head, completion_logprobs, forward_completions
 from llm.model import Precision, frozen_copy, load_policy
 from llm.rundir import read_metrics
@@ -159,6 +159,9 @@ def _optimise(loss_type, ratio_level, mask, micro_batch, checkpointing=False, by
         for p, q in zip(alpha.parameters(), ref.parameters()):
             p.add_(0.005 * torch.randn_like(p))
             q.add_(0.005 * torch.randn_like(q))
+    if ranks.fsdp:  # tests/test_distributed.py: the three copies sharded as the trainer shards them
+        for model in (policy, alpha, ref):
+            shard_blocks(model)
     G = 3
     prompts, comps = _sequences(tok, 3 * G, seed=1)
     batch = make_batch([p for p in prompts[:3] for _ in range(G)], comps, tok.pad_token_id, "cpu")

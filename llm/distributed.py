@@ -39,6 +39,8 @@ import contextlib
 import datetime
 import math
 import os
+import signal
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -92,9 +94,20 @@ class Ranks:
         try:
             yield
         except RuntimeError as exc:
-            raise RunError(f"rank {self.rank} of {self.world}: another trainer process stopped or stalled "
-                           f"({type(exc).__name__}: {first_line(exc, 160)}); this run ends; the last checkpoint in "
-                           "output_dir is intact and the same command resumes from it") from None
+            raise self.fault(exc) from None
+
+    def fault(self, exc: BaseException) -> RunError:
+        """The one line a rank stops with when a collective failed (FSDP's own gathers included)."""
+        return RunError(f"rank {self.rank} of {self.world}: another trainer process stopped or stalled "
+                        f"({type(exc).__name__}: {first_line(exc, 160)}); this run ends; the last checkpoint in "
+                        "output_dir is intact and the same command resumes from it")
+
+    def terminated(self, signum, frame) -> None:
+        """SIGTERM: torchrun ends every process of the job when one of them fails (or torchrun itself is
+        interrupted); a rank busy outside a collective then stops with one line instead of dying silently."""
+        raise RunError(f"rank {self.rank} of {self.world}: ended by torchrun (another trainer process stopped, or "
+                       "torchrun was interrupted; its report follows); the last checkpoint in output_dir is intact "
+                       "and the same command resumes from it")
 
     def sum_float(self, value: float) -> float:
         if not self.active:
@@ -158,6 +171,18 @@ class Ranks:
 
 
 SINGLE = Ranks()
+
+
+def collective_failure(exc: BaseException) -> bool:
+    """True for the error of a collective whose peer died or stalled: torch.distributed's own error types, or a
+    RuntimeError raised by the gloo or NCCL transport (FSDP's and DTensor's collectives raise those as they are)."""
+    if isinstance(exc, RunError):  # already the one line
+        return False
+    if isinstance(exc, torch.distributed.DistError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(k in text for k in ("gloo", "NCCL", "nccl", "Connection reset",
+                                                                     "Connection closed"))
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -290,7 +315,10 @@ def init_ranks(device: torch.device, fsdp: bool = False) -> Ranks:
         if device.type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    return Ranks(rank, world, fsdp)
+    ranks = Ranks(rank, world, fsdp)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, ranks.terminated)
+    return ranks
 
 
 def close_ranks(ranks: Ranks, finished: bool = True) -> None:

@@ -40,7 +40,7 @@ from . import diagnostics as dg
 from .batch import Batch, make_batch, padded
 from .evaluation import evaluate, mean_exact_j
 from .config import GRPOConfig
-from .distributed import (SINGLE, Ranks, clip_gradients, close_ranks, gather_into, init_ranks,
+from .distributed import (SINGLE, Ranks, clip_gradients, close_ranks, collective_failure, gather_into, init_ranks,
                           load_whole_optimizer_state, load_whole_state_dict, shard_blocks, whole_optimizer_state,
                           whole_state_dict)
 from .logprobs import (Forward, LogitHead, TokenDists, check_head, completion_logprobs, forward_completions,
@@ -670,6 +670,10 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
         path = train_main(config, ranks, log, callbacks) if ranks.main else train_rank(config, ranks)
         finished = True
         return path
+    except RuntimeError as exc:  # FSDP's gathers and reduce-scatters are not wrapped in Ranks.collective()
+        if not (ranks.active and collective_failure(exc)):
+            raise
+        raise ranks.fault(exc) from None
     finally:
         close_ranks(ranks, finished)
 

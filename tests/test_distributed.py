@@ -127,14 +127,16 @@ def _rank_pid(marker: str, rank: int) -> int | None:
 
 
 @pytest.mark.slow
-def test_a_rank_that_dies_ends_the_run_in_one_line_and_it_resumes(tmp_path):
+@pytest.mark.parametrize("fsdp", [False, True], ids=["data_parallel", "fsdp"])
+def test_a_rank_that_dies_ends_the_run_in_one_line_and_it_resumes(tmp_path, fsdp):
     """SIGKILL to rank 1 of 2 mid-run: rank 0 stops with one line saying so, the checkpoint loads, and the run
-    resumed by one process (which says the checkpoint was written by two) ends with every step logged once."""
+    resumed by one process (which says the checkpoint was written by two) ends with every step logged once; with
+    --fsdp too (the failure then surfaces in FSDP's own collectives)."""
     import signal
     import time
 
     out = tmp_path / "killed"
-    cli = [*_cli(out, 20), "--save-steps", "1"]
+    cli = [*_cli(out, 20), "--save-steps", "1", *(["--fsdp"] if fsdp else [])]
     proc = subprocess.Popen([TORCHRUN, "--standalone", "--nproc-per-node", "2", *cli], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
@@ -147,10 +149,15 @@ def test_a_rank_that_dies_ends_the_run_in_one_line_and_it_resumes(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode != 0
     ours = [ln for ln in err.splitlines() if ln.startswith("python -m llm.train: error:")]
-    assert len(ours) == 1 and "rank 0 of 2: another trainer process stopped" in ours[0], err[-2000:]
+    # rank 0 meets the dead rank in a collective, or torchrun ends it first (SIGTERM): one line either way
+    assert len(ours) == 1 and ("rank 0 of 2: another trainer process stopped" in ours[0] or
+                               "rank 0 of 2: ended by torchrun" in ours[0]), err[-2000:]
+    assert ours[0].count("rank 0 of 2") == 1, ours[0]  # said once, not wrapped in itself
     ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
-    assert ckpt["world_size"] == 2 and ckpt["step"] >= 3
-    res = subprocess.run([sys.executable, *cli], cwd=ROOT, capture_output=True, text=True)
+    # step 2's row is written before step 3's checkpoint, which under FSDP needs rank 1 to gather (it may be dead)
+    assert ckpt["world_size"] == 2 and ckpt["step"] >= (2 if fsdp else 3)
+    res = subprocess.run([sys.executable, *[a for a in cli if a != "--fsdp"]], cwd=ROOT, capture_output=True,
+                         text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "the checkpoint was written by 2 trainer process(es), this run has 1" in res.stdout
     assert [r["step"] for r in read_metrics(out)] == list(range(20))

@@ -24,12 +24,13 @@ apply the output layer outside the model's forward. What changes for the step:
 - checkpoints hold whole tensors in the one-process layout (``whole_state_dict``, ``whole_optimizer_state``), so a
   run may resume with or without FSDP and with any number of ranks (``load_whole_state_dict``,
   ``load_whole_optimizer_state``);
-- the sampler's syncs, evaluation and the final model take the gathered weights from rank 0's one unsharded copy
-  (``gather_into``).
+- the sampler's syncs, evaluation and the final model take the gathered weights from rank 0's one unsharded copy,
+  in CPU memory (``gather_into``).
 
 Faults: a rank that dies leaves the others in a collective, which fails (gloo: the peer's connection closes) or times
-out after ``COLLECTIVE_TIMEOUT_S``; each surviving rank then stops with one line (``RunError``), and torchrun ends
-the job. Rank 0 writes checkpoints atomically, so the last one is intact; the same command resumes. A different
+out after ``COLLECTIVE_TIMEOUT_S``; each surviving rank then stops with one line (``RunError``; under FSDP the
+trainer turns the transport's error in FSDP's own collectives into the same line, ``collective_failure``), and
+torchrun ends the job (a rank it terminates with SIGTERM says so in one line). Rank 0 writes checkpoints atomically, so the last one is intact; the same command resumes. A different
 number of ranks may resume it too: the global batch and its gradient do not depend on the split.
 """
 
@@ -152,7 +153,6 @@ class Ranks:
         if self.active:
             with self.collective():
                 torch.distributed.barrier()
-
 
     def grad_norm(self, parameters) -> float:
         """The global L2 norm of the gradients, accumulated in float64 (a float32 sum of squares overflows for
@@ -317,8 +317,12 @@ def init_ranks(device: torch.device, fsdp: bool = False) -> Ranks:
         torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     ranks = Ranks(rank, world, fsdp)
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, ranks.terminated)
+        _previous_sigterm.append(signal.signal(signal.SIGTERM, ranks.terminated))
     return ranks
+
+
+#: The SIGTERM handler ``init_ranks`` replaced, put back by ``close_ranks``.
+_previous_sigterm: list = []
 
 
 def close_ranks(ranks: Ranks, finished: bool = True) -> None:
@@ -330,4 +334,6 @@ def close_ranks(ranks: Ranks, finished: bool = True) -> None:
         if finished:
             ranks.barrier()
         torch.distributed.destroy_process_group()
+    if _previous_sigterm and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _previous_sigterm.pop())
 

@@ -70,6 +70,12 @@ class Ranks:
     def main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def joins_rank0(self) -> bool:
+        """This rank runs the passes rank 0 runs alone without FSDP (exact J, evaluation): rank 0, or every rank
+        under FSDP, where each pass needs all of them."""
+        return self.main or self.fsdp
+
     def prompts(self, n: int) -> range:
         """This rank's share of ``n`` prompts: a contiguous range, sizes differing by at most one."""
         return range(self.rank * n // self.world, (self.rank + 1) * n // self.world)
@@ -185,6 +191,11 @@ def collective_failure(exc: BaseException) -> bool:
                                                                      "Connection closed"))
 
 
+def gathered(t: torch.Tensor) -> torch.Tensor:
+    """A sharded tensor gathered whole (a collective: every rank calls it); any other tensor itself."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 def local(t: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a sharded tensor (a view: writing to it writes the shard); any other tensor itself."""
     return t.to_local() if isinstance(t, DTensor) else t
@@ -238,10 +249,9 @@ def whole_state_dict(model: torch.nn.Module, keep: bool = True) -> dict[str, tor
     gathered tensor dropped at once."""
     out = {}
     for key, value in model.state_dict().items():
-        if isinstance(value, DTensor):
-            value = value.full_tensor().cpu()
+        whole = gathered(value).cpu() if isinstance(value, DTensor) else value
         if keep:
-            out[key] = value
+            out[key] = whole
     return out
 
 
@@ -272,10 +282,10 @@ def whole_optimizer_state(optimizer: torch.optim.Optimizer, keep: bool = True) -
     whole = {}
     for i in sorted(state["state"]):  # the same order on every rank; new dicts (these are the optimiser's own)
         entry = state["state"][i]
-        gathered = {name: entry[name].full_tensor().cpu() if isinstance(entry[name], DTensor) else entry[name]
-                    for name in sorted(entry)}
+        moments = {name: gathered(entry[name]).cpu() if isinstance(entry[name], DTensor) else entry[name]
+                   for name in sorted(entry)}
         if keep:  # else each entry's gathered moments are dropped at once
-            whole[i] = gathered
+            whole[i] = moments
     return {**state, "state": whole} if keep else {}
 
 
@@ -293,8 +303,7 @@ def gather_into(dst: torch.nn.Module | None, src: torch.nn.Module) -> None:
     only take part), tensor by tensor, so a rank holds at most one gathered tensor besides ``dst``."""
     params = dict(dst.named_parameters()) if dst is not None else {}
     for name, value in src.state_dict().items():
-        if isinstance(value, DTensor):
-            value = value.full_tensor()
+        value = gathered(value)
         if name in params:
             params[name].copy_(value)
 

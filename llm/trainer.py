@@ -579,7 +579,7 @@ class ExactJ:
     under FSDP, where every rank takes part in its passes."""
 
     def __init__(self, config: GRPOConfig, models: Models, task: TokenizedTask):
-        self.enabled = config.exact_j and task.task.has_exact_j and (models.ranks.main or models.ranks.fsdp)
+        self.enabled = config.exact_j and task.task.has_exact_j and models.ranks.joins_rank0
         self.config, self.models, self.task = config, models, task
         self._current: float | None = None
 
@@ -765,7 +765,7 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
             timer, lag = PhaseTimer(), step - weights_step(config, step)
             fresh = step == window_start(config, step)  # the first step served by newly synced weights
             row = {"step": step, "lag": lag}
-            if config.eval_steps and step == 0 and (ranks.main or ranks.fsdp):  # the policy before any update
+            if config.eval_steps and step == 0 and ranks.joins_rank0:  # the policy before any update
                 with timer("eval"):
                     row.update({k.replace("eval/", "eval_initial/"): v for k, v in
                                 run_evaluation(config, models, task, step).items()})
@@ -807,7 +807,7 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
                     row.update(diagnose_heldout(config, models, heldout, reward_range))
                 row.update(exact.after_update())
             evaluate_now = config.eval_steps and ((step + 1) % config.eval_steps == 0 or step + 1 == config.max_steps)
-            if evaluate_now and (ranks.main or ranks.fsdp):
+            if evaluate_now and ranks.joins_rank0:
                 with timer("eval"):  # the updated policy pi_{k+1}
                     row.update(run_evaluation(config, models, task, step + 1))
             warn_if_stale(config, row, fresh, write)

@@ -190,13 +190,14 @@ def test_fsdp_under_torchrun_logs_the_one_process_metrics_and_its_checkpoints_re
     """torchrun --fsdp with 2 ranks, a checkpoint after every step: every metric of every step equal to a one-process
     run's to FSDP_RTOL; the checkpoint holds whole tensors in the one-process layout (the same keys and shapes, the
     Adam moments included); a one-process run resumes it, and a --fsdp run resumes a one-process checkpoint, both
-    logging the uninterrupted run's rows."""
-    one = subprocess.run([sys.executable, *_cli(tmp_path / "one", 4), "--save-steps", "1"], cwd=ROOT,
+    logging the uninterrupted run's rows. Evaluation every 2 steps (under FSDP on rank 0's gathered copy) is among
+    the metrics compared."""
+    one = subprocess.run([sys.executable, *_cli(tmp_path / "one", 4), "--save-steps", "1", "--eval-steps", "2"], cwd=ROOT,
                          capture_output=True, text=True)
     assert one.returncode == 0, one.stderr[-2000:]
-    fsdp = _torchrun(*_cli(tmp_path / "fsdp", 4), "--save-steps", "1", "--fsdp")
+    fsdp = _torchrun(*_cli(tmp_path / "fsdp", 4), "--save-steps", "1", "--eval-steps", "2", "--fsdp")
     assert fsdp.returncode == 0, _errors(fsdp)
-    half = _torchrun(*_cli(tmp_path / "to_one", 2), "--save-steps", "1", "--fsdp")  # FSDP, then one process
+    half = _torchrun(*_cli(tmp_path / "to_one", 2), "--save-steps", "1", "--eval-steps", "2", "--fsdp")  # FSDP, then one process
     assert half.returncode == 0, _errors(half)
     ckpt, ref = (torch.load(p / "checkpoint.pt", weights_only=True) for p in (tmp_path / "to_one", tmp_path / "one"))
     assert ckpt["fsdp"] and ckpt["world_size"] == 2 and not ref["fsdp"]
@@ -205,13 +206,13 @@ def test_fsdp_under_torchrun_logs_the_one_process_metrics_and_its_checkpoints_re
         assert not any(isinstance(v, DTensor) for v in ckpt[part].values())
     moments = lambda c: {i: {k: v.shape for k, v in s.items()} for i, s in c["optimizer"]["state"].items()}  # noqa
     assert moments(ckpt) == moments(ref)
-    resumed = subprocess.run([sys.executable, *_cli(tmp_path / "to_one", 4), "--save-steps", "1"], cwd=ROOT,
+    resumed = subprocess.run([sys.executable, *_cli(tmp_path / "to_one", 4), "--save-steps", "1", "--eval-steps", "2"], cwd=ROOT,
                              capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    first = subprocess.run([sys.executable, *_cli(tmp_path / "to_fsdp", 2), "--save-steps", "1"], cwd=ROOT,
+    first = subprocess.run([sys.executable, *_cli(tmp_path / "to_fsdp", 2), "--save-steps", "1", "--eval-steps", "2"], cwd=ROOT,
                            capture_output=True, text=True)
     assert first.returncode == 0, first.stderr[-2000:]
-    then = _torchrun(*_cli(tmp_path / "to_fsdp", 4), "--save-steps", "1", "--fsdp")
+    then = _torchrun(*_cli(tmp_path / "to_fsdp", 4), "--save-steps", "1", "--eval-steps", "2", "--fsdp")
     assert then.returncode == 0, _errors(then)
     want = read_metrics(tmp_path / "one")
     for name in ("fsdp", "to_one", "to_fsdp"):

@@ -27,17 +27,19 @@ apply the output layer outside the model's forward. What changes for the step:
 - the sampler's syncs, evaluation and the final model take the gathered weights from rank 0's one unsharded copy,
   in CPU memory (``gather_into``).
 
-Faults: a rank that dies leaves the others in a collective, which fails (gloo: the peer's connection closes) or times
-out after ``COLLECTIVE_TIMEOUT_S``; each surviving rank then stops with one line (``RunError``; under FSDP the
+Faults: a rank that dies leaves the others in a collective, which fails (gloo: the peer's connection closes) or
+times out after ``COLLECTIVE_TIMEOUT_S``; each surviving rank then stops with one line (``RunError``; under FSDP the
 trainer turns the transport's error in FSDP's own collectives into the same line, ``collective_failure``), and
-torchrun ends the job (a rank it terminates with SIGTERM says so in one line). Rank 0 writes checkpoints atomically, so the last one is intact; the same command resumes. A different
-number of ranks may resume it too: the global batch and its gradient do not depend on the split.
+torchrun ends the job (a rank it terminates with SIGTERM says so in one line). Rank 0 writes checkpoints atomically,
+so the last one is intact; the same command resumes. A different number of ranks may resume it too: the global batch
+and its gradient do not depend on the split.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import math
 import os
 import signal
@@ -340,6 +342,7 @@ def close_ranks(ranks: Ranks, finished: bool = True) -> None:
     aborted at exit, "terminate called without an active exception", in about 1 of 8 runs of the FSDP tests).
     After an error no barrier: the other ranks may be gone."""
     if ranks.active and torch.distributed.is_initialized():
+        gc.collect()  # FSDP's modules are cyclic garbage by now: freed here, with their pending gloo work, not at exit
         if finished:
             ranks.barrier()
         torch.distributed.destroy_process_group()

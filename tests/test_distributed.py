@@ -26,6 +26,8 @@ TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 STEP0_RTOL = 1e-4
 #: torchrun --fsdp against one process, every metric of 4 steps (float32).
 FSDP_RTOL = 1e-4
+#: The FSDP test's runs: a checkpoint after every step, evaluation every 2 steps.
+EVERY = ("--save-steps", "1", "--eval-steps", "2")
 
 
 def _rank(rank: int, world: int, init_file: str, out: str, case: tuple, micro_batch: int, by_length: bool,
@@ -192,12 +194,12 @@ def test_fsdp_under_torchrun_logs_the_one_process_metrics_and_its_checkpoints_re
     Adam moments included); a one-process run resumes it, and a --fsdp run resumes a one-process checkpoint, both
     logging the uninterrupted run's rows. Evaluation every 2 steps (under FSDP on rank 0's gathered copy) is among
     the metrics compared."""
-    one = subprocess.run([sys.executable, *_cli(tmp_path / "one", 4), "--save-steps", "1", "--eval-steps", "2"], cwd=ROOT,
-                         capture_output=True, text=True)
+    one = subprocess.run([sys.executable, *_cli(tmp_path / "one", 4), *EVERY], cwd=ROOT, capture_output=True,
+                         text=True)
     assert one.returncode == 0, one.stderr[-2000:]
-    fsdp = _torchrun(*_cli(tmp_path / "fsdp", 4), "--save-steps", "1", "--eval-steps", "2", "--fsdp")
+    fsdp = _torchrun(*_cli(tmp_path / "fsdp", 4), *EVERY, "--fsdp")
     assert fsdp.returncode == 0, _errors(fsdp)
-    half = _torchrun(*_cli(tmp_path / "to_one", 2), "--save-steps", "1", "--eval-steps", "2", "--fsdp")  # FSDP, then one process
+    half = _torchrun(*_cli(tmp_path / "to_one", 2), *EVERY, "--fsdp")  # FSDP, then one process
     assert half.returncode == 0, _errors(half)
     ckpt, ref = (torch.load(p / "checkpoint.pt", weights_only=True) for p in (tmp_path / "to_one", tmp_path / "one"))
     assert ckpt["fsdp"] and ckpt["world_size"] == 2 and not ref["fsdp"]
@@ -206,13 +208,13 @@ def test_fsdp_under_torchrun_logs_the_one_process_metrics_and_its_checkpoints_re
         assert not any(isinstance(v, DTensor) for v in ckpt[part].values())
     moments = lambda c: {i: {k: v.shape for k, v in s.items()} for i, s in c["optimizer"]["state"].items()}  # noqa
     assert moments(ckpt) == moments(ref)
-    resumed = subprocess.run([sys.executable, *_cli(tmp_path / "to_one", 4), "--save-steps", "1", "--eval-steps", "2"], cwd=ROOT,
-                             capture_output=True, text=True)
+    resumed = subprocess.run([sys.executable, *_cli(tmp_path / "to_one", 4), *EVERY], cwd=ROOT, capture_output=True,
+                             text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    first = subprocess.run([sys.executable, *_cli(tmp_path / "to_fsdp", 2), "--save-steps", "1", "--eval-steps", "2"], cwd=ROOT,
-                           capture_output=True, text=True)
+    first = subprocess.run([sys.executable, *_cli(tmp_path / "to_fsdp", 2), *EVERY], cwd=ROOT, capture_output=True,
+                           text=True)
     assert first.returncode == 0, first.stderr[-2000:]
-    then = _torchrun(*_cli(tmp_path / "to_fsdp", 4), "--save-steps", "1", "--eval-steps", "2", "--fsdp")
+    then = _torchrun(*_cli(tmp_path / "to_fsdp", 4), *EVERY, "--fsdp")
     assert then.returncode == 0, _errors(then)
     want = read_metrics(tmp_path / "one")
     for name in ("fsdp", "to_one", "to_fsdp"):

@@ -279,12 +279,14 @@ def fsdp_ranks(workdir: Path, code: Path) -> None:
     print("| mode | rank | peak GB | tensors GB (24 B/param held + rank 0's copies) | whole checkpoint on rank 0 GB |"
           " s |")
     print("|:--|---:|---:|---:|---:|---:|")
-    gb = 1e9
+    gb, fp32 = 1e9, 4
+    checkpoint = STATIC_BYTES_PER_PARAM - fp32  # policy, moments, alpha, pi_ref: all but the gradient
     for fsdp in (False, True):
         held = whole + (blocks / 2 if fsdp else blocks)
         for rank, r in enumerate(run_ranks(model, workdir / "fsdp_runs", code, fsdp)):
-            tensors = 24 * held + (4 * (blocks + whole) * (2 if fsdp else 1) if rank == 0 else 0)
-            ckpt = 20 * (blocks + whole) / gb if rank == 0 and fsdp else 0
+            copies = (2 if fsdp else 1) if rank == 0 else 0  # the sampler's own copy; under FSDP the whole CPU copy
+            tensors = STATIC_BYTES_PER_PARAM * held + fp32 * (blocks + whole) * copies
+            ckpt = checkpoint * (blocks + whole) / gb if rank == 0 and fsdp else 0
             print(f"| {'--fsdp' if fsdp else 'data parallel'} | {rank} | {r['peak_mb'] * 2**20 / gb:.2f} | "
                   f"{tensors / gb:.2f} | {ckpt:.2f} | {r['seconds']:.0f} |", flush=True)
 

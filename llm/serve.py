@@ -21,15 +21,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Literal
 
-from runkit.cli import parse, run_main
+from runkit.cli import RunError, parse, run_main
+from runkit.net import free_port
 from runkit.validation import require, require_finite
 
 PROG = "python -m llm.serve"
@@ -42,19 +43,21 @@ class ServeConfig:
     """vLLM's OpenAI server with weight transfer enabled, for ``python -m llm.train --sampler server``."""
 
     model: str = ""
-    """Local model directory or hub name; the trainer must load the same one. Empty: the built-in tiny model."""
+    """Local model directory, .gguf file or hub name; the trainer must load the same one. Empty: the built-in tiny
+    model."""
     host: str = "127.0.0.1"
     """Address to listen on (0.0.0.0 to serve trainers on other hosts)."""
     port: int = 8000
     """Port of the HTTP server (0: pick a free one)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights and activations of the server (the trainer's --dtype must match)."""
-    max_model_len: int = 2048
-    """Longest prompt + completion the server holds (capped at the model's positions)."""
+    max_model_len: int = 0
+    """Longest prompt + completion the server holds. 0: the model's positions, at most 2048."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """'cuda' syncs with vLLM's nccl backend, 'cpu' with the project's gloo_cpu backend; 'auto': cuda if available."""
-    kv_cache_gib: float = 2.0
-    """CPU only: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE; vLLM's own default takes most of the memory)."""
+    kv_cache_gib: float = 0.0
+    """CPU only: KV-cache size in GiB. 0: enough for 128 concurrent sequences of max_model_len tokens, at most 2 GiB
+    (vLLM's own default takes most of the machine's memory)."""
     gpu_memory_utilization: float = 0.9
     """CUDA only: fraction of the GPU vLLM may take."""
     start_timeout: float = DEFAULT_START_TIMEOUT_S
@@ -62,21 +65,62 @@ class ServeConfig:
     trust_remote_code: bool = False
     """Let vLLM run the Python code the model ships (its own architecture); off unless asked."""
     extra_args: str = ""
-    """More arguments for vLLM's server, as one string (e.g. '--tensor-parallel-size 1')."""
+    """More arguments for vLLM's server, as one string: --extra-args '--max-num-seqs 64' (or --extra-args=...)."""
 
     def __post_init__(self):
         require_finite(self)
         require(self, 0 <= self.port < 65536, "port", "must lie in [0, 65535]")
-        require(self, self.max_model_len >= 2, "max_model_len", "must be >= 2")
-        require(self, self.kv_cache_gib > 0, "kv_cache_gib", "must be > 0")
+        require(self, self.max_model_len == 0 or self.max_model_len >= 2, "max_model_len", "must be 0 or >= 2")
+        require(self, self.kv_cache_gib >= 0, "kv_cache_gib", "must be >= 0 (0: sized automatically)")
         require(self, 0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must lie in (0, 1]")
         require(self, self.start_timeout > 0, "start_timeout", "must be > 0")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+#: The server's longest sequence when --max-model-len is 0 and the model holds more positions.
+DEFAULT_MAX_MODEL_LEN = 2048
+#: The largest KV cache sized automatically (--kv-cache-gib 0).
+AUTO_KV_CACHE_MAX_BYTES = 2 * 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedModel:
+    """The model a server loads: its path (after ``llm.pretrained.resolve_model_path``) and transformers config."""
+
+    path: str
+    config: object
+
+    @property
+    def positions(self) -> int:
+        return int(getattr(self.config, "max_position_embeddings", 0) or 1 << 20)
+
+
+def served_model(config: ServeConfig, log=print) -> ServedModel:
+    """Resolve ``config.model`` (the tiny model, a .gguf file, a directory or hub name) and read its config."""
+    from transformers import AutoConfig
+
+    from .model import check_model_path
+    from .pretrained import resolve_model_path
+
+    if config.model:
+        check_model_path(config.model, "model")
+    path = resolve_model_path(config.model, log=log, field="model")
+    try:
+        model_config = AutoConfig.from_pretrained(path, trust_remote_code=config.trust_remote_code)
+    except (OSError, ValueError, KeyError) as exc:
+        from runkit.cli import first_line
+
+        raise ValueError(f"model: cannot read a model config from {path!r} ({first_line(exc)})") from None
+    return ServedModel(path, model_config)
+
+
+def model_len(config: ServeConfig, model: ServedModel) -> int:
+    """The server's max_model_len: as asked (at most the model's positions), or the positions capped at 2048."""
+    if config.max_model_len == 0:
+        return min(model.positions, DEFAULT_MAX_MODEL_LEN)
+    if config.max_model_len > model.positions:
+        raise ValueError(f"max_model_len: {config.max_model_len} exceeds the model's {model.positions} positions "
+                         f"({model.path})")
+    return config.max_model_len
 
 
 def _use_cuda(device: str) -> bool:
@@ -87,26 +131,41 @@ def _use_cuda(device: str) -> bool:
     return torch.cuda.is_available()
 
 
-def server_command(config: ServeConfig, model_path: str, port: int) -> tuple[list[str], dict[str, str]]:
+def server_command(config: ServeConfig, model: ServedModel, port: int) -> tuple[list[str], dict[str, str]]:
     """The command line and environment of vLLM's OpenAI server for ``config``."""
     cuda = _use_cuda(config.device)
-    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
+    length = model_len(config, model)
+    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model.path,
             "--host", config.host, "--port", str(port), "--dtype", config.dtype, "--max-model-len",
-            str(config.max_model_len), "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
-            "--no-enable-prefix-caching", "--weight-transfer-config",
+            str(length), "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
+            "--weight-transfer-config",
             json.dumps({"backend": "nccl" if cuda else "gloo_cpu"})]
     if config.trust_remote_code:
         args += ["--trust-remote-code"]
     if cuda:
-        args += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
-    else:
-        args += ["--enforce-eager"]
-    args += config.extra_args.split()
+        args += ["--gpu-memory-utilization", str(config.gpu_memory_utilization), "--no-enable-prefix-caching"]
+    else:  # llm.sampling.vllm_settings: whole prompts per engine step (seeded requests), prefix caching in small
+        # blocks (emptied at every sync by the trainer), a KV cache of known size
+        from .sampling.vllm_settings import CPU_MAX_SEQS, cpu_server_args, kv_cache_bytes
+
+        kv = (int(config.kv_cache_gib * 2**30) if config.kv_cache_gib else
+              min(AUTO_KV_CACHE_MAX_BYTES, kv_cache_bytes(model.config, config.dtype, length, CPU_MAX_SEQS)))
+        args += ["--enforce-eager", *cpu_server_args(model.config, config.dtype, length, kv)]
+    args += shlex.split(config.extra_args)
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"
-    if not cuda:
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{config.kv_cache_gib:g}")
     return args, env
+
+
+def _die_with_parent() -> None:
+    """In the server's process before it starts (Linux): SIGTERM it when the process that started it dies, however
+    that dies (SIGKILL included), so no server is left holding the port and the memory."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 class ServerProcess:
@@ -114,17 +173,18 @@ class ServerProcess:
 
     def __init__(self, config: ServeConfig, log=print, log_file: str | Path | None = None):
         self.config, self.log = config, log
-        self.model_path = config.model or _tiny_model_dir(log)
+        self.model = served_model(config, log)
+        self.model_path = self.model.path
         self.port = config.port or free_port(config.host)
         self.url = f"http://{config.host}:{self.port}"
         self.log_file = Path(log_file) if log_file else None
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "ServerProcess":
-        args, env = server_command(self.config, self.model_path, self.port)
+        args, env = server_command(self.config, self.model, self.port)
         out = open(self.log_file, "ab") if self.log_file else None
         self.proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_die_with_parent)
         self.wait_healthy()
         return self
 
@@ -168,23 +228,28 @@ class ServerProcess:
         self.stop()
 
 
-def _tiny_model_dir(log) -> str:
-    from .tiny import tiny_model_dir
-
-    return str(tiny_model_dir(log=log))
-
-
 def _interrupt(signum, frame):
     """SIGTERM (kill, a job scheduler) stops the server as Ctrl-C does, instead of leaving it orphaned."""
     raise KeyboardInterrupt
 
 
-def main(args: list[str] | None = None) -> int:
-    config = parse(ServeConfig, args, prog=PROG, description=__doc__.splitlines()[0])
-    if config.model:
-        from .model import check_model_path
+def joined_extra_args(argv: list[str]) -> list[str]:
+    """``--extra-args VALUE`` as ``--extra-args=VALUE``: a value that starts with '--' would otherwise be read as an
+    option of this command."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in ("--extra-args", "--extra_args") and i + 1 < len(argv):
+            out.append(f"--extra-args={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
 
-        check_model_path(config.model, "model")
+
+def main(args: list[str] | None = None) -> int:
+    argv = joined_extra_args(sys.argv[1:] if args is None else list(args))
+    config = parse(ServeConfig, argv, prog=PROG, description=__doc__.splitlines()[0])
     server = ServerProcess(config)
     signal.signal(signal.SIGTERM, _interrupt)
     print(f"starting vLLM's server for {server.model_path} at {server.url} (waiting for /health)", flush=True)
@@ -192,12 +257,13 @@ def main(args: list[str] | None = None) -> int:
         server.start()
         print(f"ready: {server.url}\n  train against it with: python -m llm.train --sampler server --server-url "
               f"{server.url}" + (f" --model-name-or-path {config.model}" if config.model else ""), flush=True)
-        server.proc.wait()
+        code = server.proc.wait()
     except RuntimeError as exc:
         raise ValueError(str(exc)) from None
     finally:
         server.stop()
-    return server.proc.returncode or 0
+    # vLLM's server ends by itself only when it failed (an engine error): say so, with exit status 1
+    raise RunError(f"vLLM's server at {server.url} exited with status {code} while serving (its log is above)")
 
 
 if __name__ == "__main__":

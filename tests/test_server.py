@@ -45,8 +45,8 @@ def _sampler(server, tok):
     return ServerSampler(server.url, server.model_path, eos_token_id=tok.eos_token_id, max_model_len=64, timeout=60)
 
 
-def _max_logp_gap(sampler, model, tok, seed=0) -> float:
-    prompts = [tok(p).input_ids for p in arithmetic_task().prompts[::25]]
+def _max_logp_gap(sampler, model, tok, seed=0, prompts=None) -> float:
+    prompts = prompts or [tok(p).input_ids for p in arithmetic_task().prompts[::25]]
     roll = sampler.generate(prompts, 4, 6, 1.0, seed)
     batch = make_batch([p for p in prompts for _ in range(4)], roll.completion_ids, tok.pad_token_id, "cpu")
     with torch.no_grad():
@@ -69,7 +69,8 @@ def _config(tmp_path, server, name, **kw):
 
 def test_sync_over_the_wire_is_exact_and_versioned(server):
     """Three perturb-and-sync rounds over HTTP + gloo: the stale server is far off before each sync, exactly the
-    trainer after it; the server holds the version the trainer set; the bytes moved are the state dict's."""
+    trainer after it, also on prompts whose first block the server cached before the sync (so the sync emptied its
+    prefix cache); the server holds the version the trainer set; the bytes moved are the state dict's."""
     from llm.sampling.server import ServerError
 
     policy, tok = load_policy(server.model_path, torch.device("cpu"))
@@ -77,10 +78,13 @@ def test_sync_over_the_wire_is_exact_and_versioned(server):
     try:
         for round_ in range(3):
             _perturb(policy, round_)
+            long = _long_prompts(tok, 4)  # longer than a KV cache block: cached before the sync, not after it
             if round_ > 0:
                 assert _max_logp_gap(sampler, policy, tok, seed=round_) > STALE_MIN, "must fail without the sync"
+                assert _max_logp_gap(sampler, policy, tok, seed=round_, prompts=long) > STALE_MIN
             sampler.load_weights(policy)
             assert _max_logp_gap(sampler, policy, tok, seed=round_) <= SYNC_ATOL
+            assert _max_logp_gap(sampler, policy, tok, seed=round_, prompts=long) <= SYNC_ATOL
             assert sampler.weight_version() == sampler.expected_version == f"{sampler._tag}-{round_ + 1}"
         assert sampler.last_sync_bytes == sum(t.numel() * t.element_size() for t in policy.state_dict().values())
         # Another trainer (or a restart) changes the server's weights: caught before any sample is used.
@@ -89,6 +93,99 @@ def test_sync_over_the_wire_is_exact_and_versioned(server):
             sampler.generate([[1, 2]], 2, 2, 1.0, 0)
     finally:
         sampler.close()
+
+
+def _long_prompts(tok, n=48):
+    """n prompts of 49 tokens: with 8 completions each, 18,816 prompt tokens in one call."""
+    return [tok("+".join(str((i * 7 + j) % 10) for j in range(24)) + "=").input_ids for i in range(n)]
+
+
+def test_one_call_over_4096_prompt_tokens(server):
+    """One generation call of 18,816 prompt tokens (48 prompts x 8 completions): above vLLM's CPU batch of 4,096 the
+    server split the prefill and failed every seeded request (HTTP 500, 'CPU Generator does not use offset'); with
+    chunked prefill off (``llm.serve`` on a CPU) it samples, with the trainer's log-probs."""
+    policy, tok = load_policy(server.model_path, torch.device("cpu"))
+    sampler = _sampler(server, tok)
+    try:
+        sampler.load_weights(policy)
+        prompts = _long_prompts(tok)
+        roll = sampler.generate(prompts, 8, 3, 1.0, 5)
+        assert len(roll.completion_ids) == 384 and sum(map(len, prompts)) * 8 > 16_000
+        rows = list(range(0, 384, 41))
+        batch = make_batch([prompts[r // 8] for r in rows], [roll.completion_ids[r] for r in rows], tok.pad_token_id,
+                           "cpu")
+        with torch.no_grad():
+            logp = completion_logprobs(policy, batch, 1.0).logp
+        gap = (padded([roll.logprobs[r] for r in rows], logp.shape[1], "cpu") - logp).abs() * batch.completion_mask
+        assert float(gap.max()) <= SYNC_ATOL
+    finally:
+        sampler.close()
+
+
+def test_the_server_command_line_follows_the_model():
+    """``llm.serve`` without --max-model-len serves the model's positions (the built-in model: 64; vLLM refused the
+    old fixed 2048), a length above them is one line, chunked prefill is off and the KV cache is sized on a CPU, and
+    ``--extra-args '--max-num-seqs 64'`` (a value that starts with '--') reaches vLLM."""
+    from llm.serve import ServeConfig, joined_extra_args, model_len, served_model, server_command
+
+    model = served_model(ServeConfig())
+    assert model_len(ServeConfig(), model) == 64 and model_len(ServeConfig(max_model_len=40), model) == 40
+    with pytest.raises(ValueError, match="max_model_len: 65 exceeds the model's 64 positions"):
+        model_len(ServeConfig(max_model_len=65), model)
+    args, _ = server_command(ServeConfig(device="cpu", extra_args="--max-num-seqs 64"), model, 8000)
+    assert args[args.index("--max-model-len") + 1] == "64" and "--no-enable-chunked-prefill" in args
+    assert "--enable-prefix-caching" in args and args[args.index("--block-size") + 1] == "32"
+    assert int(args[args.index("--kv-cache-memory-bytes") + 1]) >= 64 * 2**20
+    assert args[-2:] == ["--max-num-seqs", "64"]
+    assert joined_extra_args(["--port", "1", "--extra-args", "--max-num-seqs 64"]) == [
+        "--port", "1", "--extra-args=--max-num-seqs 64"]
+
+
+@pytest.mark.slow
+def test_the_readme_server_command_serves_and_dies_with_its_launcher():
+    """``python -m llm.serve --port P --extra-args '--max-num-seqs 64'``, as the README writes it: it becomes ready
+    on the built-in model and serves; SIGKILL of llm.serve takes vLLM's server and engine with it (they run in
+    their own session, and were left holding the port and the memory), so the port is free again."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    from transformers import AutoTokenizer
+
+    from runkit.net import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "llm.serve", "--port", str(port), "--extra-args",
+                             "--max-num-seqs 64"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        for line in proc.stdout:
+            if line.startswith("ready:") or time.monotonic() > deadline:
+                break
+        assert line.startswith(f"ready: http://127.0.0.1:{port}"), line
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert any("--max-num-seqs" in c.cmdline() and "64" in c.cmdline() for c in children)
+        from llm.sampling.server import ServerSampler
+
+        tok = AutoTokenizer.from_pretrained(tiny_model_dir())
+        sampler = ServerSampler(f"http://127.0.0.1:{port}", str(tiny_model_dir()), eos_token_id=tok.eos_token_id,
+                                max_model_len=64, timeout=60)
+        assert len(sampler.generate(_long_prompts(tok, 12), 2, 2, 1.0, 0).completion_ids) == 24
+        sampler.close()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        _, alive = psutil.wait_procs(children, timeout=60)
+        assert not alive, [c.cmdline()[:4] for c in alive]
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0  # nothing listens any more
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_bad_url_and_other_model_are_clear_errors_at_start_up(server, tmp_path):

@@ -1,4 +1,7 @@
-"""The vLLM sampler: weight sync verified by log-probs, window-batched generation, end-to-end training."""
+"""The vLLM sampler: weight sync verified by log-probs, window-batched generation, end-to-end training.
+
+The module's engine (fixture ``engine``) serves the tests that use it before any test starts and closes an engine of
+its own: closing an in-process engine tears down vLLM's process-wide distributed state, which the others share."""
 
 import numpy as np
 import pytest
@@ -32,9 +35,14 @@ def engine():
     sampler.close()
 
 
-def _max_logp_gap(sampler, model, tok, seed=0) -> float:
+def _long_prompts(tok, n=48):
+    """n prompts of 49 tokens (longer than a KV cache block of 32: the engine caches their first block)."""
+    return [tok("+".join(str((i * 7 + j) % 10) for j in range(24)) + "=").input_ids for i in range(n)]
+
+
+def _max_logp_gap(sampler, model, tok, seed=0, prompts=None) -> float:
     task = arithmetic_task()
-    prompts = [tok(p).input_ids for p in task.prompts[::25]]
+    prompts = prompts or [tok(p).input_ids for p in task.prompts[::25]]
     roll = sampler.generate(prompts, 4, 6, 1.0, seed)
     batch = make_batch([p for p in prompts for _ in range(4)], roll.completion_ids, tok.pad_token_id, "cpu")
     with torch.no_grad():
@@ -64,6 +72,18 @@ def test_sync_makes_sampler_match_trainer_and_skipping_it_is_caught(engine):
         assert stale > 100 * SYNC_ATOL, "the check must fail when the sync is skipped"
         sampler.load_weights(policy)
         assert _max_logp_gap(sampler, policy, tok, seed=round_) <= SYNC_ATOL
+
+
+def test_a_sync_empties_the_prefix_cache(engine):
+    """Prompts longer than a cache block, sampled before a sync (their first block is then cached with the old
+    weights) and again after it: the engine's log-probs are the trainer's, so the sync emptied the cache."""
+    sampler, policy, tok = engine
+    prompts = _long_prompts(tok, 6)
+    for round_ in range(2):
+        _perturb(policy, 10 + round_)
+        assert _max_logp_gap(sampler, policy, tok, seed=round_, prompts=prompts) > 100 * SYNC_ATOL
+        sampler.load_weights(policy)
+        assert _max_logp_gap(sampler, policy, tok, seed=round_, prompts=prompts) <= SYNC_ATOL
 
 
 def test_window_and_per_step_generation_agree_in_distribution(engine):
@@ -114,6 +134,25 @@ def test_exact_j_is_the_sampled_success_rate(engine, temperature):
     exact_j_matches_sampling(sampler, policy, arithmetic_task().bind(tok), temperature)
 
 
+def test_one_call_over_4096_prompt_tokens_samples_exactly(engine):
+    """vLLM on a CPU splits the prefill of a call whose prompts exceed max_num_batched_tokens (4,096 by default) and
+    then rewinds each seeded request's generator, which a CPU generator cannot ('CPU Generator does not use offset');
+    with chunked prefill off (``llm.sampling.vllm_settings``) one call of 48 prompts x 8 x 49 tokens (18,816 prompt
+    tokens) samples, and its log-probs are the trainer's."""
+    sampler, policy, tok = engine
+    sampler.load_weights(policy)
+    prompts = _long_prompts(tok)
+    assert sum(map(len, prompts)) * 8 > 16_000
+    roll = sampler.generate(prompts, 8, 3, 1.0, 5)
+    assert len(roll.completion_ids) == 48 * 8 and all(len(c) >= 1 for c in roll.completion_ids)
+    rows = list(range(0, 48 * 8, 37))
+    batch = make_batch([prompts[r // 8] for r in rows], [roll.completion_ids[r] for r in rows], tok.pad_token_id, "cpu")
+    with torch.no_grad():
+        logp = completion_logprobs(policy, batch, 1.0).logp
+    gap = (padded([roll.logprobs[r] for r in rows], logp.shape[1], "cpu") - logp).abs() * batch.completion_mask
+    assert float(gap.max()) <= SYNC_ATOL
+
+
 def test_stored_generation_config_does_not_change_what_is_sampled(tmp_path):
     """vLLM started on a model directory whose generation_config.json sets repetition_penalty 1.5 and top_k 3
     samples softmax(logits / T), the distribution it reports and the trainer recomputes."""
@@ -143,3 +182,27 @@ def test_training_with_vllm_raises_exact_j_and_keeps_sync_exact(tmp_path):
         if row["lag"] == 0:  # every sync of the run: the engine holds exactly the trainer's weights
             assert row["sampling/logp_diff_mean"] <= 1e-5
             assert row["sampling/logp_diff_max"] <= 10 * SYNC_ATOL  # worst of ~1,500 tokens, rare ones included
+
+
+def test_evaluation_generates_with_the_runs_engine_and_hands_alpha_back(tmp_path, monkeypatch):
+    """--eval-steps with the vLLM sampler: evaluation generates with the engine (transformers' generate is never
+    called), its time is logged, and afterwards the engine holds alpha again: with per-step generation at v = 2 the
+    step after each evaluation samples from alpha, whose log-probs the trainer recomputes (a gap far above float
+    rounding otherwise)."""
+    from llm import GRPOConfig, train
+    from llm.rundir import read_metrics
+    from llm.sampling import TransformersSampler
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("evaluation must generate with the run's vLLM engine")
+
+    monkeypatch.setattr(TransformersSampler, "generate", refuse)
+    cfg = GRPOConfig(output_dir=str(tmp_path / "eval"), sampler="vllm", max_steps=4, sync_period=2,
+                     window_generation=False, behaviour_logprobs="recompute", eval_steps=1, eval_generations=2,
+                     learning_rate=3e-3, beta=0.0, progress=False, logging_steps=1000)
+    rows = read_metrics(train(cfg, log=lambda *a: None))
+    assert "eval_initial/accuracy_greedy" in rows[0]
+    for row in rows:
+        assert {"eval/j", "eval/accuracy_sampled", "eval/accuracy_greedy"} <= set(row) and row["time/eval"] > 0
+        assert row["sampling/logp_diff_max"] <= 10 * SYNC_ATOL, (row["step"], row["sampling/logp_diff_max"])
+    assert any(r["lag"] == 1 for r in rows)

@@ -44,8 +44,15 @@ def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, ma
 
         return VLLMSampler(model_path, dtype=config.dtype, seed=config.seed,
                            max_model_len=max_model_len(policy, config, max_prompt_tokens),
-                           eos_token_id=tokenizer.eos_token_id, trust_remote_code=config.trust_remote_code)
+                           eos_token_id=tokenizer.eos_token_id, model_config=policy.config,
+                           sequences=window_completions(config), trust_remote_code=config.trust_remote_code)
     return TransformersSampler(policy, tokenizer.eos_token_id, tokenizer.pad_token_id)
+
+
+def window_completions(config) -> int:
+    """Completions of one generation call: a window's (or a step's) training and held-out prompts, G each."""
+    steps = config.sync_period if config.window_generation else 1
+    return steps * (config.prompts_per_step + config.heldout_prompts) * config.num_generations
 
 
 def max_model_len(model: torch.nn.Module, config, max_prompt_tokens: int) -> int:

@@ -29,7 +29,8 @@ class Rollout:
 class Sampler(Protocol):
     name: str
 
-    def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int) -> Rollout:
+    def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
+                 greedy: bool = False) -> Rollout:
         ...
 
     def load_weights(self, model: torch.nn.Module) -> None:

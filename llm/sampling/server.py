@@ -87,7 +87,7 @@ class ServerSampler:
                               "command)") from None
         if response.status_code != 200:
             raise ServerError(f"sampler server: {self.url}{path} answered HTTP {response.status_code}: "
-                              f"{response.text[:200]}")
+                              f"{response.text[:200]} (the server's own log has the details)")
         return response.json()
 
     def _get(self, path: str):
@@ -133,6 +133,9 @@ class ServerSampler:
         self._syncs += 1
         version = f"{self._tag}-{self._syncs}"
         engine.send_weights()  # start, update (+ the transfer), finish: vLLM's handshake, any backend
+        if not self._request("POST", "/reset_prefix_cache").get("success"):  # cached keys and values: old weights'
+            raise ServerError(f"sampler server: {self.url} did not empty its prefix cache after a weight sync (a request "
+                              "of another client running?)")
         self._request("POST", "/update_weight_version", json={"new_version": version})
         self.last_sync_bytes = engine.source.nbytes()
         self.expected_version = version
@@ -148,6 +151,7 @@ class ServerSampler:
 
     # ---- generation --------------------------------------------------------------------------
     def _complete(self, prompt: list[int], n: int, max_tokens: int, temperature: float, seed: int) -> list[dict]:
+        """One request: n completions of ``prompt`` (temperature 0: greedy)."""
         body = {"model": self.served_name, "prompt": prompt, "n": n, "max_tokens": max_tokens,
                 "temperature": temperature, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "logprobs": 0, "seed": seed,
                 "stop_token_ids": [self.eos], "return_token_ids": True, "skip_special_tokens": False,
@@ -157,7 +161,10 @@ class ServerSampler:
             raise ServerError(f"sampler server: {self.url} returned {len(choices)} completions, asked for {n}")
         return choices
 
-    def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int) -> Rollout:
+    def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
+                 greedy: bool = False) -> Rollout:
+        """n completions per prompt, prompt-major (``greedy``: the most likely token at every position)."""
+        temperature = 0.0 if greedy else temperature
         if self.expected_version is not None:
             self.check_version()
         # One seed per prompt, as the in-process sampler (vLLM gives a request's n samples seed..seed+n-1).

@@ -22,10 +22,6 @@ from runkit.cli import first_line
 
 from .base import Rollout
 
-#: CPU KV-cache size in GiB when the user has not set VLLM_CPU_KVCACHE_SPACE (vLLM's default takes
-#: most of the machine's memory).
-DEFAULT_CPU_KV_GIB = "2"
-
 
 def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
@@ -43,9 +39,11 @@ class VLLMSampler:
     name = "vllm"
 
     def __init__(self, model_path: str, *, dtype: str, seed: int, max_model_len: int, eos_token_id: int,
-                 gpu_memory_utilization: float = 0.3, trust_remote_code: bool = False):
+                 model_config=None, sequences: int = 256, gpu_memory_utilization: float = 0.3,
+                 trust_remote_code: bool = False):
+        """``model_config``: the model's transformers config (sizes the CPU KV cache; None: read from
+        ``model_path``); ``sequences``: completions per generation call (a window's)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in process: weights are shared by reference
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KV_GIB)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # set it to INFO to see the engine's own log
         from vllm import LLM
 
@@ -54,12 +52,21 @@ class VLLMSampler:
         # generation_config="vllm": ignore sampling defaults stored with the model (repetition_penalty, top_k...),
         # so alpha is exactly softmax(logits / T); processed log-probs are those of the distribution sampled.
         kwargs = dict(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
-                      enforce_eager=True, logprobs_mode="processed_logprobs", enable_prefix_caching=False,
-                      generation_config="vllm", trust_remote_code=trust_remote_code)
-        if self.cuda:
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+                      enforce_eager=True, logprobs_mode="processed_logprobs", generation_config="vllm",
+                      trust_remote_code=trust_remote_code)
+        if self.cuda:  # prefix caching off: the CUDA sync path below does not empty the cache
+            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=False)
         else:  # weights arrive through vLLM's weight-transfer API (llm.sampling.weight_transfer)
             from vllm.config import WeightTransferConfig
+
+            from .vllm_settings import cpu_engine_args
+
+            if model_config is None:
+                from transformers import AutoConfig
+
+                model_config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+            # no chunked prefill (seeded requests), a KV cache sized to the window
+            kwargs.update(cpu_engine_args(model_config, dtype, max_model_len, sequences))
 
             from .weight_transfer import BACKEND, register
 
@@ -92,16 +99,22 @@ class VLLMSampler:
                     GlooTrainerInitInfo(rank=0), client=OfflineClient(self.llm), source=source)
             self.transfer.source = source
             self.transfer.send_weights()
+            if not self.llm.reset_prefix_cache():  # cached keys and values are the old weights'
+                raise RuntimeError("sampler: vLLM refused to empty its prefix cache after a weight sync")
         self.last_sync_bytes = source.nbytes()
         torch.set_num_threads(threads)
 
-    def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int) -> Rollout:
+    def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
+                 greedy: bool = False) -> Rollout:
+        """n completions per prompt (prompt-major) at ``temperature``, or (``greedy``) the most likely token at
+        every position (its log-probs then are those of greedy decoding, not of softmax(logits / T))."""
         from vllm import SamplingParams
 
         # One seed per prompt (vLLM gives the n samples of a request seeds seed..seed+n-1), so repeated
         # prompts in a batch still get independent samples.
-        params = [SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=-1, max_tokens=max_tokens,
-                                 logprobs=0, seed=(seed + j * n) % (2**31), stop_token_ids=[self.eos])
+        params = [SamplingParams(n=n, temperature=0.0 if greedy else temperature, top_p=1.0, top_k=-1,
+                                 max_tokens=max_tokens, logprobs=0, seed=(seed + j * n) % (2**31),
+                                 stop_token_ids=[self.eos])
                   for j in range(len(prompt_ids))]
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
         comps, lps = [], []

@@ -255,7 +255,7 @@ def trainer_init_info(address: str, server_world_size: int) -> TrainerInitInfo:
     if torch.cuda.is_available():
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
-        from ..serve import free_port
+        from runkit.net import free_port
 
         return NCCLTrainerInitInfo(master_address=address, master_port=free_port(address),
                                    world_size=1 + server_world_size, rank=0)

@@ -1,0 +1,77 @@
+"""Settings of a vLLM engine on a CPU, shared by the in-process sampler and ``python -m llm.serve``.
+
+- **No chunked prefill.** vLLM splits a prompt's prefill over engine steps once a step's prompt tokens exceed
+  ``max_num_batched_tokens`` (4,096 by default), and then rewinds the random generator of every seeded request it
+  split, which a CPU generator cannot do (``RuntimeError: CPU Generator does not use offset`` in
+  ``gpu_model_runner._bookkeeping_sync``). The trainer seeds every request (one seed per prompt: reproducible
+  samples, a resumed run draws what the interrupted one drew), so on a CPU chunked prefill is off: each prompt is
+  prefilled whole in one engine step, requests that do not fit wait for the next step, and nothing is ever rewound.
+  vLLM's own CPU platform makes the same choice for the models it cannot chunk. ``max_num_batched_tokens`` must
+  then hold the longest sequence: ``batched_tokens``.
+- **Prefix caching in blocks of 32 tokens.** The G completions of a prompt share it, and a task's prompts share
+  the chat template's opening: with prefix caching only the tail of a prompt past its last whole cache block is
+  computed again for each completion. vLLM's CPU default block of 128 tokens is longer than most prompts, so
+  nothing would be cached; 32 is the smallest block its CPU attention takes. The cache holds keys and values of
+  the weights that computed them, so every weight sync empties it (``VLLMSampler.load_weights``, and
+  ``/reset_prefix_cache`` on a server); the sync check of the first step after it would show a stale one.
+- **128 sequences at once** (``max_num_seqs``): generation on a CPU is bound by arithmetic, so tokens per second
+  hardly change between 96 and 256 sequences at once, while the KV cache grows with them.
+- **A KV cache sized to the job** (``kv_cache_bytes``): the tokens of the sequences that can run at once (a
+  window's completions, at most ``max_num_seqs``), each rounded up to whole cache blocks, instead of a fixed
+  2 GiB or vLLM's default (most of the machine). ``VLLM_CPU_KVCACHE_SPACE`` (GiB), when set, still wins.
+
+Measured on SmolLM2-135M-Instruct (float32, 2 cores; ``benchmarks/generation.py``): 48 prompts of ~47 tokens x 8
+completions of up to 24 tokens took 37 s with vLLM's CPU defaults and chunked prefill off (169 tokens/s, 1.5 GiB of
+KV cache), 22 s with 32-token blocks and prefix caching at 96-128 sequences (276-288 tokens/s, 0.6-0.8 GiB).
+
+On CUDA neither applies: CUDA generators rewind, and vLLM sizes its cache from ``gpu_memory_utilization``.
+"""
+
+from __future__ import annotations
+
+import math
+
+#: Prompt tokens per engine step (vLLM's CPU default), sequences at once and the KV cache block (module docstring).
+CPU_BATCHED_TOKENS = 4096
+CPU_MAX_SEQS = 128
+CPU_BLOCK_SIZE = 32
+#: Smallest KV cache handed to vLLM (a few blocks of any small model; vLLM refuses a cache below one sequence).
+MIN_KV_CACHE_BYTES = 64 * 2**20
+
+
+def batched_tokens(max_model_len: int) -> int:
+    """``max_num_batched_tokens`` without chunked prefill: vLLM's default, or the longest sequence if longer."""
+    return max(CPU_BATCHED_TOKENS, max_model_len)
+
+
+def kv_bytes_per_token(model_config, dtype: str) -> int:
+    """Bytes of K and V per token for a transformers config: 2 x layers x KV heads x head size x the dtype's bytes."""
+    heads = getattr(model_config, "num_key_value_heads", None) or model_config.num_attention_heads
+    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
+    return 2 * model_config.num_hidden_layers * heads * head_dim * (4 if dtype == "float32" else 2)
+
+
+def kv_cache_bytes(model_config, dtype: str, max_model_len: int, sequences: int,
+                   max_seqs: int = CPU_MAX_SEQS) -> int:
+    """A KV cache holding ``min(sequences, max_seqs)`` sequences of ``max_model_len`` tokens (whole blocks) at once,
+    and never below ``MIN_KV_CACHE_BYTES``."""
+    running = max(1, min(sequences, max_seqs))
+    blocks = running * math.ceil(max_model_len / CPU_BLOCK_SIZE)
+    return max(MIN_KV_CACHE_BYTES, blocks * CPU_BLOCK_SIZE * kv_bytes_per_token(model_config, dtype))
+
+
+def cpu_engine_args(model_config, dtype: str, max_model_len: int, sequences: int) -> dict:
+    """Keyword arguments of a CPU engine (``vllm.LLM``) for sequences of up to ``max_model_len`` tokens,
+    ``sequences`` of them per generation call (a window's completions)."""
+    return dict(enable_chunked_prefill=False, max_num_batched_tokens=batched_tokens(max_model_len),
+                enable_prefix_caching=True, block_size=CPU_BLOCK_SIZE, max_num_seqs=CPU_MAX_SEQS,
+                kv_cache_memory_bytes=kv_cache_bytes(model_config, dtype, max_model_len, sequences))
+
+
+def cpu_server_args(model_config, dtype: str, max_model_len: int, kv_bytes: int | None = None) -> list[str]:
+    """The same settings as command-line options of vLLM's OpenAI server (``llm.serve``), with the KV cache sized
+    for ``CPU_MAX_SEQS`` sequences of ``max_model_len`` tokens unless ``kv_bytes`` is given."""
+    kv = kv_bytes or kv_cache_bytes(model_config, dtype, max_model_len, CPU_MAX_SEQS)
+    return ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(batched_tokens(max_model_len)),
+            "--enable-prefix-caching", "--block-size", str(CPU_BLOCK_SIZE), "--max-num-seqs", str(CPU_MAX_SEQS),
+            "--kv-cache-memory-bytes", str(kv)]

@@ -124,16 +124,65 @@ class Forward:
                        join([p.hidden for p in parts]))
 
 
+#: Prompt sharing pays when it leaves at most this fraction of the positions a plain pass runs (one more decoder
+#: call is its fixed cost).
+SHARE_MAX_FRACTION = 0.75
+
+
+def shared_prompts(batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The batch's distinct prompts (each a left-padded row) and each sequence's prompt among them, when running each
+    distinct prompt once would spare enough positions (``SHARE_MAX_FRACTION``); None otherwise."""
+    lp, T, B = batch.prompt_width, batch.completion_ids.shape[1], batch.size
+    if lp < 2 or B < 2:
+        return None
+    _, inverse = torch.unique(batch.input_ids[:, :lp], dim=0, return_inverse=True)
+    n = int(inverse.max()) + 1
+    if n * lp + B * (T - 1) > SHARE_MAX_FRACTION * B * (lp + T - 1):
+        return None
+    first = torch.empty(n, dtype=torch.long, device=inverse.device)
+    first[inverse] = torch.arange(B, device=inverse.device)  # one row of each distinct prompt
+    return first, inverse
+
+
+def completion_hidden(model, batch: Batch, share: bool = True) -> torch.Tensor:
+    """The decoder's final hidden states at the positions that predict the completion tokens, (B, T, H): a
+    sequence's positions lp - 1 .. lp + T - 2.
+
+    ``share``: where sequences share prompts (a group's G completions), each distinct prompt runs through the
+    decoder once and its completions run on its cached keys and values (``DynamicCache``, indexed per sequence,
+    gradients flowing back into the prompt's pass): the same hidden states up to float rounding, for about
+    P x lp + B x T positions instead of B x (lp + T)."""
+    lp, T = batch.prompt_width, batch.completion_ids.shape[1]
+    decoder = model.get_decoder()
+    groups = shared_prompts(batch) if share else None
+    if groups is None:
+        out = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                      position_ids=batch.position_ids, use_cache=False)
+        return out.last_hidden_state[:, lp - 1: lp - 1 + T]
+    from transformers import DynamicCache
+
+    first, inverse = groups
+    cache = DynamicCache(config=model.config)
+    prompt = decoder(input_ids=batch.input_ids[first, :lp], attention_mask=batch.attention_mask[first, :lp],
+                     position_ids=batch.position_ids[first, :lp], past_key_values=cache, use_cache=True)
+    last = prompt.last_hidden_state[inverse, lp - 1:]  # predicts each sequence's first completion token
+    if T == 1:
+        return last
+    cache.batch_select_indices(inverse)  # each sequence's own copy of its prompt's keys and values
+    rest = decoder(input_ids=batch.input_ids[:, lp: lp + T - 1], attention_mask=batch.attention_mask[:, : lp + T - 1],
+                   position_ids=batch.position_ids[:, lp: lp + T - 1], past_key_values=cache, use_cache=True)
+    return torch.cat([last, rest.last_hidden_state], dim=1)
+
+
 def forward_completions(model, batch: Batch, temperature: float, precision: Precision = Precision(),
-                        chunk_tokens: int = 0, entropy: bool = False, keep_hidden: bool = False) -> Forward:
+                        chunk_tokens: int = 0, entropy: bool = False, keep_hidden: bool = False,
+                        share_prompts: bool = True) -> Forward:
     """log softmax(logits / T) of the completion tokens of ``batch`` in one pass of ``model`` (gradients follow
-    torch's grad mode); the output layer runs on the real completion tokens only, in chunks."""
+    torch's grad mode); the output layer runs on the real completion tokens only, in chunks. ``share_prompts``: run
+    each distinct prompt once (``completion_hidden``)."""
     device = batch.input_ids.device
-    T, lp = batch.completion_ids.shape[1], batch.prompt_width
     with precision.autocast(device):
-        out = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                  position_ids=batch.position_ids, use_cache=False)
-        hidden = out.last_hidden_state[:, lp - 1: lp - 1 + T]
+        hidden = completion_hidden(model, batch, share_prompts)
         real = batch.completion_mask > 0
         logp_real, ent_real = token_logprobs(LogitHead(model, temperature), hidden[real], batch.completion_ids[real],
                                              chunk_tokens, entropy)
@@ -147,7 +196,7 @@ def forward_completions(model, batch: Batch, temperature: float, precision: Prec
 def completion_logprobs(model, batch: Batch, temperature: float, precision: Precision = Precision(), *,
                         micro_batch: int = 0, chunk_tokens: int = 0, entropy: bool = False,
                         keep_hidden: bool = False, by_length: bool = False,
-                        rows: torch.Tensor | None = None, ranks: Ranks = SINGLE) -> Forward:
+                        rows: torch.Tensor | None = None, ranks: Ranks = SINGLE, share_prompts: bool = True) -> Forward:
     """``forward_completions`` without gradients, ``micro_batch`` sequences per pass (0: no limit); ``by_length``:
     sequences of similar length share a pass, padded only to the longest of them (``Batch.passes``); ``rows``: only
     these sequences (a rank's share; the others' values are zero). Under FSDP (``ranks``) this rank also runs the
@@ -159,7 +208,8 @@ def completion_logprobs(model, batch: Batch, temperature: float, precision: Prec
         zeros = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=batch.completion_ids.device)
         return Forward(zeros, zeros.clone() if entropy else None, None)
     return Forward.assemble(batch, rows, [forward_completions(model, batch.take(r), temperature, precision,
-                                                              chunk_tokens, entropy, keep_hidden) for r in rows])
+                                                              chunk_tokens, entropy, keep_hidden, share_prompts)
+                                          for r in rows])
 
 
 def idle_pass(model, batch: Batch, temperature: float, precision: Precision = Precision(),

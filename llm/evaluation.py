@@ -45,16 +45,18 @@ def mean_exact_j(model, task: TokenizedTask, temperature: float, pad: int, preci
 
 
 def evaluate(model, task: TokenizedTask, *, temperature: float, max_tokens: int, generations: int, seed: int,
-             pad: int, precision: Precision = Precision(), exact: bool = True) -> dict[str, float]:
+             pad: int, precision: Precision = Precision(), exact: bool = True, sampler=None) -> dict[str, float]:
     """``eval/*`` metrics of the policy ``model`` on the task's test prompts: exact J (when the task allows
-    it), sampled accuracy (``generations`` completions per prompt at ``temperature``) and greedy accuracy."""
+    it), sampled accuracy (``generations`` completions per prompt at ``temperature``) and greedy accuracy.
+    ``sampler``: a sampler holding ``model``'s weights (the run's vLLM engine or server); None: ``generate`` on
+    ``model`` itself."""
     prompts = task.test_prompt_ids
     if not prompts:
         return {}
     out = {"eval/num_prompts": float(len(prompts))}
     if exact and task.task.has_exact_j:
         out["eval/j"] = mean_exact_j(model, task, temperature, pad, precision, test=True)
-    sampler = TransformersSampler(model, task.eos, pad, copy=False)
+    sampler = sampler or TransformersSampler(model, task.eos, pad, copy=False)
     idx = list(range(len(prompts)))
     for name, n, greedy in (("accuracy_sampled", generations, False), ("accuracy_greedy", 1, True)):
         roll = sampler.generate(prompts, n, max_tokens, temperature, seed, greedy=greedy)

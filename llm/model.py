@@ -28,15 +28,6 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def resolve_model_path(config: GRPOConfig, log=print) -> str:
-    """The model directory or hub name to load; empty means the built-in tiny model (built on first use)."""
-    if config.model_name_or_path:
-        return config.model_name_or_path
-    from .tiny import tiny_model_dir
-
-    return str(tiny_model_dir(log=log))
-
-
 def _why(exc: BaseException) -> str:
     """transformers' loading error in one line, with our flag's name where it asks for remote code."""
     text = str(exc)
@@ -51,6 +42,23 @@ def check_model_path(path: str, field: str = "model_name_or_path") -> None:
     local = Path(path).expanduser()
     if (path.startswith((".", "/", "~")) or local.exists()) and not local.is_dir():
         raise ValueError(f"{field}: no model directory at {path!r}")
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """transformers without its progress bars and warnings for the duration (loading and saving a model draws a bar
+    per call, which the trainer's own progress output does not need); restored afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def load_policy(path: str, device: torch.device, trust_remote_code: bool = False, attn_implementation: str = "auto"):
@@ -70,8 +78,9 @@ def load_policy(path: str, device: torch.device, trust_remote_code: bool = False
         raise ValueError(f"model_name_or_path: {path!r} holds no tokenizer (tokenizer.json, vocab or merges files)")
     try:
         attn = {} if attn_implementation == "auto" else {"attn_implementation": attn_implementation}
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code,
-                                                     **attn)
+        with quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                         trust_remote_code=trust_remote_code, **attn)
     except ImportError as exc:  # e.g. flash_attention_2 without the flash-attn package
         raise ValueError(f"attn_implementation: {attn_implementation} cannot be used here ({_why(exc)})") from None
     except (OSError, ValueError, TypeError, KeyError) as exc:

@@ -13,6 +13,7 @@ step - weights_step, from v to 2v - 1 after the first window.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -61,6 +62,16 @@ class RolloutWindow:
         self._ready: dict[int, StepRollout] = {}
         self._pending: dict[int, Future] = {}  # window start -> its completions, being generated
         self._pool: ThreadPoolExecutor | None = None
+        self._calls: list[tuple[int, float]] = []  # (tokens generated, seconds) of finished sampler calls
+
+    def call_metrics(self) -> dict[str, float]:
+        """``sampling/call_tokens`` and ``time/sampler_tokens_per_s`` of the sampler calls finished since the last
+        call of this method (a window's one call at its first step; none at the other steps)."""
+        calls, self._calls = self._calls, []
+        if not calls:
+            return {}
+        tokens, seconds = sum(c[0] for c in calls), sum(c[1] for c in calls)
+        return {"sampling/call_tokens": float(tokens), "time/sampler_tokens_per_s": tokens / max(seconds, 1e-9)}
 
     def prompts_of(self, step: int) -> tuple[list[int], list[int]]:
         """Indices into the task's training prompts of the P training and the held-out prompts of ``step``,
@@ -92,6 +103,11 @@ class RolloutWindow:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
         self._pending[w0] = self._pool.submit(self._generate, w0, w0)
 
+    def wait(self) -> None:
+        """Wait until no generation is in flight (its completions are kept for ``get``)."""
+        for future in self._pending.values():
+            future.exception()  # waits; an error surfaces at ``get``
+
     def close(self) -> None:
         """Wait for a generation in flight (the sampler may not be closed under it) and drop its result."""
         if self._pool is not None:
@@ -107,8 +123,10 @@ class RolloutWindow:
         steps = list(range(w0, min(w0 + v, cfg.max_steps))) if cfg.window_generation else [w0]
         prompts = {s: self.prompts_of(s) for s in steps}
         idx = [i for s in steps for part in prompts[s] for i in part]
+        t0 = time.perf_counter()
         roll = self.sampler.generate([self.prompt_tokens[i] for i in idx], G, cfg.max_completion_length,
                                      cfg.temperature, step_seed(cfg.seed, w0))
+        self._calls.append((sum(map(len, roll.completion_ids)), time.perf_counter() - t0))
         ready, start = {}, 0
         for s in steps:
             train, held = prompts[s]

@@ -34,11 +34,12 @@ from .config import GRPOConfig
 __all__ = ["RunDir", "read_metrics", "RESUMABLE_FIELDS"]
 
 #: Fields that may change when a run is resumed (they do not change what a step computes, up to float rounding
-#: for the micro-batch and chunk sizes and for sharding the blocks with FSDP; a restarted server may listen elsewhere).
+#: for the micro-batch and chunk sizes, shared prompts and sharding the blocks with FSDP; a restarted server may
+#: listen elsewhere).
 RESUMABLE_FIELDS = {"max_steps", "logging_steps", "save_steps", "progress", "report_to", "num_threads", "output_dir",
                     "server_url", "server_timeout", "server_sync_address", "per_device_train_batch_size",
                     "gradient_checkpointing", "group_by_length", "attn_implementation", "logit_chunk_tokens",
-                    "trust_remote_code", "max_consecutive_skipped_updates", "fsdp"}
+                    "trust_remote_code", "max_consecutive_skipped_updates", "fsdp", "share_prompts"}
 
 
 def tensor_bytes(obj) -> int:
@@ -223,6 +224,8 @@ class RunDir:
 
     def save_final_model(self, model, tokenizer) -> None:
         path = self.path / "final_model"
-        with writing(path):
+        from .model import quiet_transformers
+
+        with writing(path), quiet_transformers():
             model.save_pretrained(path)
             tokenizer.save_pretrained(path)

@@ -34,6 +34,9 @@ from .data import Prompt, PromptData, load_prompt_data, rows_of
 
 RewardFn = Callable[[str, str], float]
 
+#: A reward that reads its prompt's own record (a procedural generator's entry): (completion, row, test) -> [0, 1].
+RowRewardFn = Callable[[str, int, bool], float]
+
 #: The exact expected-reward hook: the completions (text before EOS) that score 1 for an answer.
 AcceptedFn = Callable[[str], Sequence[str]]
 
@@ -53,9 +56,10 @@ class BatchReward:
 class Task:
     """A finite pool of training prompts with answers, an optional test pool, and a verifiable reward.
 
-    Exactly one of ``reward_fn`` (a text reward), ``reward_funcs`` (functions with TRL's signature, weighted)
-    and ``accepted`` (a finite set of accepted completions per answer: the reward is then 1 iff the completion's
-    tokens are one of them followed by EOS) is set. A prompt is a string or a conversation (a list of messages);
+    Exactly one of ``reward_fn`` (a text reward), ``row_reward`` (a text reward that reads the prompt's own record,
+    as a procedural generator's scorer does), ``reward_funcs`` (functions with TRL's signature, weighted) and
+    ``accepted`` (a finite set of accepted completions per answer: the reward is then 1 iff the completion's tokens
+    are one of them followed by EOS) is set. A prompt is a string or a conversation (a list of messages);
     ``answers`` is empty for data without an ``answer`` column (only reward functions can score it then), and
     ``columns`` holds the data's other columns, passed to reward functions by name.
     """
@@ -70,6 +74,7 @@ class Task:
     reward_funcs: tuple[BatchReward, ...] = ()
     columns: dict[str, tuple] = field(default_factory=dict)
     test_columns: dict[str, tuple] = field(default_factory=dict)
+    row_reward: RowRewardFn | None = None
 
     def __post_init__(self):
         if len(self.prompts) == 0:
@@ -78,7 +83,8 @@ class Task:
                                           (self.test_prompts, self.test_answers, self.test_columns)):
             if answers and len(answers) != len(prompts) or any(len(c) != len(prompts) for c in columns.values()):
                 raise ValueError("dataset: prompts and their answers or columns differ in number")
-        if (self.reward_fn is not None) + (self.accepted is not None) + bool(self.reward_funcs) != 1:
+        kinds = (self.reward_fn is not None) + (self.row_reward is not None) + (self.accepted is not None)
+        if kinds + bool(self.reward_funcs) != 1:
             raise ValueError("reward_fn: a task needs exactly one of a text reward, reward functions and an "
                              "accepted-completions hook")
         if not self.reward_funcs and (not self.answers or (self.test_prompts and not self.test_answers)):
@@ -101,11 +107,11 @@ class Task:
 
     def with_reward(self, reward_fn: RewardFn) -> "Task":
         """The same prompts scored by a user's text reward (no exact J any more)."""
-        return replace(self, reward_fn=reward_fn, accepted=None, reward_funcs=())
+        return replace(self, reward_fn=reward_fn, accepted=None, reward_funcs=(), row_reward=None)
 
     def with_reward_funcs(self, funcs: Sequence[BatchReward]) -> "Task":
         """The same prompts scored by reward functions with TRL's signature (no exact J any more)."""
-        return replace(self, reward_fn=None, accepted=None, reward_funcs=tuple(funcs))
+        return replace(self, reward_fn=None, accepted=None, reward_funcs=tuple(funcs), row_reward=None)
 
     def bind(self, tokenizer, chat_template: bool = False) -> "TokenizedTask":
         return TokenizedTask(self, tokenizer, chat_template)
@@ -184,6 +190,10 @@ class TokenizedTask:
             total, self.last_parts = batch_rewards(t.reward_funcs, [prompts[i] for i in prompt_idx], completions,
                                                    [list(c) for c in completion_ids], rows_of(columns, prompt_idx))
             return total
+        if self.task.row_reward is not None:
+            row_reward = self.task.row_reward
+            return np.array([text_reward(lambda c, _a, i=i: row_reward(c, i, test), t, answers[i])
+                             for i, t in zip(prompt_idx, texts)], dtype=np.float64)
         return np.array([text_reward(self.task.reward_fn, t, answers[i]) for i, t in zip(prompt_idx, texts)],
                         dtype=np.float64)
 
@@ -376,14 +386,18 @@ def import_reward_funcs(paths: Sequence[str], weights: Sequence[float]) -> list[
 
 
 def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "", reward_funcs: Sequence[str] = (),
-              reward_weights: Sequence[float] = (), answer_check: str = "math_verify") -> Task:
-    """``arithmetic`` (built in, with its own test split), or data in TRL's format (``llm.data``: a file, a saved
-    data set or ``hf:<name>``; GSM8K's rows are mapped onto it) with ``eval_dataset`` as its test split.
+              reward_weights: Sequence[float] = (), answer_check: str = "math_verify", generator=None) -> Task:
+    """``arithmetic`` (built in, with its own test split), ``reasoning_gym:<name>`` (a procedural generator,
+    ``llm.procedural``, with ``generator``: a ``GeneratorSpec``), or data in TRL's format (``llm.data``: a file, a
+    saved data set or ``hf:<name>``; GSM8K's rows are mapped onto it) with ``eval_dataset`` as its test split.
     """
-    if dataset == "arithmetic":
+    from .procedural import PREFIX, GeneratorSpec, reasoning_gym_task
+
+    if dataset == "arithmetic" or dataset.startswith(PREFIX):
         if eval_dataset:
-            raise ValueError("eval_dataset: the built-in arithmetic task has its own test split; leave it empty")
-        task = arithmetic_task()
+            raise ValueError(f"eval_dataset: the task {dataset} has its own test split; leave it empty")
+        task = (arithmetic_task() if dataset == "arithmetic"
+                else reasoning_gym_task(dataset[len(PREFIX):], generator or GeneratorSpec()))
         if reward_fn:
             task = task.with_reward(import_reward_fn(reward_fn))
         if reward_funcs:

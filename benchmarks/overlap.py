@@ -92,7 +92,9 @@ def run_cli(name: str, model_dir: Path, out: Path, v: int, launcher: list[str], 
     from llm.rundir import read_metrics
 
     rows = read_metrics(run)[v:]
-    phases = {k: statistics.fmean(r[k] for r in rows) for k in rows[0] if k.startswith("time/")}
+    from llm.metrics import PHASE_KEYS
+
+    phases = {k: statistics.fmean(r[k] for r in rows) for k in PHASE_KEYS}
     return {"name": name, "steps_per_s": 1 / sum(phases.values()), **phases}
 
 

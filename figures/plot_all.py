@@ -152,8 +152,8 @@ def llm_runs(llm_dirs: list[Path]) -> None:
             if key in rows[0]:
                 axes[2].plot(k, np.cumsum([r[key] for r in rows]), style, label=f"{d.name} {key}")
         axes[3].plot(k, [r["improvement"] for r in rows], label=f"{d.name} exact improvement")
-        if "heldout/bound/lower_tight" in rows[0]:
-            axes[3].plot(k, [r["heldout/bound/lower_tight"] for r in rows], ".", ms=3,
+        if "heldout/bound_est/lower_tight" in rows[0]:
+            axes[3].plot(k, [r["heldout/bound_est/lower_tight"] for r in rows], ".", ms=3,
                          label=f"{d.name} tight bound (held-out est.)")
     axes[0].set_title("exact J (training and test prompts)")
     axes[1].set_title("TV(pi_k, alpha)")

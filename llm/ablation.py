@@ -27,6 +27,8 @@ import numpy as np
 from runkit.cli import parse, run_main
 from runkit.tables import mean_std
 
+from .metrics import step_seconds
+
 ABLATION = {
     "on-policy (v=1, i=1)": dict(sync_period=1, num_iterations=1, mask_zero_std_groups=False),
     "on-policy + mask": dict(sync_period=1, num_iterations=1),
@@ -105,7 +107,7 @@ def summarise(rows: list[dict], target: float) -> dict[str, float]:
     """The table's numbers for one run."""
     j = np.array([r["j/pi_new"] for r in rows])
     hit = np.flatnonzero(j >= target)
-    bound = np.array([r["heldout/bound/lower_tight"] for r in rows])
+    bound = np.array([r["heldout/bound_est/lower_tight"] for r in rows])
     exact = np.array([r["improvement"] for r in rows])
     return {
         "test_j": rows[-1]["eval/j"],
@@ -113,11 +115,10 @@ def summarise(rows: list[dict], target: float) -> dict[str, float]:
         "train_j": float(j[-1]),
         "steps_to_target": float(hit[0] + 1) if hit.size else float("nan"),
         "tv_k": float(np.mean([r["tv/pi_k_alpha"] for r in rows])),
-        "prompts_bound_positive": float(np.mean([r["heldout/bound/frac_lower_tight_positive"] for r in rows])),
+        "prompts_bound_positive": float(np.mean([r["heldout/bound_est/frac_lower_tight_positive_nonzero_std"] for r in rows])),
         "steps_bound_positive": float(np.mean(bound > 0)),
         "steps_bound_exceeds": float(np.mean(bound > exact)),
-        "seconds_per_step": float(np.median([sum(v for k, v in r.items() if k.startswith("time/") and k != "time/eval")
-                                             for r in rows])),
+        "seconds_per_step": float(np.median([step_seconds(r, exclude=("eval",)) for r in rows])),
     }
 
 

@@ -29,11 +29,24 @@ class GRPOConfig:
     model_name_or_path: str = ""
     """Local model directory or hub name. Empty: the built-in tiny Qwen2 (built and cached locally)."""
     dataset: str = "arithmetic"
-    """'arithmetic' (built in, with its own train/test split), or data in TRL's format read with ``datasets``: a
+    """'arithmetic' (built in, with its own train/test split), 'reasoning_gym:<name>' (a procedural generator of the
+    reasoning-gym package, e.g. reasoning_gym:basic_arithmetic, scored by its own checker; options below), or data in TRL's format read with ``datasets``: a
     .json/.jsonl/.parquet/.csv file, a directory written by save_to_disk (its 'train' split), or 'hf:<name>'. Rows
     have a 'prompt' (a string, or a list of messages rendered with the chat template), an optional 'answer' (the
     default reward's reference) and any other columns (passed to --reward-funcs by name); GSM8K's rows (question,
     answer ending in '#### N') are mapped onto it."""
+    generator_kwargs: tuple[str, ...] = ()
+    """Options of a procedural generator (``--dataset reasoning_gym:<name>``) as key=value, values read as Python
+    literals: ``--generator-kwargs min_terms=2 max_terms=2 max_digits=1`` (the generator's own option names)."""
+    generator_train_size: int = 1000
+    """Training prompts drawn from a procedural generator (fewer when its problem space is smaller)."""
+    generator_test_size: int = 100
+    """Test prompts drawn from a procedural generator, none of them a training prompt."""
+    generator_seed: int = 0
+    """Seed of the procedural generator's entries and of their train/test split (independent of ``seed``, so runs
+    with different seeds share one split)."""
+    generator_instruction: str = "Reply with the final answer only."
+    """Appended to every question of a procedural generator, on its own line."""
     eval_dataset: str = ""
     """Test prompts for a data set other than the built-in one, in the same formats ('test' split of a saved
     DatasetDict or a hub data set)."""
@@ -117,7 +130,8 @@ class GRPOConfig:
     """KL(pi || pi_ref) weight (k3 estimator, per token). 0 skips the reference model (and the kl metrics)."""
     use_bias_correction_kl: bool = True
     """Multiply the per-token k3 by pi/alpha (TRL's name): the tokens are sampled from alpha, and only with the
-    correction does the KL term estimate KL(pi || pi_ref) off-policy (docs/theory.md, §8.4)."""
+    correction is each token's term an estimate of KL(pi || pi_ref) at its position (per-token, along alpha's
+    prefixes; docs/theory.md, §8.4)."""
     loss_type: Literal["grpo", "dapo", "dr_grpo"] = "dapo"
     """Normaliser: grpo = mean over each sequence's tokens then over sequences; dapo = over all
     tokens of the batch; dr_grpo = over (sequences x max_completion_length)."""
@@ -171,6 +185,12 @@ class GRPOConfig:
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (transformers'
     gradient checkpointing): activation memory of a micro-batch drops from about one layer's worth per layer
     to one hidden state per layer, for about one more forward pass of compute."""
+    share_prompts: bool = True
+    """Run each distinct prompt of a pass through the decoder once and its G completions on its cached keys and values
+    (gradients flow back into the prompt's pass), instead of every completion with its own copy of the prompt: the
+    same log-probs and gradients up to float rounding for about P x prompt + P x G x completion positions instead of
+    P x G x (prompt + completion). Used where it spares a quarter of the positions or more; not with --fsdp or
+    --gradient-checkpointing (which drop the cache)."""
     logit_chunk_tokens: int = 0
     """Completion tokens whose full-vocabulary logits exist at once (the output layer runs chunk by chunk; in
     the backward pass a chunk's logits are recomputed). 0: 256 MB of float32 logits per chunk (441 tokens for
@@ -195,15 +215,15 @@ class GRPOConfig:
     verify_sync: bool = True
     """Right after every sync, recompute log alpha with the trainer and compare with the sampler's
     (sampling/logp_diff_*; a loud warning if they disagree). One forward pass per v steps."""
-    tv_diagnostics: bool = True
+    tv_diagnostics: bool = False
     """Log Monte-Carlo estimates of the chain-rule upper bound on TV from full next-token distributions
-    (``*_chain_ub_est``; needs alpha's forward at every step)."""
-    insample_diagnostics: bool = True
+    (``*_chain_ub_est``): a forward pass of alpha's weights at every step with lag > 0. Off by default (the
+    unbiased sequence-level ``tv/*`` estimates need no extra pass)."""
+    insample_diagnostics: bool = False
     """Log the in-sample estimates of the terms involving pi_{k+1} (``insample/*``): one more forward pass of the
-    updated policy over the training batch per step (about 1.5 s of a 9 s step on the benchmark model). They
-    are biased upwards (pi_{k+1} was fitted to these samples; docs/theory.md, §8); ``--heldout-prompts``
-    gives unbiased ones. Off: the step skips that pass; the pi_k quantities (TV(pi_k, alpha), the lag
-    penalty, the sync check) need no extra pass and stay."""
+    updated policy over the training batch per step. They are biased upwards (pi_{k+1} was fitted to these samples;
+    docs/theory.md, §8), hence off by default; ``--heldout-prompts`` gives unbiased ones. The pi_k quantities
+    (TV(pi_k, alpha), the lag penalty, the sync check) need no extra pass and are always logged."""
     insample_diagnostics_steps: int = 1
     """With ``insample_diagnostics``: compute them at every this many steps only (steps k with k % N == 0), so
     their forward pass costs 1/N of a pass per step. Each computed row is the same estimate as at N = 1; what is
@@ -248,6 +268,11 @@ class GRPOConfig:
         require(self, self.num_iterations >= 1, "num_iterations", "must be >= 1")
         require(self, self.heldout_prompts >= 0, "heldout_prompts", "must be >= 0")
         require(self, self.eval_steps >= 0, "eval_steps", "must be >= 0")
+        require(self, self.generator_train_size >= 1, "generator_train_size", "must be >= 1")
+        require(self, self.generator_test_size >= 0, "generator_test_size", "must be >= 0")
+        require(self, self.generator_seed >= 0, "generator_seed", "must be >= 0")
+        require(self, not self.generator_kwargs or self.dataset.startswith("reasoning_gym:"), "generator_kwargs",
+                "apply to --dataset reasoning_gym:<name> only")
         require(self, self.insample_diagnostics_steps >= 1, "insample_diagnostics_steps", "must be >= 1")
         require(self, not (self.reward_fn and self.reward_funcs), "reward_funcs",
                 "give either --reward-fn (one completion at a time) or --reward-funcs, not both")
@@ -290,6 +315,19 @@ class GRPOConfig:
                 "device", "expected auto, cpu or cuda[:n]")
 
     # ---- derived values ----------------------------------------------------------------------
+    @property
+    def generator(self):
+        """The procedural generator's settings (``llm.procedural.GeneratorSpec``)."""
+        from .procedural import GeneratorSpec
+
+        return GeneratorSpec(self.generator_kwargs, self.generator_train_size, self.generator_test_size,
+                             self.generator_seed, self.generator_instruction)
+
+    @property
+    def prompts_shared(self) -> bool:
+        """Whether passes share prompts (``share_prompts``, unless FSDP or gradient checkpointing rules it out)."""
+        return self.share_prompts and not self.fsdp and not self.gradient_checkpointing
+
     @property
     def completions_per_step(self) -> int:
         return self.prompts_per_step * self.num_generations

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 import grpo_theory as gt
+import grpo_theory.estimators as ge
 
 from .logprobs import TokenDists
 
@@ -102,17 +103,24 @@ def sampler_gap(logp_sampler: torch.Tensor, logp_trainer: torch.Tensor, mask: to
     return {"sampling/logp_diff_mean": float(diff.sum() / mask.sum()), "sampling/logp_diff_max": float(diff.max())}
 
 
-def chain_tv_estimate(a: TokenDists, b: TokenDists, mask: torch.Tensor, chunk_tokens: int = 0) -> float:
-    """Mean over sequences of sum_t TV(a_t, b_t) over completion positions (``mask`` (B, T)): a Monte-Carlo
-    estimate of the chain-rule upper bound on the sequence-level TV. The distributions are expanded from hidden
-    states ``chunk_tokens`` positions at a time, never for the whole batch."""
+def chain_tv_sum(a: TokenDists, b: TokenDists, mask: torch.Tensor, chunk_tokens: int = 0) -> float:
+    """Sum over sequences and completion positions (``mask`` (B, T)) of TV(a_t, b_t): divided by the number of
+    sequences (``chain_tv_estimate``), a Monte-Carlo estimate of the chain-rule upper bound on the sequence-level TV.
+    The distributions are expanded from hidden states ``chunk_tokens`` positions at a time, never for the whole
+    batch."""
     pairs = zip(a.chunks(mask, chunk_tokens), b.chunks(mask, chunk_tokens))
-    total = sum(float(tv_rows(pa, pb).sum()) for pa, pb in pairs)
-    return total / mask.shape[0]
+    return sum(float(tv_rows(pa, pb).sum()) for pa, pb in pairs)
+
+
+def chain_tv_estimate(total: float, sequences: int) -> float:
+    """min(1, ``total`` / ``sequences``): the chain-rule estimate clipped at 1. TV <= 1, so min(1, E sum_t TV_t) is
+    still an upper bound on TV; the clip lowers the estimate only where it exceeded 1, to a value that bounds TV."""
+    return min(1.0, total / max(sequences, 1))
 
 
 def group_statistics(group_rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-prompt mean and plug-in (population) standard deviation of the training groups (P, G)."""
+    """Per-prompt mean and plug-in (population) standard deviation of the training groups (P, G): descriptive
+    statistics of the sampled rewards (``sigma/*``), not the bound's estimate of sigma (``grpo_theory.estimators``)."""
     r = np.asarray(group_rewards, dtype=np.float64)
     uniform = np.full(r.shape, 1.0 / r.shape[1])  # the group's empirical distribution
     mean = np.where(np.ptp(r, axis=1) == 0, r[:, 0], gt.expected_reward(uniform, r))  # exact for equal rewards
@@ -123,65 +131,93 @@ def group_statistics(group_rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 #: which is what they are; numpy's warnings about it are silenced, the values are logged as they are.
 _overflow_is_the_answer = np.errstate(over="ignore", invalid="ignore")
 
+#: Per-prompt estimates in units of J (scaled back by the reward range's width); the others (TVs) are not.
+J_UNIT_TERMS = ("improvement", "bound_est/surrogate", "bound_est/penalty_tv", "bound_est/penalty_lag",
+                "bound_est/lower", "bound_est/penalty_tv_tight", "bound_est/penalty_lag_tight", "bound_est/lower_tight")
+#: Terms also averaged over the prompts whose sampled rewards vary (``<term>_nonzero_std``): the prompts the
+#: zero-variance mask trains on.
+NONZERO_STD_TERMS = ("improvement", "bound_est/lower", "bound_est/lower_tight")
+
+
+@_overflow_is_the_answer
+def per_prompt_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndarray, eps: float,
+                         reward_range: RewardRange = UNIT_RANGE) -> dict[str, np.ndarray]:
+    """Theorem 1's estimates for each of P prompts (``grpo_theory.estimators``; docs/theory.md, §8) from its group:
+    ``rewards`` and the sequence log-ratios log pi_k/alpha and log pi_{k+1}/alpha, each (P, G). With a
+    ``reward_range`` other than [0, 1] the terms are those of the rescaled reward, in units of the reward."""
+    r = reward_range.rescale(rewards)
+    w_k, w_new = np.exp(np.asarray(log_w_k, np.float64)), np.exp(np.asarray(log_w_new, np.float64))
+    paper = ge.bound_estimates(r, w_new, w_k, eps, gt.bound_constant(tight=False))
+    tight = ge.bound_estimates(r, w_new, w_k, eps, gt.bound_constant(tight=True, reward_range=1.0))
+    out = {
+        "tv/pi_k_alpha": ge.tv_estimate(w_k),
+        "tv/pi_new_alpha": ge.tv_estimate(w_new),
+        "improvement": ge.improvement_estimate(r, w_new, w_k),
+        "bound_est/surrogate": paper.surrogate,
+        "bound_est/penalty_tv": paper.penalty_tv,
+        "bound_est/penalty_lag": paper.penalty_lag,
+        "bound_est/lower": paper.lower,
+        "bound_est/penalty_tv_tight": tight.penalty_tv,
+        "bound_est/penalty_lag_tight": tight.penalty_lag,
+        "bound_est/lower_tight": tight.lower,
+    }
+    for key in J_UNIT_TERMS:  # back to units of the reward: J(pi) - J(pi_k) = width (J'(pi) - J'(pi_k))
+        out[key] = reward_range.width * out[key]
+    return out
+
+
+def _mean_and_se(values: np.ndarray) -> tuple[float, float]:
+    """Mean over prompts and its standard error (sample standard deviation / sqrt(n); nan below 2 prompts)."""
+    if values.size == 0:
+        return float("nan"), float("nan")
+    se = float(values.std(ddof=1) / np.sqrt(values.size)) if values.size > 1 else float("nan")
+    return float(values.mean()), se
+
 
 @_overflow_is_the_answer
 def bound_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndarray, eps: float,
-                    reward_range: RewardRange = UNIT_RANGE) -> dict[str, float]:
-    """Theorem 1 estimates from groups of completions of P prompts: ``rewards`` and the sequence log-ratios
-    log pi_k/alpha and log pi_{k+1}/alpha, each (P, G). Returns means over prompts; callers prefix them with
-    ``insample/`` or ``heldout/`` (which one decides the bias: see the module docstring). With a ``reward_range``
-    other than [0, 1] the terms are those of the rescaled reward, in units of the reward (module docstring)."""
-    r = reward_range.rescale(rewards)
-    _, sigma = group_statistics(r)
-    w_k, w_new = np.exp(np.asarray(log_w_k, np.float64)), np.exp(np.asarray(log_w_new, np.float64))
-    tv_k = 0.5 * np.mean(np.abs(w_k - 1.0), axis=1)
-    tv_new = 0.5 * np.mean(np.abs(w_new - 1.0), axis=1)
-    s = np.sqrt(sigma**2 + eps)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        surrogate = np.where(s > 0, np.mean((w_new - 1.0) * r, axis=1) / np.where(s > 0, s, 1.0), 0.0)
-    weight = gt.penalty_weight(sigma, eps)
-    paper = gt.combine_bound(surrogate, weight, tv_new, tv_k, gt.bound_constant(tight=False))
-    tight = gt.combine_bound(surrogate, weight, tv_new, tv_k, gt.bound_constant(tight=True, reward_range=1.0))
-    improvement = np.mean((w_new - w_k) * r, axis=1)
-    varied = sigma > 0  # the prompts the zero-variance mask keeps
-    width = reward_range.width  # back to units of the reward: J(pi) - J(pi_k) = width (J'(pi) - J'(pi_k))
-    nz = (lambda x: width * float(x[varied].mean()) if varied.any() else float("nan"))
-    mean = (lambda x: width * float(x.mean()))  # noqa: E731
-    return {
-        "tv/pi_k_alpha": float(tv_k.mean()),
-        "tv/pi_new_alpha": float(tv_new.mean()),
-        "improvement": mean(improvement),
-        "improvement_nonzero_std": nz(improvement),
-        "bound/surrogate": mean(paper.surrogate),
-        "bound/penalty_tv": mean(paper.penalty_tv),
-        "bound/penalty_lag": mean(paper.penalty_lag),
-        "bound/lower": mean(paper.lower),
-        "bound/penalty_tv_tight": mean(tight.penalty_tv),
-        "bound/penalty_lag_tight": mean(tight.penalty_lag),
-        "bound/lower_tight": mean(tight.lower),
-        "bound/frac_lower_tight_positive": float(np.mean(tight.lower > 0)),
-        "bound/lower_nonzero_std": nz(paper.lower),
-        "bound/lower_tight_nonzero_std": nz(tight.lower),
-    }
+                    reward_range: RewardRange = UNIT_RANGE, standard_errors: bool = False) -> dict[str, float]:
+    """The prompt means of ``per_prompt_estimates`` (callers prefix them with ``insample/`` or ``heldout/``, which
+    decides the bias: module docstring), the same over the prompts with varied rewards (``*_nonzero_std``), the
+    share of those whose estimated tight bound is positive, and the Kish effective sample size of each weight
+    (``ess/*``, a fraction of the completions). ``standard_errors``: also ``<key>_se`` for every mean (prompts are
+    independent draws, so the standard error of a mean over them is their sample standard deviation over
+    sqrt(P))."""
+    per = per_prompt_estimates(rewards, log_w_k, log_w_new, eps, reward_range)
+    varied = np.ptp(np.asarray(rewards, np.float64), axis=1) > 0  # the prompts the zero-variance mask keeps
+    means = {key: v for key, v in per.items()}
+    means.update({f"{key}_nonzero_std": per[key][varied] for key in NONZERO_STD_TERMS})
+    out = {}
+    for key, values in means.items():
+        out[key], se = _mean_and_se(values)
+        if standard_errors:
+            out[f"{key}_se"] = se
+    tight = per["bound_est/lower_tight"][varied]
+    out["bound_est/frac_lower_tight_positive_nonzero_std"] = float(np.mean(tight > 0)) if tight.size else float("nan")
+    out["ess/pi_k_alpha"] = float(ge.kish_ess_fraction(np.exp(np.asarray(log_w_k, np.float64))))
+    out["ess/pi_new_alpha"] = float(ge.kish_ess_fraction(np.exp(np.asarray(log_w_new, np.float64))))
+    return out
 
 
 @_overflow_is_the_answer
 def group_metrics(group_rewards: np.ndarray, log_w_k: np.ndarray, eps: float,
                   reward_range: RewardRange = UNIT_RANGE) -> dict[str, float]:
     """Quantities of the training groups that involve only alpha and pi_k (no bias from the update):
-    TV(pi_k, alpha), the largest sequence weight pi_k/alpha, and the per-prompt sigma (of the rewards) and weight
-    (1 - s)/s (of the rewards rescaled to ``reward_range``, as in Theorem 1)."""
+    TV(pi_k, alpha) (unbiased, ``grpo_theory.estimators.tv_estimate``), the largest sequence weight pi_k/alpha and
+    their effective sample size, the groups' sampled reward standard deviation (``sigma/*``, plug-in) and the
+    penalty weight (1 - s~)/s~ the bound's estimates use (of the rewards rescaled to ``reward_range``)."""
     _, sigma = group_statistics(group_rewards)
-    weight = gt.penalty_weight(sigma / reward_range.width, eps)
-    finite = weight[np.isfinite(weight)]
+    r = reward_range.rescale(group_rewards)
+    weight = gt.penalty_weight(ge.leave_one_out_sigma(r), eps)
     w_k = np.exp(np.asarray(log_w_k, np.float64))
     return {
-        "tv/pi_k_alpha": float((0.5 * np.mean(np.abs(w_k - 1.0), axis=1)).mean()),
+        "tv/pi_k_alpha": float(ge.tv_estimate(w_k).mean()),
         "is_weight_seq/max": float(w_k.max()),
+        "ess/pi_k_alpha": float(ge.kish_ess_fraction(w_k)),
         "sigma/mean": float(sigma.mean()),
         "sigma/min": float(sigma.min()),
-        "bound/weight_mean": float(finite.mean()) if finite.size else float("inf"),
-        "bound/weight_max": float(weight.max()),
+        "sigma/weight_mean": float(weight.mean()),
+        "sigma/weight_max": float(weight.max()),
     }
 
 

@@ -10,11 +10,13 @@ Per completion token (or per sequence with ``ratio_level="sequence"``):
 With alpha = pi_k (v = 1) r' = 1 and this is on-policy GRPO/PPO clipping. r' is computed from the
 log-probabilities; it is never assumed to be 1.
 
-The KL term (docs/theory.md, §8.4): k3 = e^d - d - 1 with d = log pi_ref - log pi is an unbiased
-per-token estimate of KL(pi || pi_ref) on tokens sampled from pi. The tokens here come from alpha, so by
-default (``use_bias_correction_kl``, TRL's name) k3 is multiplied by the token ratio pi/alpha, which
-makes its average an importance-sampled estimate of the same KL; without it the average estimates
-E_alpha[k3], which is not KL(pi || pi_ref) once pi != alpha.
+The KL term (docs/theory.md, §8.4): k3 = e^d - d - 1 with d = log pi_ref - log pi has expectation
+KL(pi(.|x, y_<t) || pi_ref(.|x, y_<t)) over a token y_t drawn from pi given its prefix. The tokens here come from
+alpha, so by default (``use_bias_correction_kl``, TRL's name) k3 is multiplied by the token ratio pi/alpha: each
+term's expectation given its prefix is then that per-token KL, with the prefix drawn from alpha. Summed over a
+completion it estimates E_{y ~ alpha} sum_t KL(pi || pi_ref | y_<t), the per-token KL along alpha's prefixes, not
+the sequence-level KL(pi || pi_ref) = E_{y ~ pi} sum_t KL(... | y_<t), whose prefixes come from pi (the two agree
+at alpha = pi). Without the correction the terms estimate E_alpha[k3], which is neither once pi != alpha.
 
 No ratio overflows (``bounded_ratios``): for A >= 0 the objective depends on r only through min(r, r' + eps), so
 r is capped there in log space, which changes neither f nor its gradient for any r; otherwise r and r' are capped

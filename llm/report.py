@@ -16,14 +16,17 @@ from typing import Annotated
 import numpy as np
 import tyro
 
+from .metrics import PHASE_KEYS, step_seconds
 from .rundir import read_metrics
 
-COLUMNS = ["reward", "j/pi_k", "tv/pi_k_alpha", "tv/pi_k_alpha_chain_ub_est", "is_weight/max",
-           "insample/tv/pi_new_alpha", "heldout/tv/pi_new_alpha",
-           "improvement", "insample/improvement", "heldout/improvement",
-           "insample/bound/lower_tight", "heldout/bound/lower_tight",
-           "insample/bound/lower_tight_nonzero_std", "heldout/bound/lower_tight_nonzero_std",
-           "sampling/logp_diff_max"]
+COLUMNS = ["reward", "j/pi_new", "improvement", "heldout/improvement", "insample/improvement",
+           "tv/pi_k_alpha", "heldout/tv/pi_k_alpha", "tv/pi_k_alpha_chain_ub_est", "heldout/tv/pi_new_alpha",
+           "insample/tv/pi_new_alpha", "ess/pi_k_alpha", "heldout/ess/pi_new_alpha",
+           "heldout/bound_est/lower_tight", "heldout/bound_est/lower_tight_nonzero_std",
+           "heldout/bound_est/frac_lower_tight_positive_nonzero_std", "insample/bound_est/lower_tight",
+           "is_weight/max", "kl", "kl/k3", "sampling/logp_diff_max"]
+#: A held-out estimate is judged against the exact value in units of its standard error.
+SE_MULTIPLE = 3.0
 
 
 def _mean(rows: list[dict], key: str) -> float:
@@ -31,36 +34,86 @@ def _mean(rows: list[dict], key: str) -> float:
     return float(np.mean(vals)) if vals else float("nan")
 
 
+def _share(flags) -> str:
+    flags = list(flags)
+    return f"{sum(flags)} of {len(flags)} ({np.mean(flags):.1%})" if flags else "none"
+
+
 def summarise(run_dir: str | Path, window: int = 10) -> str:
+    """The run in numbers, from metrics.jsonl alone: means of the main metrics over the first and last ``window``
+    steps and over all, then what the estimates did against the exact values where the task has them."""
     rows = read_metrics(run_dir)
     if not rows:
         return f"{run_dir}: no metrics"
-    n = min(window, len(rows))
+    n = min(window, max(1, len(rows) // 2))  # first and last never overlap (one step: the same row)
     first, last = rows[:n], rows[-n:]
-    lines = [f"run {run_dir}: {len(rows)} steps (means over the first and last {n} steps)",
-             f"  {'metric':<42}{'first':>12}{'last':>12}"]
+    lines = [f"run {run_dir}: {len(rows)} step{'s' if len(rows) > 1 else ''} (means over the first and last "
+             f"{n} step{'s' if n > 1 else ''}, and over all)",
+             f"  {'metric':<56}{'first':>11}{'last':>11}{'all':>11}"]
     for c in COLUMNS:
-        if c in rows[0]:
-            lines.append(f"  {c:<42}{_mean(first, c):>12.4g}{_mean(last, c):>12.4g}")
-    if "improvement" in rows[0]:
-        lines.append(f"  exact J over the training prompts: {rows[0]['j/pi_k']:.4f} -> {rows[-1]['j/pi_new']:.4f}")
-        total = {k: sum(r.get(k, 0.0) for r in rows) for k in ("improvement", "insample/improvement", "heldout/improvement")}
-        est = ", ".join(f"{k} {v:+.4f}" for k, v in total.items() if k in rows[0] and k != "improvement")
-        lines.append(f"  summed over the steps: exact improvement {total['improvement']:+.4f}" + (f"; estimates: {est}" if est else ""))
-        for prefix in ("insample", "heldout"):
-            key = f"{prefix}/bound/lower_tight"
-            if key in rows[0]:
-                above = np.mean([r[key] > r["improvement"] for r in rows])
-                lines.append(f"  steps where the {prefix} estimate of the tight bound exceeds the exact improvement: {above:.1%}")
+        if any(c in r for r in rows):
+            lines.append(f"  {c:<56}{_mean(first, c):>11.4g}{_mean(last, c):>11.4g}{_mean(rows, c):>11.4g}")
+    lines += exact_comparison(rows)
+    lagged = [r for r in rows if r.get("lag", 0) > 0]
+    if lagged:
+        lines.append(f"  steps with lag > 0: {len(lagged)}; their mean tv/pi_k_alpha {_mean(lagged, 'tv/pi_k_alpha'):.4f}"
+                     f", largest is_weight/max {max(r['is_weight/max'] for r in lagged):.3g}")
+        chain = [r for r in lagged if "tv/pi_k_alpha_chain_ub_est" in r]
+        if chain:
+            lines.append("  chain-rule estimate below the importance-sampled TV estimate on "
+                         f"{_share(r['tv/pi_k_alpha_chain_ub_est'] < r['tv/pi_k_alpha'] for r in chain)} of them")
     evals = [r for r in rows if "eval/j" in r or "eval/accuracy_greedy" in r]
     if evals:
         first_eval = {k.replace("eval_initial/", "eval/"): v for k, v in rows[0].items() if k.startswith("eval_initial/")}
         for key in ("eval/j", "eval/accuracy_sampled", "eval/accuracy_greedy"):
             if key in evals[-1]:
-                lines.append(f"  test prompts, {key}: {first_eval.get(key, float('nan')):.4f} (initial) -> {evals[-1][key]:.4f} (final)")
-    t = np.median([sum(r.get(k, 0.0) for k in r if k.startswith("time/")) for r in rows])
-    lines.append(f"  median seconds per step: {t:.3f}")
+                during = ", ".join(f"{r[key]:.3f}" for r in evals[:-1])
+                lines.append(f"  test prompts, {key}: {first_eval.get(key, float('nan')):.4f} (initial) -> "
+                             f"{evals[-1][key]:.4f} (final)" + (f"; at the evaluations between: {during}" if during
+                                                                 else ""))
+    calls = [r for r in rows if "sampling/call_tokens" in r]
+    if calls:
+        tokens = sum(r["sampling/call_tokens"] for r in calls)
+        seconds = sum(r["sampling/call_tokens"] / r["time/sampler_tokens_per_s"] for r in calls)
+        lines.append(f"  generation: {tokens:.0f} tokens in {len(calls)} sampler calls, {tokens / seconds:.0f} tokens/s")
+    times = {k: float(np.mean([r.get(k, 0.0) for r in rows])) for k in PHASE_KEYS}
+    totals = [step_seconds(r) for r in rows]
+    phases = ", ".join(f"{k[5:]} {v:.2f}" for k, v in times.items() if v > 0.005)
+    lines.append(f"  seconds per step: median {np.median(totals):.3f}, mean {np.mean(totals):.3f} (mean per phase: "
+                 f"{phases})")
     return "\n".join(lines)
+
+
+def exact_comparison(rows: list[dict]) -> list[str]:
+    """Lines comparing the estimates with the exact improvement (tasks with exact J): sums over the steps, the
+    held-out estimate's error in its own standard errors, and how often an estimated bound exceeded the exact
+    improvement (at all, and by more than ``SE_MULTIPLE`` standard errors of the held-out estimate)."""
+    if "improvement" not in rows[0]:
+        return []
+    exact = np.array([r["improvement"] for r in rows])
+    lines = [f"  exact J over the training prompts: {rows[0]['j/pi_k']:.4f} -> {rows[-1]['j/pi_new']:.4f}; exact "
+             f"improvement positive on {_share(exact > 0)} steps"]
+    sums = {k: sum(r.get(k, 0.0) for r in rows) for k in ("heldout/improvement", "insample/improvement")
+            if k in rows[0]}
+    lines.append(f"  summed over the steps: exact improvement {exact.sum():+.4f}" +
+                 "".join(f"; {k} {v:+.4f}" for k, v in sums.items()))
+    if "heldout/improvement_se" in rows[0]:
+        diff = np.array([r["heldout/improvement"] for r in rows]) - exact
+        se = np.array([r["heldout/improvement_se"] for r in rows])
+        spread = diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else float("nan")
+        lines.append(f"  heldout/improvement - exact: mean {diff.mean():+.5f} ± {spread:.5f} (standard error over the "
+                     f"steps); within {SE_MULTIPLE:g} of its standard errors on {_share(np.abs(diff) <= SE_MULTIPLE * se)}"
+                     " steps")
+    for prefix in ("heldout", "insample"):
+        key = f"{prefix}/bound_est/lower_tight"
+        if key in rows[0]:
+            bound = np.array([r[key] for r in rows])
+            line = f"  {key} above the exact improvement on {_share(bound > exact)} steps"
+            if f"{key}_se" in rows[0]:
+                se = np.array([r[f"{key}_se"] for r in rows])
+                line += f"; by more than {SE_MULTIPLE:g} standard errors on {_share(bound - exact > SE_MULTIPLE * se)}"
+            lines.append(line)
+    return lines
 
 
 # ----------------------------------------------------------------------------------------------
@@ -72,8 +125,8 @@ TV_CURVES = [("tv/pi_k_alpha", "TV(pi_k, alpha), IS estimate", "-"),
              ("tv/pi_k_alpha_chain_ub_est", "TV(pi_k, alpha), chain-rule bound (est.)", "--"),
              ("heldout/tv/pi_new_alpha", "TV(pi_k+1, alpha), held-out", "-."),
              ("insample/tv/pi_new_alpha", "TV(pi_k+1, alpha), in-sample (biased up)", ":")]
-BOUND_ESTIMATES = [("heldout/bound/lower_tight", "held-out estimate"),
-                   ("insample/bound/lower_tight", "in-sample estimate (biased up)")]
+BOUND_ESTIMATES = [("heldout/bound_est/lower_tight", "held-out estimate"),
+                   ("insample/bound_est/lower_tight", "in-sample estimate (biased up)")]
 EVAL_CURVES = [("eval/j", "exact J", "-"), ("eval/accuracy_sampled", "accuracy, sampled", "--"),
                ("eval/accuracy_greedy", "accuracy, greedy", ":")]
 
@@ -143,7 +196,8 @@ def plot_runs(run_dirs: Sequence[str | Path], out_dir: str | Path, window: int =
     for rows, label, color in zip(runs, labels, colors * len(runs)):
         k, r = series(rows, "reward")
         ax.plot(k, r, color=color, alpha=0.3, lw=0.8)
-        ax.plot(k, rolling_mean(r, window), color=color, label=f"{label} (mean of {window} steps)")
+        w = min(window, len(k))
+        ax.plot(k, rolling_mean(r, w), color=color, label=f"{label} (mean of {w} step{'s' if w > 1 else ''})")
     ax.set(xlabel="step", ylabel="mean reward of the step's completions", title="training reward")
     ax.legend(fontsize=8)
     save(fig, "reward.png")
@@ -175,11 +229,18 @@ def plot_runs(run_dirs: Sequence[str | Path], out_dir: str | Path, window: int =
         ax.legend(fontsize=7)
         save(fig, "tv.png")
 
-    if any(realised_improvement(rows) and any(key in rows[0] for key, _ in BOUND_ESTIMATES) for rows in runs):
+    if any(any(key in rows[0] for key, _ in BOUND_ESTIMATES) for rows in runs):
         fig, (ax, cum) = plt.subplots(1, 2, figsize=(12, 4.8))
+        by_step = not any(realised_improvement(rows) for rows in runs)  # nothing to set the bound against
         for rows, label, color in zip(runs, labels, colors * len(runs)):
             real = realised_improvement(rows)
             if real is None:
+                for (key, name), style in zip(BOUND_ESTIMATES, ("--", ":")):
+                    k, b = series(rows, key)
+                    if len(k) and by_step:
+                        ax.plot(k, b, style, marker=".", color=color, lw=0.8, label=f"{label}: {name}")
+                    if len(k):
+                        cum.plot(k, np.cumsum(b), style, color=color, label=f"{label}: bound, {name}")
                 continue
             k, imp = series(rows, real[0])
             cum.plot(k, np.cumsum(imp), color=color, label=f"{label}: {real[1]}")
@@ -193,11 +254,15 @@ def plot_runs(run_dirs: Sequence[str | Path], out_dir: str | Path, window: int =
                            label=f"{label}: {name} ({above:.0%} of steps above)")
                 cum.plot(steps, np.cumsum(b), style, color=color,
                          label=f"{label}: bound, {name}" + ("" if len(b) == len(k) else f" ({len(b)} steps)"))
-        lims = ax.get_xlim()
-        ax.plot(lims, lims, "k-", lw=0.8, label="bound = improvement")
-        ax.set(xlabel="realised improvement of the step", ylabel="tight lower bound (estimated)",
-               title="Theorem 1 per step: points below the line are bounds that hold")
-        ax.set_xscale("symlog", linthresh=1e-3)
+        if by_step:
+            ax.set(xlabel="step", ylabel="tight lower bound (estimated)",
+                   title="Theorem 1 per step (no realised improvement logged to compare with)")
+        else:
+            lims = ax.get_xlim()
+            ax.plot(lims, lims, "k-", lw=0.8, label="bound = improvement")
+            ax.set(xlabel="realised improvement of the step", ylabel="tight lower bound (estimated)",
+                   title="Theorem 1 per step: points below the line are bounds that hold")
+            ax.set_xscale("symlog", linthresh=1e-3)
         ax.set_yscale("symlog", linthresh=1e-3)
         cum.set(xlabel="step", ylabel="sum over steps", title="cumulative improvement and bound")
         ax.legend(fontsize=7)

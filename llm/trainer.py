@@ -46,9 +46,10 @@ from .distributed import (SINGLE, Ranks, clip_gradients, close_ranks, collective
 from .logprobs import (Forward, LogitHead, TokenDists, check_head, completion_logprobs, forward_completions,
                        idle_pass)
 from .loss import LossStats, grpo_loss, loss_weights
-from .model import (Precision, add_lora, copy_weights, frozen_copy, is_lora, load_policy, resolve_device,
-                    resolve_model_path)
+from .model import Precision, add_lora, copy_weights, frozen_copy, is_lora, load_policy, resolve_device
+from .pretrained import resolve_model_path
 from .rollout import RolloutWindow, StepRollout, weights_step, window_start
+from .metrics import PHASES
 from .rundir import RunDir, read_metrics
 from .sampling import Rollout, Sampler, TransformersSampler, make_sampler, max_model_len, probe_sync
 from .trackers import Trackers, check_trackers
@@ -61,6 +62,9 @@ from .tasks import TokenizedTask, load_task
 SYNC_LOGP_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25}
 
 StepCallback = Callable[[int, dict], None]
+
+#: Completions of the last step written to samples.jsonl at each checkpoint (the first of each of as many groups).
+SAMPLES_KEPT = 4
 
 
 # ----------------------------------------------------------------------------------------------
@@ -118,10 +122,10 @@ def setup(config: GRPOConfig, log=print, ranks: Ranks = SINGLE) -> tuple[Models,
                          "torchrun's process group; under torchrun use --sampler server (vLLM in its own process) or "
                          "--sampler transformers")
     task = load_task(config.dataset, config.reward_fn, config.eval_dataset, config.reward_funcs, config.reward_weights,
-                     config.answer_check)
+                     config.answer_check, config.generator)
     if not ranks.main:
         ranks.barrier()  # rank 0 builds the built-in model's files first
-    model_path = resolve_model_path(config, log=log)
+    model_path = resolve_model_path(config.model_name_or_path, log=log)
     if ranks.main:
         ranks.barrier()
     policy, tokenizer = load_policy(model_path, device, config.trust_remote_code, config.attn_implementation)
@@ -182,7 +186,7 @@ def logprobs(config: GRPOConfig, models: Models, model: torch.nn.Module, batch: 
     out = completion_logprobs(model, batch, config.temperature, models.precision,
                               micro_batch=config.per_device_train_batch_size, chunk_tokens=config.logit_chunk_tokens,
                               by_length=config.group_by_length, rows=ranks.rows(batch.size, config.num_generations),
-                              ranks=ranks, **kw)
+                              ranks=ranks, share_prompts=config.prompts_shared, **kw)
     return whole_batch(ranks, out)
 
 
@@ -198,12 +202,14 @@ def whole_batch(ranks: Ranks, fwd: Forward) -> Forward:
 def chain_tv(config: GRPOConfig, models: Models, a: TokenDists, b: TokenDists, mask: torch.Tensor) -> float:
     """``llm.diagnostics.chain_tv_estimate`` over the whole batch: each rank sums over its own rows (where its
     hidden states are) and the sums are added up."""
-    rows = models.ranks.rows(mask.shape[0], config.num_generations)
+    sequences = mask.shape[0]
+    rows = models.ranks.rows(sequences, config.num_generations)
     if rows is not None:
         mine = torch.zeros_like(mask)
         mine[rows.to(mask.device)] = mask[rows.to(mask.device)]
         mask = mine
-    return models.ranks.sum_float(dg.chain_tv_estimate(a, b, mask, config.logit_chunk_tokens))
+    return dg.chain_tv_estimate(models.ranks.sum_float(dg.chain_tv_sum(a, b, mask, config.logit_chunk_tokens)),
+                                sequences)
 
 
 def dists(config: GRPOConfig, models: Models, model: torch.nn.Module, hidden: torch.Tensor | None) -> TokenDists | None:
@@ -398,7 +404,8 @@ def optimise(config: GRPOConfig, models: Models, batch: Batch, groups: Groups, l
         stats = LossStats()
         for j, (rows, mb) in enumerate(zip(parts, passes)):
             fwd = forward_completions(models.policy, mb, config.temperature, models.precision,
-                                      config.logit_chunk_tokens, entropy=it == 0, keep_hidden=it == 0 and tv)
+                                      config.logit_chunk_tokens, entropy=it == 0, keep_hidden=it == 0 and tv,
+                                      share_prompts=config.prompts_shared)
             if it == 0:
                 first.append(Forward(fwd.logp.detach(), fwd.entropy, fwd.hidden))
             logp_k = first[j].logp
@@ -472,7 +479,8 @@ def diagnose(config: GRPOConfig, models: Models, batch: Batch, rewards: np.ndarr
         new = logprobs(config, models, models.policy, batch, keep_hidden=behaviour.dists is not None)
         insample = dg.bound_estimates(rewards, log_w_k, dg.sequence_log_ratio(new.logp, behaviour.logp, cm, P, G),
                                       config.variance_eps, reward_range)
-        del insample["tv/pi_k_alpha"]  # the same number as the top-level (unbiased) tv/pi_k_alpha
+        for same in ("tv/pi_k_alpha", "ess/pi_k_alpha"):  # the same numbers as the top-level (unbiased) ones
+            del insample[same]
         row.update(dg.prefixed("insample", insample))
         if behaviour.dists is not None:
             row["insample/tv/pi_new_alpha_chain_ub_est"] = chain_tv(
@@ -514,8 +522,10 @@ def diagnose_heldout(config: GRPOConfig, models: Models, heldout: Heldout,
     P, G = heldout.rewards.shape
     log_w = lambda logp: dg.sequence_log_ratio(logp, heldout.logp_alpha, cm, P, G)  # noqa: E731
     est = dg.bound_estimates(heldout.rewards, log_w(heldout.logp_k), log_w(logp_new), config.variance_eps,
-                             reward_range)
-    est["reward"] = float(heldout.rewards.mean())
+                             reward_range, standard_errors=True)
+    rewards = heldout.rewards.mean(axis=1)
+    est["reward"], est["reward_se"] = float(rewards.mean()), float(rewards.std(ddof=1) / np.sqrt(P)) if P > 1 else \
+        float("nan")
     return dg.prefixed("heldout", est)
 
 
@@ -570,6 +580,28 @@ class RangeTracker:
         self.range = wider
         row["bound/reward_lo"], row["bound/reward_hi"] = wider.lo, wider.hi
         return wider
+
+
+#: Warn when the importance weights' effective sample size falls below this fraction of the completions.
+ESS_WARN_FRACTION = 0.1
+
+
+class EssWatch:
+    """Say when the Kish effective sample size of the sequence weights (``ess/*`` and ``heldout/ess/*``) falls
+    below ``ESS_WARN_FRACTION`` of the completions: the estimates then rest on a handful of completions. Said once
+    when it happens, again only after it has recovered."""
+
+    def __init__(self):
+        self.low = False
+
+    def see(self, row: dict, write) -> None:
+        low = {k: v for k, v in row.items() if "ess/" in k and not k.endswith("_se") and v < ESS_WARN_FRACTION}
+        if low and not self.low:
+            worst = min(low, key=low.get)
+            write(f"WARNING step {row['step']}: the importance weights' effective sample size is {low[worst]:.1%} of "
+                  f"the completions ({worst}): TV, improvement and bound estimates rest on a few completions "
+                  "(their *_se say how much); a lower learning rate or v keeps the policies closer")
+        self.low = bool(low)
 
 
 class ExactJ:
@@ -631,10 +663,6 @@ def restore_checkpoint(models: Models, ckpt: dict) -> int:
     if models.ref is not None:
         load_whole_state_dict(models.ref, ckpt["ref"])
     return ckpt["step"]
-
-
-#: Timed phases of a step, in order; every metrics row carries ``time/<phase>`` for each (0 when skipped).
-PHASES = ("sync", "generate", "score", "behaviour", "reference", "optimise", "diagnostics", "eval")
 
 
 class PhaseTimer:
@@ -752,12 +780,13 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
     rollouts = RolloutWindow(config, task.task, task.prompt_ids, models.sampler)
     exact = ExactJ(config, models, task)
     ranges = RangeTracker(task, run, start, log)
+    ess = EssWatch()
     G = config.num_generations
     stop = GracefulStop(log)
     bar = tqdm(total=config.max_steps, initial=start, disable=not (config.progress and ranks.main), dynamic_ncols=True,
                unit="step")
     write = bar.write if ranks.main else (lambda *a: None)  # rank 0 speaks for the run
-    step, skips_in_a_row = start, 0
+    step, skips_in_a_row, samples = start, 0, []
     try:
         for step in range(start, config.max_steps):
             if ranks.max_float(float(stop.requested)):  # every rank stops at the same step
@@ -768,7 +797,7 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
             if config.eval_steps and step == 0 and ranks.joins_rank0:  # the policy before any update
                 with timer("eval"):
                     row.update({k.replace("eval/", "eval_initial/"): v for k, v in
-                                run_evaluation(config, models, task, step).items()})
+                                run_evaluation(config, models, task, step, rollouts).items()})
             if config.async_generation:
                 step_rollout = async_rollout(config, models, rollouts, step, start, fresh, timer, row)
             else:
@@ -779,6 +808,7 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
                     rollouts.clear()
                 with timer("generate"):
                     step_rollout = ranks.broadcast(rollouts.get(step) if ranks.main else None)
+            row.update(rollouts.call_metrics())
             prompt_idx, roll = step_rollout.prompt_idx, step_rollout.rollout
             with timer("score"):
                 rewards, texts = score_once(models.ranks, task, prompt_idx, roll, G)
@@ -809,8 +839,9 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
             evaluate_now = config.eval_steps and ((step + 1) % config.eval_steps == 0 or step + 1 == config.max_steps)
             if evaluate_now and ranks.joins_rank0:
                 with timer("eval"):  # the updated policy pi_{k+1}
-                    row.update(run_evaluation(config, models, task, step + 1))
+                    row.update(run_evaluation(config, models, task, step + 1, rollouts))
             warn_if_stale(config, row, fresh, write)
+            ess.see(row, write)
             row.update(timer.seconds)
             run.append_metrics(row)
             skips_in_a_row = skips_in_a_row + 1 if row["skipped_updates"] else 0
@@ -822,11 +853,11 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
                     "checkpoint holds weights from before it")
             if models.ref is not None and config.ref_sync_steps and (step + 1) % config.ref_sync_steps == 0:
                 copy_weights(models.ref, models.policy)  # pi_ref <- pi_theta
+            samples = [{"step": step, "prompt": task.task.prompts[prompt_idx[j // G]], "completion": texts[j],
+                        "reward": float(rewards.reshape(-1)[j])} for j in range(0, rewards.size, G)][:SAMPLES_KEPT]
             if config.save_steps and (step + 1) % config.save_steps == 0 and step + 1 < config.max_steps:
                 save_checkpoint(run, models, step + 1)
-                run.append_samples([{"step": step, "prompt": task.task.prompts[prompt_idx[j // G]],
-                                     "completion": texts[j], "reward": float(rewards.reshape(-1)[j])}
-                                    for j in range(0, rewards.size, G)][:4])
+                run.append_samples(samples)
             for cb in callbacks:
                 cb(step, row)
             report_progress(config, bar, row, log)
@@ -838,14 +869,16 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
         log(f"aborted during step {step}; the last checkpoint in {run.path} is kept (run the same command to resume)")
         raise
     finally:
+        bar.close()  # also before an error's one line, which then starts on a line of its own
         stop.restore()
         rollouts.close()  # a window in flight finishes before the sampler may close
-    bar.close()
     if stop.requested:
         save_checkpoint(run, models, step)
+        run.append_samples(samples)
         log(f"interrupted: checkpoint saved after step {step - 1} in {run.path}; run the same command to resume")
         raise KeyboardInterrupt
     save_checkpoint(run, models, config.max_steps)
+    run.append_samples(samples)
     run.save_final_model(unsharded(models, models.policy), models.tokenizer)
 
 
@@ -854,17 +887,42 @@ def run_loop(config: GRPOConfig, run: RunDir, models: Models, task: TokenizedTas
 # ----------------------------------------------------------------------------------------------
 
 
-def run_evaluation(config: GRPOConfig, models: Models, task: TokenizedTask, policy_step: int) -> dict[str, float]:
+def run_evaluation(config: GRPOConfig, models: Models, task: TokenizedTask, policy_step: int,
+                   rollouts: RolloutWindow | None = None) -> dict[str, float]:
     """``eval/*`` of the current policy (after ``policy_step`` updates) on the test prompts. In a step's row
     ``eval/*`` is the policy after that step's update; row 0 also holds ``eval_initial/*``, the policy before any.
-    Under FSDP every rank calls it (to gather the policy into rank 0's whole copy) and rank 0 evaluates."""
+    The run's sampler generates: a vLLM engine or server gets the policy's weights for the evaluation and alpha's
+    back afterwards (before the first update it already holds the policy); a generation in flight (asynchronous
+    generation) finishes first. Under FSDP every rank calls it (to gather the weights into rank 0's whole copy) and
+    rank 0 evaluates."""
     m = models
     policy = unsharded(m, m.policy)
-    if not m.ranks.main:
-        return {}
-    return evaluate(policy, task, temperature=config.temperature, max_tokens=config.max_completion_length,
-                    generations=config.eval_generations, seed=config.seed + policy_step, pad=m.tokenizer.pad_token_id,
-                    precision=m.precision, exact=config.exact_j)
+    engine = uses_engine(config)
+    swap = engine and policy_step > 0
+    if swap:
+        if rollouts is not None:
+            rollouts.wait()  # the background generation uses the sampler's weights until it is done
+        m.sampler.load_weights(policy)
+    out = {}
+    if m.ranks.main:
+        out = evaluate(policy, task, temperature=config.temperature, max_tokens=config.max_completion_length,
+                       generations=config.eval_generations, seed=config.seed + policy_step,
+                       pad=m.tokenizer.pad_token_id, precision=m.precision, exact=config.exact_j,
+                       sampler=m.sampler if engine else None)
+    if swap:
+        m.sampler.load_weights(unsharded(m, sampler_weights(m)))
+    return out
+
+
+def uses_engine(config: GRPOConfig) -> bool:
+    """True when a vLLM engine or server generates (weights reach it only through a sync)."""
+    return config.sampler == "server" or in_process_vllm(config)
+
+
+def sampler_weights(models: Models) -> torch.nn.Module:
+    """The weights the sampler holds between syncs: alpha's, or with asynchronous generation alpha's successor's
+    (the next window is generated from them)."""
+    return models.alpha if models.alpha_next is None else models.alpha_next
 
 
 def log_arithmetic(config: GRPOConfig, models: Models, task: TokenizedTask, model_path: str, log) -> None:
@@ -910,7 +968,7 @@ def report_progress(config: GRPOConfig, bar, row: dict, log) -> None:
     step = row["step"]
     if not config.progress and (step % config.logging_steps == 0 or step + 1 == config.max_steps):
         parts = [f"step {step}: reward {row['reward']:.3f}", f"tv(pi_k,alpha) {row['tv/pi_k_alpha']:.4f}"]
-        for key in ("insample/bound/lower_tight", "heldout/bound/lower_tight", "improvement", "eval/j"):
+        for key in ("insample/bound_est/lower_tight", "heldout/bound_est/lower_tight", "improvement", "eval/j"):
             if key in row:
                 parts.append(f"{key} {row[key]:+.4f}")
         log("  ".join(parts))

@@ -2,6 +2,7 @@
 first-token frequencies against the probabilities a sampler reports."""
 
 import json
+import math
 import shutil
 
 import numpy as np
@@ -65,3 +66,8 @@ def first_tokens_match_reported_probabilities(sampler, policy, tok, prompt: str,
     exp = np.append(expected[big], expected[~big].sum())
     assert big.sum() >= 4  # a spread-out distribution, so a top-k of 3 could not pass
     assert stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > P_REJECT, (obs, exp)
+
+
+def same(a: float, b: float, rel: float, abs_: float) -> bool:
+    """Two logged numbers agree: within the tolerances, or both nan (a standard error of fewer than 2 prompts)."""
+    return math.isclose(a, b, rel_tol=rel, abs_tol=abs_) or (math.isnan(a) and math.isnan(b))

@@ -47,7 +47,8 @@ def test_the_logged_lag_is_the_age_of_the_weights_that_generated_the_samples(tmp
     monkeypatch.setattr(TransformersSampler, "generate", tagged_generate)
     monkeypatch.setattr(trainer_mod, "optimise", tagged_optimise)
     steps = 4 * v + 1
-    rows = read_metrics(train(_config(tmp_path, "run", max_steps=steps, sync_period=v), log=lambda *a: None))
+    rows = read_metrics(train(_config(tmp_path, "run", max_steps=steps, sync_period=v, tv_diagnostics=True),
+                              log=lambda *a: None))  # the token TV recomputes log alpha at every step
     assert [r["lag"] for r in rows] == [k if k < 2 * v else v + k % v for k in range(steps)]
     assert len(set(policies)) == steps  # every update changed the weights: the tags tell the steps apart
     for r in rows:

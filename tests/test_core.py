@@ -90,17 +90,20 @@ def test_clipped_surrogate_at_most_unclipped(case, clip):
 
 @given(bandits(), st.floats(0.05, 1.0), st.floats(0.0, 0.99))
 def test_clipped_equals_unclipped_inside_clip_range(case, clip, frac):
-    """If every ratio pi/alpha is within clip of pi_k/alpha, clipping changes nothing."""
+    """If every ratio pi/alpha is within clip of pi_k/alpha, clipping changes nothing. pi is built inside the window:
+    pi = pi_k + t alpha z with sum(alpha z) = 0 and |z| <= 2, so pi/alpha - pi_k/alpha = t z, with t at most
+    frac clip / 2 and small enough that pi >= 0 (every generated case is one of this property's)."""
     _, pi_k, alpha, r, eps = case
-    pi = pi_k + frac * clip * alpha * np.where(np.arange(len(alpha)) % 2 == 0, 1, -1)
-    pi = np.clip(pi, 0, None)
-    pi = pi / pi.sum()
-    ratio, ratio_k = pi / alpha, pi_k / alpha
-    if np.any(ratio < np.maximum(ratio_k - clip, 0)) or np.any(ratio > ratio_k + clip):
-        return  # renormalisation pushed a ratio out; not this property's case
+    signs = np.where(np.arange(len(alpha)) % 2 == 0, 1.0, -1.0)
+    z = signs - alpha @ signs
+    shrink = np.where(alpha * z < 0, pi_k / np.where(alpha * z < 0, -alpha * z, 1.0), np.inf)
+    t = min(frac * clip / 2, float(shrink.min()))
+    pi = pi_k + t * alpha * z
+    ratio, ratio_k = pi / np.where(alpha > 0, alpha, 1.0), pi_k / np.where(alpha > 0, alpha, 1.0)
+    assert np.all(np.abs(ratio - ratio_k)[alpha > 0] <= clip + 1e-12) and np.all(pi >= -1e-15)
     scale = max(1.0, np.max(np.abs(whitened_advantage(alpha, r, eps))))
-    assert clipped_surrogate(pi, pi_k, alpha, r, eps, clip) == pytest.approx(
-        surrogate(pi, alpha, r, eps), abs=1e-12 * scale)
+    assert clipped_surrogate(np.clip(pi, 0, None), pi_k, alpha, r, eps, clip) == pytest.approx(
+        surrogate(np.clip(pi, 0, None), alpha, r, eps), abs=1e-12 * scale)
 
 
 def test_clip_objective_with_unit_reference_is_ppo():

@@ -13,6 +13,8 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from llm import GRPOConfig, train
+
+from .helpers_exact import same
 from llm.distributed import Ranks
 from llm.rundir import read_metrics
 from llm.trainer import SYNC_LOGP_TOLERANCE
@@ -24,8 +26,10 @@ TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 #: The first step of a torchrun run with two ranks against one process (float32; the samples are the same, the
 #: gradient's float32 sums are split differently): every logged metric to this relative tolerance (or 1e-6 absolute).
 STEP0_RTOL = 1e-4
-#: torchrun --fsdp against one process, every metric of 4 steps (float32).
-FSDP_RTOL = 1e-4
+#: torchrun --fsdp against one process, every metric of 4 steps (float32), or FSDP_ATOL absolute: after the first
+#: update the weights differ by float rounding, which a difference of estimates (a bound's standard error over two
+#: held-out prompts: measured 4e-6 on 0.017) carries as an absolute error.
+FSDP_RTOL, FSDP_ATOL = 1e-4, 1e-5
 #: The FSDP test's runs: a checkpoint after every step, evaluation every 2 steps.
 EVERY = ("--save-steps", "1", "--eval-steps", "2")
 
@@ -90,7 +94,7 @@ def test_two_ranks_compute_the_one_process_step(tmp_path, case, micro_batch, by_
 def _cli(out: Path, steps: int) -> list[str]:
     return ["-m", "llm.train", "--sampler", "transformers", "--max-steps", str(steps), "--prompts-per-step", "8",
             "--heldout-prompts", "2", "--sync-period", "2", "--num-threads", "1", "--no-progress", "--logging-steps",
-            "100", "--output-dir", str(out)]
+            "100", "--tv-diagnostics", "--insample-diagnostics", "--output-dir", str(out)]
 
 
 @pytest.mark.slow
@@ -112,7 +116,7 @@ def test_torchrun_with_two_ranks_logs_the_one_process_metrics(tmp_path):
     first = {k: v for k, v in a[0].items() if not k.startswith("time/")}
     assert first.keys() == {k for k in b[0] if not k.startswith("time/")}
     for key, value in first.items():
-        assert math.isclose(b[0][key], value, rel_tol=STEP0_RTOL, abs_tol=1e-6), (key, value, b[0][key])
+        assert same(b[0][key], value, STEP0_RTOL, 1e-6), (key, value, b[0][key])
     assert torch.load(tmp_path / "two" / "checkpoint.pt", weights_only=True)["world_size"] == 2
 
 
@@ -225,4 +229,4 @@ def test_fsdp_under_torchrun_logs_the_one_process_metrics_and_its_checkpoints_re
                 if key.startswith("sampling/logp_diff"):  # float rounding itself (~1e-6): within the sync check's
                     assert y[key] <= SYNC_LOGP_TOLERANCE["float32"], (name, x["step"], key)
                 elif not key.startswith("time/"):
-                    assert math.isclose(y[key], value, rel_tol=FSDP_RTOL, abs_tol=1e-6), (name, x["step"], key)
+                    assert same(y[key], value, FSDP_RTOL, FSDP_ATOL), (name, x["step"], key)

@@ -196,3 +196,26 @@ def test_a_really_full_disk_mid_write_and_a_really_read_only_directory(tmp_path)
             f"python -m llm.train: error: output_dir: cannot write {fs / 'other'}/.lock: the file system is read-only"]
         subprocess.run(["mount", "-o", "remount,rw", str(fs)], check=True)
         assert [r["step"] for r in read_metrics(train(cfg, log=lambda *a: None))] == list(range(6))
+
+
+def test_an_error_during_the_run_is_one_line_of_its_own_below_the_progress_bar(tmp_path):
+    """A step that fails (here a reward function that raises from the second step on) while the progress bar is
+    drawn: the bar is closed first, so the one-line error starts a line of its own instead of trailing the bar."""
+    (tmp_path / "failing_reward.py").write_text(
+        "calls = 0\n"
+        "def reward(completion, answer):\n"
+        "    global calls\n"
+        "    calls += 1\n"
+        "    if calls > 16:\n"
+        "        raise RuntimeError('reward service down')\n"
+        "    return 1.0 if completion.strip() == answer else 0.0\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    res = subprocess.run([sys.executable, "-m", "llm.train", "--sampler", "transformers", "--max-steps", "3",
+                          "--prompts-per-step", "2", "--reward-fn", "failing_reward:reward", "--output-dir",
+                          str(tmp_path / "run")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2
+    lines = res.stderr.replace("\r", "\n").split("\n")
+    errors = [ln for ln in lines if "error:" in ln]
+    assert errors == ["python -m llm.train: error: reward_fn: raised RuntimeError: reward service down for completion "
+                      + errors[0].split("for completion ", 1)[1]], res.stderr[-2000:]
+    assert "\npython -m llm.train: error:" in res.stderr  # at the start of a line, not after the bar's last draw

@@ -6,7 +6,7 @@ import torch
 
 import grpo_theory as gt
 from llm import GRPOConfig
-from llm.diagnostics import bound_estimates, tv_rows
+from llm.diagnostics import tv_rows
 from llm.loss import (LossStats, clip_flags_torch, clip_objective_torch, clip_window_torch, grpo_loss, k3_kl,
                       loss_weights)
 
@@ -216,33 +216,29 @@ def test_tv_rows_is_grpo_theory_tv():
     assert np.allclose(tv_rows(a, b).numpy(), gt.tv_distance(a.exp().numpy(), b.exp().numpy()), atol=1e-6)
 
 
-class TestBoundEstimates:
-    rewards = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+def _two_token_model(seed):
+    """A tabular language model of 2-token completions over 3 symbols: log p(y1) (3,) and log p(y2 | y1) (3, 3)."""
+    g = torch.Generator().manual_seed(seed)
+    first = torch.log_softmax(torch.randn(3, generator=g, dtype=torch.float64) * 1.5, -1)
+    second = torch.log_softmax(torch.randn(3, 3, generator=g, dtype=torch.float64) * 1.5, -1)
+    return first, second
 
-    def test_same_policy_everything_zero(self):
-        z = np.zeros((2, 4))
-        est = bound_estimates(self.rewards, z, z, 1e-4)
-        for key in ("tv/pi_k_alpha", "tv/pi_new_alpha", "improvement", "bound/surrogate"):
-            assert est[key] == 0.0
 
-    def test_terms_are_the_importance_sampled_formulas(self):
-        """TV = 1/2 mean|w - 1|, improvement = mean (w_new - w_k) r, surrogate = mean (w_new - 1) r / s
-        (docs/theory.md, §8), combined as Theorem 1 says; prompts averaged."""
-        rng = np.random.default_rng(0)
-        lk, ln = 0.3 * rng.normal(size=(2, 4)), 0.3 * rng.normal(size=(2, 4))
-        eps = 0.01
-        est = bound_estimates(self.rewards, lk, ln, eps)
-        lower, improvement = [], []
-        for p in range(2):
-            r, w_new, w_k = self.rewards[p], np.exp(ln[p]), np.exp(lk[p])
-            sigma = r.std()
-            s = np.sqrt(sigma**2 + eps)
-            tv_new, tv_k = 0.5 * np.mean(np.abs(w_new - 1)), 0.5 * np.mean(np.abs(w_k - 1))
-            surrogate = np.mean((w_new - 1) * r) / s
-            lower.append(surrogate - 2 * (1 - s) / s * tv_new - 2 * tv_k)
-            improvement.append(np.mean((w_new - w_k) * r))
-        assert est["bound/lower"] == pytest.approx(np.mean(lower), rel=1e-12)
-        assert est["bound/lower_nonzero_std"] == pytest.approx(lower[0], rel=1e-12)
-        assert est["improvement"] == pytest.approx(np.mean(improvement), rel=1e-12)
-        # the tight constant (rewards in [0, 1]) halves the lag penalty
-        assert est["bound/penalty_lag_tight"] == pytest.approx(est["bound/penalty_lag"] / 2, rel=1e-12)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_corrected_kl_of_multi_token_completions_is_the_per_token_kl_along_alphas_prefixes(seed):
+    """Every 2-token completion as a row, weighted by alpha's probability of it: the loss with A = 0 and beta = 1 is
+    the exact expectation over completions from alpha of the summed per-token terms. With the correction it equals
+    E_alpha[KL(pi(y1) || ref(y1)) + KL(pi(.|y1) || ref(.|y1))], the per-token KL along alpha's prefixes (to 1e-12),
+    which is not the sequence-level KL(pi || ref) = E_pi[...] (prefixes from pi) once alpha != pi."""
+    (p1, p2), (r1, r2), (a1, a2) = (_two_token_model(seed + k) for k in (0, 10, 20))
+    seqs = [(i, j) for i in range(3) for j in range(3)]
+    rows = lambda first, second: torch.stack([torch.stack([first[i], second[i, j]]) for i, j in seqs])  # noqa: E731
+    lp, lref, la = rows(p1, p2), rows(r1, r2), rows(a1, a2)
+    alpha_seq = la.sum(1).exp()
+    kl = lambda p, q: float((p.exp() * (p - q)).sum(-1).sum()) if p.dim() == 1 else (p.exp() * (p - q)).sum(-1)  # noqa
+    per_token = float((a1.exp() * (kl(p1, r1) + kl(p2, r2))).sum())  # E_{y1~alpha}[KL_1 + KL_2(y1)]
+    sequence = float((p1.exp() * (kl(p1, r1) + kl(p2, r2))).sum())  # E_{y1~pi}[...]: KL(pi || ref) of sequences
+    loss, _ = grpo_loss(lp, lp, la, torch.zeros(9, dtype=torch.float64), alpha_seq[:, None].expand(9, 2).clone(),
+                        clip=0.2, beta=1.0, logp_ref=lref)
+    assert loss.item() == pytest.approx(per_token, abs=1e-12)
+    assert abs(per_token - sequence) > 0.01, (per_token, sequence)

@@ -31,21 +31,22 @@ def _config(tmp_path, name, **kw):
 @pytest.mark.slow
 @pytest.mark.parametrize("v", [1, 4])
 def test_exact_j_rises(tmp_path, v):
-    """The expected reward itself (exact J over the training prompts, no sampling noise) rises by the margin;
-    the per-step exact improvements add up to the total, and J of pi_k is J of the previous step's pi_new."""
-    rows = read_metrics(train(_config(tmp_path, f"v{v}", max_steps=80, sync_period=v), log=lambda *a: None))
+    """The expected reward itself (exact J over the training prompts, no sampling noise) rises by the margin, and
+    the test prompts' exact J rises too (the policy learnt the task, not its 160 training prompts)."""
+    rows = read_metrics(train(_config(tmp_path, f"v{v}", max_steps=80, sync_period=v, eval_steps=80),
+                              log=lambda *a: None))
     assert len(rows) == 80
     j0, j1 = rows[0]["j/pi_k"], rows[-1]["j/pi_new"]
     assert j1 - j0 >= LEARNING_MARGIN, (j0, j1)
-    assert sum(r["improvement"] for r in rows) == pytest.approx(j1 - j0, abs=1e-9)
-    assert all(a["j/pi_new"] == b["j/pi_k"] for a, b in zip(rows, rows[1:]))
+    assert rows[-1]["eval/j"] - rows[0]["eval_initial/j"] >= LEARNING_MARGIN / 2
 
 
 @pytest.mark.slow
 def test_off_policy_diagnostics_follow_the_sync_cycle(tmp_path):
     """v = 4: after the first update pi_k != alpha (is_weight departs from 1, TV > 0); right after
     each sync they return to 1 and 0. Held-out, in-sample and exact quantities sit side by side."""
-    cfg = _config(tmp_path, "diag", max_steps=12, sync_period=4, heldout_prompts=8, eval_steps=6)
+    cfg = _config(tmp_path, "diag", max_steps=12, sync_period=4, heldout_prompts=8, eval_steps=6, tv_diagnostics=True,
+                  insample_diagnostics=True)
     rows = read_metrics(train(cfg, log=lambda *a: None))
     assert [r["lag"] for r in rows] == [0, 1, 2, 3] * 3
     for r in rows:
@@ -57,7 +58,7 @@ def test_off_policy_diagnostics_follow_the_sync_cycle(tmp_path):
             assert r["tv/pi_k_alpha"] > 1e-3 and r["tv/pi_k_alpha_chain_ub_est"] > 0
             assert r["heldout/tv/pi_k_alpha"] > 1e-3
         assert r["insample/tv/pi_new_alpha"] > 0 and r["heldout/tv/pi_new_alpha"] > 0
-        assert all(np.isfinite(r[k]) for k in ("insample/bound/lower", "heldout/bound/lower", "improvement"))
+        assert all(np.isfinite(r[k]) for k in ("insample/bound_est/lower", "heldout/bound_est/lower", "improvement"))
     for key in ("time/generate", "time/optimise", "time/sync", "entropy", "kl", "kl/k3", "kl/k3_is",
                 "clip_ratio/low_mean", "clip_ratio/high_mean", "frac_reward_zero_std", "completions/mean_length",
                 "j/pi_k", "j/pi_new", "insample/improvement", "heldout/improvement", "heldout/reward",
@@ -89,7 +90,8 @@ def test_lag0_check_reuses_the_pi_k_forward_and_still_catches_a_skipped_sync(tmp
     monkeypatch.setattr(trainer, "completion_logprobs", counting)
     rows = read_metrics(train(_config(tmp_path, "v1", max_steps=3, beta=0.0), log=lambda *a: None))
     assert not frozen_calls and all(r["sampling/logp_diff_max"] < SYNC_TOL for r in rows)
-    rows = read_metrics(train(_config(tmp_path, "v2", max_steps=4, beta=0.0, sync_period=2), log=lambda *a: None))
+    rows = read_metrics(train(_config(tmp_path, "v2", max_steps=4, beta=0.0, sync_period=2, tv_diagnostics=True),
+                              log=lambda *a: None))  # the token TV needs alpha's distributions at lag 1
     assert len(frozen_calls) == 2 and all(r["sampling/logp_diff_max"] < SYNC_TOL for r in rows)
 
     monkeypatch.setattr(trainer, "sync_weights", lambda models, source=None: None)
@@ -130,18 +132,20 @@ def test_insample_diagnostics_off_skips_only_the_insample_estimates(tmp_path, mo
     counts = {}
     for on in (True, False):
         policy_calls.clear()
-        cfg = _config(tmp_path, f"insample_{on}", max_steps=2, beta=0.0, heldout_prompts=4, insample_diagnostics=on)
+        cfg = _config(tmp_path, f"insample_{on}", max_steps=2, beta=0.0, heldout_prompts=4, insample_diagnostics=on,
+                      tv_diagnostics=True)
         rows = read_metrics(train(cfg, log=lambda *a: None))
         counts[on] = len(policy_calls)
         assert any(k.startswith("insample/") for k in rows[0]) == on
-        for key in ("tv/pi_k_alpha", "tv/pi_k_alpha_chain_ub_est", "heldout/bound/lower", "heldout/improvement",
+        for key in ("tv/pi_k_alpha", "tv/pi_k_alpha_chain_ub_est", "heldout/bound_est/lower", "heldout/improvement",
                     "improvement", "sampling/logp_diff_max"):
             assert key in rows[0], key
     assert counts[True] - counts[False] == 2  # one pass of pi_{k+1} over the training batch per step
 
     policy_calls.clear()  # every 3rd step: steps 0 and 3 of 5 have the estimates and their pass, the others neither
     rows = read_metrics(train(_config(tmp_path, "insample_every3", max_steps=5, beta=0.0, heldout_prompts=4,
-                                      insample_diagnostics_steps=3), log=lambda *a: None))
+                                      insample_diagnostics=True, insample_diagnostics_steps=3, tv_diagnostics=True),
+                              log=lambda *a: None))
     assert [r["step"] for r in rows if "insample/improvement" in r] == [0, 3]
     assert len(policy_calls) == 5 * counts[False] // 2 + 2
 
@@ -186,13 +190,13 @@ def test_a_run_from_before_a_new_config_field_resumes_and_a_changed_one_is_refus
     run = RunDir(cfg)
     run.path.mkdir(parents=True)
     stored = json.loads(cfg.to_json())
-    del stored["insample_diagnostics"]
+    del stored["insample_diagnostics"]  # default False
     (run.path / "config.json").write_text(json.dumps(stored))
     torch.save({"step": 3}, run.checkpoint_path)
     assert RunDir(cfg).open()["step"] == 3
     (run.path / "config.json").write_text(json.dumps(stored))
     with pytest.raises(ValueError, match=r"different config \(insample_diagnostics\)"):
-        RunDir(cfg.replace(insample_diagnostics=False)).open()
+        RunDir(cfg.replace(insample_diagnostics=True)).open()
 
 
 def test_metrics_rows_after_the_checkpoint_are_dropped_on_resume(tmp_path):
@@ -218,3 +222,15 @@ def test_positions_match_generation_with_left_padding():
             alone = completion_logprobs(policy, make_batch([prompts[j]], [comps[j]], tok.pad_token_id, "cpu"), 1.0).logp
             n = len(comps[j])
             assert torch.allclose(both[j, :n], alone[0, :n], atol=1e-5)
+
+
+def test_a_run_shorter_than_save_steps_writes_its_samples(tmp_path):
+    """samples.jsonl holds the last step's first completions of a run that never reached --save-steps: written
+    with the final checkpoint, as every checkpoint writes them."""
+    import json
+
+    cfg = _config(tmp_path, "short", max_steps=3, save_steps=50, prompts_per_step=6)
+    train(cfg, log=lambda *a: None)
+    rows = [json.loads(line) for line in (tmp_path / "short" / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and {r["step"] for r in rows} == {2}
+    assert all(set(r) == {"step", "prompt", "completion", "reward"} and r["prompt"].endswith("=") for r in rows)

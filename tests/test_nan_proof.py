@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import llm.trainer as trainer_mod
@@ -52,6 +52,11 @@ def test_bounded_ratios_leave_the_objective_and_gradient_unchanged_where_finite(
     keep = [i for i in range(4) if adv[i] >= 0 or l[i] <= LOG_RATIO_MAX]
     if not keep:
         return
+    # a ratio on an edge of the clip window to float precision is a tie of min(), whose gradient is a matter of
+    # convention (torch splits it, the bounded form does not): not a case of this property
+    for i in keep:
+        r, rk = math.exp(min(l[i], 700.0)), math.exp(lk[i])
+        assume(all(abs(r - edge) > 1e-6 * max(1.0, edge) for edge in (rk + clip, max(rk - clip, 0.0))))
     sel = lambda x: x[keep]  # noqa: E731
     ref, ref_grad = _loss_and_grad(unbounded, sel(logp), sel(logp_k), sel(logp_alpha), [adv[i] for i in keep], clip)
     got, got_grad = _loss_and_grad(bounded, sel(logp), sel(logp_k), sel(logp_alpha), [adv[i] for i in keep], clip)

@@ -22,7 +22,7 @@ def _rows(n, evals=False, exact=True):
     rows = []
     for k in range(n):
         r = {"step": k, "reward": float(g.random()), "tv/pi_k_alpha": float(g.random() / 10),
-             "heldout/improvement": float(g.normal(0, 0.01)), "heldout/bound/lower_tight": float(g.normal(-0.1, 0.01))}
+             "heldout/improvement": float(g.normal(0, 0.01)), "heldout/bound_est/lower_tight": float(g.normal(-0.1, 0.01))}
         if exact:
             r["improvement"] = float(g.normal(0, 0.01))
         if evals and k % 3 == 2:
@@ -76,3 +76,29 @@ def test_the_command_line_on_real_runs(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "llm.report", str(tmp_path / "nope")], capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "holds no metrics.jsonl" in bad.stderr
+
+
+def test_a_short_run_is_summarised_and_drawn_as_what_it_is(tmp_path):
+    """A 5-step run: the summary's first and last means never overlap (2 steps each), the reward figure's rolling
+    mean says how many steps it spans, and a run with in-sample bound estimates and no realised improvement (a real
+    model, no held-out prompts) still gets its bound figure."""
+    from llm.report import summarise
+
+    rows = [{"step": k, "reward": 0.1 * k, "insample/bound_est/lower_tight": -0.1 * k} for k in range(5)]
+    run = _write_run(tmp_path / "short", rows)
+    text = summarise(run)
+    assert "5 steps (means over the first and last 2 steps, and over all)" in text
+    assert "reward" in text and "0.05" in text and "0.35" in text  # means of 0, 0.1 and of 0.3, 0.4
+    one = _write_run(tmp_path / "one", rows[:1])
+    assert "1 step (means over the first and last 1 step, and over all)" in summarise(one)
+    written = plot_runs([run], tmp_path / "out", window=10)
+    assert sorted(written) == ["bound.png", "reward.png"]
+    import matplotlib.pyplot as plt
+    from unittest import mock
+
+    labels = []
+    real_legend = plt.Axes.legend
+    with mock.patch.object(plt.Axes, "legend", lambda self, *a, **k: labels.extend(
+            t for t in self.get_legend_handles_labels()[1]) or real_legend(self, *a, **k)):
+        plot_runs([run], tmp_path / "out2", window=10)
+    assert "short (mean of 5 steps)" in labels

@@ -32,11 +32,11 @@ def test_tensorboard_gets_every_metric_of_every_step(tmp_path):
     for r in rows:
         for k, v in scalars(r).items():
             expected.setdefault(k, {})[r["step"]] = v
-    assert logged.keys() == expected.keys() and "heldout/bound/lower_tight" in logged and "time/optimise" in logged
+    assert logged.keys() == expected.keys() and "heldout/bound_est/lower_tight" in logged and "time/optimise" in logged
     for key, by_step in expected.items():
         assert logged[key].keys() == by_step.keys(), key
         for step, v in by_step.items():
-            assert logged[key][step] == pytest.approx(v, rel=TB_RTOL, abs=1e-30), (key, step)
+            assert logged[key][step] == pytest.approx(v, rel=TB_RTOL, abs=1e-30, nan_ok=True), (key, step)
 
 
 def test_wandb_offline_gets_every_metric_of_every_step(tmp_path, monkeypatch):
@@ -58,7 +58,9 @@ def test_wandb_offline_gets_every_metric_of_every_step(tmp_path, monkeypatch):
     rows = read_metrics(run)
     assert list((run / "wandb").glob("offline-run-*/run-*.wandb"))
     assert [step for step, _ in calls] == [r["step"] for r in rows]
-    assert all(data == scalars(r) for (_, data), r in zip(calls, rows))
+    for (_, data), r in zip(calls, rows):  # nan (a standard error of one prompt) is the same nan
+        assert data.keys() == scalars(r).keys()
+        assert all(v == pytest.approx(scalars(r)[k], nan_ok=True, rel=0, abs=0) for k, v in data.items())
 
 
 def test_a_tracker_without_its_package_is_refused_in_one_line(tmp_path, monkeypatch):

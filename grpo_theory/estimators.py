@@ -1,0 +1,114 @@
+"""Estimates of Theorem 1's terms from a group of G responses sampled from alpha (docs/theory.md, §8).
+
+A language model's policies cannot be enumerated, so per prompt the trainer sees G responses y_g ~ alpha, their
+rewards r_g in [0, 1] and the importance weights w_g = pi(y_g)/alpha(y_g) (and w_k,g = pi_k(y_g)/alpha(y_g)).
+These functions are the estimators, arrays of shape (..., G) in, one value per group (..., ) out; what each
+estimates and its bias are stated in its docstring and pinned by exact-expectation tests (``tests/theory``):
+
+- ``tv_estimate``: mean_g (1 - w_g)^+, unbiased for TV(pi, alpha), always in [0, 1];
+- ``improvement_estimate``: mean_g (w_g - w_k,g)(r_g - rbar_{-g}), unbiased for J(pi) - J(pi_k), exactly 0 when the
+  group's rewards are all equal (rbar_{-g}: the mean of the other G - 1 rewards, a leave-one-out baseline);
+- ``bound_estimates``: Theorem 1's surrogate, TV penalty, lag penalty and lower bound. The only non-linear
+  ingredient is 1/s; it is estimated for each response from the *other* G - 1 rewards (``inverse_sigma``), so it
+  is independent of that response's weight and the estimate's expectation is exactly the bound's formula with
+  E[1/s~] in place of 1/s (``inverse_sigma_expectation`` gives E[1/s~] for Bernoulli rewards).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .core import combine_bound, penalty_weight
+
+#: Pseudo-observations at reward 0 and at reward 1 (``SIGMA_PSEUDO_COUNT`` each) added to the other G - 1 rewards
+#: before their variance is taken (``inverse_sigma``). Chosen by measurement on exact binomial expectations
+#: (``inverse_sigma_expectation``): it minimises the mean squared log-ratio of E[1/s~] to 1/s over success rates
+#: p uniform on [0.005, 0.995] at eps = 1e-4 for G = 4 and 8 (0.35 for G = 16; the plug-in, no pseudo-observations,
+#: is off by a factor of up to 15 at G = 8). docs/theory.md, §8.5 tabulates the remaining bias.
+SIGMA_PSEUDO_COUNT = 0.3
+
+
+def leave_one_out_mean(r) -> np.ndarray:
+    """rbar_{-g}: the mean of the other G - 1 rewards of each response's group, shape (..., G); needs G >= 2."""
+    r = np.asarray(r, dtype=np.float64)
+    G = r.shape[-1]
+    if G < 2:
+        raise ValueError("r: a leave-one-out mean needs G >= 2 responses per group")
+    return (r.sum(axis=-1, keepdims=True) - r) / (G - 1)
+
+
+def leave_one_out_sigma(r, pseudo: float = SIGMA_PSEUDO_COUNT) -> np.ndarray:
+    """s~-style standard deviation of each response's group without it: the population standard deviation of the
+    other G - 1 rewards together with ``pseudo`` pseudo-rewards at 0 and ``pseudo`` at 1 (rewards in [0, 1]), shape
+    (..., G). For Bernoulli rewards with k successes among the others it is sqrt(m (1 - m)), m = (k + a)/(G - 1 + 2a):
+    the plug-in shrunk towards 1/2, never 0, so 1/s stays finite on an all-equal group."""
+    r = np.asarray(r, dtype=np.float64)
+    G = r.shape[-1]
+    n = G - 1 + 2 * pseudo
+    first = (r.sum(axis=-1, keepdims=True) - r + pseudo) / n
+    second = ((r**2).sum(axis=-1, keepdims=True) - r**2 + pseudo) / n
+    return np.sqrt(np.maximum(second - first**2, 0.0))
+
+
+def inverse_sigma(r, eps, pseudo: float = SIGMA_PSEUDO_COUNT) -> np.ndarray:
+    """1/s~_{-g} = 1/sqrt(leave_one_out_sigma^2 + eps), the estimate of 1/s = 1/sigma_{alpha,eps} used for response g,
+    shape (..., G). It depends only on the other responses of the group."""
+    return 1.0 / np.sqrt(leave_one_out_sigma(r, pseudo) ** 2 + eps)
+
+
+def inverse_sigma_expectation(p, G: int, eps, pseudo: float = SIGMA_PSEUDO_COUNT) -> np.ndarray:
+    """E[1/s~] for Bernoulli rewards with success rate ``p`` and groups of G: the exact binomial expectation over the
+    other G - 1 rewards (compare 1/s = 1/sqrt(p(1 - p) + eps))."""
+    from scipy.stats import binom
+
+    p = np.asarray(p, dtype=np.float64)
+    k = np.arange(G)
+    m = (k + pseudo) / (G - 1 + 2 * pseudo)
+    h = 1.0 / np.sqrt(m * (1 - m) + eps)
+    return np.sum(binom.pmf(k, G - 1, p[..., None]) * h, axis=-1)
+
+
+def tv_estimate(w) -> np.ndarray:
+    """mean_g (1 - w_g)^+: unbiased for TV(pi, alpha) = sum_y (alpha(y) - pi(y))^+ (also where pi puts mass outside
+    alpha's support, which 1/2 mean |w - 1| misses), and in [0, 1] whatever the weights: heavy-tailed sequence weights
+    enter only through min(w, 1)."""
+    return np.mean(np.maximum(1.0 - np.asarray(w, dtype=np.float64), 0.0), axis=-1)
+
+
+def improvement_estimate(r, w_new, w_k) -> np.ndarray:
+    """mean_g (w_new,g - w_k,g)(r_g - rbar_{-g}): unbiased for J(pi) - J(pi_k) (E[w_new - w_k] = 0 and the baseline is
+    independent of response g), exactly 0 on a group of equal rewards."""
+    r = np.asarray(r, dtype=np.float64)
+    return np.mean((np.asarray(w_new) - np.asarray(w_k)) * (r - leave_one_out_mean(r)), axis=-1)
+
+
+def kish_ess_fraction(w, axis=None) -> np.ndarray:
+    """Kish's effective sample size of importance weights as a fraction of their number: (sum w)^2 / (n sum w^2), in
+    (0, 1]; 1 when every weight is equal, 1/n when one weight carries everything."""
+    w = np.asarray(w, dtype=np.float64)
+    n = w.size if axis is None else w.shape[axis]
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.sum(w, axis=axis) ** 2 / (n * np.sum(w**2, axis=axis))
+
+
+def bound_estimates(r, w_new, w_k, eps, c):
+    """Theorem 1's terms (``BoundTerms``, one value per group) from a group of G responses:
+
+        surrogate   = mean_g (w_g - 1)(r_g - rbar_{-g}) / s~_{-g}
+        penalty_tv  = c mean_g (1 - w_g)^+ (1 - s~_{-g})/s~_{-g}
+        penalty_lag = c mean_g (1 - w_k,g)^+
+        lower       = surrogate - penalty_tv - penalty_lag
+
+    with w = pi/alpha, w_k = pi_k/alpha. Each response's 1/s~ comes from the others (``inverse_sigma``), so
+    E[surrogate] = (J(pi) - J(alpha)) E[1/s~], E[penalty_tv] = c TV(pi, alpha)(E[1/s~] - 1) and penalty_lag is
+    unbiased: the estimate of the lower bound is off by (J(pi) - J(alpha) - c TV(pi, alpha)) (E[1/s~] - 1/s), which is
+    0 where E[1/s~] = 1/s and otherwise has the sign of 1/s - E[1/s~] (J(pi) - J(alpha) <= c TV when c >= the reward
+    range). On a group of equal rewards the surrogate is exactly 0."""
+    r = np.asarray(r, dtype=np.float64)
+    w_new, w_k = np.asarray(w_new, dtype=np.float64), np.asarray(w_k, dtype=np.float64)
+    sigma = leave_one_out_sigma(r)
+    with np.errstate(invalid="ignore", over="ignore"):
+        surrogate = (w_new - 1.0) * (r - leave_one_out_mean(r)) / np.sqrt(sigma**2 + eps)
+    weight = penalty_weight(sigma, eps)  # (1 - s~)/s~ = 1/s~ - 1
+    per_response = combine_bound(surrogate, weight, np.maximum(1.0 - w_new, 0.0), np.maximum(1.0 - w_k, 0.0), c)
+    return type(per_response)(*(np.mean(term, axis=-1) for term in per_response))

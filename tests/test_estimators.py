@@ -1,0 +1,122 @@
+"""What each per-prompt estimate of ``grpo_theory.estimators`` estimates, to 1e-10, by exact expectation: every G-tuple
+of responses of a small bandit is enumerated with its probability under alpha (docs/theory.md, §8)."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+import grpo_theory as gt
+import grpo_theory.estimators as ge
+
+#: Exact expectations are sums of at most 4^4 terms: they agree with the closed forms to float64 rounding.
+EXACT = 1e-10
+
+
+def expectation(estimator, pi, pi_k, alpha, r, G):
+    """E over G responses drawn from alpha of ``estimator(rewards, w_new, w_k)`` (each (1, G)), by enumeration."""
+    total = 0.0
+    for ys in itertools.product(range(len(alpha)), repeat=G):
+        prob = np.prod(alpha[list(ys)])
+        if prob == 0:
+            continue
+        ys = np.array(ys)
+        total += prob * float(estimator(r[ys][None], (pi[ys] / alpha[ys])[None], (pi_k[ys] / alpha[ys])[None])[0])
+    return total
+
+
+def policies_and_rewards(seed, K=4, binary=True, gap=False):
+    g = np.random.default_rng(seed)
+    pi, pi_k, alpha = (g.dirichlet(np.ones(K)) for _ in range(3))
+    if gap:  # alpha never samples action 0, which pi and pi_k still take
+        alpha[0] = 0.0
+        alpha /= alpha.sum()
+    r = (g.random(K) < 0.5).astype(float) if binary else g.random(K)
+    if binary and np.ptp(r) == 0:
+        r[0] = 1.0 - r[0]
+    return pi, pi_k, alpha, r
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from([2, 3, 4]), st.booleans())
+@example(seed=0, G=4, gap=True)
+def test_tv_estimate_is_unbiased_and_never_above_one(seed, G, gap):
+    """E mean_g (1 - w_g)^+ = TV(pi, alpha), also where pi puts mass alpha never samples (there the half-L1 form
+    1/2 mean |w - 1| is biased low); and the estimate lies in [0, 1] for any weights."""
+    pi, pi_k, alpha, r = policies_and_rewards(seed, gap=gap)
+    est = expectation(lambda r_, w, wk: ge.tv_estimate(w), pi, pi_k, alpha, r, G)
+    assert est == pytest.approx(float(gt.tv_distance(pi, alpha)), abs=EXACT)
+    half_l1 = expectation(lambda r_, w, wk: 0.5 * np.mean(np.abs(w - 1), axis=-1), pi, pi_k, alpha, r, G)
+    assert half_l1 == pytest.approx(est - (pi[0] / 2 if gap else 0.0), abs=EXACT)  # misses half of pi's mass there
+    assert 0 <= float(ge.tv_estimate(np.array([[1e300, 0.0, 2.0, np.inf]]))[0]) <= 1
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from([2, 3, 4]), st.booleans())
+def test_improvement_estimate_is_unbiased_and_zero_on_equal_rewards(seed, G, binary):
+    pi, pi_k, alpha, r = policies_and_rewards(seed, binary=binary)
+    est = expectation(lambda r_, w, wk: ge.improvement_estimate(r_, w, wk), pi, pi_k, alpha, r, G)
+    assert est == pytest.approx(float(gt.expected_reward(pi, r) - gt.expected_reward(pi_k, r)), abs=EXACT)
+    assert ge.improvement_estimate(np.ones((1, G)), np.full((1, G), 7.0), np.ones((1, G)))[0] == 0.0
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from([2, 3, 4]), st.sampled_from([0.0, 1e-4, 0.1]))
+@example(seed=1, G=4, eps=1e-4)
+def test_bound_terms_have_exactly_the_stated_bias(seed, G, eps):
+    """Bernoulli rewards: E[surrogate] = (J(pi) - J(alpha)) E[1/s~], E[penalty_tv] = c TV(pi, alpha) (E[1/s~] - 1),
+    E[penalty_lag] = c TV(pi_k, alpha), so E[lower] - lower = (J(pi) - J(alpha) - c TV(pi, alpha)) (E[1/s~] - 1/s),
+    with E[1/s~] the binomial expectation of ``inverse_sigma_expectation`` and s = sigma_{alpha,eps}."""
+    pi, pi_k, alpha, r = policies_and_rewards(seed)
+    p = float(alpha @ r)
+    h = float(ge.inverse_sigma_expectation(p, G, eps))
+    for c in (1.0, 2.0):
+        terms = [expectation(lambda r_, w, wk, i=i: ge.bound_estimates(r_, w, wk, eps, c)[i], pi, pi_k, alpha, r, G)
+                 for i in range(4)]
+        gain, tv, tv_k = (float(x) for x in (gt.expected_reward(pi, r) - gt.expected_reward(alpha, r),
+                                             gt.tv_distance(pi, alpha), gt.tv_distance(pi_k, alpha)))
+        assert terms[0] == pytest.approx(gain * h, abs=EXACT)
+        assert terms[1] == pytest.approx(c * tv * (h - 1), abs=EXACT)
+        assert terms[2] == pytest.approx(c * tv_k, abs=EXACT)
+        exact = gt.bound_terms(pi, pi_k, alpha, r, eps) if c == 2.0 else gt.bound_terms(pi, pi_k, alpha, r, eps,
+                                                                                           tight=True)
+        s = np.sqrt(p * (1 - p) + eps)
+        assert terms[3] == pytest.approx(float(exact.lower) + (gain - c * tv) * (h - 1 / s), abs=EXACT)
+
+
+def test_the_surrogate_vanishes_on_equal_rewards_and_the_plug_in_weight_did_not():
+    """A group of 8 equal rewards with weights 1.02 (log 0.02): the surrogate and improvement estimates are exactly
+    0 (the plug-in gave a surrogate of 2.02 and a tight bound of +1.02 here, with s = sqrt(eps) = 0.01)."""
+    r, w = np.ones((1, 8)), np.full((1, 8), np.exp(0.02))
+    terms = ge.bound_estimates(r, w, np.ones((1, 8)), 1e-4, 1.0)
+    assert terms.surrogate[0] == 0.0 and ge.improvement_estimate(r, w, np.ones((1, 8)))[0] == 0.0
+    assert terms.lower[0] == -terms.penalty_tv[0] <= 0
+
+
+@pytest.mark.parametrize("G", [4, 8, 16])
+def test_inverse_sigma_is_the_enumerated_expectation_and_far_closer_than_the_plug_in(G):
+    """``inverse_sigma_expectation`` is the expectation of ``inverse_sigma`` over the other G - 1 Bernoulli rewards
+    (enumerated); within a factor 0.75-1.25 of 1/s for p in [0.05, 0.5] at G >= 8, where the plug-in's
+    1/sqrt(sigma_plugin^2 + eps) is off by up to a factor 15."""
+    from scipy.stats import binom
+
+    eps = 1e-4
+    for p in (0.01, 0.05, 0.2, 0.5):
+        enumerated = 0.0
+        for k in range(G):  # the other G - 1 rewards: k ones; response 0 is the one left out
+            others = np.array([1.0] * k + [0.0] * (G - 1 - k))
+            group = np.concatenate([[0.0], others])[None]
+            enumerated += binom.pmf(k, G - 1, p) * float(ge.inverse_sigma(group, eps)[0, 0])
+        assert enumerated == pytest.approx(float(ge.inverse_sigma_expectation(p, G, eps)), rel=1e-12)
+    truth = lambda p: 1 / np.sqrt(p * (1 - p) + eps)  # noqa: E731
+    k = np.arange(G)
+    plug = lambda p: float(np.sum(binom.pmf(k, G - 1, p) / np.sqrt((k / (G - 1)) * (1 - k / (G - 1)) + eps)))  # noqa
+    if G >= 8:
+        for p in (0.05, 0.1, 0.2, 0.3, 0.5):
+            assert 0.75 <= float(ge.inverse_sigma_expectation(p, G, eps)) / truth(p) <= 1.25, p
+        assert max(plug(p) / truth(p) for p in (0.05, 0.1, 0.2)) > 10
+
+
+def test_kish_effective_sample_size():
+    assert ge.kish_ess_fraction(np.ones(10)) == pytest.approx(1.0)
+    assert ge.kish_ess_fraction(np.array([1.0] + [0.0] * 9)) == pytest.approx(0.1)
+    assert ge.kish_ess_fraction(np.array([[1.0, 1.0], [4.0, 0.0]]), axis=1).tolist() == [1.0, 0.5]

@@ -147,7 +147,7 @@ def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: 
     prompt_tok = 5.0 * PROMPTS * G  # arithmetic prompts are 4-5 characters
     syncs = [r for r in read_metrics(cfg.output_dir) if "sync/mb" in r]  # every sync after the first step
     sync_s = statistics.median(r["time/sync"] for r in syncs) if syncs else float("nan")
-    sync_rate = statistics.median(r["sync/mb_per_s"] for r in syncs) if syncs else float("nan")
+    sync_rate = statistics.median(r["time/sync_mb_per_s"] for r in syncs) if syncs else float("nan")
     lag0 = [r for r in read_metrics(cfg.output_dir) if r["lag"] == 0 and "sampling/logp_diff_max" in r]
     gap = statistics.median(r["sampling/logp_diff_max"] for r in lag0) if lag0 else float("nan")
     tv0 = statistics.median(r["tv/pi_k_alpha"] for r in lag0) if lag0 else float("nan")

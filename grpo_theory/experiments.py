@@ -27,11 +27,14 @@ from runkit.tables import mean_std as _pm
 
 from .simulate import SimConfig, bound_violations, final_j, simulate, steps_to_target
 
+#: The paper's four GRPO configurations (its GSM8K ablation), as settings that the bandit simulator and the language
+#: model trainer (``llm.ablation``) both take. Every configuration states the zero-variance mask: off for plain
+#: on-policy GRPO, on for the others, as the paper's off-policy runs use it.
 ABLATION = {
-    "on-policy (v=1, i=1)": dict(sync_period=1, num_iterations=1),
+    "on-policy (v=1, i=1)": dict(sync_period=1, num_iterations=1, mask_zero_std_groups=False),
     "on-policy + mask": dict(sync_period=1, num_iterations=1, mask_zero_std_groups=True),
-    "off-policy (v=10, i=1)": dict(sync_period=10, num_iterations=1),
-    "sample reuse (v=1, i=10)": dict(sync_period=1, num_iterations=10),
+    "off-policy (v=10, i=1)": dict(sync_period=10, num_iterations=1, mask_zero_std_groups=True),
+    "sample reuse (v=1, i=10)": dict(sync_period=1, num_iterations=10, mask_zero_std_groups=True),
 }
 V_SWEEP = (1, 2, 4, 8, 16, 32)
 STALENESS_V = (1, 2, 4, 8, 16)

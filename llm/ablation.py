@@ -3,12 +3,15 @@
 
 - ablation: on-policy (v=1, i=1, no mask), on-policy + zero-variance mask, off-policy (v=10, i=1) and
   sample reuse (v=1, i=10), both with the mask (the paper's GSM8K configurations, in miniature);
-- vsweep: v in {1, 2, 4, 8, 16} (mask on, i = 1).
+- vsweep: v in {1, 2, 4, 8, 16} (mask on, i = 1);
+- staleness: v in {2, 4}, synchronous and with asynchronous generation (alpha one window older: lag v to 2v - 1).
 
-Per configuration, mean ± std over seeds: final exact J on the test prompts (``eval/j``) and on the training
-prompts (``j/pi_new``), steps until the training J first reaches a target, weight syncs, mean TV(pi_k, alpha)
-(unbiased estimate), the fraction of held-out prompts whose estimated tight bound is positive, and the
-fraction of steps where the held-out estimate of the tight bound exceeds the exact improvement.
+Per configuration, mean ± std over seeds: final exact J on the test prompts (``eval/j``), the gain of the exact J on
+the training prompts, steps until the training J first reaches a target, weight syncs, the mean lag, mean
+TV(pi_k, alpha) (unbiased estimate), the share of held-out prompts with varied rewards whose estimated tight bound is
+positive, the share of steps where the held-out estimate of the tight bound exceeds the exact improvement (and by more
+than 3 of its standard errors), and the share of steps whose held-out improvement lies within 3 standard errors of
+the exact one.
 
 Runs are ordinary run directories under ``<out>/v<v>_i<i>_<mask|nomask>/seed<k>``: a finished one is read back,
 an interrupted one resumes. The table is printed and written to ``<out>/<experiment>/results.md``.
@@ -24,25 +27,21 @@ from typing import Literal
 
 import numpy as np
 
+from grpo_theory.experiments import ABLATION
 from runkit.cli import parse, run_main
 from runkit.tables import mean_std
 
 from .metrics import step_seconds
 
-ABLATION = {
-    "on-policy (v=1, i=1)": dict(sync_period=1, num_iterations=1, mask_zero_std_groups=False),
-    "on-policy + mask": dict(sync_period=1, num_iterations=1),
-    "off-policy (v=10, i=1)": dict(sync_period=10, num_iterations=1),
-    "sample reuse (v=1, i=10)": dict(sync_period=1, num_iterations=10),
-}
 V_SWEEP = (1, 2, 4, 8, 16)
+STALENESS_V = (2, 4)
 
 
 @dataclasses.dataclass(frozen=True)
 class AblationConfig:
     """Off-policy GRPO configurations on the built-in task, several seeds each, with exact J."""
 
-    experiment: Literal["ablation", "vsweep", "all"] = "all"
+    experiment: Literal["ablation", "vsweep", "staleness", "all"] = "all"
     """Which experiment to run."""
     seeds: int = 5
     """Seeds per configuration (mean ± std over them)."""
@@ -71,21 +70,29 @@ class AblationConfig:
             raise ValueError(f"workers: must be >= 1, got {self.workers}")
 
 
+#: The settings every configuration states (the GRPOConfig defaults of this tool), in run directory names.
+NAMED = {"sync_period": 1, "num_iterations": 1, "mask_zero_std_groups": True, "async_generation": False}
+
+
 def run_name(overrides: dict) -> str:
     """Directory name of a configuration, from its settings: configurations that coincide (on-policy + mask
     and v = 1 of the sweep) share their runs."""
-    o = {"sync_period": 1, "num_iterations": 1, "mask_zero_std_groups": True, **overrides}
-    return f"v{o['sync_period']}_i{o['num_iterations']}_{'mask' if o['mask_zero_std_groups'] else 'nomask'}"
+    o = {**NAMED, **overrides}
+    name = f"v{o['sync_period']}_i{o['num_iterations']}_{'mask' if o['mask_zero_std_groups'] else 'nomask'}"
+    name += "_async" if o["async_generation"] else ""
+    extra = sorted(k for k in o if k not in NAMED)
+    return name + "".join(f"_{k}={o[k]}" for k in extra)
 
 
 def plan(cfg: AblationConfig) -> dict[str, dict[str, dict]]:
     """experiment -> configuration name -> the GRPOConfig overrides shared by its seeds."""
-    todo = {}
-    if cfg.experiment in ("ablation", "all"):
-        todo["ablation"] = ABLATION
-    if cfg.experiment in ("vsweep", "all"):
-        todo["vsweep"] = {f"v={v}": dict(sync_period=v) for v in V_SWEEP}
-    return todo
+    experiments = {
+        "ablation": ABLATION,
+        "vsweep": {f"v={v}": dict(sync_period=v) for v in V_SWEEP},
+        "staleness": {f"v={v}, {mode}": dict(sync_period=v, async_generation=mode == "async")
+                      for v in STALENESS_V for mode in ("sync", "async")},
+    }
+    return {name: configs for name, configs in experiments.items() if cfg.experiment in (name, "all")}
 
 
 def run_config(cfg: AblationConfig, seed: int, overrides: dict):
@@ -108,29 +115,37 @@ def summarise(rows: list[dict], target: float) -> dict[str, float]:
     j = np.array([r["j/pi_new"] for r in rows])
     hit = np.flatnonzero(j >= target)
     bound = np.array([r["heldout/bound_est/lower_tight"] for r in rows])
+    se = np.array([r["heldout/bound_est/lower_tight_se"] for r in rows])
     exact = np.array([r["improvement"] for r in rows])
+    heldout = np.array([r["heldout/improvement"] for r in rows])
+    heldout_se = np.array([r["heldout/improvement_se"] for r in rows])
+    positive = [r["heldout/bound_est/frac_lower_tight_positive_nonzero_std"] for r in rows]
     return {
         "test_j": rows[-1]["eval/j"],
         "test_j0": rows[0]["eval_initial/j"],
         "train_j": float(j[-1]),
+        "j_gain": float(j[-1] - rows[0]["j/pi_k"]),
         "steps_to_target": float(hit[0] + 1) if hit.size else float("nan"),
+        "lag": float(np.mean([r["lag"] for r in rows])),
         "tv_k": float(np.mean([r["tv/pi_k_alpha"] for r in rows])),
-        "prompts_bound_positive": float(np.mean([r["heldout/bound_est/frac_lower_tight_positive_nonzero_std"] for r in rows])),
-        "steps_bound_positive": float(np.mean(bound > 0)),
+        "prompts_bound_positive": float(np.nanmean(positive)) if not np.all(np.isnan(positive)) else float("nan"),
         "steps_bound_exceeds": float(np.mean(bound > exact)),
+        "steps_bound_exceeds_3se": float(np.mean(bound - exact > 3 * se)),
+        "heldout_within_3se": float(np.mean(np.abs(heldout - exact) <= 3 * heldout_se)),
         "seconds_per_step": float(np.median([step_seconds(r, exclude=("eval",)) for r in rows])),
     }
 
 
 def table(cfg: AblationConfig, results: dict[str, list[dict]], syncs: dict[str, int]) -> str:
-    lines = [f"| configuration | test J (final) | train J (final) | steps to train J >= {cfg.target_j} | weight syncs "
-             "| mean TV(pi_k, alpha) | held-out prompts with est. bound > 0 | steps with est. bound > 0 "
-             "| steps with est. bound > exact improvement | s/step (no eval) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"| configuration | test J (final) | train J gain | steps to train J >= {cfg.target_j} | weight syncs "
+             "| mean lag | mean TV(pi_k, alpha) | varied held-out prompts with est. bound > 0 "
+             "| steps with est. bound > exact improvement (by > 3 SE) | held-out improvement within 3 SE of exact "
+             "| s/step (no eval) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, runs in results.items():
         col = lambda key, fmt=".3f": mean_std([s[key] for s in runs], fmt)  # noqa: E731
-        lines.append(f"| {name} | {col('test_j')} | {col('train_j')} | {col('steps_to_target', '.0f')} | {syncs[name]} "
-                     f"| {col('tv_k', '.4f')} | {col('prompts_bound_positive')} | {col('steps_bound_positive')} "
-                     f"| {col('steps_bound_exceeds')} "
+        lines.append(f"| {name} | {col('test_j')} | {col('j_gain')} | {col('steps_to_target', '.0f')} | {syncs[name]} "
+                     f"| {col('lag', '.2f')} | {col('tv_k', '.4f')} | {col('prompts_bound_positive')} "
+                     f"| {col('steps_bound_exceeds')} ({col('steps_bound_exceeds_3se')}) | {col('heldout_within_3se')} "
                      f"| {col('seconds_per_step', '.2f')} |")
     return "\n".join(lines)
 

@@ -27,7 +27,8 @@ class GRPOConfig:
 
     # ---- model and data --------------------------------------------------------------------
     model_name_or_path: str = ""
-    """Local model directory or hub name. Empty: the built-in tiny Qwen2 (built and cached locally)."""
+    """Local model directory, hub name, or a .gguf file (or a directory holding one; converted once to a cached
+    model directory, see llm.pretrained). Empty: the built-in tiny Qwen2 (built and cached locally)."""
     dataset: str = "arithmetic"
     """'arithmetic' (built in, with its own train/test split), 'reasoning_gym:<name>' (a procedural generator of the
     reasoning-gym package, e.g. reasoning_gym:basic_arithmetic, scored by its own checker; options below), or data in TRL's format read with ``datasets``: a
@@ -280,6 +281,9 @@ class GRPOConfig:
                 f"needs one weight per reward function ({len(self.reward_funcs)})")
         require(self, all(math.isfinite(w) for w in self.reward_weights), "reward_weights", "must be finite numbers")
         require(self, self.eval_generations >= 1, "eval_generations", "must be >= 1")
+        self._check_objective_and_machinery()
+
+    def _check_objective_and_machinery(self):
         require(self, self.ratio_level == "token" or self.loss_type == "grpo", "ratio_level",
                 "sequence-level ratios need loss_type grpo (dapo and dr_grpo would weight each sequence's one "
                 "objective value by its length)")
@@ -316,14 +320,6 @@ class GRPOConfig:
 
     # ---- derived values ----------------------------------------------------------------------
     @property
-    def generator(self):
-        """The procedural generator's settings (``llm.procedural.GeneratorSpec``)."""
-        from .procedural import GeneratorSpec
-
-        return GeneratorSpec(self.generator_kwargs, self.generator_train_size, self.generator_test_size,
-                             self.generator_seed, self.generator_instruction)
-
-    @property
     def prompts_shared(self) -> bool:
         """Whether passes share prompts (``share_prompts``, unless FSDP or gradient checkpointing rules it out)."""
         return self.share_prompts and not self.fsdp and not self.gradient_checkpointing
@@ -333,11 +329,15 @@ class GRPOConfig:
         return self.prompts_per_step * self.num_generations
 
     @property
+    def micro_batch_size(self) -> int:
+        """Completions per pass: ``per_device_train_batch_size``, or the whole step when it is 0."""
+        return self.per_device_train_batch_size or self.completions_per_step
+
+    @property
     def gradient_accumulation_steps(self) -> int:
         """Micro-batches per optimiser step (TRL's name): ceil(P x G / per_device_train_batch_size). With
         ``group_by_length`` a step may run more, shorter passes (never longer ones)."""
-        size = self.per_device_train_batch_size or self.completions_per_step
-        return -(-self.completions_per_step // size)
+        return -(-self.completions_per_step // self.micro_batch_size)
 
     @property
     def num_syncs(self) -> int:

@@ -157,6 +157,10 @@ class Ranks:
             torch.distributed.broadcast_object_list(box, src=0)
         return box[0]
 
+    def from_main(self, fn):
+        """``fn()`` run on rank 0 alone (generation, scoring), its result on every rank."""
+        return self.broadcast(fn() if self.main else None)
+
     def barrier(self) -> None:
         if self.active:
             with self.collective():

@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .batch import Batch
 from .distributed import SINGLE, Ranks
-from .model import Precision
+from .model import Precision, architecture
 
 #: Default size of one chunk of float32 logits: chunk_tokens = LOGIT_CHUNK_BYTES / (4 V) rows (441 rows for a
 #: 151,936-token vocabulary; the whole completion batch of the built-in 99-token model in one chunk).
@@ -202,8 +202,7 @@ def completion_logprobs(model, batch: Batch, temperature: float, precision: Prec
     these sequences (a rank's share; the others' values are zero). Under FSDP (``ranks``) this rank also runs the
     idle passes that give every rank as many passes (``Ranks.idle_passes``)."""
     rows = batch.passes(micro_batch, by_length, rows)
-    for _ in range(ranks.idle_passes(len(rows))):
-        idle_pass(model, batch, temperature, precision, chunk_tokens)
+    idle_passes(ranks.idle_passes(len(rows)), model, batch, temperature, precision, chunk_tokens)
     if not rows:  # a rank whose share is empty (fewer prompts than ranks): zeros, which the sum over ranks ignores
         zeros = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=batch.completion_ids.device)
         return Forward(zeros, zeros.clone() if entropy else None, None)
@@ -212,12 +211,16 @@ def completion_logprobs(model, batch: Batch, temperature: float, precision: Prec
                                           for r in rows])
 
 
-def idle_pass(model, batch: Batch, temperature: float, precision: Precision = Precision(),
-              chunk_tokens: int = 0) -> torch.Tensor:
-    """A pass over the batch's first sequence whose result only takes part (FSDP: a rank with fewer passes than
-    another runs these, since each pass gathers the sharded blocks from every rank): 0 x its log-probs' sum, so a
-    backward through it adds zero gradients."""
-    return forward_completions(model, batch.take(torch.arange(1)), temperature, precision, chunk_tokens).logp.sum() * 0
+def idle_passes(count: int, model, batch: Batch, temperature: float, precision: Precision = Precision(),
+                chunk_tokens: int = 0, backward: bool = False) -> None:
+    """Under FSDP, ``count`` passes over the batch's first sequence: what this rank lacks to match the rank with the
+    most passes (``Ranks.idle_passes``, asked before any pass: it is a collective), since each pass gathers the sharded
+    blocks from every rank. Results dropped; with ``backward`` a backward through 0 x their log-probs' sum, which adds
+    zero gradients."""
+    for _ in range(count):
+        zero = forward_completions(model, batch.take(torch.arange(1)), temperature, precision, chunk_tokens).logp
+        if backward:
+            (zero.sum() * 0).backward()
 
 
 @dataclass
@@ -252,7 +255,7 @@ def check_head(model, batch: Batch, temperature: float = 1.0, tolerance: float =
     T, lp = batch.completion_ids.shape[1], batch.prompt_width
     plain = torch.log_softmax(logits[:, lp - 1: lp - 1 + T].float() / temperature, dim=-1)
     plain = plain.gather(-1, batch.completion_ids[..., None]).squeeze(-1) * batch.completion_mask
-    arch = ",".join(getattr(model.config, "architectures", None) or [type(model).__name__])
+    arch = architecture(model)
     try:
         chunked = forward_completions(model, batch, temperature, chunk_tokens=1).logp
     except (AttributeError, TypeError, NotImplementedError) as exc:  # no get_decoder / get_output_embeddings

@@ -200,14 +200,18 @@ def grpo_loss(
             kl_sums = {"kl": float(((k3_is if use_bias_correction_kl else k3) * on).sum()),
                        "kl/k3": float((k3 * on).sum()), "kl/k3_is": float((k3_is * on).sum())}
     loss = (per_token * weights).sum()
+    return loss, loss_stats(loss, log_ratio, log_ratio_k, adv, clip, on, kl_sums)
 
-    with torch.no_grad():  # statistics of the unbounded ratios (inf where they overflow)
-        ratio_k = torch.exp(log_ratio_k)
-        low, high = clip_flags_torch(torch.exp(log_ratio), ratio_k, adv, clip)
-        rk = ratio_k[on]
-        stats = LossStats(
-            loss=float(loss.detach()), tokens=float(on.sum()), clip_low=float((low & on).sum()),
-            clip_high=float((high & on).sum()), is_weight_sum=float(rk.sum()),
-            is_weight_min=float(rk.min()) if rk.numel() else float("inf"),
-            is_weight_max=float(rk.max()) if rk.numel() else float("-inf"), kl=kl_sums)
-    return loss, stats
+
+@torch.no_grad()
+def loss_stats(loss: torch.Tensor, log_ratio: torch.Tensor, log_ratio_k: torch.Tensor, adv: torch.Tensor,
+               clip: float, on: torch.Tensor, kl_sums: dict) -> LossStats:
+    """The statistics of a loss over its tokens ``on``: of the unbounded ratios (inf where they overflow)."""
+    ratio_k = torch.exp(log_ratio_k)
+    low, high = clip_flags_torch(torch.exp(log_ratio), ratio_k, adv, clip)
+    rk = ratio_k[on]
+    return LossStats(
+        loss=float(loss.detach()), tokens=float(on.sum()), clip_low=float((low & on).sum()),
+        clip_high=float((high & on).sum()), is_weight_sum=float(rk.sum()),
+        is_weight_min=float(rk.min()) if rk.numel() else float("inf"),
+        is_weight_max=float(rk.max()) if rk.numel() else float("-inf"), kl=kl_sums)

@@ -93,6 +93,12 @@ def load_policy(path: str, device: torch.device, trust_remote_code: bool = False
     return model.to(device), tokenizer
 
 
+def architecture(model: torch.nn.Module) -> str:
+    """The model's architecture name(s) as its config gives them (``LlamaForCausalLM``), for one-line errors."""
+    config = getattr(model, "config", None)
+    return ",".join(getattr(config, "architectures", None) or [type(model).__name__])
+
+
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of ``model`` in eval mode with gradients off (alpha's or pi_ref's weights); of a LoRA policy, the
     plain model with the adapters merged into its weights."""

@@ -45,6 +45,12 @@ class GeneratorSpec:
     seed: int = 0
     instruction: str = DEFAULT_INSTRUCTION
 
+    @classmethod
+    def from_config(cls, config) -> "GeneratorSpec":
+        """The ``generator_*`` fields of a ``GRPOConfig``."""
+        return cls(config.generator_kwargs, config.generator_train_size, config.generator_test_size,
+                   config.generator_seed, config.generator_instruction)
+
     def options(self) -> dict:
         """``kwargs`` as a dict: ``min_terms=2`` -> {"min_terms": 2}; a value that is no Python literal stays text."""
         out = {}

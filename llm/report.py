@@ -30,7 +30,9 @@ SE_MULTIPLE = 3.0
 
 
 def _mean(rows: list[dict], key: str) -> float:
-    vals = [r[key] for r in rows if key in r]
+    """Mean of ``key`` over the rows that carry a number for it (nan, a quantity the step could not estimate, e.g.
+    a mean over prompts with varied rewards when none varied, is left out)."""
+    vals = [r[key] for r in rows if key in r and not np.isnan(r[key])]
     return float(np.mean(vals)) if vals else float("nan")
 
 
@@ -62,13 +64,18 @@ def summarise(run_dir: str | Path, window: int = 10) -> str:
         if chain:
             lines.append("  chain-rule estimate below the importance-sampled TV estimate on "
                          f"{_share(r['tv/pi_k_alpha_chain_ub_est'] < r['tv/pi_k_alpha'] for r in chain)} of them")
+    checks = [r["sampling/logp_diff_max"] for r in rows if "sampling/logp_diff_max" in r]
+    if checks:
+        lines.append(f"  sync check: sampler against trainer log-probs on {len(checks)} steps, worst token "
+                     f"{max(checks):.2g} (sampling/logp_diff_max)")
     evals = [r for r in rows if "eval/j" in r or "eval/accuracy_greedy" in r]
     if evals:
         first_eval = {k.replace("eval_initial/", "eval/"): v for k, v in rows[0].items() if k.startswith("eval_initial/")}
         for key in ("eval/j", "eval/accuracy_sampled", "eval/accuracy_greedy"):
             if key in evals[-1]:
                 during = ", ".join(f"{r[key]:.3f}" for r in evals[:-1])
-                lines.append(f"  test prompts, {key}: {first_eval.get(key, float('nan')):.4f} (initial) -> "
+                lines.append(f"  test prompts ({evals[-1]['eval/num_prompts']:.0f}), {key}: "
+                             f"{first_eval.get(key, float('nan')):.4f} (initial) -> "
                              f"{evals[-1][key]:.4f} (final)" + (f"; at the evaluations between: {during}" if during
                                                                  else ""))
     calls = [r for r in rows if "sampling/call_tokens" in r]
@@ -161,17 +168,8 @@ def run_labels(run_dirs: Sequence[Path]) -> list[str]:
     return [f"{Path(d).parent.name}/{n}" if names.count(n) > 1 else n for d, n in zip(run_dirs, names)]
 
 
-def plot_runs(run_dirs: Sequence[str | Path], out_dir: str | Path, window: int = 10) -> dict[str, Path]:
-    """Four PNGs of the runs overlaid, in ``out_dir``: ``reward.png`` (the training reward and its rolling mean over
-    ``window`` steps), ``eval.png`` (the test prompts, after each evaluation; step 0 = before any update),
-    ``tv.png`` (the TV estimates per step) and ``bound.png`` (per step, the tight bound's estimates against the
-    realised improvement, and their cumulative sums). Figures whose metrics no run has are not written.
-    Returns {name: path} of the written files."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def load_runs(run_dirs: Sequence[str | Path]) -> list[list[dict]]:
+    """The metrics rows of each run directory; one that is not a run is a one-line error."""
     runs = []
     for d in run_dirs:
         if not (Path(d) / "metrics.jsonl").is_file():
@@ -180,95 +178,117 @@ def plot_runs(run_dirs: Sequence[str | Path], out_dir: str | Path, window: int =
         if not rows:
             raise ValueError(f"run_dirs: {d}/metrics.jsonl holds no complete row")
         runs.append(rows)
+    return runs
+
+
+def plot_runs(run_dirs: Sequence[str | Path], out_dir: str | Path, window: int = 10) -> dict[str, Path]:
+    """Four PNGs of the runs overlaid, in ``out_dir``: ``reward.png`` (the training reward and its rolling mean over
+    ``window`` steps), ``eval.png`` (the test prompts, after each evaluation; step 0 = before any update),
+    ``tv.png`` (the TV estimates per step, all in [0, 1]) and ``bound.png`` (per step, the tight bound's estimates
+    against the realised improvement on symmetric-log axes, and their cumulative sums). Figures whose metrics no run
+    has are not written. Returns {name: path} of the written files."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = load_runs(run_dirs)
     labels = run_labels([Path(d) for d in run_dirs])
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    drawn = list(zip(runs, labels, colors * len(runs)))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
-
-    def save(fig, name: str) -> None:
+    figures = {"reward.png": (True, reward_figure, (7, 4.5)),
+               "eval.png": (any(k in r for rows in runs for r in rows for k, _, _ in EVAL_CURVES), eval_figure,
+                            (7, 4.5)),
+               "tv.png": (any(k in rows[0] for rows in runs for k, _, _ in TV_CURVES), tv_figure, (7, 4.5)),
+               "bound.png": (any(k in rows[0] for rows in runs for k, _ in BOUND_ESTIMATES), bound_figure, (12, 4.8))}
+    for name, (wanted, draw, size) in figures.items():
+        if not wanted:
+            continue
+        fig = plt.figure(figsize=size)
+        draw(fig, drawn, window)
         fig.tight_layout()
         fig.savefig(out / name, dpi=110)
         plt.close(fig)
         written[name] = out / name
+    return written
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for rows, label, color in zip(runs, labels, colors * len(runs)):
+
+def reward_figure(fig, drawn, window: int) -> None:
+    ax = fig.add_subplot()
+    for rows, label, color in drawn:
         k, r = series(rows, "reward")
         ax.plot(k, r, color=color, alpha=0.3, lw=0.8)
         w = min(window, len(k))
         ax.plot(k, rolling_mean(r, w), color=color, label=f"{label} (mean of {w} step{'s' if w > 1 else ''})")
     ax.set(xlabel="step", ylabel="mean reward of the step's completions", title="training reward")
     ax.legend(fontsize=8)
-    save(fig, "reward.png")
 
-    if any(key in r for rows in runs for r in rows for key, _, _ in EVAL_CURVES):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for rows, label, color in zip(runs, labels, colors * len(runs)):
-            for key, name, style in EVAL_CURVES:
-                k, v = series(rows, key)
-                first = rows[0].get(key.replace("eval/", "eval_initial/"))
-                if first is not None:  # the policy before any update, at step 0
-                    k, v = np.insert(k + 1, 0, 0.0), np.insert(v, 0, first)
-                elif len(k):
-                    k = k + 1  # eval/* of step k is the policy after k + 1 updates
-                if len(k):
-                    ax.plot(k, v, style, marker="o", ms=3, color=color, label=f"{label}: {name}")
-        ax.set(xlabel="updates", ylabel="on the test prompts", title="evaluation")
-        ax.legend(fontsize=7)
-        save(fig, "eval.png")
 
-    if any(key in rows[0] for rows in runs for key, _, _ in TV_CURVES):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for rows, label, color in zip(runs, labels, colors * len(runs)):
-            for key, name, style in TV_CURVES:
-                k, v = series(rows, key)
-                if len(k):
-                    ax.plot(k, v, style, color=color, lw=1, label=f"{label}: {name}")
-        ax.set(xlabel="step", ylabel="total variation", title="TV estimates per step")
-        ax.legend(fontsize=7)
-        save(fig, "tv.png")
+def eval_figure(fig, drawn, window: int) -> None:
+    ax = fig.add_subplot()
+    for rows, label, color in drawn:
+        for key, name, style in EVAL_CURVES:
+            k, v = series(rows, key)
+            first = rows[0].get(key.replace("eval/", "eval_initial/"))
+            if first is not None:  # the policy before any update, at step 0
+                k, v = np.insert(k + 1, 0, 0.0), np.insert(v, 0, first)
+            elif len(k):
+                k = k + 1  # eval/* of step k is the policy after k + 1 updates
+            if len(k):
+                ax.plot(k, v, style, marker="o", ms=3, color=color, label=f"{label}: {name}")
+    ax.set(xlabel="updates", ylabel="on the test prompts", title="evaluation")
+    ax.legend(fontsize=7)
 
-    if any(any(key in rows[0] for key, _ in BOUND_ESTIMATES) for rows in runs):
-        fig, (ax, cum) = plt.subplots(1, 2, figsize=(12, 4.8))
-        by_step = not any(realised_improvement(rows) for rows in runs)  # nothing to set the bound against
-        for rows, label, color in zip(runs, labels, colors * len(runs)):
-            real = realised_improvement(rows)
-            if real is None:
-                for (key, name), style in zip(BOUND_ESTIMATES, ("--", ":")):
-                    k, b = series(rows, key)
-                    if len(k) and by_step:
-                        ax.plot(k, b, style, marker=".", color=color, lw=0.8, label=f"{label}: {name}")
-                    if len(k):
-                        cum.plot(k, np.cumsum(b), style, color=color, label=f"{label}: bound, {name}")
-                continue
+
+def tv_figure(fig, drawn, window: int) -> None:
+    ax = fig.add_subplot()
+    for rows, label, color in drawn:
+        for key, name, style in TV_CURVES:
+            k, v = series(rows, key)
+            if len(k):
+                ax.plot(k, v, style, color=color, lw=1, label=f"{label}: {name}")
+    ax.set(xlabel="step", ylabel="total variation (estimates in [0, 1])", title="TV estimates per step", ylim=(0, None))
+    ax.legend(fontsize=7)
+
+
+def bound_figure(fig, drawn, window: int) -> None:
+    """Left: each step's estimated tight bound against its realised improvement (exact, else held-out), or per step
+    when no run logged an improvement; right: both summed over the steps."""
+    ax, cum = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    by_step = not any(realised_improvement(rows) for rows, _, _ in drawn)  # nothing to set the bound against
+    for rows, label, color in drawn:
+        real = realised_improvement(rows)
+        if real is not None:
             k, imp = series(rows, real[0])
             cum.plot(k, np.cumsum(imp), color=color, label=f"{label}: {real[1]}")
-            for (key, name), marker, style in zip(BOUND_ESTIMATES, "o^", ("--", ":")):
-                pts = [(r[key], r[real[0]], r["step"]) for r in rows if key in r and real[0] in r]
-                if not pts:
-                    continue
-                b, i, steps = (np.array(x, dtype=float) for x in zip(*pts))
-                above = float(np.mean(b > i))
+        for (key, name), marker, style in zip(BOUND_ESTIMATES, "o^", ("--", ":")):
+            pts = [(r[key], r[real[0]] if real else 0.0, r["step"]) for r in rows if key in r and (
+                real is None or real[0] in r)]
+            if not pts:
+                continue
+            b, i, steps = (np.array(x, dtype=float) for x in zip(*pts))
+            if by_step:
+                ax.plot(steps, b, style, marker=".", color=color, lw=0.8, label=f"{label}: {name}")
+            elif real is not None:
                 ax.scatter(i, b, s=8, marker=marker, color=color, alpha=0.6,
-                           label=f"{label}: {name} ({above:.0%} of steps above)")
-                cum.plot(steps, np.cumsum(b), style, color=color,
-                         label=f"{label}: bound, {name}" + ("" if len(b) == len(k) else f" ({len(b)} steps)"))
-        if by_step:
-            ax.set(xlabel="step", ylabel="tight lower bound (estimated)",
-                   title="Theorem 1 per step (no realised improvement logged to compare with)")
-        else:
-            lims = ax.get_xlim()
-            ax.plot(lims, lims, "k-", lw=0.8, label="bound = improvement")
-            ax.set(xlabel="realised improvement of the step", ylabel="tight lower bound (estimated)",
-                   title="Theorem 1 per step: points below the line are bounds that hold")
-            ax.set_xscale("symlog", linthresh=1e-3)
-        ax.set_yscale("symlog", linthresh=1e-3)
-        cum.set(xlabel="step", ylabel="sum over steps", title="cumulative improvement and bound")
-        ax.legend(fontsize=7)
-        cum.legend(fontsize=7)
-        save(fig, "bound.png")
-    return written
+                           label=f"{label}: {name} ({float(np.mean(b > i)):.0%} of steps above)")
+            cum.plot(steps, np.cumsum(b), style, color=color, label=f"{label}: bound, {name}")
+    if by_step:
+        ax.set(xlabel="step", ylabel="tight lower bound (estimated)",
+               title="Theorem 1 per step (no realised improvement logged to compare with)")
+    else:
+        lims = ax.get_xlim()
+        ax.plot(lims, lims, "k-", lw=0.8, label="bound = improvement")
+        ax.set(xlabel="realised improvement of the step", ylabel="tight lower bound (estimated)",
+               title="Theorem 1 per step: points below the line are bounds that hold")
+        ax.set_xscale("symlog", linthresh=1e-3)
+    ax.set_yscale("symlog", linthresh=1e-3)
+    cum.set(xlabel="step", ylabel="sum over steps", title="cumulative improvement and bound")
+    ax.legend(fontsize=7)
+    cum.legend(fontsize=7)
 
 
 @dataclasses.dataclass

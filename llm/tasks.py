@@ -24,13 +24,12 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import numpy as np
 
 from runkit.cli import first_line
 
-from .data import Prompt, PromptData, load_prompt_data, rows_of
+from .data import Prompt, rows_of
 
 RewardFn = Callable[[str, str], float]
 
@@ -137,8 +136,6 @@ class TokenizedTask:
         self.test_prompt_ids = self._encode(task.test_prompts)
         self.accepted_ids = self._accepted_ids(task.answers)
         self.test_accepted_ids = self._accepted_ids(task.test_answers)
-        #: Each reward function's values for the completions of the last ``score`` call (nan where it gave None).
-        self.last_parts: dict[str, np.ndarray] = {}
 
     def _encode(self, prompts: Sequence[Prompt]) -> list[list[int]]:
         """Prompt token ids: a text as it is, or (``chat_template``) as one user message; a conversation always
@@ -177,9 +174,15 @@ class TokenizedTask:
 
         Text rewards must lie in [0, 1] (the bound needs it); anything else raises naming the completion.
         """
+        return self.score_parts(prompt_idx, texts, completion_ids, test)[0]
+
+    def score_parts(self, prompt_idx: Sequence[int], texts: Sequence[str], completion_ids: Sequence[Sequence[int]],
+                    test: bool = False) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """``score`` and, with reward functions, each function's values (nan where it returned None; an empty dict
+        for the other rewards)."""
         if self.task.accepted is not None:
             accepted = self.test_accepted_ids if test else self.accepted_ids
-            return np.array([float(list(ids) in accepted[i]) for i, ids in zip(prompt_idx, completion_ids)])
+            return np.array([float(list(ids) in accepted[i]) for i, ids in zip(prompt_idx, completion_ids)]), {}
         answers = self.task.test_answers if test else self.task.answers
         if self.task.reward_funcs:
             t = self.task
@@ -187,15 +190,14 @@ class TokenizedTask:
             columns = ({"answer": answers} if answers else {}) | columns
             completions = ([[{"role": "assistant", "content": c}] for c in texts] if self.conversational
                            else list(texts))
-            total, self.last_parts = batch_rewards(t.reward_funcs, [prompts[i] for i in prompt_idx], completions,
-                                                   [list(c) for c in completion_ids], rows_of(columns, prompt_idx))
-            return total
+            return batch_rewards(t.reward_funcs, [prompts[i] for i in prompt_idx], completions,
+                                 [list(c) for c in completion_ids], rows_of(columns, prompt_idx))
         if self.task.row_reward is not None:
             row_reward = self.task.row_reward
             return np.array([text_reward(lambda c, _a, i=i: row_reward(c, i, test), t, answers[i])
-                             for i, t in zip(prompt_idx, texts)], dtype=np.float64)
+                             for i, t in zip(prompt_idx, texts)], dtype=np.float64), {}
         return np.array([text_reward(self.task.reward_fn, t, answers[i]) for i, t in zip(prompt_idx, texts)],
-                        dtype=np.float64)
+                        dtype=np.float64), {}
 
 
 def is_number(value) -> bool:
@@ -383,42 +385,3 @@ def import_reward_funcs(paths: Sequence[str], weights: Sequence[float]) -> list[
     if len(set(names)) != len(names):
         raise ValueError(f"reward_funcs: two functions share a name ({', '.join(names)}); their metrics would clash")
     return funcs
-
-
-def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "", reward_funcs: Sequence[str] = (),
-              reward_weights: Sequence[float] = (), answer_check: str = "math_verify", generator=None) -> Task:
-    """``arithmetic`` (built in, with its own test split), ``reasoning_gym:<name>`` (a procedural generator,
-    ``llm.procedural``, with ``generator``: a ``GeneratorSpec``), or data in TRL's format (``llm.data``: a file, a
-    saved data set or ``hf:<name>``; GSM8K's rows are mapped onto it) with ``eval_dataset`` as its test split.
-    """
-    from .procedural import PREFIX, GeneratorSpec, reasoning_gym_task
-
-    if dataset == "arithmetic" or dataset.startswith(PREFIX):
-        if eval_dataset:
-            raise ValueError(f"eval_dataset: the task {dataset} has its own test split; leave it empty")
-        task = (arithmetic_task() if dataset == "arithmetic"
-                else reasoning_gym_task(dataset[len(PREFIX):], generator or GeneratorSpec()))
-        if reward_fn:
-            task = task.with_reward(import_reward_fn(reward_fn))
-        if reward_funcs:
-            task = task.with_reward_funcs(import_reward_funcs(reward_funcs, reward_weights))
-        return task
-    train = load_prompt_data(dataset, "train")
-    test = load_prompt_data(eval_dataset, "test") if eval_dataset else PromptData(())
-    if reward_funcs:
-        reward = {"reward_funcs": tuple(import_reward_funcs(reward_funcs, reward_weights))}
-    elif reward_fn:
-        reward = {"reward_fn": import_reward_fn(reward_fn)}
-    else:
-        if answer_check == "math_verify":
-            try:
-                import math_verify  # noqa: F401
-            except ImportError:
-                raise ValueError("answer_check: math_verify needs the math-verify package (pip install math-verify); "
-                                 "--answer-check last_number uses the last number instead") from None
-        check_answers(train.answers, dataset, answer_check)
-        check_answers(test.answers, eval_dataset, answer_check)
-        reward = {"reward_fn": ANSWER_CHECKS[answer_check]}
-    name = dataset[3:] if dataset.startswith("hf:") else Path(dataset).name
-    return Task(name, train.prompts, train.answers, test_prompts=test.prompts, test_answers=test.answers,
-                columns=train.columns, test_columns=test.columns, **reward)

@@ -12,21 +12,28 @@ from __future__ import annotations
 
 import torch
 
+from ..model import architecture
 from .base import Rollout, Sampler
 from .hf_generate import TransformersSampler
 
 __all__ = ["Rollout", "Sampler", "TransformersSampler", "check_vllm_supports", "make_sampler", "max_model_len",
-           "probe_sync"]
+           "probe_sync", "resolved_sampler"]
+
+
+def resolved_sampler(config) -> str:
+    """The sampler a run uses: ``config.sampler``, with 'auto' resolved (vLLM in process when it imports)."""
+    if config.sampler != "auto":
+        return config.sampler
+    from .vllm_engine import vllm_available
+
+    return "vllm" if vllm_available() else "transformers"
 
 
 def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
     """The sampler ``config.sampler`` names ('auto': vLLM when it imports), holding alpha = the initial policy;
-    a server holds whatever it was last sent until ``load_weights`` (``llm.trainer.setup`` sends the policy)."""
-    kind = config.sampler
-    if kind == "auto":
-        from .vllm_engine import vllm_available
-
-        kind = "vllm" if vllm_available() else "transformers"
+    a server holds whatever it was last sent until ``load_weights`` (``llm.weights.Weights.build`` sends the
+    policy)."""
+    kind = resolved_sampler(config)
     if kind in ("vllm", "server"):
         check_vllm_supports(policy)
     if kind == "server":
@@ -38,7 +45,7 @@ def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, ma
     if kind == "vllm":
         from .vllm_engine import VLLMSampler
 
-        if any(a.startswith("Olmo") for a in getattr(policy.config, "architectures", None) or []):
+        if architecture(policy).startswith("Olmo"):
             raise ValueError("sampler: an in-process vLLM engine breaks transformers' OLMo model in the same process "
                              "(AttributeError 'do_not_compile'); use --sampler transformers or --sampler server")
 
@@ -98,7 +105,7 @@ def probe_sync(sampler: Sampler, policy: torch.nn.Module, prompts: list[list[int
     finally:
         sampler.load_weights(policy)
     if not gap <= tolerance:
-        arch = ",".join(getattr(policy.config, "architectures", None) or [type(policy).__name__])
+        arch = architecture(policy)
         raise ValueError(f"sampler: weights synced into the {sampler.name} sampler do not reach its forward pass for "
                          f"{arch} (log-prob gap {gap:.2e} > {tolerance:g} after a sync); this architecture cannot "
                          "be trained with it: use --sampler transformers")
@@ -115,6 +122,6 @@ def check_vllm_supports(policy: torch.nn.Module) -> None:
     head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     sizes = CPUAttentionBackend.get_supported_head_sizes()
     if head not in sizes:
-        arch = ",".join(getattr(cfg, "architectures", None) or [type(policy).__name__])
+        arch = architecture(policy)
         raise ValueError(f"sampler: vLLM's CPU attention does not support this model's head size {head} ({arch}; "
                          f"supported: {', '.join(map(str, sizes))}); use --sampler transformers")

@@ -1,0 +1,134 @@
+"""The optimise phase of Algorithm 1: i = ``num_iterations`` optimiser steps on the clipped off-policy objective
+(docs/theory.md, §6), each over the step's micro-batches (``optimise``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .batch import Batch
+from .distributed import Ranks, clip_gradients
+from .logprobs import Forward, TokenDists, idle_passes
+from .loss import LossStats, grpo_loss, loss_weights
+from .passes import Passes
+
+
+@dataclass(frozen=True)
+class Objective:
+    """The loss and its optimiser steps (``GRPOConfig`` names)."""
+
+    num_iterations: int = 1
+    epsilon: float = 0.2
+    ratio_level: str = "token"
+    beta: float = 0.0
+    use_bias_correction_kl: bool = True
+    loss_type: str = "dapo"
+    max_completion_length: int = 1
+    max_grad_norm: float = 1.0
+    keep_hidden: bool = False  # tv_diagnostics: pi_k's hidden states for the chain-rule TV
+
+    @classmethod
+    def from_config(cls, config) -> "Objective":
+        return cls(config.num_iterations, config.epsilon, config.ratio_level, config.beta,
+                   config.use_bias_correction_kl, config.loss_type, config.max_completion_length, config.max_grad_norm,
+                   config.tv_diagnostics)
+
+
+@dataclass
+class Optimised:
+    """What the optimise phase leaves: pi_k's pass over the whole batch (log pi_k, its next-token entropy and, for
+    the chain-rule TV, its hidden states), the chain-rule TV estimate between pi_k and alpha (taken before the update,
+    while the policy's output layer is still pi_k's; 0 at lag 0, where alpha = pi_k; None without the token-level TV
+    diagnostics), the last inner step's loss statistics and the gradient norm."""
+
+    pi_k: Forward
+    chain_tv_k: float | None
+    stats: LossStats
+    grad_norm: float
+    skipped: int = 0
+    """Inner steps whose loss or gradient was not finite: no optimiser step was taken (the rest of the batch's
+    inner steps are skipped too, as they would start from the same weights)."""
+
+
+def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             batch: Batch, advantages: np.ndarray, keep: np.ndarray, logp_alpha: torch.Tensor | None,
+             logp_ref: torch.Tensor | None, alpha_dists: TokenDists | None = None) -> Optimised:
+    """The optimiser steps on ``batch`` (P x G rows) with the group ``advantages`` (P, G) and the groups the loss
+    ``keep`` (P,). Each step accumulates the gradients of the micro-batches before one optimiser step; the loss weights
+    (normaliser and zero-variance mask) come from the whole step, so the gradient is the unsplit step's. The first
+    inner step's forward is pi_k's: log pi_k at no extra cost; ``logp_alpha`` None means alpha = pi_k (lag 0).
+    ``alpha_dists``: alpha's distributions for the chain-rule TV."""
+    G = passes.group_size
+    device = batch.input_ids.device
+    adv = torch.tensor(advantages.reshape(-1), dtype=torch.float32, device=device)
+    seq_mask = torch.tensor(np.repeat(keep, G), dtype=torch.float32, device=device)
+    weights = loss_weights(batch.completion_mask, objective.loss_type, objective.max_completion_length, seq_mask)
+    parts = batch.passes(passes.micro_batch, passes.by_length, passes.rows(batch))
+    ranks, first, result = passes.ranks, [], Optimised(None, None, LossStats(), 0.0)
+    for it in range(objective.num_iterations):
+        optimizer.zero_grad(set_to_none=True)
+        stats = inner_step(passes, objective, policy, batch, parts, first, adv, weights, logp_alpha, logp_ref)
+        if it == 0:  # pi_k's pass over the whole batch, before the update (the output layer is still pi_k's)
+            result.pi_k = passes.whole_batch(Forward.assemble(batch, parts, first))
+            if objective.keep_hidden:  # alpha's distributions None: alpha = pi_k (lag 0), whose chain TV is 0
+                result.chain_tv_k = 0.0 if alpha_dists is None else passes.chain_tv(
+                    passes.dists(policy, result.pi_k.hidden), alpha_dists, batch.completion_mask)
+        result.stats = reduce_stats(ranks, stats)
+        ranks.sum_grads(policy.parameters())  # the ranks' shares add up to the whole step's gradient
+        if result.stats.tokens == 0:
+            break  # every group masked: nothing to learn from this batch
+        result.grad_norm = ranks.grad_norm(policy.parameters())
+        if not (math.isfinite(result.stats.loss) and math.isfinite(result.grad_norm)):
+            optimizer.zero_grad(set_to_none=True)
+            result.skipped = objective.num_iterations - it
+            break
+        if objective.max_grad_norm > 0:
+            clip_gradients(policy.parameters(), objective.max_grad_norm, result.grad_norm)
+        optimizer.step()
+    return result
+
+
+def inner_step(passes: Passes, objective: Objective, policy: torch.nn.Module, batch: Batch,
+               parts: list[torch.Tensor], first: list[Forward], adv: torch.Tensor, weights: torch.Tensor,
+               logp_alpha: torch.Tensor | None, logp_ref: torch.Tensor | None) -> LossStats:
+    """One inner step's forward and backward passes over this rank's ``parts`` of the batch (the gradients add up
+    in the parameters). The first inner step records each pass's pi_k forward in ``first``."""
+    record = not first
+    idle = passes.ranks.idle_passes(len(parts))  # a collective: before any pass's own gathers
+    stats = LossStats()
+    for j, rows in enumerate(parts):
+        mb = batch.take(rows)
+        fwd = passes.forward(policy, mb, entropy=record, keep_hidden=record and objective.keep_hidden)
+        if record:
+            first.append(Forward(fwd.logp.detach(), fwd.entropy, fwd.hidden))
+        logp_k = first[j].logp
+        t = mb.completion_ids.shape[1]
+        cols = lambda x: x[rows, :t]  # noqa: E731  (B, T) -> this pass's rows and columns
+        loss, part = grpo_loss(
+            fwd.logp, logp_k, logp_k if logp_alpha is None else cols(logp_alpha), adv[rows], cols(weights),
+            clip=objective.epsilon, ratio_level=objective.ratio_level, beta=objective.beta,
+            logp_ref=None if logp_ref is None else cols(logp_ref),
+            use_bias_correction_kl=objective.use_bias_correction_kl)
+        stats = stats.merge(part)
+        if part.tokens:
+            loss.backward()
+        elif passes.ranks.fsdp:  # the sharded blocks' backward needs every rank: a zero gradient from this one
+            (fwd.logp.sum() * 0).backward()
+    idle_passes(idle, policy, batch, passes.temperature, passes.precision, passes.chunk_tokens, backward=True)
+    return stats
+
+
+def reduce_stats(ranks: Ranks, stats: LossStats) -> LossStats:
+    """The step's loss statistics over every rank's tokens (sums added, minima and maxima taken)."""
+    if not ranks.active:
+        return stats
+    kl_names = sorted(stats.kl)
+    sums = torch.tensor([stats.loss, stats.tokens, stats.clip_low, stats.clip_high, stats.is_weight_sum,
+                         *(stats.kl[k] for k in kl_names)], dtype=torch.float64)
+    ranks.sum(sums)
+    lo, hi = -ranks.max_float(-stats.is_weight_min), ranks.max_float(stats.is_weight_max)
+    v = sums.tolist()
+    return LossStats(v[0], v[1], v[2], v[3], v[4], lo, hi, dict(zip(kl_names, v[5:])))

@@ -1,0 +1,376 @@
+"""Bad input: fuzzed command lines, data files, reward functions, model paths. Every one is refused in one line
+naming what is wrong, or runs."""
+
+import contextlib
+import dataclasses
+import importlib
+import io
+import json
+import re
+import sys
+import typing
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from grpo_theory.simulate import SimConfig
+from llm import GRPOConfig
+from llm.model import load_policy
+from llm.serve import ServeConfig
+from llm.sources import load_task
+from llm.tasks import text_reward
+from llm.tiny import tiny_model_dir
+from runkit.cli import run_main
+
+
+class ReachedModelLoading(Exception):
+    """Raised in place of loading the model: every check before it passed."""
+
+
+def run_cli(main, prog: str, argv: list[str]) -> tuple[int, str]:
+    """Run a CLI's ``main`` as ``python -m`` would (through ``run_main``): (exit status, stderr)."""
+    err, threads = io.StringIO(), torch.get_num_threads()
+    try:
+        with mock.patch.object(sys, "argv", [prog, *argv]), contextlib.redirect_stderr(err), \
+                contextlib.redirect_stdout(io.StringIO()):
+            try:
+                run_main(main, prog)
+            except SystemExit as exc:
+                return int(exc.code or 0), err.getvalue()
+    finally:
+        torch.set_num_threads(threads)  # the trainer sets --num-threads for the process; later tests need theirs
+    raise AssertionError("run_main always exits")
+
+
+def assert_one_line_error(status: int, stderr: str, prog: str, names: list[str]) -> None:
+    progress = re.compile(r"^\s*\d+%\|.*\]$")  # tqdm's bar of a run that had started (each redraw ends in ']')
+    lines = [ln for ln in stderr.splitlines() if ln.strip() and not progress.match(ln)]
+    assert status == 2, (status, stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), stderr
+    text = lines[0]
+    assert any(n in text for n in names) or "Unrecognized options" in text or "Missing value" in text, text
+
+
+# ----------------------------------------------------------------------------------------------
+# Fuzzed configurations
+# ----------------------------------------------------------------------------------------------
+
+FLOATS = st.one_of(st.floats(0, 1).map(repr), st.floats(allow_nan=True, allow_infinity=True).map(repr),
+                   st.sampled_from(["-0.0", "1e-300", "1e300", "abc", ""]))
+
+
+INTS = st.one_of(st.integers(1, 8).map(str), st.integers(-3, 40).map(str), st.sampled_from(["1.5", "nan", "x", "-1", "0", ""]))
+
+
+def _option(field: dataclasses.Field, strings: dict) -> st.SearchStrategy:
+    """(args, invalid) for one field: ``invalid`` True when the value is certainly not acceptable."""
+    flag = "--" + field.name.replace("_", "-")
+    tp = field.type if not isinstance(field.type, str) else eval(field.type, vars(typing))  # noqa: S307
+    if field.name in strings:
+        return strings[field.name].map(lambda v: ([flag, v], False))
+    if tp is bool:
+        return st.sampled_from([([flag], False), (["--no-" + flag[2:]], False), ([flag, "maybe"], True)])
+    if typing.get_origin(tp) is typing.Literal:
+        return st.sampled_from([([flag, c], False) for c in typing.get_args(tp)] + [([flag, "bogus"], True)])
+    if tp is int:
+        return INTS.map(lambda v: ([flag, v], v in ("1.5", "nan", "x", "")))
+    if tp is float:
+        return FLOATS.map(lambda v: ([flag, v], v in ("nan", "inf", "-inf", "abc", "")))
+    return st.text(max_size=8).map(lambda v: ([flag, v], False))
+
+
+def _args(cls, strings: dict, exclude=()) -> st.SearchStrategy:
+    fields = [f for f in dataclasses.fields(cls) if f.name not in exclude]
+    named = [_option(f, strings).map(lambda o, n=f.name: (n, o)) for f in fields]
+    options = st.lists(st.one_of(*named), max_size=4, unique_by=lambda o: o[0]).map(lambda os: [o[1] for o in os])
+    extra = st.sampled_from([([], False), (["--no-such-option", "1"], True), (["positional"], True)])
+    # the extra arguments go first: after an option of a tuple field they would be read as more of its values
+    return st.tuples(options, extra).map(lambda t: ([a for o in [t[1]] + t[0] for a in o[0]],
+                                                    any(o[1] for o in t[0] + [t[1]])))
+
+
+def _field_names(cls) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)] + ["--" + f.name.replace("_", "-") for f in dataclasses.fields(cls)]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fuzz")
+    (d / "ok.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
+    (d / "bad.jsonl").write_text('{"question": "q"}\n')
+    (d / "empty.jsonl").write_text("")
+    (d / "text_answer.jsonl").write_text(json.dumps({"question": "q", "answer": "#### seven"}) + "\n")
+    (d / "a_file").write_text("x")
+    return d
+
+
+@given(data=st.data())
+@settings(max_examples=150)
+def test_fuzzed_trainer_command_lines_are_accepted_or_refused_in_one_line(files, data):
+    """Random command lines of ``python -m llm.train`` (values of every field, valid or not, unknown options,
+    files that are missing, empty or malformed, an output_dir that is a file): each either passes every check
+    up to loading the model or exits 2 with one line naming the field; certainly invalid values exit 2."""
+    d = str(files)
+    strings = {
+        "dataset": st.sampled_from(["arithmetic", f"{d}/ok.jsonl", f"{d}/bad.jsonl", f"{d}/empty.jsonl",
+                                    f"{d}/text_answer.jsonl", f"{d}/missing.jsonl", "nonsense", ""]),
+        "eval_dataset": st.sampled_from(["", f"{d}/ok.jsonl", f"{d}/bad.jsonl"]),
+        "reward_fn": st.sampled_from(["", "no_such_module:f", "os:getcwd", "os:sep", "justtext", "llm.tasks:nothing"]),
+        "output_dir": st.sampled_from([f"{d}/run", f"{d}/a_file", f"{d}/a_file/sub", ""]),
+        "model_name_or_path": st.sampled_from(["", f"{d}/missing_model"]),
+        "server_url": st.sampled_from(["", "http://127.0.0.1:1", "ftp://x", "x"]),
+        "device": st.sampled_from(["auto", "cpu", "cuda:0", "tpu", ""]),
+        "report_to": st.sampled_from(["none", "tensorboard", "wandb", "trackio", "bogus"]),  # none started
+    }
+    argv, invalid = data.draw(_args(GRPOConfig, strings))
+    argv = ["--output-dir", f"{d}/run", "--no-progress", *argv]
+
+    train_cli = importlib.import_module("llm.train")  # the module (``llm.train`` may name the function)
+
+    with mock.patch("llm.pretrained.resolve_model_path", side_effect=ReachedModelLoading):
+        try:
+            status, err = run_cli(train_cli.main, "python -m llm.train", argv)
+        except ReachedModelLoading:
+            assert not invalid, argv
+            event("reached model loading")
+            return
+    event("refused")
+    assert_one_line_error(status, err, "python -m llm.train", _field_names(GRPOConfig))
+
+
+@given(data=st.data())
+@settings(max_examples=150)
+def test_fuzzed_simulator_command_lines_run_or_are_refused_in_one_line(data):
+    """``python -m grpo_theory.simulate`` with random values (small sizes, so every valid example runs to the
+    end): exit 0 or 1 (1: the bound was violated, which must not happen) or 2 with one line naming the field."""
+    small = st.one_of(st.integers(-2, 12).map(str), st.sampled_from(["x", "2.5"]))
+    strings = {name: small for name in ("n_prompts", "n_actions", "prompts_per_step", "num_generations",
+                                        "num_iterations", "sync_period", "ref_sync_steps")}
+    strings["max_steps"] = st.one_of(st.integers(-1, 4).map(str), st.just("y"))
+    argv, invalid = data.draw(_args(SimConfig, strings, exclude=("output_dir",)))
+
+    from grpo_theory import simulate
+
+    status, err = run_cli(simulate.main, "python -m grpo_theory.simulate", argv)
+    if status == 0:
+        assert not invalid, argv
+        event("ran")
+        return
+    event("refused")
+    assert status != 1, f"bound violated for {argv}"
+    assert_one_line_error(status, err, "python -m grpo_theory.simulate", _field_names(SimConfig))
+
+
+@given(data=st.data())
+@settings(max_examples=60)
+def test_fuzzed_server_launcher_command_lines_are_checked_before_starting(data):
+    """``python -m llm.serve``: every field is checked before vLLM is started."""
+    argv, invalid = data.draw(_args(ServeConfig, {"model": st.sampled_from(["", "/nonexistent/model"]),
+                                                  "host": st.sampled_from(["127.0.0.1", ""]),
+                                                  "extra_args": st.just("")}))
+    from llm import serve
+
+    with mock.patch.object(serve, "ServerProcess", side_effect=ReachedModelLoading):
+        try:
+            status, err = run_cli(serve.main, "python -m llm.serve", argv)
+        except ReachedModelLoading:
+            assert not invalid, argv
+            return
+    assert_one_line_error(status, err, "python -m llm.serve", _field_names(ServeConfig) + ["model"])
+
+
+def _typed_fields(cls, tp) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)
+            if (f.type if not isinstance(f.type, str) else eval(f.type, vars(typing))) is tp]  # noqa: S307
+
+
+CLIS = {"trainer": (GRPOConfig, "llm.train", "python -m llm.train"),
+        "simulator": (SimConfig, "grpo_theory.simulate", "python -m grpo_theory.simulate"),
+        "server": (ServeConfig, "llm.serve", "python -m llm.serve")}
+
+
+@pytest.mark.parametrize("cli,field,value", [
+    (cli, f, v) for cli, (cls, _, _) in CLIS.items() for f in _typed_fields(cls, float) for v in ("nan", "inf", "-inf")
+] + [(cli, f, v) for cli, (cls, _, _) in CLIS.items() for f in _typed_fields(cls, int) for v in ("1.5", "x")])
+def test_every_number_field_refuses_non_finite_and_non_numeric_values(tmp_path, cli, field, value):
+    """Field by field (the fuzz above mixes them): nan, inf, -inf for every float and a non-integer for every
+    int exit 2 with one line naming that field."""
+    cls, module, prog = CLIS[cli]
+    flag = "--" + field.replace("_", "-")
+    base = ["--output-dir", str(tmp_path / "run")] if cli != "server" else []
+    with mock.patch("llm.pretrained.resolve_model_path", side_effect=ReachedModelLoading), \
+            mock.patch("llm.serve.ServerProcess", side_effect=ReachedModelLoading):
+        status, err = run_cli(importlib.import_module(module).main, prog, [*base, flag, value])
+    assert_one_line_error(status, err, prog, [field, flag])
+    assert field in err or flag in err, err
+
+
+# ----------------------------------------------------------------------------------------------
+# Data and reward functions
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content,match", [
+    ("", "holds no rows"),
+    ("\n\n", "holds no rows"),
+    ('{"question": "q", "answer": "#### 1"}\n{"question": "q"\n', r"bad.jsonl:2: not valid JSON"),
+    ('{"question": "q", "answer": "#### 1"}\n[1, 2]\n', r"bad.jsonl:2: expected a JSON object, got a list"),
+    ('[1, 2]\n', r"bad.jsonl has columns \['text'\]; expected a 'prompt' column"),
+    ('{"question": "q"}\n', r"bad.jsonl has columns \['question'\]; expected a 'prompt' column"),
+    ('{"question": 5, "answer": "#### 5"}\n', r"bad.jsonl: row 1: expected a 'question' string"),
+    ('{"question": "q", "answer": 5}\n', r"bad.jsonl: row 1: .*must be a string ending with"),
+    ('{"question": "q", "answer": "#### 1"}\n{"question": "q2"}\n', r"bad.jsonl: row 2: .*must be a string ending"),
+    ('{"question": "q", "answer": "####  "}\n', r"bad.jsonl: row 1: .*empty"),
+    ('{"question": "q", "answer": "#### seven"}\n', r"answer of row 1 \('seven'\) cannot be read by --answer-check"),
+    ('{"prompt": 3}\n', r"bad.jsonl: row 1: the prompt must be a string or a non-empty list of messages"),
+    ('{"prompt": [{"role": "user"}]}\n', r"bad.jsonl: row 1: the prompt must be"),
+    ('{"prompt": "p", "answer": [1]}\n', r"bad.jsonl: row 1: the answer must be a string or a number"),
+    ('{"prompt": "p"}\n', r"has no 'answer' column, which the default reward"),
+])
+def test_bad_data_files_are_refused_naming_the_row(tmp_path, content, match):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(ValueError, match="dataset: .*" + match):
+        load_task(str(path))
+    with pytest.raises(ValueError, match="dataset: expected 'arithmetic'"):
+        load_task("nonsense")
+
+
+def test_a_text_answer_is_accepted_with_a_users_reward_function(tmp_path, monkeypatch):
+    (tmp_path / "words.py").write_text("def same(completion, answer):\n    return float(completion == answer)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "text.jsonl"
+    path.write_text(json.dumps({"question": "q", "answer": "#### seven"}) + "\n")
+    assert load_task(str(path), "words:same").answers == ("seven",)
+
+
+def _raises(c, a):
+    raise ZeroDivisionError("boom")
+
+
+@pytest.mark.parametrize("fn,match", [
+    (_raises, r"raised ZeroDivisionError: boom for completion 'c1'"),
+    (lambda c, a: float("nan"), r"rewards must lie in \[0, 1\].*got nan for completion 'c1'"),
+    (lambda c, a: float("inf"), r"got inf for completion 'c1'"),
+    (lambda c, a: -0.5, r"got -0.5 for completion 'c1'"),
+    (lambda c, a: 1.5, r"got 1.5 for completion 'c1'"),
+    (lambda c, a: "1", r"returned a str \('1'\) for completion 'c1'"),
+    (lambda c, a: None, r"returned a NoneType"),
+    (lambda c, a: [1.0, 0.0], r"returned 2 values for completion 'c1'"),
+    (lambda c, a: np.array([0.5, 0.5, 1.0]), r"returned 3 values"),
+])
+def test_misbehaving_reward_functions_are_named_with_the_completion(fn, match):
+    with pytest.raises(ValueError, match="reward_fn: .*" + match + r".*\(answer '7'\)"):
+        text_reward(fn, "c1", "7")
+
+
+@pytest.mark.parametrize("value", [0, 1, True, 0.25, np.float32(0.5), np.float64(1.0), np.array(0.5), torch.tensor(0.75)])
+def test_well_behaved_rewards_of_any_numeric_type_pass(value):
+    assert text_reward(lambda c, a: value, "c", "a") == float(value)
+
+
+# ----------------------------------------------------------------------------------------------
+# Models and prompts
+# ----------------------------------------------------------------------------------------------
+
+
+def test_model_paths_without_a_model_or_a_tokenizer_are_refused(tmp_path):
+    src = tiny_model_dir()
+    no_tok = tmp_path / "no_tokenizer"
+    no_tok.mkdir()
+    for f in src.iterdir():
+        if f.is_file() and "token" not in f.name:
+            (no_tok / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "a_file").write_text("x")
+    cases = [(str(tmp_path / "missing"), "no model directory"), (str(tmp_path / "a_file"), "no model directory"),
+             (str(no_tok), "holds no tokenizer"), (str(tmp_path), "cannot load a tokenizer|holds no tokenizer")]
+    for path, match in cases:
+        with pytest.raises(ValueError, match="model_name_or_path: .*(" + match + ")"):
+            load_policy(path, torch.device("cpu"))
+
+
+def test_an_attention_kernel_that_cannot_load_is_refused_in_one_line():
+    """flash_attention_2 without its package (and without CUDA): one line naming the field, not a traceback."""
+    with pytest.raises(ValueError, match=r"^attn_implementation: flash_attention_2 cannot be used here \([^\n]+\)$"):
+        load_policy(str(tiny_model_dir()), torch.device("cpu"), attn_implementation="flash_attention_2")
+
+
+def test_a_prompt_longer_than_the_models_context_is_refused_at_start_up(tmp_path):
+    from llm import train
+
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps({"question": "1+2+" * 40, "answer": "#### 3"}) + "\n")
+    cfg = GRPOConfig(dataset=str(path), output_dir=str(tmp_path / "run"), sampler="transformers", progress=False,
+                     max_steps=1)
+    with pytest.raises(ValueError, match=r"max_completion_length: the longest prompt \(\d+ tokens\) plus 6 generated "
+                                         r"exceed the model's 64 positions"):
+        train(cfg, log=lambda *a: None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Trust boundaries
+# ----------------------------------------------------------------------------------------------
+
+
+def _model_with_its_own_code(tmp_path):
+    """The tiny model, re-declared as an architecture whose code ships in the directory (auto_map); importing that
+    code leaves a marker file."""
+    d = tmp_path / "custom"
+    d.mkdir()
+    for f in tiny_model_dir().iterdir():
+        if f.is_file():
+            (d / f.name).write_bytes(f.read_bytes())
+    marker = tmp_path / "code_ran"
+    (d / "modeling_custom.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+        "from transformers import Qwen2Config, Qwen2ForCausalLM\n"
+        "class CustomConfig(Qwen2Config):\n    model_type = 'custom_qwen2'\n"
+        "class CustomForCausalLM(Qwen2ForCausalLM):\n    config_class = CustomConfig\n")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(model_type="custom_qwen2", architectures=["CustomForCausalLM"],
+               auto_map={"AutoConfig": "modeling_custom.CustomConfig",
+                         "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"})
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d, marker
+
+
+def test_code_shipped_with_a_model_runs_only_with_trust_remote_code(tmp_path):
+    d, marker = _model_with_its_own_code(tmp_path)
+    with pytest.raises(ValueError, match="model_name_or_path: cannot load .*runs only with --trust-remote-code"):
+        load_policy(str(d), torch.device("cpu"))
+    assert not marker.exists()
+    model, _ = load_policy(str(d), torch.device("cpu"), trust_remote_code=True)
+    assert marker.exists() and type(model).__name__ == "CustomForCausalLM"
+
+
+def test_checkpoints_load_without_running_code_from_the_file(tmp_path):
+    """A checkpoint.pt that would run code when unpickled is refused in one line (weights_only=True)."""
+    import os
+
+    cfg = GRPOConfig(output_dir=str(tmp_path / "run"), sampler="transformers", progress=False)
+    (tmp_path / "run").mkdir()
+    torch.save({"step": 1, "payload": os.system}, tmp_path / "run" / "checkpoint.pt")  # a callable: not weights
+    from llm.rundir import RunDir
+
+    with pytest.raises(ValueError, match=r"output_dir: .*checkpoint.pt cannot be loaded \(UnpicklingError"):
+        RunDir(cfg).open()
+
+
+@pytest.mark.parametrize("name,weights,match", [
+    ("wrong_length", None, r"wrong_length returned 1 values for 2 completions"),
+    ("text", None, r"text returned 'high' for completion"),
+    ("boom", None, r"boom raised KeyError: \"no column 'solution'\""),
+    ("only_even", [1.0], r"every function returned None for completion"),
+])
+def test_misbehaving_reward_functions_are_one_line(reward_module, tokenizer, name, weights, match):
+    task = load_task("arithmetic", reward_funcs=[f"{reward_module}:{name}"], reward_weights=weights or [])
+    bound = task.bind(tokenizer)
+    idx = [0, 1] if name != "only_even" else [i for i, a in enumerate(task.answers) if int(a) % 2][:2]
+    comps = [task.answers[i] for i in idx]
+    with pytest.raises(ValueError, match="^reward_funcs: " + match) as err:
+        bound.score(idx, comps, [[5, 1]] * 2)
+    assert "\n" not in str(err.value)

@@ -1,0 +1,93 @@
+"""The code's layers point one way: a module imports only modules of its own layer or below (function-level imports
+included), and no chain of imports comes back to where it started. A new module must be given a layer here."""
+
+import ast
+from pathlib import Path
+
+from tests.helpers import ROOT
+
+#: Layers, lowest first; a module may import its own layer and those listed before it.
+LAYERS = [
+    ["runkit", "runkit.cli", "runkit.interrupt", "runkit.net", "runkit.runio", "runkit.tables", "runkit.validation"],
+    ["grpo_theory.validation", "grpo_theory.numerics", "grpo_theory.core", "grpo_theory.estimators",
+     "grpo_theory.amplification", "grpo_theory.instances", "grpo_theory.symbolic", "grpo_theory"],
+    ["grpo_theory.simulate", "grpo_theory.check", "grpo_theory.sigma_bias", "grpo_theory.experiments"],
+    ["llm.config", "llm.metrics", "llm.clock"],  # settings and conventions, no torch
+    ["llm.data", "llm.tasks", "llm.procedural", "llm.sources"],  # tasks and rewards
+    ["llm.distributed", "llm.model"],  # torch: processes and models
+    ["llm.batch", "llm.logprobs", "llm.loss", "llm.diagnostics"],  # tensors of a step
+    ["llm.sampling.base", "llm.sampling.vllm_settings", "llm.sampling.weight_transfer", "llm.sampling.hf_generate",
+     "llm.sampling.vllm_engine", "llm.sampling.server", "llm.sampling"],  # who holds alpha
+    ["llm.evaluation", "llm.tiny", "llm.pretrained", "llm.rollout", "llm.passes"],
+    ["llm.update", "llm.phases", "llm.weights", "llm.rundir", "llm.trackers", "llm.monitors"],  # the trainer's parts
+    ["llm.trainer"],
+    ["llm", "llm.train", "llm.serve", "llm.report", "llm.ablation"],  # entry points
+]
+
+
+LAYER = {m: i for i, names in enumerate(LAYERS) for m in names}
+
+
+PACKAGES = ("runkit", "grpo_theory", "llm")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """The project's modules ``path`` imports, anywhere in it (a name imported from a package counts as the package
+    or, when it is one, the submodule)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in LAYER else base for a in node.names]
+        else:
+            continue
+        found |= {t for t in targets if t.split(".")[0] in PACKAGES}
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    files = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")]
+    return {module_name(p): imports(p) - {module_name(p)} for p in files}
+
+
+def test_every_module_has_a_layer_and_imports_none_above_its_own():
+    edges = graph()
+    assert not sorted(set(edges) - set(LAYER)), "give these modules a layer in tests/test_layers.py"
+    upward = sorted(f"{src} -> {dst}" for src, dsts in edges.items() for dst in dsts if LAYER[dst] > LAYER[src])
+    assert not upward, upward
+
+
+def test_no_import_cycle():
+    edges, state, cycles = graph(), {}, []
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, cycles
+
+
+def test_the_checker_sees_function_level_and_relative_imports(tmp_path):
+    edges = graph()
+    assert "llm.tiny" in edges["llm.pretrained"]  # a module-level relative import
+    assert "llm.sampling.vllm_engine" in edges["llm.sampling"]  # a function-level one

@@ -1,0 +1,104 @@
+"""llm.logprobs: log-probs without full-vocabulary tensors, equal to the model's own for every family, with gradients;
+shared prompts; output transforms it does not know are refused."""
+
+import numpy as np
+import pytest
+import torch
+
+from llm.batch import make_batch
+from llm.logprobs import LogitHead, check_head, forward_completions
+from llm.model import load_policy
+from llm.passes import Passes
+from llm.tiny import FAMILIES, build_family_model, tiny_model_dir
+from tests.helpers import ATOL, RTOL, RTOL64, SHARED_GRAD_RTOL, plain_logprobs, same_gradient, sequences
+
+
+@pytest.mark.parametrize("family", ["builtin"] + sorted(FAMILIES))
+def test_chunked_logprobs_equal_the_models_own_logits_with_gradients(family, tmp_path):
+    path = tiny_model_dir() if family == "builtin" else build_family_model(family, tmp_path / family)
+    model, tok = load_policy(str(path), torch.device("cpu"))
+    batch = make_batch(*sequences(tok, 5), tok.pad_token_id, "cpu")
+    plain, plain_entropy = plain_logprobs(model, batch, 0.7)
+    (plain * batch.completion_mask).sum().backward()
+    plain_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    fwd = forward_completions(model, batch, 0.7, chunk_tokens=3, entropy=True)  # 3 tokens per chunk: many chunks
+    fwd.logp.sum().backward()
+    assert torch.allclose(fwd.logp, plain.detach(), rtol=RTOL, atol=ATOL)
+    assert torch.allclose(fwd.entropy, plain_entropy.detach(), rtol=RTOL, atol=ATOL)
+    for p, g in zip(model.parameters(), plain_grads):
+        assert same_gradient(p.grad, g)
+    assert check_head(model, batch) <= 1e-4
+
+
+def test_an_output_transform_the_chunked_path_lacks_is_refused(tmp_path, monkeypatch):
+    """Gemma 2 soft-caps its logits; a LogitHead without the cap would give other log-probs, and check_head
+    (run at start-up) says so instead of training on them."""
+    model, tok = load_policy(str(build_family_model("gemma2", tmp_path / "g")), torch.device("cpu"))
+    with torch.no_grad():  # logits of the random model are far below the cap of 30: scale them up to it
+        model.get_output_embeddings().weight.mul_(300.0)
+    batch = make_batch(*sequences(tok, 3), tok.pad_token_id, "cpu")
+    check_head(model, batch)
+    real = LogitHead.__init__
+
+    def without_softcap(self, *a, **kw):
+        real(self, *a, **kw)
+        self.softcap = None
+
+    monkeypatch.setattr(LogitHead, "__init__", without_softcap)
+    with pytest.raises(ValueError, match="Gemma2ForCausalLM's output layer"):
+        check_head(model, batch)
+
+
+def test_a_model_without_a_reachable_output_layer_is_refused_in_one_line():
+    model, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))
+    model.get_output_embeddings = lambda: None
+    with pytest.raises(ValueError, match="does not expose its decoder and output layer"):
+        check_head(model, make_batch(*sequences(tok, 2), tok.pad_token_id, "cpu"))
+
+
+def test_no_logits_larger_than_a_chunk_exist(monkeypatch):
+    """The output layer only ever sees ``chunk_tokens`` rows, in the gradient pass and in the TV diagnostics."""
+    model, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))
+    batch = make_batch(*sequences(tok, 6), tok.pad_token_id, "cpu")
+    seen, real = [], LogitHead.logits
+    monkeypatch.setattr(LogitHead, "logits", lambda self, h: seen.append(h.shape[0]) or real(self, h))
+    fwd = forward_completions(model, batch, 1.0, chunk_tokens=4, keep_hidden=True)
+    fwd.logp.sum().backward()
+    from llm.diagnostics import chain_tv_sum
+    d = Passes(1.0).dists(model, fwd.hidden)
+    assert chain_tv_sum(d, d, batch.completion_mask, chunk_tokens=4) == 0.0
+    n_tokens = int(batch.completion_mask.sum())
+    assert max(seen) == 4 and sum(seen) >= 3 * n_tokens  # forward, recomputation in backward, the TV pass
+
+
+@pytest.mark.parametrize("family", ["builtin"] + sorted(FAMILIES))
+def test_a_groups_prompt_runs_once_with_the_same_logprobs_and_gradients(family, tmp_path):
+    """Sequences that share a prompt (a group's completions): each distinct prompt runs through the decoder once and
+    its completions on its cached keys and values (``llm.logprobs.completion_hidden``). In float64, for every family,
+    log-probs, entropies and hidden states equal the plain pass over every whole sequence to 1e-10, gradients to
+    ``SHARED_GRAD_RTOL``."""
+    from llm.logprobs import shared_prompts
+
+    path = tiny_model_dir() if family == "builtin" else build_family_model(family, tmp_path / family)
+    model, tok = load_policy(str(path), torch.device("cpu"))
+    model.double()
+    g = np.random.default_rng(1)
+    prompts = [tok("+".join(map(str, g.integers(0, 99, size=k))) + "=").input_ids for k in (3, 5, 4)]  # unequal
+    comps = [g.integers(3, len(tok), size=int(g.integers(1, 9))).tolist() for _ in range(12)]
+    batch = make_batch([prompts[j // 4] for j in range(12)], comps, tok.pad_token_id, "cpu")
+    first, inverse = shared_prompts(batch)
+    assert len(first) == 3 and inverse.tolist() == [int(inverse[4 * i]) for i in range(3) for _ in range(4)]
+    results = []
+    for share in (False, True):
+        model.zero_grad(set_to_none=True)
+        fwd = forward_completions(model, batch, 0.7, entropy=True, keep_hidden=True, share_prompts=share)
+        (fwd.logp * torch.linspace(0.5, 1.5, 12, dtype=torch.float64)[:, None]).sum().backward()
+        results.append((fwd, [p.grad.clone() for p in model.parameters()]))
+    (plain, plain_grads), (shared, shared_grads) = results
+    m = batch.completion_mask > 0
+    assert torch.allclose(shared.logp, plain.logp, rtol=RTOL64, atol=1e-12)
+    assert torch.allclose(shared.entropy, plain.entropy, rtol=RTOL64, atol=1e-12)
+    assert torch.allclose(shared.hidden[m], plain.hidden[m], rtol=RTOL64, atol=1e-12)
+    for a, b in zip(shared_grads, plain_grads, strict=True):
+        assert same_gradient(a, b, SHARED_GRAD_RTOL)

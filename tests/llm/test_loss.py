@@ -1,0 +1,240 @@
+"""llm.loss: the clipped off-policy loss, its importance weight, normalisers, the masked groups and the KL term."""
+
+import numpy as np
+import pytest
+import torch
+
+import grpo_theory as gt
+from llm import GRPOConfig
+from llm.loss import (
+    LossStats,
+    clip_flags_torch,
+    clip_objective_torch,
+    clip_window_torch,
+    grpo_loss,
+    k3_kl,
+    loss_weights,
+)
+
+B, T = 8, 5
+
+
+def _inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logp_alpha = -torch.rand(B, T, generator=g) * 3
+    logp_k = logp_alpha + 0.3 * torch.randn(B, T, generator=g)
+    logp = (logp_k + 0.2 * torch.randn(B, T, generator=g)).requires_grad_(True)
+    adv = torch.randn(B, generator=g)
+    mask = torch.ones(B, T)
+    mask[0, 3:] = 0
+    mask[5, 1:] = 0
+    return logp, logp_k, logp_alpha, adv, mask
+
+
+def _loss(logp, logp_k, logp_alpha, adv, mask, *, loss_type="dapo", sequence_mask=None, **kw):
+    w = loss_weights(mask, loss_type, mask.shape[1], sequence_mask)
+    loss, stats = grpo_loss(logp, logp_k, logp_alpha, adv, w, clip=0.2, **kw)
+    return loss, stats.metrics()
+
+
+def test_clip_functions_match_grpo_theory():
+    """The torch twins of clip_window, clip_flags and clip_objective equal grpo_theory's (one formula)."""
+    rng = np.random.default_rng(0)
+    r, rk, a = rng.uniform(0, 3, 500), rng.uniform(0, 3, 500), rng.normal(size=500)
+    r[:50] = rk[:50] + 0.2  # exactly on the upper edge
+    rk[50:100] = 0.1        # lower edge clamped at 0
+    t = [torch.tensor(x) for x in (r, rk, a)]
+    got = clip_objective_torch(*t, 0.2).numpy()
+    assert np.allclose(got, gt.clip_objective(r, rk, a, 0.2), atol=1e-12)
+    for mine, theirs in zip(clip_window_torch(t[1], 0.2), gt.clip_window(rk, 0.2)):
+        assert np.allclose(mine.numpy(), theirs, atol=1e-15)
+    for mine, theirs in zip(clip_flags_torch(*t, 0.2), gt.clip_flags(r, rk, a, 0.2)):
+        assert np.array_equal(mine.numpy(), theirs)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+def test_on_policy_gradient_is_grpo_gradient(loss_type):
+    """v = 1, i = 1: alpha = pi_k = pi_theta at the step start, so the gradient is the policy-gradient
+    estimate -A grad log pi, normalised as the loss type says."""
+    logp, _, _, adv, mask = _inputs()
+    start = logp.detach().clone()
+    loss, stats = _loss(logp, start, start, adv, mask, loss_type=loss_type)
+    (g,) = torch.autograd.grad(loss, logp)
+    ref_logp = logp.detach().clone().requires_grad_(True)
+    per_token = -adv[:, None] * ref_logp
+    if loss_type == "grpo":
+        ref = ((per_token * mask).sum(1) / mask.sum(1)).mean()
+    elif loss_type == "dapo":
+        ref = (per_token * mask).sum() / mask.sum()
+    else:
+        ref = (per_token * mask).sum() / (B * T)
+    (g_ref,) = torch.autograd.grad(ref, ref_logp)
+    assert torch.allclose(g, g_ref, atol=1e-7)
+    assert stats["is_weight/mean"] == pytest.approx(1.0) and stats["clip_ratio/region_mean"] == 0.0
+
+
+def test_importance_weight_is_computed_not_assumed():
+    logp, logp_k, logp_alpha, adv, mask = _inputs()
+    _, stats = _loss(logp, logp_k, logp_alpha, adv, mask)
+    expected = torch.exp(logp_k - logp_alpha)[mask > 0]
+    assert stats["is_weight/mean"] == pytest.approx(float(expected.mean()), rel=1e-6)
+    assert stats["is_weight/max"] > 1.05 and stats["is_weight/min"] < 0.95
+    # Setting the weight to 1 (alpha treated as pi_k) changes the objective: the two are not the same method.
+    wrong, _ = _loss(logp, logp_alpha, logp_alpha, adv, mask)
+    right, _ = _loss(logp, logp_k, logp_alpha, adv, mask)
+    assert not torch.isclose(wrong, right)
+
+
+def test_clip_window_is_centred_on_pi_k_over_alpha():
+    """With A > 0 the gradient vanishes once pi/alpha exceeds pi_k/alpha + clip, not 1 + clip."""
+    logp_alpha = torch.zeros(1, 1)
+    logp_k = torch.full((1, 1), np.log(2.0))
+    inside = torch.full((1, 1), np.log(2.1), requires_grad=True)   # ratio 2.1 < 2.2
+    outside = torch.full((1, 1), np.log(2.3), requires_grad=True)  # ratio 2.3 > 2.2
+    adv, mask = torch.ones(1), torch.ones(1, 1)
+    for logp, moves in ((inside, True), (outside, False)):
+        loss, _ = _loss(logp, logp_k, logp_alpha, adv, mask)
+        (g,) = torch.autograd.grad(loss, logp)
+        assert (g.abs().item() > 0) == moves
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+def test_zero_variance_mask_removes_groups_from_numerator_and_normaliser(loss_type):
+    logp, logp_k, logp_alpha, adv, mask = _inputs(1)
+    keep = torch.tensor([1, 1, 0, 0, 1, 1, 1, 0], dtype=torch.float32)
+    masked, _ = _loss(logp, logp_k, logp_alpha, adv, mask, loss_type=loss_type, sequence_mask=keep)
+    idx = keep.bool()
+    subset, _ = _loss(logp[idx], logp_k[idx], logp_alpha[idx], adv[idx], mask[idx], loss_type=loss_type)
+    assert torch.isclose(masked, subset, atol=1e-7)
+
+
+def test_all_groups_masked_gives_zero_loss_and_no_tokens():
+    logp, logp_k, logp_alpha, adv, mask = _inputs()
+    w = loss_weights(mask, "dapo", T, torch.zeros(B))
+    loss, stats = grpo_loss(logp, logp_k, logp_alpha, adv, w, clip=0.2)
+    assert loss.item() == 0.0 and stats.tokens == 0
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+@pytest.mark.parametrize("beta", [0.0, 0.3])
+def test_micro_batches_sum_to_the_step(loss_type, beta):
+    """Weights computed once from the whole step: the loss, gradient and statistics of two micro-batches
+    add up to those of the unsplit step."""
+    logp, logp_k, logp_alpha, adv, mask = _inputs(2)
+    ref = logp_k + 0.1
+    keep = torch.tensor([1, 0, 1, 1, 1, 1, 0, 1], dtype=torch.float32)
+    w = loss_weights(mask, loss_type, T, keep)
+    whole, s_whole = grpo_loss(logp, logp_k, logp_alpha, adv, w, clip=0.2, beta=beta, logp_ref=ref)
+    (g_whole,) = torch.autograd.grad(whole, logp)
+    parts, stats = 0.0, LossStats()
+    for sl in (slice(0, 3), slice(3, B)):
+        part, s = grpo_loss(logp[sl], logp_k[sl], logp_alpha[sl], adv[sl], w[sl], clip=0.2, beta=beta,
+                            logp_ref=ref[sl])
+        parts, stats = parts + part, stats.merge(s)
+    (g_parts,) = torch.autograd.grad(parts, logp)
+    assert torch.isclose(whole, parts, atol=1e-7) and torch.allclose(g_whole, g_parts, atol=1e-7)
+    for key, value in s_whole.metrics().items():
+        assert stats.metrics()[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+
+
+# ---- sequence-level ratios --------------------------------------------------------------------
+
+
+def test_sequence_level_loss_is_the_mean_of_per_sequence_objectives():
+    """ratio_level='sequence' (with loss_type grpo) gives -E_alpha f over sequences, each sequence counted
+    once whatever its length: f = f_eps(prod pi/alpha, prod pi_k/alpha, A)."""
+    logp, logp_k, logp_alpha, adv, mask = _inputs(3)
+    loss, stats = _loss(logp, logp_k, logp_alpha, adv, mask, loss_type="grpo", ratio_level="sequence")
+    d = lambda a, b: ((a - b) * mask).sum(1).detach().double().numpy()  # noqa: E731
+    r, rk = np.exp(d(logp, logp_alpha)), np.exp(d(logp_k, logp_alpha))
+    expected = -np.mean(gt.clip_objective(r, rk, adv.double().numpy(), 0.2))
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    assert stats["is_weight/max"] == pytest.approx(rk.max(), rel=1e-5)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo"])
+def test_sequence_level_ratios_refuse_token_normalisers(loss_type):
+    with pytest.raises(ValueError, match="^ratio_level: .*loss_type grpo"):
+        GRPOConfig(ratio_level="sequence", loss_type=loss_type)
+
+
+# ---- KL ---------------------------------------------------------------------------------------
+
+
+def test_kl_is_omitted_without_a_reference_and_added_with_one():
+    logp, logp_k, logp_alpha, adv, mask = _inputs()
+    base, stats = _loss(logp, logp_k, logp_alpha, adv, mask)
+    assert not any(k.startswith("kl") for k in stats)  # never a fake 0
+    assert torch.all(k3_kl(logp.detach(), logp_k) >= 0) and torch.all(k3_kl(logp_k, logp_k) == 0)
+    for correct in (True, False):
+        with_kl, stats = _loss(logp, logp_k, logp_alpha, adv, mask, beta=0.5, logp_ref=logp_k,
+                               use_bias_correction_kl=correct)
+        assert stats["kl"] == stats["kl/k3_is" if correct else "kl/k3"] > 0
+        assert with_kl.item() == pytest.approx(base.item() + 0.5 * stats["kl"], rel=1e-5)
+    with pytest.raises(ValueError, match="logp_ref"):
+        _loss(logp, logp_k, logp_alpha, adv, mask, beta=0.1)
+
+
+def _tabular(seed=0, V=6):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.log_softmax(torch.randn(V, generator=g, dtype=torch.float64) * s, -1) for s in (1.0, 1.0, 2.0)]
+
+
+def test_importance_corrected_kl_is_exact_kl_of_a_tabular_case():
+    """One token per row, each of the V tokens once, weighted by alpha's probability: the loss with A = 0
+    is beta E_alpha[term]. With the correction E_alpha[(pi/alpha) k3] = KL(pi || pi_ref) exactly; without it
+    E_alpha[k3] differs from KL once alpha != pi."""
+    lp, lref, la = _tabular()
+    V = lp.shape[0]
+    kl = float((lp.exp() * (lp - lref)).sum())
+    adv, col = torch.zeros(V, dtype=torch.float64), lambda x: x[:, None]  # noqa: E731
+    weights = col(la.exp())
+    for correct, expect_exact in ((True, True), (False, False)):
+        loss, _ = grpo_loss(col(lp), col(lp), col(la), adv, weights, clip=0.2, beta=1.0, logp_ref=col(lref),
+                            use_bias_correction_kl=correct)
+        assert (abs(loss.item() - kl) < 1e-12) == expect_exact, (correct, loss.item(), kl)
+    plain = float((la.exp() * k3_kl(lp, lref)).sum())
+    assert abs(plain - kl) > 0.05  # the uncorrected estimator's bias is large here, not rounding
+
+
+def test_kl_metric_estimates_kl_from_samples_of_alpha():
+    """``kl`` from tokens sampled from alpha: its mean is KL(pi || pi_ref) within 4 standard errors."""
+    lp, lref, la = _tabular(1)
+    kl = float((lp.exp() * (lp - lref)).sum())
+    g = torch.Generator().manual_seed(0)
+    tok = torch.multinomial(la.exp(), 40_000, replacement=True, generator=g)
+    col = lambda x: x[tok][:, None].float()  # noqa: E731
+    n = len(tok)
+    w = loss_weights(torch.ones(n, 1), "dapo", 1)
+    _, stats = grpo_loss(col(lp), col(lp), col(la), torch.zeros(n), w, clip=0.2, beta=1.0, logp_ref=col(lref))
+    per = (torch.exp(col(lp) - col(la)) * k3_kl(col(lp), col(lref))).double()
+    se = float(per.std()) / np.sqrt(n)
+    assert abs(stats.metrics()["kl"] - kl) < 4 * se, (stats.metrics()["kl"], kl, se)
+
+
+def _two_token_model(seed):
+    """A tabular language model of 2-token completions over 3 symbols: log p(y1) (3,) and log p(y2 | y1) (3, 3)."""
+    g = torch.Generator().manual_seed(seed)
+    first = torch.log_softmax(torch.randn(3, generator=g, dtype=torch.float64) * 1.5, -1)
+    second = torch.log_softmax(torch.randn(3, 3, generator=g, dtype=torch.float64) * 1.5, -1)
+    return first, second
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_corrected_kl_of_multi_token_completions_is_the_per_token_kl_along_alphas_prefixes(seed):
+    """Every 2-token completion as a row, weighted by alpha's probability of it: the loss with A = 0 and beta = 1 is
+    the exact expectation over completions from alpha of the summed per-token terms. With the correction it equals
+    E_alpha[KL(pi(y1) || ref(y1)) + KL(pi(.|y1) || ref(.|y1))], the per-token KL along alpha's prefixes (to 1e-12),
+    which is not the sequence-level KL(pi || ref) = E_pi[...] (prefixes from pi) once alpha != pi."""
+    (p1, p2), (r1, r2), (a1, a2) = (_two_token_model(seed + k) for k in (0, 10, 20))
+    seqs = [(i, j) for i in range(3) for j in range(3)]
+    rows = lambda first, second: torch.stack([torch.stack([first[i], second[i, j]]) for i, j in seqs])  # noqa: E731
+    lp, lref, la = rows(p1, p2), rows(r1, r2), rows(a1, a2)
+    alpha_seq = la.sum(1).exp()
+    kl = lambda p, q: float((p.exp() * (p - q)).sum(-1).sum()) if p.dim() == 1 else (p.exp() * (p - q)).sum(-1)  # noqa
+    per_token = float((a1.exp() * (kl(p1, r1) + kl(p2, r2))).sum())  # E_{y1~alpha}[KL_1 + KL_2(y1)]
+    sequence = float((p1.exp() * (kl(p1, r1) + kl(p2, r2))).sum())  # E_{y1~pi}[...]: KL(pi || ref) of sequences
+    loss, _ = grpo_loss(lp, lp, la, torch.zeros(9, dtype=torch.float64), alpha_seq[:, None].expand(9, 2).clone(),
+                        clip=0.2, beta=1.0, logp_ref=lref)
+    assert loss.item() == pytest.approx(per_token, abs=1e-12)
+    assert abs(per_token - sequence) > 0.01, (per_token, sequence)

@@ -1,0 +1,105 @@
+"""``python -m llm.report``: summaries and plots of run directories, from metrics.jsonl only."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from llm import GRPOConfig, train
+from llm.report import plot_runs, realised_improvement, rolling_mean, run_labels, series
+
+
+def _write_run(path, rows):
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _rows(n, evals=False, exact=True):
+    g = np.random.default_rng(n)
+    rows = []
+    for k in range(n):
+        r = {"step": k, "reward": float(g.random()), "tv/pi_k_alpha": float(g.random() / 10),
+             "heldout/improvement": float(g.normal(0, 0.01)), "heldout/bound_est/lower_tight": float(g.normal(-0.1, 0.01))}
+        if exact:
+            r["improvement"] = float(g.normal(0, 0.01))
+        if evals and k % 3 == 2:
+            r["eval/j"] = 0.1 * k
+        rows.append(r)
+    if evals:
+        rows[0]["eval_initial/j"] = 0.0
+    return rows
+
+
+def test_rolling_mean_is_the_mean_of_the_last_window_values():
+    v = np.random.default_rng(0).random(23)
+    for w in (1, 4, 30):
+        assert np.allclose(rolling_mean(v, w), [v[max(0, i + 1 - w):i + 1].mean() for i in range(len(v))])
+
+
+def test_series_realised_improvement_and_labels():
+    rows = _rows(6, evals=True)
+    k, v = series(rows, "eval/j")
+    assert k.tolist() == [2, 5] and np.allclose(v, [0.2, 0.5])
+    assert realised_improvement(rows) == ("improvement", "exact improvement")  # exact J beats the estimate
+    assert realised_improvement(_rows(3, exact=False))[0] == "heldout/improvement"
+    assert realised_improvement([{"step": 0, "reward": 0.5}]) is None
+    from pathlib import Path
+    assert run_labels([Path("a/v1"), Path("b/v1"), Path("c/v4")]) == ["a/v1", "b/v1", "v4"]
+
+
+def test_plot_runs_writes_the_figures_the_metrics_allow(tmp_path):
+    a = _write_run(tmp_path / "v1", _rows(20, evals=True))
+    b = _write_run(tmp_path / "v4", _rows(15))
+    written = plot_runs([a, b], tmp_path / "out")
+    assert sorted(written) == ["bound.png", "eval.png", "reward.png", "tv.png"]
+    assert all(p.stat().st_size > 10_000 and p.read_bytes()[:4] == b"\x89PNG" for p in written.values())
+    bare = _write_run(tmp_path / "bare", [{"step": k, "reward": 0.5} for k in range(5)])
+    assert sorted(plot_runs([bare], tmp_path / "out_bare")) == ["reward.png"]  # nothing else to draw
+    with pytest.raises(ValueError, match="run_dirs: .*holds no metrics.jsonl"):
+        plot_runs([tmp_path / "missing"], tmp_path / "x")
+
+
+def test_the_command_line_on_real_runs(tmp_path):
+    """Two short runs of the trainer (v = 1 and v = 2, held-out prompts, evaluation): the command prints both
+    summaries and writes the four figures; a directory that is not a run is one line and exit 2."""
+    for v in (1, 2):
+        train(GRPOConfig(output_dir=str(tmp_path / f"v{v}"), sampler="transformers", max_steps=4, sync_period=v,
+                         heldout_prompts=4, eval_steps=2, progress=False, logging_steps=100), log=lambda *a: None)
+    res = subprocess.run([sys.executable, "-m", "llm.report", str(tmp_path / "v1"), str(tmp_path / "v2")],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("exact J over the training prompts") == 2
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["bound.png", "eval.png", "reward.png", "tv.png"]
+    bad = subprocess.run([sys.executable, "-m", "llm.report", str(tmp_path / "nope")], capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "holds no metrics.jsonl" in bad.stderr
+
+
+def test_a_short_run_is_summarised_and_drawn_as_what_it_is(tmp_path):
+    """A 5-step run: the summary's first and last means never overlap (2 steps each), the reward figure's rolling
+    mean says how many steps it spans, and a run with in-sample bound estimates and no realised improvement (a real
+    model, no held-out prompts) still gets its bound figure."""
+    from llm.report import summarise
+
+    rows = [{"step": k, "reward": 0.1 * k, "insample/bound_est/lower_tight": -0.1 * k} for k in range(5)]
+    run = _write_run(tmp_path / "short", rows)
+    text = summarise(run)
+    assert "5 steps (means over the first and last 2 steps, and over all)" in text
+    assert "reward" in text and "0.05" in text and "0.35" in text  # means of 0, 0.1 and of 0.3, 0.4
+    one = _write_run(tmp_path / "one", rows[:1])
+    assert "1 step (means over the first and last 1 step, and over all)" in summarise(one)
+    written = plot_runs([run], tmp_path / "out", window=10)
+    assert sorted(written) == ["bound.png", "reward.png"]
+    from unittest import mock
+
+    import matplotlib.pyplot as plt
+
+    labels = []
+    real_legend = plt.Axes.legend
+    with mock.patch.object(plt.Axes, "legend", lambda self, *a, **k: labels.extend(
+            t for t in self.get_legend_handles_labels()[1]) or real_legend(self, *a, **k)):
+        plot_runs([run], tmp_path / "out2", window=10)
+    assert "short (mean of 5 steps)" in labels

@@ -1,0 +1,51 @@
+"""python -m llm.train: one-line errors, --help, llm.train callable whatever was imported, no import warnings."""
+
+import subprocess
+import sys
+
+import pytest
+
+PY = sys.executable
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--num-generations", "1"], "num_generations: a group needs G >= 2"),
+    (["--sync-period", "x"], "--sync-period"),
+    (["--no-such-flag"], "Unrecognized options"),
+    (["--loss-type", "ppo"], "--loss-type"),
+])
+def test_cli_errors_are_one_line(args, needle):
+    res = subprocess.run([PY, "-m", "llm.train", *args], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.stderr
+
+
+def test_cli_help_documents_fields():
+    res = subprocess.run([PY, "-m", "llm.train", "--help"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0
+    for flag in ("--sync-period", "--num-iterations", "--mask-zero-std-groups", "--behaviour-logprobs", "--epsilon"):
+        assert flag in res.stdout
+
+
+@pytest.mark.parametrize("order", ["function first", "command module first"])
+def test_llm_train_is_callable_whatever_was_imported(order, tmp_path):
+    """``llm.train(config)`` runs in a process that also imported the command module ``llm.train``."""
+    imports = ("import llm; import llm.train" if order == "command module first"
+               else "import llm; f = llm.train; import llm.train; assert f is not None")
+    code = (f"{imports}\n"
+            f"from llm import GRPOConfig\n"
+            f"cfg = GRPOConfig(output_dir={str(tmp_path / 'run')!r}, max_steps=1, prompts_per_step=2, sampler='transformers', progress=False)\n"
+            f"print('RUN', llm.train(cfg, log=lambda *a: None))\n"
+            f"import llm.train as cli\n"
+            f"assert callable(cli.main)\n")
+    res = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "RUN " in res.stdout and (tmp_path / "run" / "metrics.jsonl").is_file()
+
+
+def test_python_m_llm_train_prints_no_import_warning(tmp_path):
+    res = subprocess.run([PY, "-m", "llm.train", "--max-steps", "1", "--prompts-per-step", "2", "--sampler", "transformers",
+                          "--no-progress", "--output-dir", str(tmp_path / "cli")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "RuntimeWarning" not in res.stderr and "seconds per step: median" in res.stdout

@@ -1,0 +1,219 @@
+"""llm.trainer end to end on the built-in task (transformers sampler, tiny model): learning, the sync cycle of the
+diagnostics, the sync check, resume, samples."""
+
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from llm import GRPOConfig, train
+from llm.batch import make_batch
+from llm.logprobs import completion_logprobs
+from llm.model import load_policy
+from llm.rundir import read_metrics
+from llm.tiny import tiny_model_dir
+from llm.weights import SYNC_LOGP_TOLERANCE
+from tests.helpers import LEARNING_MARGIN
+from tests.seams import SkipSyncs, TrainerPasses
+
+#: Right after a sync, pi_k = alpha: is_weight within this of 1 and TV within this of 0
+#: (sampler and trainer compute the same log-probs with and without a KV cache).
+SYNC_TOL = 1e-4
+
+
+def _config(tmp_path, name, **kw):
+    base = dict(output_dir=str(tmp_path / name), sampler="transformers", progress=False, logging_steps=1000, seed=0)
+    base.update(kw)
+    return GRPOConfig(**base)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("v", [1, 4])
+def test_exact_j_rises(tmp_path, v):
+    """The expected reward itself (exact J over the training prompts, no sampling noise) rises by the margin, and
+    the test prompts' exact J rises too (the policy learnt the task, not its 160 training prompts)."""
+    rows = read_metrics(train(_config(tmp_path, f"v{v}", max_steps=80, sync_period=v, eval_steps=80),
+                              log=lambda *a: None))
+    assert len(rows) == 80
+    j0, j1 = rows[0]["j/pi_k"], rows[-1]["j/pi_new"]
+    assert j1 - j0 >= LEARNING_MARGIN, (j0, j1)
+    assert rows[-1]["eval/j"] - rows[0]["eval_initial/j"] >= LEARNING_MARGIN / 2
+
+
+@pytest.mark.slow
+def test_off_policy_diagnostics_follow_the_sync_cycle(tmp_path):
+    """v = 4: after the first update pi_k != alpha (is_weight departs from 1, TV > 0); right after
+    each sync they return to 1 and 0. Held-out, in-sample and exact quantities sit side by side."""
+    cfg = _config(tmp_path, "diag", max_steps=12, sync_period=4, heldout_prompts=8, eval_steps=6, tv_diagnostics=True,
+                  insample_diagnostics=True)
+    rows = read_metrics(train(cfg, log=lambda *a: None))
+    assert [r["lag"] for r in rows] == [0, 1, 2, 3] * 3
+    for r in rows:
+        if r["lag"] == 0:
+            assert abs(r["is_weight/mean"] - 1) < SYNC_TOL and r["tv/pi_k_alpha"] < SYNC_TOL
+            assert r["tv/pi_k_alpha_chain_ub_est"] < SYNC_TOL and r["heldout/tv/pi_k_alpha"] < SYNC_TOL
+        else:
+            assert r["is_weight/max"] - r["is_weight/min"] > 1e-3
+            assert r["tv/pi_k_alpha"] > 1e-3 and r["tv/pi_k_alpha_chain_ub_est"] > 0
+            assert r["heldout/tv/pi_k_alpha"] > 1e-3
+        assert r["insample/tv/pi_new_alpha"] > 0 and r["heldout/tv/pi_new_alpha"] > 0
+        assert all(np.isfinite(r[k]) for k in ("insample/bound_est/lower", "heldout/bound_est/lower", "improvement"))
+    for key in ("time/generate", "time/optimise", "time/sync", "entropy", "kl", "kl/k3", "kl/k3_is",
+                "clip_ratio/low_mean", "clip_ratio/high_mean", "frac_reward_zero_std", "completions/mean_length",
+                "j/pi_k", "j/pi_new", "insample/improvement", "heldout/improvement", "heldout/reward",
+                "eval_initial/j", "eval_initial/accuracy_greedy"):
+        assert key in rows[0], key
+    assert [r["step"] for r in rows if "eval/j" in r] == [5, 11]
+    assert sum("eval_initial/j" in r for r in rows) == 1
+
+
+def test_kl_is_not_logged_without_a_reference_model(tmp_path):
+    """beta = 0: no reference model, so no KL is computed, and none is logged (never a fake 0)."""
+    rows = read_metrics(train(_config(tmp_path, "nokl", max_steps=1, beta=0.0), log=lambda *a: None))
+    assert not [k for k in rows[0] if k.startswith("kl")]
+
+
+def test_lag0_check_reuses_the_pi_k_forward_and_still_catches_a_skipped_sync(tmp_path):
+    """Right after a sync alpha's weights are pi_k's: the sync check and log alpha come from the first inner
+    step's forward, so no pass of alpha's weights runs at lag 0 (and one does at each lagged step of v = 2 with the
+    token TV, which needs alpha's distributions). The check still works: with the sampler never getting the synced
+    weights, the very next step's gap is far above float rounding."""
+    alpha = TrainerPasses("alpha")
+    rows = read_metrics(train(_config(tmp_path, "v1", max_steps=3, beta=0.0), log=lambda *a: None, callbacks=[alpha]))
+    assert alpha.per_step == [0, 0, 0] and all(r["sampling/logp_diff_max"] < SYNC_TOL for r in rows)
+    alpha = TrainerPasses("alpha")
+    rows = read_metrics(train(_config(tmp_path, "v2", max_steps=4, beta=0.0, sync_period=2, tv_diagnostics=True),
+                              log=lambda *a: None, callbacks=[alpha]))
+    assert [n > 0 for n in alpha.per_step] == [r["lag"] == 1 for r in rows] == [False, True, False, True]
+    assert all(r["sampling/logp_diff_max"] < SYNC_TOL for r in rows)
+    rows = read_metrics(train(_config(tmp_path, "skipped", max_steps=3, beta=0.0), log=lambda *a: None,
+                              callbacks=[SkipSyncs()]))
+    assert rows[0]["sampling/logp_diff_max"] < SYNC_TOL
+    assert all(r["sampling/logp_diff_max"] > 1e-2 for r in rows[1:])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_sync_check_tells_a_skipped_sync_from_rounding(tmp_path, capsys, dtype):
+    """At the trainer's threshold for the dtype: every step after a real sync stays below it (bfloat16 rounding:
+    measured worst tokens 0.02-0.08 nats against 0.25), and with the sync skipped every later step is above it and
+    warned about (measured: 1.1 nats or more after one step of the built-in model)."""
+    tol = SYNC_LOGP_TOLERANCE[dtype]
+    rows = read_metrics(train(_config(tmp_path, "synced", max_steps=4, beta=0.0, dtype=dtype), log=lambda *a: None))
+    assert all(r["sampling/logp_diff_max"] < tol for r in rows)
+    rows = read_metrics(train(_config(tmp_path, "skipped", max_steps=4, beta=0.0, dtype=dtype), log=lambda *a: None,
+                              callbacks=[SkipSyncs()]))
+    assert rows[0]["sampling/logp_diff_max"] < tol and all(r["sampling/logp_diff_max"] > tol for r in rows[1:])
+    assert capsys.readouterr().out.count("may hold stale weights") == 3
+
+
+def test_insample_diagnostics_off_skips_only_the_insample_estimates(tmp_path):
+    """--no-insample-diagnostics: no insample/* key and no pass of pi_{k+1} over the training batch; the unbiased
+    pi_k quantities, the held-out estimates and the sync check stay. With --insample-diagnostics-steps 3 the pass runs
+    at steps 0 and 3 of 5 only."""
+    passes = {}
+    for on in (True, False):
+        policy = TrainerPasses("policy", grad=False)
+        cfg = _config(tmp_path, f"insample_{on}", max_steps=2, beta=0.0, heldout_prompts=4, insample_diagnostics=on,
+                      tv_diagnostics=True)
+        rows = read_metrics(train(cfg, log=lambda *a: None, callbacks=[policy]))
+        passes[on] = policy.per_step
+        assert any(k.startswith("insample/") for k in rows[0]) == on
+        for key in ("tv/pi_k_alpha", "tv/pi_k_alpha_chain_ub_est", "heldout/bound_est/lower", "heldout/improvement",
+                    "improvement", "sampling/logp_diff_max"):
+            assert key in rows[0], key
+    assert all(a > b for a, b in zip(passes[True], passes[False]))  # a pass of pi_{k+1} more at every step
+    every3 = TrainerPasses("policy", grad=False)
+    rows = read_metrics(train(_config(tmp_path, "insample_every3", max_steps=5, beta=0.0, heldout_prompts=4,
+                                      insample_diagnostics=True, insample_diagnostics_steps=3, tv_diagnostics=True),
+                              log=lambda *a: None, callbacks=[every3]))
+    assert [r["step"] for r in rows if "insample/improvement" in r] == [0, 3]
+    baseline = passes[False][1]  # a step without the in-sample pass
+    assert [n > baseline for n in every3.per_step] == [True, False, False, True, False]
+
+
+@pytest.mark.slow
+def test_resume_continues_the_same_run(tmp_path):
+    """An interrupted run resumed from its checkpoint equals an uninterrupted one, row for row."""
+    kw = dict(max_steps=6, sync_period=2, save_steps=0)
+    full = read_metrics(train(_config(tmp_path, "full", **kw), log=lambda *a: None))
+
+    def ctrl_c_after_step_3(step, row):  # as if the user pressed Ctrl-C during step 3
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    cfg = _config(tmp_path, "resumed", **kw)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, log=lambda *a: None, callbacks=[ctrl_c_after_step_3])
+    # step 3 was finished and logged, then the run saved and stopped
+    assert [r["step"] for r in read_metrics(cfg.output_dir)] == [0, 1, 2, 3]
+    resumed = read_metrics(train(cfg, log=lambda *a: None))
+    assert [r["step"] for r in resumed] == list(range(6))
+    for a, b in zip(full, resumed):
+        assert a["reward"] == b["reward"] and a["lag"] == b["lag"]
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+
+
+def test_resume_refuses_a_different_config(tmp_path):
+    cfg = _config(tmp_path, "x", max_steps=1)
+    train(cfg, log=lambda *a: None)
+    with pytest.raises(ValueError, match="output_dir: .* different config \\(sync_period\\)"):
+        train(cfg.replace(sync_period=3), log=lambda *a: None)
+
+
+def test_a_run_from_before_a_new_config_field_resumes_and_a_changed_one_is_refused(tmp_path):
+    """A config.json written before a field existed (here: insample_diagnostics) compares as the field's default,
+    so such a run resumes; the same field set to another value is still a different config."""
+    import json
+
+    from llm.rundir import RunDir
+
+    cfg = _config(tmp_path, "old")
+    run = RunDir(cfg)
+    run.path.mkdir(parents=True)
+    stored = json.loads(cfg.to_json())
+    del stored["insample_diagnostics"]  # default False
+    (run.path / "config.json").write_text(json.dumps(stored))
+    torch.save({"step": 3}, run.checkpoint_path)
+    assert RunDir(cfg).open()["step"] == 3
+    (run.path / "config.json").write_text(json.dumps(stored))
+    with pytest.raises(ValueError, match=r"different config \(insample_diagnostics\)"):
+        RunDir(cfg.replace(insample_diagnostics=True)).open()
+
+
+def test_metrics_rows_after_the_checkpoint_are_dropped_on_resume(tmp_path):
+    from llm.rundir import RunDir
+
+    cfg = _config(tmp_path, "trunc", max_steps=3)
+    train(cfg, log=lambda *a: None)
+    run = RunDir(cfg.replace(max_steps=5))
+    run.append_metrics({"step": 3, "reward": 0.0})  # as if a crash happened after logging step 3
+    ckpt = run.open()
+    assert ckpt["step"] == 3
+    assert [r["step"] for r in read_metrics(cfg.output_dir)] == [0, 1, 2]
+
+
+def test_positions_match_generation_with_left_padding():
+    """Trainer log-probs of a batch with left-padded prompts equal those of each sequence alone."""
+    policy, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))
+    prompts = [tok("1+2=").input_ids, tok("13+7=").input_ids]
+    comps = [tok("3").input_ids + [tok.eos_token_id], tok("20").input_ids + [tok.eos_token_id]]
+    with torch.no_grad():
+        both = completion_logprobs(policy, make_batch(prompts, comps, tok.pad_token_id, "cpu"), 1.0).logp
+        for j in range(2):
+            alone = completion_logprobs(policy, make_batch([prompts[j]], [comps[j]], tok.pad_token_id, "cpu"), 1.0).logp
+            n = len(comps[j])
+            assert torch.allclose(both[j, :n], alone[0, :n], atol=1e-5)
+
+
+def test_a_run_shorter_than_save_steps_writes_its_samples(tmp_path):
+    """samples.jsonl holds the last step's first completions of a run that never reached --save-steps: written
+    with the final checkpoint, as every checkpoint writes them."""
+    import json
+
+    cfg = _config(tmp_path, "short", max_steps=3, save_steps=50, prompts_per_step=6)
+    train(cfg, log=lambda *a: None)
+    rows = [json.loads(line) for line in (tmp_path / "short" / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and {r["step"] for r in rows} == {2}
+    assert all(set(r) == {"step", "prompt", "completion", "reward"} and r["prompt"].endswith("=") for r in rows)

@@ -1,0 +1,189 @@
+"""The in-process vLLM engine (llm.sampling.vllm_engine): weight sync verified by log-probs, the prefix cache emptied at
+every sync, window-batched generation, long calls, evaluation through the engine, end-to-end training.
+
+The module's engine (fixture ``engine``) serves the tests that use it before any test starts and closes an engine of
+its own: closing an in-process engine tears down vLLM's process-wide distributed state, which the others share."""
+
+import numpy as np
+import pytest
+import torch
+
+from llm.batch import make_batch, padded
+from llm.logprobs import completion_logprobs
+from llm.model import load_policy
+from llm.sampling.vllm_engine import vllm_available
+from llm.tasks import arithmetic_task
+from llm.tiny import tiny_model_dir
+from tests.helpers import (
+    LEARNING_MARGIN,
+    SYNC_ATOL,
+    exact_j_matches_sampling,
+    first_tokens_match_reported_probabilities,
+    long_prompts,
+    max_logp_gap,
+    model_dir_with_stored_generation_config,
+    perturb,
+)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from llm.sampling.vllm_engine import VLLMSampler
+
+    path = str(tiny_model_dir())
+    policy, tok = load_policy(path, torch.device("cpu"))
+    sampler = VLLMSampler(path, dtype="float32", seed=0, max_model_len=64, eos_token_id=tok.eos_token_id)
+    yield sampler, policy, tok
+    sampler.close()
+
+
+def test_fresh_engine_matches_trainer(engine):
+    sampler, policy, tok = engine
+    sampler.load_weights(policy)
+    assert max_logp_gap(sampler, policy, tok) <= SYNC_ATOL
+
+
+def test_sync_makes_sampler_match_trainer_and_skipping_it_is_caught(engine):
+    sampler, policy, tok = engine
+    for round_ in range(3):  # repeated syncs keep working (each one repacks the weights)
+        perturb(policy, round_)
+        stale = max_logp_gap(sampler, policy, tok, seed=round_)
+        assert stale > 100 * SYNC_ATOL, "the check must fail when the sync is skipped"
+        sampler.load_weights(policy)
+        assert max_logp_gap(sampler, policy, tok, seed=round_) <= SYNC_ATOL
+
+
+def test_a_sync_empties_the_prefix_cache(engine):
+    """Prompts longer than a cache block, sampled before a sync (their first block is then cached with the old
+    weights) and again after it: the engine's log-probs are the trainer's, so the sync emptied the cache."""
+    sampler, policy, tok = engine
+    prompts = long_prompts(tok, 6)
+    for round_ in range(2):
+        perturb(policy, 10 + round_)
+        assert max_logp_gap(sampler, policy, tok, seed=round_, prompts=prompts) > 100 * SYNC_ATOL
+        sampler.load_weights(policy)
+        assert max_logp_gap(sampler, policy, tok, seed=round_, prompts=prompts) <= SYNC_ATOL
+
+
+def test_window_and_per_step_generation_agree_in_distribution(engine):
+    """The same prompts from the same alpha, sampled in one call or in four, give reward rates and
+    length distributions that a two-proportion z-test and a chi-square test cannot tell apart."""
+    from scipy import stats
+
+    sampler, policy, tok = engine
+    sampler.load_weights(policy)
+    task = arithmetic_task()
+    rng = np.random.default_rng(0)
+    steps = [task.sample(rng, 64).tolist() for _ in range(4)]
+    G = 8
+
+    bound = task.bind(tok)
+
+    def score(idx, roll):
+        texts = tok.batch_decode(roll.completion_ids, skip_special_tokens=True)
+        return bound.score([i for i in idx for _ in range(G)], texts, roll.completion_ids), [len(c) for c in roll.completion_ids]
+
+    all_idx = [i for s in steps for i in s]
+    r_win, l_win = score(all_idx, sampler.generate([tok(task.prompts[i]).input_ids for i in all_idx], G, 6, 1.0, 11))
+    r_step, l_step = [], []
+    for j, s in enumerate(steps):
+        r, l = score(s, sampler.generate([tok(task.prompts[i]).input_ids for i in s], G, 6, 1.0, 1000 + j))
+        r_step.append(r)
+        l_step += l
+    r_step = np.concatenate(r_step)
+    n = len(r_win)
+    p1, p2 = r_win.mean(), r_step.mean()
+    pooled = (p1 + p2) / 2
+    z = (p1 - p2) / np.sqrt(2 * pooled * (1 - pooled) / n)
+    assert abs(z) < 3.3, (p1, p2, z)  # two-sided p > 0.001
+    lengths = sorted(set(l_win) | set(l_step))
+    table = np.array([[l_win.count(k) for k in lengths], [l_step.count(k) for k in lengths]])
+    table = table[:, table.sum(0) > 0]
+    assert stats.chi2_contingency(table).pvalue > 1e-3
+    # and the samples are not copies of each other
+    assert r_win.tolist() != r_step.tolist()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_exact_j_is_the_sampled_success_rate(engine, temperature):
+    """The exact J of the built-in task (teacher-forced probability of the answer and EOS) equals the success
+    rate of completions vLLM samples, prompt by prompt."""
+    sampler, policy, tok = engine
+    sampler.load_weights(policy)
+    exact_j_matches_sampling(sampler, policy, arithmetic_task().bind(tok), temperature)
+
+
+def test_one_call_over_4096_prompt_tokens_samples_exactly(engine):
+    """vLLM on a CPU splits the prefill of a call whose prompts exceed max_num_batched_tokens (4,096 by default) and
+    then rewinds each seeded request's generator, which a CPU generator cannot ('CPU Generator does not use offset');
+    with chunked prefill off (``llm.sampling.vllm_settings``) one call of 48 prompts x 8 x 49 tokens (18,816 prompt
+    tokens) samples, and its log-probs are the trainer's."""
+    sampler, policy, tok = engine
+    sampler.load_weights(policy)
+    prompts = long_prompts(tok)
+    assert sum(map(len, prompts)) * 8 > 16_000
+    roll = sampler.generate(prompts, 8, 3, 1.0, 5)
+    assert len(roll.completion_ids) == 48 * 8 and all(len(c) >= 1 for c in roll.completion_ids)
+    rows = list(range(0, 48 * 8, 37))
+    batch = make_batch([prompts[r // 8] for r in rows], [roll.completion_ids[r] for r in rows], tok.pad_token_id, "cpu")
+    with torch.no_grad():
+        logp = completion_logprobs(policy, batch, 1.0).logp
+    gap = (padded([roll.logprobs[r] for r in rows], logp.shape[1], "cpu") - logp).abs() * batch.completion_mask
+    assert float(gap.max()) <= SYNC_ATOL
+
+
+def test_stored_generation_config_does_not_change_what_is_sampled(tmp_path):
+    """vLLM started on a model directory whose generation_config.json sets repetition_penalty 1.5 and top_k 3
+    samples softmax(logits / T), the distribution it reports and the trainer recomputes."""
+    from llm.sampling.vllm_engine import VLLMSampler
+
+    path = model_dir_with_stored_generation_config(tiny_model_dir(), tmp_path / "model")
+    policy, tok = load_policy(str(path), torch.device("cpu"))
+    sampler = VLLMSampler(str(path), dtype="float32", seed=0, max_model_len=64, eos_token_id=tok.eos_token_id)
+    try:
+        first_tokens_match_reported_probabilities(sampler, policy, tok, "3+4=")
+    finally:
+        sampler.close()
+
+
+@pytest.mark.slow
+def test_training_with_vllm_raises_exact_j_and_keeps_sync_exact(tmp_path):
+    """v = 4 for 80 steps with the vLLM sampler: the exact J over the training prompts rises by the margin of
+    the transformers learning test, and every sync leaves the engine with exactly the trainer's weights."""
+    from llm import GRPOConfig, train
+    from llm.rundir import read_metrics
+
+    cfg = GRPOConfig(output_dir=str(tmp_path / "vllm"), sampler="vllm", max_steps=80, sync_period=4,
+                     progress=False, logging_steps=1000)
+    rows = read_metrics(train(cfg, log=lambda *a: None))
+    assert rows[-1]["j/pi_new"] - rows[0]["j/pi_k"] >= LEARNING_MARGIN, (rows[0]["j/pi_k"], rows[-1]["j/pi_new"])
+    for row in rows:
+        if row["lag"] == 0:  # every sync of the run: the engine holds exactly the trainer's weights
+            assert row["sampling/logp_diff_mean"] <= 1e-5
+            assert row["sampling/logp_diff_max"] <= 10 * SYNC_ATOL  # worst of ~1,500 tokens, rare ones included
+
+
+def test_evaluation_generates_with_the_runs_engine_and_hands_alpha_back(tmp_path, monkeypatch):
+    """--eval-steps with the vLLM sampler: evaluation generates with the engine (transformers' generate is never
+    called), its time is logged, and afterwards the engine holds alpha again: with per-step generation at v = 2 the
+    step after each evaluation samples from alpha, whose log-probs the trainer recomputes (a gap far above float
+    rounding otherwise)."""
+    from llm import GRPOConfig, train
+    from llm.rundir import read_metrics
+    from llm.sampling import TransformersSampler
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("evaluation must generate with the run's vLLM engine")
+
+    monkeypatch.setattr(TransformersSampler, "generate", refuse)
+    cfg = GRPOConfig(output_dir=str(tmp_path / "eval"), sampler="vllm", max_steps=4, sync_period=2,
+                     window_generation=False, behaviour_logprobs="recompute", eval_steps=1, eval_generations=2,
+                     learning_rate=3e-3, beta=0.0, progress=False, logging_steps=1000)
+    rows = read_metrics(train(cfg, log=lambda *a: None))
+    assert "eval_initial/accuracy_greedy" in rows[0]
+    for row in rows:
+        assert {"eval/j", "eval/accuracy_sampled", "eval/accuracy_greedy"} <= set(row) and row["time/eval"] > 0
+        assert row["sampling/logp_diff_max"] <= 10 * SYNC_ATOL, (row["step"], row["sampling/logp_diff_max"])
+    assert any(r["lag"] == 1 for r in rows)

@@ -55,8 +55,8 @@ class GRPOConfig:
     """Optional reward as 'module:function' mapping (completion, answer) to [0, 1]; default: the task's own."""
     answer_check: Literal["math_verify", "last_number"] = "math_verify"
     """The GSM8K-format reward: math_verify (1 iff math-verify finds the completion's answer equal to the one after
-    '####': '1,000' = '1000', '\\frac{1}{2}' = '0.5') or last_number (1 iff the completion's last number equals it,
-    the earlier rule). The built-in task keeps its own token-level reward."""
+    '####': '1,000' = '1000', '\\frac{1}{2}' = '0.5') or last_number (1 iff the completion's last number equals
+    it). The built-in task keeps its own token-level reward."""
     reward_funcs: tuple[str, ...] = ()
     """Reward functions with TRL's signature, as 'module:function' (several allowed): f(prompts, completions,
     completion_ids, **columns) -> list[float | None], called once per batch with the data's columns (answer among

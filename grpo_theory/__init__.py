@@ -14,6 +14,7 @@ from .amplification import (
     success_map,
     success_map_derivative,
 )
+from .corrections import corrected_objective, corrected_surrogate, corrected_weight
 from .core import (
     PAPER_CONSTANT,
     BoundTerms,
@@ -39,10 +40,12 @@ from .core import (
     tv_penalty,
     whitened_advantage,
 )
+from .sync_policy import SyncPolicy
 
 __all__ = [
     "PAPER_CONSTANT",
     "BoundTerms",
+    "SyncPolicy",
     "bernoulli_penalty_weight",
     "bound_constant",
     "bound_terms",
@@ -52,6 +55,9 @@ __all__ = [
     "clipped_surrogate",
     "closed_form_iterates",
     "combine_bound",
+    "corrected_objective",
+    "corrected_surrogate",
+    "corrected_weight",
     "expected_reward",
     "group_advantages",
     "improvement_lower_bound",

@@ -153,37 +153,41 @@ def surrogate(pi, alpha, r, eps) -> np.ndarray:
     return np.sum((pi - alpha) * a, axis=-1)
 
 
-def clip_window(ratio_k, clip):
-    """The interval [max(r' - clip, 0), r' + clip] the ratio r = pi/alpha may move in (docs/theory.md, §6).
+def clip_window(ratio_k, clip, clip_high=None):
+    """The interval [max(r' - clip, 0), r' + clip_high] the ratio r = pi/alpha may move in (docs/theory.md, §6).
 
-    ``ratio_k`` = r' = pi_k/alpha. Returns ``(low, high)``. With r' = 1 it is PPO's [1 - clip, 1 + clip].
+    ``ratio_k`` = r' = pi_k/alpha; ``clip_high`` None: ``clip`` (the paper's symmetric window). Returns
+    ``(low, high)``. With r' = 1 it is PPO's [1 - clip, 1 + clip_high].
     """
     ratio_k = np.asarray(ratio_k, dtype=np.float64)
-    return np.maximum(ratio_k - clip, 0.0), ratio_k + clip
+    return np.maximum(ratio_k - clip, 0.0), ratio_k + (clip if clip_high is None else clip_high)
 
 
-def clip_flags(ratio, ratio_k, adv, clip):
+def clip_flags(ratio, ratio_k, adv, clip, clip_high=None):
     """Where the clip of f_eps stops the gradient: ``(low, high)`` boolean arrays.
 
     low: r below the window with a negative advantage; high: r above it with a positive advantage.
     Elsewhere the unclipped branch r a of the min is active and the gradient flows through r.
     """
     ratio, adv = np.asarray(ratio, dtype=np.float64), np.asarray(adv, dtype=np.float64)
-    low, high = clip_window(ratio_k, clip)
+    low, high = clip_window(ratio_k, clip, clip_high)
     return (ratio < low) & (adv < 0), (ratio > high) & (adv > 0)
 
 
-def clip_objective(ratio, ratio_k, adv, clip):
+def clip_objective(ratio, ratio_k, adv, clip, clip_high=None, delta=0.0):
     """f_eps(r, r', a) = min(r a, clip(r, max(r' - clip, 0), r' + clip) a), elementwise (docs/theory.md, §6).
 
     ``ratio`` = pi/alpha, ``ratio_k`` = pi_k/alpha, ``adv`` = A_alpha. With r' = 1 this is PPO's
-    clipping. Works on numpy arrays; the torch loss in ``llm`` is tested against it.
+    clipping. ``clip_high``: the window's upper width (None: ``clip``); ``delta`` > 0: the unclipped branch's ratio
+    is capped at r' + delta - 1 (the two-sided clip, docs/theory.md §6.1; at r' = 1 TRL's r <= delta). Works on
+    numpy arrays; the torch loss in ``llm`` is tested against it.
     """
     ratio, ratio_k, adv, clip = (np.asarray(x, dtype=np.float64) for x in (ratio, ratio_k, adv, clip))
     if not np.all(np.isfinite(clip)) or np.any(clip < 0):
         raise ValueError(f"clip: must be >= 0, got {clip!r}")
-    clipped = np.clip(ratio, *clip_window(ratio_k, clip))
-    return np.minimum(ratio * adv, clipped * adv)
+    clipped = np.clip(ratio, *clip_window(ratio_k, clip, clip_high))
+    free = np.minimum(ratio, ratio_k + delta - 1.0) if delta > 0 else ratio
+    return np.minimum(free * adv, clipped * adv)
 
 
 def clipped_surrogate(pi, pi_k, alpha, r, eps, clip) -> np.ndarray:

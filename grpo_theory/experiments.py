@@ -8,6 +8,8 @@
   (must be 0).
 - staleness: v in {1, 2, 4, 8, 16}, synchronous and with asynchronous generation (alpha one window older:
   lag v to 2v - 1): the same columns and the mean lag, to show what the extra staleness costs the guarantee.
+- syncpolicy: fixed v in {1, 4, 10} against the divergence policy (sync when the exact TV(pi_k, alpha) exceeds a
+  budget, lag capped at ``SYNC_MAX_LAG``) at three budgets: final J, number of syncs, mean TV, mean lag.
 
 Each run writes a run directory under ``<out>/<experiment>/<name>/seed<k>``; the table is printed
 and written to ``<out>/<experiment>/results.md``. The figures in ``figures/`` read these directories.
@@ -38,13 +40,17 @@ ABLATION = {
 }
 V_SWEEP = (1, 2, 4, 8, 16, 32)
 STALENESS_V = (1, 2, 4, 8, 16)
+#: The sync-policy comparison: fixed periods, and the divergence policy's TV budgets and lag cap.
+SYNC_FIXED_V = (1, 4, 10)
+SYNC_TV_BUDGETS = (0.005, 0.01, 0.02)
+SYNC_MAX_LAG = 16
 
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     """Run the bandit ablation and/or the sweep over the sync period v."""
 
-    experiment: Literal["ablation", "vsweep", "staleness", "all"] = "all"
+    experiment: Literal["ablation", "vsweep", "staleness", "syncpolicy", "all"] = "all"
     """Which experiment to run."""
     seeds: int = 5
     """Number of seeds per configuration (mean ± std over them)."""
@@ -128,7 +134,26 @@ def staleness(cfg: ExperimentConfig) -> str:
     return "\n".join(lines)
 
 
-EXPERIMENTS = {"ablation": ablation, "vsweep": vsweep, "staleness": staleness}
+def sync_policies() -> dict[str, dict]:
+    """The sync-policy comparison's configurations, by name: fixed v, then the divergence policy's budgets."""
+    out = {f"fixed v={v}": dict(sync_period=v) for v in SYNC_FIXED_V}
+    out.update({f"divergence TV > {b}": dict(sync_policy="divergence", tv_budget=b, max_lag=SYNC_MAX_LAG)
+                for b in SYNC_TV_BUDGETS})
+    return out
+
+
+def syncpolicy(cfg: ExperimentConfig) -> str:
+    lines = ["| sync policy | final J | syncs | mean TV(pi_k, alpha) | mean lag | bound > 0 (tight) | "
+             "steps with bound > improvement |", "|---|---|---|---|---|---|---|"]
+    for name, kw in sync_policies().items():
+        runs = [_run(cfg, "syncpolicy", name, seed, **kw)[1] for seed in range(cfg.seeds)]
+        s = _summary(runs)
+        syncs = _pm([sum(r["sync"] for r in rows) for rows in runs], ".1f")
+        lines.append(f"| {name} | {s['j']} | {syncs} | {s['tv']} | {s['lag']} | {s['pos_t']} | {s['viol']} |")
+    return "\n".join(lines)
+
+
+EXPERIMENTS = {"ablation": ablation, "vsweep": vsweep, "staleness": staleness, "syncpolicy": syncpolicy}
 
 
 def main(args: list[str] | None = None) -> int:

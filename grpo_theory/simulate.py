@@ -2,7 +2,8 @@
 
 ``python -m grpo_theory.simulate --help``. A softmax-tabular policy over ``n_actions`` responses for
 each of ``n_prompts`` prompts; the server policy alpha is the trainer policy at the last sync
-(every ``sync_period`` = v steps). Each step: a batch of prompts, G responses each from alpha,
+(every ``sync_period`` = v steps, or when the exact TV(pi_k, alpha) exceeds ``tv_budget`` with the divergence
+``sync_policy``). Each step: a batch of prompts, G responses each from alpha,
 rewards, group-whitened advantages (``group_advantages``, the function the LLM trainer uses),
 optional zero-variance mask, ``num_iterations`` = i gradient-ascent steps on the clipped objective
 with r = pi/alpha and r' = pi_k/alpha, minus beta KL(pi || pi_ref) (exact on the table).
@@ -28,6 +29,7 @@ from runkit.validation import require, require_finite
 
 from . import core
 from .numerics import rounding_tolerance
+from .sync_policy import SyncPolicy
 from .validation import EPS_MAX
 
 
@@ -54,7 +56,14 @@ class SimConfig:
     num_iterations: int = 1
     """i: gradient steps per batch."""
     sync_period: int = 1
-    """v: alpha <- pi_theta every v steps."""
+    """v: alpha <- pi_theta every v steps (``sync_policy`` fixed)."""
+    sync_policy: Literal["fixed", "divergence"] = "fixed"
+    """fixed: sync every v steps; divergence: sync when the exact TV(pi_k, alpha) before the step exceeds
+    ``tv_budget`` or the lag would exceed ``max_lag`` (``grpo_theory.sync_policy``)."""
+    tv_budget: float = 0.05
+    """divergence policy: sync when TV(pi_k, alpha) exceeds this."""
+    max_lag: int = 8
+    """divergence policy: sync when the lag would exceed this many steps."""
     async_generation: bool = False
     """The server generates the next window while the trainer trains this one: the samples of the window starting
     at step k come from the weights synced at step k - v (the initial weights in the first two windows), so alpha
@@ -87,6 +96,11 @@ class SimConfig:
         require(self, self.num_generations >= 2, "num_generations", "a group needs G >= 2")
         require(self, self.num_iterations >= 1, "num_iterations", "must be >= 1")
         require(self, self.sync_period >= 1, "sync_period", "v must be >= 1")
+        require(self, self.tv_budget >= 0, "tv_budget", "must be >= 0")
+        require(self, self.max_lag >= 0, "max_lag", "must be >= 0")
+        require(self, not (self.async_generation and self.sync_policy == "divergence"), "sync_policy",
+                "divergence decides each step's sync from the TV before it; asynchronous generation fixes the "
+                "windows in advance (use fixed)")
         require(self, self.epsilon >= 0, "epsilon", "must be >= 0")
         require(self, self.beta >= 0, "beta", "must be >= 0")
         require(self, self.ref_sync_steps >= 0, "ref_sync_steps", "must be >= 0")
@@ -235,15 +249,18 @@ def simulate(config: SimConfig, progress: bool = False) -> list[dict]:
     rows = []
     last_sync = 0  # the step whose weights alpha holds
     pending = (theta.copy(), 0)  # async: the weights synced at the start of this window, served from the next one
+    policy = SyncPolicy(config.sync_policy, config.sync_period, config.tv_budget, config.max_lag)
     bar = tqdm(total=config.max_steps, unit="step", disable=not progress)
     t_start = time.perf_counter()
     for step in range(config.max_steps):
-        # ---- sync: every v steps the server gets the trainer's weights
-        if step % config.sync_period == 0:
-            if config.async_generation:  # this window's samples were generated from the previous sync's weights
-                (theta_alpha, last_sync), pending = pending, (theta.copy(), step)
-            else:
-                theta_alpha, last_sync = theta.copy(), step
+        # ---- sync: the policy decides from the exact TV(pi_k, alpha) before the step (fixed: every v steps)
+        tv_before = float(np.sum(bandit.rho * core.tv_distance(core.softmax(theta), core.softmax(theta_alpha))))
+        reason = policy.decide(step, last_sync, tv_before)
+        if config.async_generation and step % config.sync_period == 0:
+            # this window's samples were generated from the previous sync's weights
+            (theta_alpha, last_sync), pending = pending, (theta.copy(), step)
+        elif reason:
+            theta_alpha, last_sync = theta.copy(), step
         pi_k, alpha, ref = core.softmax(theta), core.softmax(theta_alpha), core.softmax(theta_ref)
         # ---- rollout + score + advantages
         roll = sample_rollout(config, bandit, alpha, rng)
@@ -257,7 +274,8 @@ def simulate(config: SimConfig, progress: bool = False) -> list[dict]:
             raise ValueError(f"learning_rate: the logits diverged at step {step} (non-finite after the update with "
                              f"learning_rate={config.learning_rate!r}, beta={config.beta!r}); lower either")
         # ---- exact diagnostics (Theorem 1 per prompt, prompt-weighted)
-        row = {"step": step, "lag": step - last_sync, "reward": roll.reward, "frac_reward_zero_std": roll.frac_zero_std,
+        row = {"step": step, "lag": step - last_sync, "sync": float(bool(reason)), "sync/reason": reason,
+               "sync/tv_estimate": tv_before, "reward": roll.reward, "frac_reward_zero_std": roll.frac_zero_std,
                "clip_ratio/low_mean": clip_low, "clip_ratio/high_mean": clip_high}
         row.update(exact_diagnostics(bandit, core.softmax(theta), pi_k, alpha, ref, config.variance_eps))
         row["time/elapsed"] = time.perf_counter() - t_start

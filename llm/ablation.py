@@ -4,7 +4,12 @@
 - ablation: on-policy (v=1, i=1, no mask), on-policy + zero-variance mask, off-policy (v=10, i=1) and
   sample reuse (v=1, i=10), both with the mask (the paper's GSM8K configurations, in miniature);
 - vsweep: v in {1, 2, 4, 8, 16} (mask on, i = 1);
-- staleness: v in {2, 4}, synchronous and with asynchronous generation (alpha one window older: lag v to 2v - 1).
+- staleness: v in {2, 4}, synchronous and with asynchronous generation (alpha one window older: lag v to 2v - 1);
+- syncpolicy: fixed v in {1, 4, 10} against the divergence policy (sync when the held-out TV(pi_k, alpha) estimate
+  exceeds a budget, lag capped at ``SYNC_MAX_LAG``) at three budgets: final test J and the number of syncs;
+- corrections: the paper's clip, TRL's four importance-sampling modes and the length-normalised sequence ratio
+  (GSPO, with loss_type grpo), at v = 4 synchronously and with asynchronous generation: final test J, mean TV,
+  effective sample size, the share of steps with a positive held-out bound estimate, the share of tokens over the cap.
 
 Per configuration, mean ± std over seeds: final exact J on the test prompts (``eval/j``), the gain of the exact J on
 the training prompts, steps until the training J first reaches a target, weight syncs, the mean lag, mean
@@ -35,13 +40,26 @@ from .metrics import step_seconds
 
 V_SWEEP = (1, 2, 4, 8, 16)
 STALENESS_V = (2, 4)
+SYNC_FIXED_V = (1, 4, 10)
+SYNC_TV_BUDGETS = (0.03, 0.05, 0.08)
+SYNC_MAX_LAG = 10
+#: The corrections compared, as GRPOConfig overrides (the sequence ratios need loss_type grpo).
+CORRECTIONS = {
+    "paper clip": dict(),
+    "token_truncate": dict(importance_sampling_mode="token_truncate"),
+    "token_mask": dict(importance_sampling_mode="token_mask"),
+    "sequence_truncate": dict(importance_sampling_mode="sequence_truncate"),
+    "sequence_mask": dict(importance_sampling_mode="sequence_mask"),
+    "sequence_normalised (GSPO)": dict(ratio_level="sequence_normalised", loss_type="grpo"),
+}
+CORRECTIONS_V = 4
 
 
 @dataclasses.dataclass(frozen=True)
 class AblationConfig:
     """Off-policy GRPO configurations on the built-in task, several seeds each, with exact J."""
 
-    experiment: Literal["ablation", "vsweep", "staleness", "all"] = "all"
+    experiment: Literal["ablation", "vsweep", "staleness", "syncpolicy", "corrections", "all"] = "all"
     """Which experiment to run."""
     seeds: int = 5
     """Seeds per configuration (mean ± std over them)."""
@@ -78,7 +96,8 @@ def run_name(overrides: dict) -> str:
     """Directory name of a configuration, from its settings: configurations that coincide (on-policy + mask
     and v = 1 of the sweep) share their runs."""
     o = {**NAMED, **overrides}
-    name = f"v{o['sync_period']}_i{o['num_iterations']}_{'mask' if o['mask_zero_std_groups'] else 'nomask'}"
+    sync = "div" if o.get("sync_policy") == "divergence" else f"v{o['sync_period']}"  # divergence: no fixed v
+    name = f"{sync}_i{o['num_iterations']}_{'mask' if o['mask_zero_std_groups'] else 'nomask'}"
     name += "_async" if o["async_generation"] else ""
     extra = sorted(k for k in o if k not in NAMED)
     return name + "".join(f"_{k}={o[k]}" for k in extra)
@@ -91,6 +110,11 @@ def plan(cfg: AblationConfig) -> dict[str, dict[str, dict]]:
         "vsweep": {f"v={v}": dict(sync_period=v) for v in V_SWEEP},
         "staleness": {f"v={v}, {mode}": dict(sync_period=v, async_generation=mode == "async")
                       for v in STALENESS_V for mode in ("sync", "async")},
+        "syncpolicy": {**{f"fixed v={v}": dict(sync_period=v) for v in SYNC_FIXED_V},
+                       **{f"divergence TV > {b}": dict(sync_policy="divergence", tv_budget=b, max_lag=SYNC_MAX_LAG)
+                          for b in SYNC_TV_BUDGETS}},
+        "corrections": {f"{name}, {mode}": dict(sync_period=CORRECTIONS_V, async_generation=mode == "async", **kw)
+                        for mode in ("sync", "async") for name, kw in CORRECTIONS.items()},
     }
     return {name: configs for name, configs in experiments.items() if cfg.experiment in (name, "all")}
 
@@ -121,6 +145,10 @@ def summarise(rows: list[dict], target: float) -> dict[str, float]:
     heldout_se = np.array([r["heldout/improvement_se"] for r in rows])
     positive = [r["heldout/bound_est/frac_lower_tight_positive_nonzero_std"] for r in rows]
     return {
+        "syncs": float(sum(bool(r.get("sync/reason")) for r in rows)),
+        "ess": float(np.mean([r["ess/pi_k_alpha"] for r in rows])),
+        "steps_bound_positive": float(np.mean(bound > 0)),
+        "above_cap": float(np.mean([r.get("is_correction/frac_above_cap", 0.0) for r in rows])),
         "test_j": rows[-1]["eval/j"],
         "test_j0": rows[0]["eval_initial/j"],
         "train_j": float(j[-1]),
@@ -137,6 +165,7 @@ def summarise(rows: list[dict], target: float) -> dict[str, float]:
 
 
 def table(cfg: AblationConfig, results: dict[str, list[dict]], syncs: dict[str, int]) -> str:
+    """The ablation, sweep and staleness table (``syncs``: each configuration's number of syncs)."""
     lines = [f"| configuration | test J (final) | train J gain | steps to train J >= {cfg.target_j} | weight syncs "
              "| mean lag | mean TV(pi_k, alpha) | varied held-out prompts with est. bound > 0 "
              "| steps with est. bound > exact improvement (by > 3 SE) | held-out improvement within 3 SE of exact "
@@ -148,6 +177,31 @@ def table(cfg: AblationConfig, results: dict[str, list[dict]], syncs: dict[str, 
                      f"| {col('steps_bound_exceeds')} ({col('steps_bound_exceeds_3se')}) | {col('heldout_within_3se')} "
                      f"| {col('seconds_per_step', '.2f')} |")
     return "\n".join(lines)
+
+
+def sync_table(cfg: AblationConfig, results: dict[str, list[dict]], syncs=None) -> str:
+    """The sync-policy table: syncs counted in the rows (after step 0), with their spread over seeds."""
+    lines = ["| sync policy | test J (final) | train J gain | weight syncs | mean lag | mean TV(pi_k, alpha) |",
+             "|---|---|---|---|---|---|"]
+    for name, runs in results.items():
+        col = lambda key, fmt=".3f": mean_std([s[key] for s in runs], fmt)  # noqa: E731
+        lines.append(f"| {name} | {col('test_j')} | {col('j_gain')} | {col('syncs', '.1f')} | {col('lag', '.2f')} "
+                     f"| {col('tv_k', '.4f')} |")
+    return "\n".join(lines)
+
+
+def corrections_table(cfg: AblationConfig, results: dict[str, list[dict]], syncs=None) -> str:
+    """The corrections table: learning, divergence, effective sample size and the held-out bound's sign."""
+    lines = ["| correction, generation | test J (final) | train J gain | mean TV(pi_k, alpha) | ESS of pi_k/alpha "
+             "| steps with est. bound > 0 | tokens over the cap |", "|---|---|---|---|---|---|---|"]
+    for name, runs in results.items():
+        col = lambda key, fmt=".3f": mean_std([s[key] for s in runs], fmt)  # noqa: E731
+        lines.append(f"| {name} | {col('test_j')} | {col('j_gain')} | {col('tv_k', '.4f')} | {col('ess')} "
+                     f"| {col('steps_bound_positive')} | {col('above_cap', '.4f')} |")
+    return "\n".join(lines)
+
+
+TABLES = {"syncpolicy": sync_table, "corrections": corrections_table}
 
 
 def main(args: list[str] | None = None) -> int:
@@ -176,7 +230,7 @@ def main(args: list[str] | None = None) -> int:
     for exp, configs in todo.items():
         results = {name: [summaries[jobs[exp, name, s].output_dir] for s in range(cfg.seeds)] for name in configs}
         syncs = {name: jobs[exp, name, 0].num_syncs for name in configs}
-        text = f"{header}\n\n{table(cfg, results, syncs)}\n"
+        text = f"{header}\n\n{TABLES.get(exp, table)(cfg, results, syncs)}\n"
         path = Path(cfg.out) / exp / "results.md"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)

@@ -5,11 +5,22 @@ and sync at its first step. Synchronously each window is generated from the weig
 alpha = pi_{k - lag} with lag = k mod v. With asynchronous generation each window is generated while the previous
 one trains, from the weights synced one window earlier (the initial ones for the first two windows): lag runs
 v .. 2v - 1 after the first window. ``SyncClock.at`` says all of it for one step, once.
+
+With the divergence policy (``--sync-policy divergence``, ``grpo_theory.sync_policy``) a window ends when the
+held-out estimate of TV(pi_k, alpha) measured before the step exceeds the budget, or the lag its cap: the clock
+then remembers the last sync (``observe`` hands it each step's row; ``state``/``restore`` carry it through a
+checkpoint) and a window is however many steps the policy let it run.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
+
+from grpo_theory.sync_policy import NO_SYNC, PERIOD, SyncPolicy
+
+#: The row key whose value at step k - 1 estimates TV(pi_k, alpha) for the divergence policy at step k, and its SE.
+TV_KEY, TV_SE_KEY = "heldout/tv/pi_new_alpha", "heldout/tv/pi_new_alpha_se"
 
 
 @dataclass(frozen=True)
@@ -23,6 +34,8 @@ class Tick:
     starts_window: bool
     window_start: int
     next_window: int
+    reason: str = NO_SYNC
+    """``sync/reason``: why the step syncs ("period", "budget", "max_lag"), "" when it does not."""
 
     @property
     def syncs(self) -> bool:
@@ -30,16 +43,27 @@ class Tick:
         return self.starts_window and self.step > 0
 
 
-@dataclass(frozen=True)
+@dataclass
 class SyncClock:
-    """v = ``v`` and, with ``asynchronous``, windows generated one window ahead."""
+    """v = ``v`` and, with ``asynchronous``, windows generated one window ahead; ``policy`` divergence: windows
+    that end when the TV estimate says so."""
 
     v: int
     asynchronous: bool = False
+    policy: SyncPolicy = field(default_factory=SyncPolicy)
+    last_sync: int = 0
+    """Divergence policy: the step whose weights alpha holds."""
+    tv_estimate: tuple[float, float] = (math.nan, math.nan)
+    """Divergence policy: the last step's estimate of TV(pi_{k+1}, alpha) and its standard error."""
 
     @classmethod
     def from_config(cls, config) -> "SyncClock":
-        return cls(config.sync_period, config.async_generation)
+        return cls(config.sync_period, config.async_generation,
+                   SyncPolicy(config.sync_policy, config.sync_period, config.tv_budget, config.max_lag))
+
+    @property
+    def adaptive(self) -> bool:
+        return self.policy.adaptive
 
     def window_start(self, step: int) -> int:
         """The first step of the window ``step`` lies in."""
@@ -52,5 +76,32 @@ class SyncClock:
         return max(w0 - self.v, 0) if self.asynchronous else w0
 
     def at(self, step: int) -> Tick:
-        w0 = self.window_start(step)
-        return Tick(step, step - self.weights_step(step), step == w0, w0, w0 + self.v)
+        """The step's tick. Divergence policy: decides the sync from the estimate ``observe`` was last handed, and
+        moves the clock (call it once per step, in order)."""
+        if not self.adaptive:
+            w0 = self.window_start(step)
+            return Tick(step, step - self.weights_step(step), step == w0, w0, w0 + self.v,
+                        PERIOD if step == w0 and step > 0 else NO_SYNC)
+        reason = self.policy.decide(step, self.last_sync, self.tv_estimate[0])
+        if reason:
+            self.last_sync = step
+        return Tick(step, step - self.last_sync, bool(reason) or step == 0, self.last_sync, step + 1, reason)
+
+    def observe(self, row: dict) -> None:
+        """Take the step's held-out TV(pi_{k+1}, alpha) estimate: the next step's TV(pi_k, alpha) while alpha is
+        kept (a step that logged none leaves NaN: no budget sync until one is measured)."""
+        self.tv_estimate = (float(row.get(TV_KEY, math.nan)), float(row.get(TV_SE_KEY, math.nan)))
+
+    def metrics(self, tick: Tick) -> dict:
+        """``sync/reason`` (a string), ``sync/tv_estimate`` and ``sync/tv_estimate_se`` (divergence policy)."""
+        out: dict = {"sync/reason": tick.reason}
+        if self.adaptive and not math.isnan(self.tv_estimate[0]):  # none before the first estimate
+            out.update({"sync/tv_estimate": self.tv_estimate[0], "sync/tv_estimate_se": self.tv_estimate[1]})
+        return out
+
+    def state(self) -> dict:
+        return {"last_sync": self.last_sync, "tv_estimate": list(self.tv_estimate)}
+
+    def restore(self, state: dict | None) -> None:
+        if state:
+            self.last_sync, self.tv_estimate = int(state["last_sync"]), tuple(state["tv_estimate"])

@@ -101,6 +101,21 @@ class GRPOConfig:
     sync_period: int = 1
     """v: copy the trainer's weights into the sampler every v steps (alpha = pi_{k - lag}, lag < v; with
     --async-generation v <= lag < 2v after the first window)."""
+    sync_policy: Literal["fixed", "divergence"] = "fixed"
+    """fixed: sync every v = sync_period steps (Algorithm 1). divergence: sync at a step whose estimated
+    TV(pi_k, alpha), measured on the held-out prompts before the step (the previous step's
+    ``heldout/tv/pi_new_alpha``), exceeds ``tv_budget``, or whose lag would exceed ``max_lag``; it needs
+    --heldout-prompts, generates step by step and is not asynchronous (``grpo_theory.sync_policy``; the logged
+    ``sync/reason`` says why each sync happened)."""
+    tv_budget: float = 0.05
+    """divergence policy: the TV(pi_k, alpha) estimate above which the step syncs (Theorem 1's lag penalty is
+    c times it)."""
+    max_lag: int = 8
+    """divergence policy: sync whenever the lag would exceed this many steps, whatever the estimate."""
+    max_staleness: int = -1
+    """Drop a step whose completions are older than this many steps (lag > max_staleness): no update, logged as
+    ``dropped_stale`` (TRL AsyncGRPO's max_staleness; with asynchronous generation the lag is v .. 2v - 1). It
+    changes alpha's distribution over the steps that update (docs/theory.md, §7.1). -1: keep every step."""
     ref_sync_steps: int = 0
     """Reset pi_ref <- pi_theta every this many steps (0: pi_ref stays the initial model)."""
     window_generation: bool = True
@@ -127,6 +142,21 @@ class GRPOConfig:
     # ---- objective -------------------------------------------------------------------------
     epsilon: float = 0.2
     """Clip width of f_eps: pi/alpha may move at most epsilon away from pi_k/alpha."""
+    epsilon_high: float = -1.0
+    """Upper clip width (TRL's name, DAPO's clip-higher): the window is [r' - epsilon, r' + epsilon_high] with the
+    paper's clip, [1 - epsilon, 1 + epsilon_high] for pi/pi_k with a TRL importance-sampling mode. -1: epsilon."""
+    delta: float = 0.0
+    """Two-sided clip (TRL's name): for negative advantages the unclipped ratio is capped too, pi/pi_k <= delta
+    (paper clip: pi/alpha <= r' + delta - 1). 0: off; else must exceed 1 + epsilon_high."""
+    importance_sampling_mode: Literal["paper", "token_truncate", "token_mask", "sequence_truncate",
+                                      "sequence_mask"] = "paper"
+    """How the loss corrects for alpha != pi_k (docs/theory.md, §6.1). paper: the clipped objective
+    f_eps(pi/alpha, pi_k/alpha, A), whose clip window sits around pi_k/alpha; the weight is exact. The TRL modes
+    (vllm_importance_sampling_mode): PPO's clip of pi/pi_k in [1 - epsilon, 1 + epsilon_high] times the weight
+    w = pi_k/alpha per token (token_*) or per completion (sequence_*: exp of the summed log-weights), truncated at
+    importance_sampling_cap (*_truncate: min(w, cap)) or zeroed above it (*_mask)."""
+    importance_sampling_cap: float = 3.0
+    """The cap C of the TRL importance-sampling modes (TRL's vllm_importance_sampling_cap)."""
     beta: float = 0.04
     """KL(pi || pi_ref) weight (k3 estimator, per token). 0 skips the reference model (and the kl metrics)."""
     use_bias_correction_kl: bool = True
@@ -142,9 +172,11 @@ class GRPOConfig:
     """eps of sigma_{alpha,eps} = sqrt(var + eps) in the advantage and the bound (Theorem 1 needs <= 3/4)."""
     mask_zero_std_groups: bool = True
     """Drop groups whose rewards are all equal (sigma_alpha = 0) from the loss and its normaliser."""
-    ratio_level: Literal["token", "sequence"] = "token"
-    """Importance ratios per token (default) or per sequence (exp of summed log-ratios; high variance; needs
-    loss_type grpo, under which every sequence counts once: the paper's E_alpha f)."""
+    ratio_level: Literal["token", "sequence", "sequence_normalised"] = "token"
+    """Importance ratios per token (default) or per sequence: sequence = exp of the summed log-ratios (the
+    paper's sequence-level ratio; high variance), sequence_normalised = exp of their mean over the completion's
+    tokens (GSPO; TRL's importance_sampling_level="sequence"; a geometric mean, not an importance weight: biased).
+    Both need loss_type grpo, under which every sequence counts once (the paper's E_alpha f)."""
     behaviour_logprobs: Literal["sampler", "recompute"] = "sampler"
     """log alpha from the sampler (cheap) or recomputed by the trainer with the lagged weights (exact).
     The gap between the two is logged as sampling/logp_diff_* whenever both are computed."""
@@ -288,6 +320,20 @@ class GRPOConfig:
                 "sequence-level ratios need loss_type grpo (dapo and dr_grpo would weight each sequence's one "
                 "objective value by its length)")
         require(self, self.sync_period >= 1, "sync_period", "v must be >= 1")
+        require(self, self.tv_budget >= 0, "tv_budget", "must be >= 0 (a TV distance lies in [0, 1])")
+        require(self, self.max_lag >= 0, "max_lag", "must be >= 0")
+        require(self, self.max_staleness >= -1, "max_staleness", "must be >= 0, or -1 to keep every step")
+        if self.sync_policy == "divergence":
+            require(self, self.heldout_prompts > 0, "sync_policy",
+                    "divergence decides from the held-out TV estimate; add --heldout-prompts (e.g. 8)")
+            require(self, not self.async_generation, "sync_policy",
+                    "divergence decides each step's sync from the TV before it, asynchronous generation fixes the "
+                    "windows in advance; drop --async-generation or use --sync-policy fixed")
+        require(self, self.epsilon_high == -1.0 or 0 <= self.epsilon_high < 10, "epsilon_high",
+                "must lie in [0, 10), or -1 for epsilon")
+        require(self, self.delta == 0 or self.delta > 1 + self.clip_high, "delta",
+                f"must exceed 1 + epsilon_high = {1 + self.clip_high} (or be 0: off)")
+        require(self, self.importance_sampling_cap > 0, "importance_sampling_cap", "must be > 0")
         require(self, self.ref_sync_steps >= 0, "ref_sync_steps", "must be >= 0")
         require(self, 0 <= self.epsilon < 10, "epsilon", "the clip width must lie in [0, 10)")
         require(self, self.beta >= 0, "beta", "must be >= 0")
@@ -320,6 +366,17 @@ class GRPOConfig:
 
     # ---- derived values ----------------------------------------------------------------------
     @property
+    def clip_high(self) -> float:
+        """The upper clip width: ``epsilon_high``, or ``epsilon`` when it is -1."""
+        return self.epsilon if self.epsilon_high == -1.0 else self.epsilon_high
+
+    @property
+    def generates_windows(self) -> bool:
+        """One sampler call per sync window (``window_generation``), unless the divergence policy decides the
+        windows step by step."""
+        return self.window_generation and self.sync_policy == "fixed"
+
+    @property
     def prompts_shared(self) -> bool:
         """Whether passes share prompts (``share_prompts``, unless FSDP or gradient checkpointing rules it out)."""
         return self.share_prompts and not self.fsdp and not self.gradient_checkpointing
@@ -341,7 +398,8 @@ class GRPOConfig:
 
     @property
     def num_syncs(self) -> int:
-        """Weight copies into the sampler over the run (one at every step k with k % v == 0)."""
+        """Weight copies into the sampler over the run with the fixed policy (one at every step k with k % v == 0;
+        the divergence policy's count is known only at the end)."""
         return -(-self.max_steps // self.sync_period)
 
     def to_json(self) -> str:

@@ -8,7 +8,9 @@ Per completion token (or per sequence with ``ratio_level="sequence"``):
     loss_token = -f + beta * kl_token
 
 With alpha = pi_k (v = 1) r' = 1 and this is on-policy GRPO/PPO clipping. r' is computed from the
-log-probabilities; it is never assumed to be 1.
+log-probabilities; it is never assumed to be 1. ``epsilon_high`` widens the window's top, ``delta`` caps the unclipped
+ratio of negative advantages, and ``importance_sampling_mode`` swaps in TRL's corrections (PPO's clip of pi/pi_k
+times a truncated or masked pi_k/alpha); each is ``grpo_theory.corrected_objective`` on a table (docs/theory.md, §6.1).
 
 The KL term (docs/theory.md, §8.4): k3 = e^d - d - 1 with d = log pi_ref - log pi has expectation
 KL(pi(.|x, y_<t) || pi_ref(.|x, y_<t)) over a token y_t drawn from pi given its prefix. The tokens here come from
@@ -37,25 +39,31 @@ from typing import Literal
 import torch
 
 LossType = Literal["grpo", "dapo", "dr_grpo"]
-RatioLevel = Literal["token", "sequence"]
+RatioLevel = Literal["token", "sequence", "sequence_normalised"]
+ImportanceSamplingMode = Literal["paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
 
-def clip_window_torch(ratio_k: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """[max(r' - clip, 0), r' + clip]; the torch twin of ``grpo_theory.clip_window`` (tested equal)."""
-    return torch.clamp(ratio_k - clip, min=0.0), ratio_k + clip
+def clip_window_torch(ratio_k: torch.Tensor, clip: float,
+                      clip_high: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[max(r' - clip, 0), r' + clip_high]; the torch twin of ``grpo_theory.clip_window`` (tested equal)."""
+    return torch.clamp(ratio_k - clip, min=0.0), ratio_k + (clip if clip_high is None else clip_high)
 
 
-def clip_flags_torch(ratio: torch.Tensor, ratio_k: torch.Tensor, adv: torch.Tensor, clip: float):
+def clip_flags_torch(ratio: torch.Tensor, ratio_k: torch.Tensor, adv: torch.Tensor, clip: float,
+                     clip_high: float | None = None):
     """Where the clip stops the gradient, ``(low, high)``; the torch twin of ``grpo_theory.clip_flags``."""
-    low, high = clip_window_torch(ratio_k, clip)
+    low, high = clip_window_torch(ratio_k, clip, clip_high)
     return (ratio < low) & (adv < 0), (ratio > high) & (adv > 0)
 
 
-def clip_objective_torch(ratio: torch.Tensor, ratio_k: torch.Tensor, adv: torch.Tensor, clip: float) -> torch.Tensor:
-    """f_eps(r, r', a) elementwise; the torch twin of ``grpo_theory.clip_objective`` (tested equal)."""
-    low, high = clip_window_torch(ratio_k, clip)
+def clip_objective_torch(ratio: torch.Tensor, ratio_k: torch.Tensor, adv: torch.Tensor, clip: float,
+                         clip_high: float | None = None, delta: float = 0.0) -> torch.Tensor:
+    """f_eps(r, r', a) elementwise (``delta`` > 0: r <= r' + delta - 1 in the unclipped branch); the torch twin of
+    ``grpo_theory.clip_objective`` (tested equal)."""
+    low, high = clip_window_torch(ratio_k, clip, clip_high)
     clipped = torch.minimum(torch.maximum(ratio, low), high)
-    return torch.minimum(ratio * adv, clipped * adv)
+    free = torch.minimum(ratio, ratio_k + (delta - 1.0)) if delta > 0 else ratio
+    return torch.minimum(free * adv, clipped * adv)
 
 
 #: Largest log-ratio exponentiated: float32 overflows above e^88.7, and a margin of e^8 keeps a ratio times an
@@ -71,7 +79,8 @@ def bounded_ratios(log_ratio: torch.Tensor, log_ratio_k: torch.Tensor, adv: torc
     """r = exp(log_ratio) and r' = exp(log_ratio_k) bounded so that f_eps(r, r', A) never meets inf or NaN, and
     equals the unbounded f_eps, with the same gradient, wherever that is finite.
 
-    r' is capped at e^LOG_RATIO_MAX. Where A >= 0, f_eps = A min(r, r' + eps) (the lower clip never binds then), so
+    ``clip`` is the window's upper width (epsilon_high where it differs from epsilon). r' is capped at
+    e^LOG_RATIO_MAX. Where A >= 0, f_eps = A min(r, r' + eps) (the lower clip never binds then), so
     r is capped at r' + eps in log space: f and its gradient are unchanged for every r, however large. Where
     A < 0, f_eps = A max(r, max(r' - eps, 0)) grows without bound in r, so r is capped at e^LOG_RATIO_MAX:
     unchanged below, held there (zero gradient) above, where the unbounded f overflows.
@@ -115,6 +124,36 @@ def loss_weights(completion_mask: torch.Tensor, loss_type: LossType, max_complet
     raise ValueError(f"loss_type: expected grpo, dapo or dr_grpo, got {loss_type!r}")
 
 
+def level_log_ratio(token_log_ratio: torch.Tensor, real: torch.Tensor, level: str) -> torch.Tensor:
+    """A log-ratio at ``level``, (B, T): per token; per sequence (the sum over its ``real`` tokens, copied onto
+    each); sequence_normalised (the mean over them: the log of GSPO's geometric-mean ratio)."""
+    if level == "token":
+        return token_log_ratio
+    total = (token_log_ratio * real).sum(dim=1, keepdim=True)
+    if level == "sequence":
+        return total.expand_as(token_log_ratio)
+    if level == "sequence_normalised":
+        return (total / real.sum(dim=1, keepdim=True).clamp(min=1.0)).expand_as(token_log_ratio)
+    raise ValueError(f"ratio_level: expected token, sequence or sequence_normalised, got {level!r}")
+
+
+@dataclass(frozen=True)
+class Clip:
+    """The clipped objective's settings (``GRPOConfig`` names): the window's widths, the two-sided clip, the ratio
+    level, and how alpha != pi_k is corrected (``grpo_theory.corrections``)."""
+
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    delta: float = 0.0
+    ratio_level: RatioLevel = "token"
+    importance_sampling_mode: ImportanceSamplingMode = "paper"
+    importance_sampling_cap: float = 3.0
+
+    @property
+    def high(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+
 @dataclass
 class LossStats:
     """Sums over the loss tokens of one or more micro-batches; ``metrics()`` gives the step's values."""
@@ -126,16 +165,23 @@ class LossStats:
     is_weight_sum: float = 0.0
     is_weight_min: float = float("inf")
     is_weight_max: float = float("-inf")
+    mismatch_kl: float = 0.0
+    above_cap: float = 0.0
     kl: dict = field(default_factory=dict)  # name -> sum over loss tokens
+
+    SUMS = ("loss", "tokens", "clip_low", "clip_high", "is_weight_sum", "mismatch_kl", "above_cap")
 
     def merge(self, other: "LossStats") -> "LossStats":
         kl = {k: self.kl.get(k, 0.0) + other.kl.get(k, 0.0) for k in {**self.kl, **other.kl}}  # keys in order
-        return LossStats(self.loss + other.loss, self.tokens + other.tokens, self.clip_low + other.clip_low,
-                         self.clip_high + other.clip_high, self.is_weight_sum + other.is_weight_sum,
-                         min(self.is_weight_min, other.is_weight_min), max(self.is_weight_max, other.is_weight_max), kl)
+        sums = {k: getattr(self, k) + getattr(other, k) for k in self.SUMS}
+        return LossStats(**sums, is_weight_min=min(self.is_weight_min, other.is_weight_min),
+                         is_weight_max=max(self.is_weight_max, other.is_weight_max), kl=kl)
 
     def metrics(self) -> dict[str, float]:
-        """TRL's names where they exist: loss, clip_ratio/*, kl; plus is_weight/* (pi_k/alpha over loss tokens)."""
+        """TRL's names where they exist: loss, clip_ratio/*, kl; plus is_weight/* (pi_k/alpha over loss tokens, at
+        the ratio level), ``sampling/mismatch_kl`` (the token mean of w - 1 - log w, w = pi_k/alpha per token: k3 of
+        KL(alpha || pi_k) per token along alpha's prefixes) and ``is_correction/frac_above_cap`` (loss tokens whose
+        weight a TRL mode truncated or masked; 0 with the paper's clip)."""
         n = max(self.tokens, 1.0)
         out = {
             "loss": self.loss,
@@ -145,6 +191,8 @@ class LossStats:
             "is_weight/mean": self.is_weight_sum / n if self.tokens else 1.0,
             "is_weight/min": self.is_weight_min if self.tokens else 1.0,
             "is_weight/max": self.is_weight_max if self.tokens else 1.0,
+            "sampling/mismatch_kl": self.mismatch_kl / n,
+            "is_correction/frac_above_cap": self.above_cap / n,
         }
         out.update({k: v / n for k, v in self.kl.items()})
         return out
@@ -157,8 +205,8 @@ def grpo_loss(
     advantages: torch.Tensor,
     weights: torch.Tensor,
     *,
-    clip: float,
-    ratio_level: RatioLevel = "token",
+    clip: float | Clip,
+    ratio_level: RatioLevel | None = None,
     beta: float = 0.0,
     logp_ref: torch.Tensor | None = None,
     use_bias_correction_kl: bool = True,
@@ -168,29 +216,43 @@ def grpo_loss(
     Shapes: ``logp`` (pi_theta, with grad), ``logp_k`` (pi_k), ``logp_alpha`` (alpha), ``logp_ref``:
     (B, T) log-probabilities of the sampled completion tokens, float32; ``advantages`` (B,); ``weights``
     (B, T) from ``loss_weights`` (0 off the loss tokens). ``logp_k`` and ``logp_alpha`` carry no gradient.
+    ``clip``: epsilon, or the whole ``Clip`` (``ratio_level`` overrides its level when given).
 
-    Sequence-level ratios (the product of a completion's token ratios) give each sequence one objective
-    value f, copied onto its tokens; with the ``grpo`` weights (1/length per sequence) every sequence then
-    counts once, which is the paper's E_alpha f. The config refuses them with the token-level normalisers.
+    Sequence-level ratios (the product of a completion's token ratios, or their geometric mean) give each sequence
+    one objective value f, copied onto its tokens; with the ``grpo`` weights (1/length per sequence) every sequence
+    then counts once, which is the paper's E_alpha f. The config refuses them with the token-level normalisers.
+
+    With a TRL importance-sampling mode the objective is ``grpo_theory.corrected_objective``: PPO's clip of
+    rho = pi/pi_k at the ratio level, times w = pi_k/alpha per token or per sequence, truncated or masked at the cap.
     """
+    spec = clip if isinstance(clip, Clip) else Clip(epsilon=clip)
+    level = ratio_level or spec.ratio_level
     if not (logp.shape == logp_k.shape == logp_alpha.shape == weights.shape):
         raise ValueError("logp, logp_k, logp_alpha and weights must share one (B, T) shape")
     if beta > 0 and logp_ref is None:
         raise ValueError("logp_ref: needed when beta > 0")
     on = weights > 0
+    real = (weights != 0).to(logp.dtype)
     logp_k, logp_alpha = logp_k.detach(), logp_alpha.detach()
     token_log_ratio = logp - logp_alpha
-    if ratio_level == "token":
-        log_ratio, log_ratio_k = token_log_ratio, logp_k - logp_alpha
-    elif ratio_level == "sequence":
-        real = (weights != 0).to(logp.dtype)
-        log_ratio = (token_log_ratio * real).sum(dim=1, keepdim=True).expand_as(logp)
-        log_ratio_k = ((logp_k - logp_alpha) * real).sum(dim=1, keepdim=True).expand_as(logp)
-    else:
-        raise ValueError(f"ratio_level: expected token or sequence, got {ratio_level!r}")
+    token_log_w = logp_k - logp_alpha
     adv = advantages.to(logp.dtype)[:, None].expand_as(logp)
-    ratio, ratio_k = bounded_ratios(log_ratio, log_ratio_k, adv, clip)
-    per_token = -clip_objective_torch(ratio, ratio_k, adv, clip)
+    mode = spec.importance_sampling_mode
+    if mode == "paper":
+        log_ratio = level_log_ratio(token_log_ratio, real, level)
+        log_ratio_k = level_log_ratio(token_log_w, real, level)
+        ratio, ratio_k = bounded_ratios(log_ratio, log_ratio_k, adv, spec.high)
+        per_token = -clip_objective_torch(ratio, ratio_k, adv, spec.epsilon, spec.high, spec.delta)
+        above = torch.zeros_like(on)
+    else:
+        log_ratio = level_log_ratio(logp - logp_k, real, level)  # rho = pi/pi_k
+        log_ratio_k = level_log_ratio(token_log_w, real, "token" if mode.startswith("token") else "sequence")
+        rho, _ = bounded_ratios(log_ratio, torch.zeros_like(log_ratio), adv, spec.high)
+        w = torch.exp(log_ratio_k.clamp(max=LOG_RATIO_MAX))
+        above = log_ratio_k > math.log(spec.importance_sampling_cap)
+        w = torch.clamp(w, max=spec.importance_sampling_cap) if mode.endswith("_truncate") else torch.where(
+            above, torch.zeros_like(w), w)
+        per_token = -w * clip_objective_torch(rho, torch.ones_like(rho), adv, spec.epsilon, spec.high, spec.delta)
     kl_sums = {}
     if beta > 0:
         k3 = k3_kl(logp, logp_ref.detach())
@@ -200,18 +262,23 @@ def grpo_loss(
             kl_sums = {"kl": float(((k3_is if use_bias_correction_kl else k3) * on).sum()),
                        "kl/k3": float((k3 * on).sum()), "kl/k3_is": float((k3_is * on).sum())}
     loss = (per_token * weights).sum()
-    return loss, loss_stats(loss, log_ratio, log_ratio_k, adv, clip, on, kl_sums)
+    return loss, loss_stats(loss, log_ratio, log_ratio_k, token_log_w, adv, spec, on, above, kl_sums)
 
 
 @torch.no_grad()
-def loss_stats(loss: torch.Tensor, log_ratio: torch.Tensor, log_ratio_k: torch.Tensor, adv: torch.Tensor,
-               clip: float, on: torch.Tensor, kl_sums: dict) -> LossStats:
-    """The statistics of a loss over its tokens ``on``: of the unbounded ratios (inf where they overflow)."""
+def loss_stats(loss: torch.Tensor, log_ratio: torch.Tensor, log_ratio_k: torch.Tensor, token_log_w: torch.Tensor,
+               adv: torch.Tensor, spec: Clip, on: torch.Tensor, above: torch.Tensor, kl_sums: dict) -> LossStats:
+    """The statistics of a loss over its tokens ``on``: of the unbounded ratios (inf where they overflow). The clip
+    flags are the paper's window around r' (paper mode) or PPO's around 1 for rho = pi/pi_k (TRL modes)."""
     ratio_k = torch.exp(log_ratio_k)
-    low, high = clip_flags_torch(torch.exp(log_ratio), ratio_k, adv, clip)
+    around = ratio_k if spec.importance_sampling_mode == "paper" else torch.ones_like(ratio_k)
+    low, high = clip_flags_torch(torch.exp(log_ratio), around, adv, spec.epsilon, spec.high)
     rk = ratio_k[on]
+    lw = token_log_w.clamp(-KL_LOG_MAX, KL_LOG_MAX)
+    mismatch = (torch.exp(lw) - 1.0 - lw).clamp(min=0.0)[on]  # >= 0 exactly; rounding can dip below at w = 1
     return LossStats(
         loss=float(loss.detach()), tokens=float(on.sum()), clip_low=float((low & on).sum()),
         clip_high=float((high & on).sum()), is_weight_sum=float(rk.sum()),
         is_weight_min=float(rk.min()) if rk.numel() else float("inf"),
-        is_weight_max=float(rk.max()) if rk.numel() else float("-inf"), kl=kl_sums)
+        is_weight_max=float(rk.max()) if rk.numel() else float("-inf"), mismatch_kl=float(mismatch.sum()),
+        above_cap=float((above & on).sum()), kl=kl_sums)

@@ -138,12 +138,20 @@ def arithmetic(config, n_params: int, n_trained: int, device, sampler_name: str,
         f"i={config.num_iterations} optimiser steps of {config.gradient_accumulation_steps} micro-batch(es) "
         f"(per_device_train_batch_size {config.micro_batch_size}"
         f"{'; more, shorter passes where sequences of similar length save padding' if config.group_by_length else ''}"
-        f"{', gradient checkpointing' if config.gradient_checkpointing else ''}); v={v}: {config.num_syncs} weight "
-        f"syncs over {config.max_steps} steps (saves {config.max_steps - config.num_syncs})")
+        f"{', gradient checkpointing' if config.gradient_checkpointing else ''}); " + sync_line(config))
     if config.async_generation:
         lines.append(f"  asynchronous generation: each window is generated while the previous one trains, from the "
                      f"weights synced one window earlier (alpha lags {v} to {2 * v - 1} steps after the first window)")
     return lines
+
+
+def sync_line(config) -> str:
+    """What the sync policy will do over the run, for the start-up lines."""
+    if config.sync_policy == "divergence":
+        return (f"sync when the held-out TV(pi_k, alpha) estimate exceeds {config.tv_budget} or the lag would exceed "
+                f"{config.max_lag} (at most {config.max_steps - 1} syncs over {config.max_steps} steps)")
+    return (f"v={config.sync_period}: {config.num_syncs} weight syncs over {config.max_steps} steps (saves "
+            f"{config.max_steps - config.num_syncs})")
 
 
 class Output:

@@ -71,11 +71,14 @@ class Groups:
     keep: np.ndarray
 
 
-def advantages(rewards: np.ndarray, eps: float, scale: bool, mask_zero_std: bool) -> Groups:
-    """Group whitening with ``grpo_theory.group_advantages`` and the zero-variance mask (docs/theory.md, §5)."""
+def advantages(rewards: np.ndarray, eps: float, scale: bool, mask_zero_std: bool, drop_all: bool = False) -> Groups:
+    """Group whitening with ``grpo_theory.group_advantages`` and the zero-variance mask (docs/theory.md, §5);
+    ``drop_all``: the loss keeps no group (a step dropped for staleness, ``max_staleness``)."""
     adv = gt.group_advantages(rewards, eps, scale=scale)
     zero_std = np.ptp(rewards, axis=1) == 0
     keep = ~zero_std if mask_zero_std else np.ones(len(rewards), bool)
+    if drop_all:
+        keep = np.zeros(len(rewards), bool)
     return Groups(adv, zero_std, keep)
 
 

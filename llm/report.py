@@ -24,7 +24,8 @@ COLUMNS = ["reward", "j/pi_new", "improvement", "heldout/improvement", "insample
            "insample/tv/pi_new_alpha", "ess/pi_k_alpha", "heldout/ess/pi_new_alpha",
            "heldout/bound_est/lower_tight", "heldout/bound_est/lower_tight_nonzero_std",
            "heldout/bound_est/frac_lower_tight_positive_nonzero_std", "insample/bound_est/lower_tight",
-           "is_weight/max", "kl", "kl/k3", "sampling/logp_diff_max"]
+           "is_weight/max", "sampling/mismatch_kl", "is_correction/frac_above_cap", "kl", "kl/k3",
+           "sampling/logp_diff_max"]
 #: A held-out estimate is judged against the exact value in units of its standard error.
 SE_MULTIPLE = 3.0
 
@@ -60,10 +61,20 @@ def summarise(run_dir: str | Path, window: int = 10) -> str:
     if lagged:
         lines.append(f"  steps with lag > 0: {len(lagged)}; their mean tv/pi_k_alpha {_mean(lagged, 'tv/pi_k_alpha'):.4f}"
                      f", largest is_weight/max {max(r['is_weight/max'] for r in lagged):.3g}")
+        by_lag = sorted({r["lag"] for r in rows})
+        lines.append("  tv/pi_k_alpha by lag: " + ", ".join(
+            f"{lag}: {_mean([r for r in rows if r['lag'] == lag], 'tv/pi_k_alpha'):.4f}" for lag in by_lag))
         chain = [r for r in lagged if "tv/pi_k_alpha_chain_ub_est" in r]
         if chain:
             lines.append("  chain-rule estimate below the importance-sampled TV estimate on "
                          f"{_share(r['tv/pi_k_alpha_chain_ub_est'] < r['tv/pi_k_alpha'] for r in chain)} of them")
+    reasons = [r["sync/reason"] for r in rows if r.get("sync/reason")]
+    if reasons:
+        counts = {k: reasons.count(k) for k in dict.fromkeys(reasons)}
+        lines.append(f"  weight syncs: {len(reasons)} (" + ", ".join(f"{k} {v}" for k, v in counts.items()) + ")")
+    dropped = sum(r.get("dropped_stale", 0.0) for r in rows)
+    if dropped:
+        lines.append(f"  steps dropped for staleness (lag > max_staleness, no update): {dropped:.0f}")
     checks = [r["sampling/logp_diff_max"] for r in rows if "sampling/logp_diff_max" in r]
     if checks:
         lines.append(f"  sync check: sampler against trainer log-probs on {len(checks)} steps, worst token "

@@ -73,7 +73,7 @@ class RolloutWindow:
         """The prompts of ``step`` and their G completions each: prefetched (waiting for them if need be), or
         generated now."""
         if step not in self._ready:
-            w0 = self.clock.window_start(step) if self.config.window_generation else step
+            w0 = self.clock.window_start(step) if self.config.generates_windows else step
             future = self._pending.pop(w0, None)
             self._ready.update(future.result() if future is not None else self._generate(w0, step))
         return self._ready.pop(step)
@@ -104,7 +104,7 @@ class RolloutWindow:
         when resuming inside it), so a resumed run draws exactly the completions the interrupted one did."""
         cfg = self.config
         v, G = cfg.sync_period, cfg.num_generations
-        steps = list(range(w0, min(w0 + v, cfg.max_steps))) if cfg.window_generation else [w0]
+        steps = list(range(w0, min(w0 + v, cfg.max_steps))) if cfg.generates_windows else [w0]
         prompts = {s: self.prompts_of(s) for s in steps}
         idx = [i for s in steps for part in prompts[s] for i in part]
         t0 = time.perf_counter()

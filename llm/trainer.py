@@ -2,7 +2,8 @@
 
 ``run_loop`` runs the steps; ``run_step`` is one step, its phases in the order they run:
 
-    sync        at a window's first step, alpha <- pi_theta                     (``Weights.sync``; the clock: ``llm.clock``)
+    sync        at a window's first step, alpha <- pi_theta                     (``Weights.sync``; the clock: ``llm.clock``;
+                                                                                 divergence policy: when the TV says so)
     rollout     G completions per prompt (training and held-out) from alpha     (``llm.rollout``; asynchronously the next
                                                                                  window is generated while this one trains)
     score       verifiable rewards                                              (``llm.phases.score``)
@@ -184,6 +185,8 @@ def run_loop(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_pa
             if weights.ranks.max_float(float(stop.requested)):  # every rank stops at the same step
                 break
             row, samples = run_step(run, step)
+            if run.clock.adaptive:  # the divergence policy's estimate for the next step's sync: rank 0's, on all
+                run.clock.observe(weights.ranks.from_main(lambda: row))
             output.append(row)
             skips = skips + 1 if row["skipped_updates"] else 0
             if skips >= config.max_consecutive_skipped_updates:
@@ -222,8 +225,10 @@ def start_run(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_p
     """Restore the checkpoint, say what the run will do, and make what the steps share."""
     ranks = weights.ranks
     start = 0
+    clock = SyncClock.from_config(config)
     if ckpt is not None:
         weights.restore(ckpt)
+        clock.restore(ckpt.get("clock"))
         start = ckpt["step"]
         output.log(f"resuming {output.path} at step {start}")
         if ckpt.get("world_size", 1) != ranks.world:
@@ -239,20 +244,21 @@ def start_run(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_p
                    task.tokenizer.pad_token_id, passes.precision)
     ranges = RangeTracker(bool(task.task.reward_funcs), output.kept_rows() if start else [], output.log)
     rollouts = RolloutWindow(config, task.task, task.prompt_ids, weights.sampler)
-    return Run(config, weights, task, SyncClock.from_config(config), passes, Objective.from_config(config), rollouts,
+    return Run(config, weights, task, clock, passes, Objective.from_config(config), rollouts,
                exact, ranges, Warnings(config.dtype), output, start, next(iter(params)).device)
 
 
 def save(run: Run, next_step: int, samples: list[dict]) -> None:
     """Checkpoint the weights (every rank takes part under FSDP) and the last step's samples (rank 0 writes)."""
-    run.output.save_checkpoint({"step": next_step, **run.weights.state()}, samples)
+    run.output.save_checkpoint({"step": next_step, "clock": run.clock.state(), **run.weights.state()}, samples)
 
 
 def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
     """One step of Algorithm 1 (the module docstring's phases); returns its metrics row and a few of its samples."""
     config, weights, passes, task, G = run.config, run.weights, run.passes, run.task, run.config.num_generations
     tick, timer = run.clock.at(step), PhaseTimer()
-    row = {"step": step, "lag": tick.lag}
+    row = {"step": step, "lag": tick.lag, **run.clock.metrics(tick)}
+    stale = 0 <= config.max_staleness < tick.lag  # dropped: no update from this step's completions
     if config.eval_steps and step == 0 and weights.ranks.joins_rank0:  # the policy before any update
         with timer("eval"):
             row.update({k.replace("eval/", "eval_initial/"): v for k, v in run_evaluation(run, 0).items()})
@@ -262,7 +268,8 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
         scored = score(task, prompt_idx, roll, G, weights.ranks)
         row.update(reward_metrics(scored.parts))
         groups = advantages(scored.rewards, config.variance_eps, config.scale_rewards == "group",
-                            config.mask_zero_std_groups)
+                            config.mask_zero_std_groups, drop_all=stale)
+        row["dropped_stale"] = float(stale)
         batch = group_batch(task, prompt_idx, roll, G, run.device)
     recompute = config.behaviour_logprobs == "recompute"
     check = tick.starts_window and config.verify_sync  # the first step served by newly synced weights

@@ -12,7 +12,7 @@ import torch
 from .batch import Batch
 from .distributed import Ranks, clip_gradients
 from .logprobs import Forward, TokenDists, idle_passes
-from .loss import LossStats, grpo_loss, loss_weights
+from .loss import Clip, LossStats, grpo_loss, loss_weights
 from .passes import Passes
 
 
@@ -21,8 +21,7 @@ class Objective:
     """The loss and its optimiser steps (``GRPOConfig`` names)."""
 
     num_iterations: int = 1
-    epsilon: float = 0.2
-    ratio_level: str = "token"
+    clip: Clip = Clip()
     beta: float = 0.0
     use_bias_correction_kl: bool = True
     loss_type: str = "dapo"
@@ -32,7 +31,9 @@ class Objective:
 
     @classmethod
     def from_config(cls, config) -> "Objective":
-        return cls(config.num_iterations, config.epsilon, config.ratio_level, config.beta,
+        clip = Clip(config.epsilon, config.clip_high, config.delta, config.ratio_level, config.importance_sampling_mode,
+                    config.importance_sampling_cap)
+        return cls(config.num_iterations, clip, config.beta,
                    config.use_bias_correction_kl, config.loss_type, config.max_completion_length, config.max_grad_norm,
                    config.tv_diagnostics)
 
@@ -109,7 +110,7 @@ def inner_step(passes: Passes, objective: Objective, policy: torch.nn.Module, ba
         cols = lambda x: x[rows, :t]  # noqa: E731  (B, T) -> this pass's rows and columns
         loss, part = grpo_loss(
             fwd.logp, logp_k, logp_k if logp_alpha is None else cols(logp_alpha), adv[rows], cols(weights),
-            clip=objective.epsilon, ratio_level=objective.ratio_level, beta=objective.beta,
+            clip=objective.clip, beta=objective.beta,
             logp_ref=None if logp_ref is None else cols(logp_ref),
             use_bias_correction_kl=objective.use_bias_correction_kl)
         stats = stats.merge(part)
@@ -125,10 +126,11 @@ def reduce_stats(ranks: Ranks, stats: LossStats) -> LossStats:
     """The step's loss statistics over every rank's tokens (sums added, minima and maxima taken)."""
     if not ranks.active:
         return stats
-    kl_names = sorted(stats.kl)
-    sums = torch.tensor([stats.loss, stats.tokens, stats.clip_low, stats.clip_high, stats.is_weight_sum,
-                         *(stats.kl[k] for k in kl_names)], dtype=torch.float64)
+    kl_names, n = sorted(stats.kl), len(LossStats.SUMS)
+    sums = torch.tensor([*(getattr(stats, k) for k in LossStats.SUMS), *(stats.kl[k] for k in kl_names)],
+                        dtype=torch.float64)
     ranks.sum(sums)
     lo, hi = -ranks.max_float(-stats.is_weight_min), ranks.max_float(stats.is_weight_max)
     v = sums.tolist()
-    return LossStats(v[0], v[1], v[2], v[3], v[4], lo, hi, dict(zip(kl_names, v[5:])))
+    return LossStats(**dict(zip(LossStats.SUMS, v[:n])), is_weight_min=lo, is_weight_max=hi,
+                     kl=dict(zip(kl_names, v[n:])))

@@ -213,5 +213,8 @@ def first_tokens_match_reported_probabilities(sampler, policy, tok, prompt: str,
 
 
 def same(a: float, b: float, rel: float, abs_: float) -> bool:
-    """Two logged numbers agree: within the tolerances, or both nan (a standard error of fewer than 2 prompts)."""
+    """Two logged values agree: strings (``sync/reason``) equal; numbers within the tolerances, or both nan (a
+    standard error of fewer than 2 prompts)."""
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
     return math.isclose(a, b, rel_tol=rel, abs_tol=abs_) or (math.isnan(a) and math.isnan(b))

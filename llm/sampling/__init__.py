@@ -58,7 +58,7 @@ def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, ma
 
 def window_completions(config) -> int:
     """Completions of one generation call: a window's (or a step's) training and held-out prompts, G each."""
-    steps = config.sync_period if config.window_generation else 1
+    steps = config.sync_period if config.generates_windows else 1
     return steps * (config.prompts_per_step + config.heldout_prompts) * config.num_generations
 
 

@@ -10,7 +10,8 @@ from tests.helpers import ROOT
 LAYERS = [
     ["runkit", "runkit.cli", "runkit.interrupt", "runkit.net", "runkit.runio", "runkit.tables", "runkit.validation"],
     ["grpo_theory.validation", "grpo_theory.numerics", "grpo_theory.core", "grpo_theory.estimators",
-     "grpo_theory.amplification", "grpo_theory.instances", "grpo_theory.symbolic", "grpo_theory"],
+     "grpo_theory.amplification", "grpo_theory.instances", "grpo_theory.symbolic", "grpo_theory.corrections",
+     "grpo_theory.sync_policy", "grpo_theory"],
     ["grpo_theory.simulate", "grpo_theory.check", "grpo_theory.sigma_bias", "grpo_theory.experiments"],
     ["llm.config", "llm.metrics", "llm.clock"],  # settings and conventions, no torch
     ["llm.data", "llm.tasks", "llm.procedural", "llm.sources"],  # tasks and rewards
@@ -21,7 +22,7 @@ LAYERS = [
     ["llm.evaluation", "llm.tiny", "llm.pretrained", "llm.rollout", "llm.passes"],
     ["llm.update", "llm.phases", "llm.weights", "llm.rundir", "llm.trackers", "llm.monitors"],  # the trainer's parts
     ["llm.trainer"],
-    ["llm", "llm.train", "llm.serve", "llm.report", "llm.ablation"],  # entry points
+    ["llm", "llm.train", "llm.serve", "llm.report", "llm.ablation", "llm.options"],  # entry points
 ]
 
 

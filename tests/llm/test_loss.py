@@ -5,8 +5,10 @@ import pytest
 import torch
 
 import grpo_theory as gt
+from grpo_theory.corrections import MODES, corrected_surrogate
 from llm import GRPOConfig
 from llm.loss import (
+    Clip,
     LossStats,
     clip_flags_torch,
     clip_objective_torch,
@@ -238,3 +240,73 @@ def test_the_corrected_kl_of_multi_token_completions_is_the_per_token_kl_along_a
                         clip=0.2, beta=1.0, logp_ref=lref)
     assert loss.item() == pytest.approx(per_token, abs=1e-12)
     assert abs(per_token - sequence) > 0.01, (per_token, sequence)
+
+
+# ---- the other frameworks' corrections (grpo_theory.corrections) ------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("extra", [dict(), dict(epsilon_high=0.28), dict(delta=1.5)])
+@pytest.mark.parametrize("seed", range(4))
+def test_every_mode_on_one_token_rows_weighted_by_alpha_is_the_exact_tabular_objective(mode, extra, seed):
+    """Rows = the table's responses, loss weights = alpha(y): minus the loss is E_alpha of the mode's objective,
+    ``grpo_theory.corrected_surrogate``, for every mode, upper width and two-sided clip."""
+    rng = np.random.default_rng(seed)
+    n = 7
+    alpha, pi_k = gt.softmax(rng.normal(size=n)), gt.softmax(rng.normal(size=n))
+    pi = gt.softmax(np.log(pi_k) + 0.4 * rng.normal(size=n))
+    r = (rng.random(n) < 0.5).astype(float)
+    r[:2] = 0.0, 1.0
+    adv = gt.whitened_advantage(alpha, r, 1e-4)
+    col = lambda x: torch.tensor(np.log(x))[:, None]  # noqa: E731
+    spec = Clip(0.2, extra.get("epsilon_high"), extra.get("delta", 0.0), "token", mode, 1.5)
+    loss, stats = grpo_loss(col(pi), col(pi_k), col(alpha), torch.tensor(adv), torch.tensor(alpha)[:, None], clip=spec)
+    want = corrected_surrogate(pi, pi_k, alpha, r, 1e-4, 0.2, mode, 1.5, extra.get("epsilon_high"),
+                               extra.get("delta", 0.0))
+    assert -float(loss) == pytest.approx(want, abs=1e-12)
+    above = np.mean(pi_k / alpha > 1.5)
+    assert stats.metrics()["is_correction/frac_above_cap"] == pytest.approx(0.0 if mode == "paper" else above)
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+@pytest.mark.parametrize("level", ["token", "sequence", "sequence_normalised"])
+def test_multi_token_modes_follow_their_definitions(mode, level):
+    """B completions of T tokens: the loss equals the definition written out in numpy (rho = pi/pi_k at the ratio
+    level, PPO clip, times w = pi_k/alpha per token or exp of the completion's summed log-weights, capped)."""
+    logp, logp_k, logp_alpha, adv, mask = _inputs(3)
+    w_tok = loss_weights(mask, "grpo", T)
+    cap = 1.3
+    loss, _ = grpo_loss(logp, logp_k, logp_alpha, adv, w_tok, clip=Clip(0.2, 0.3, 0.0, level, mode, cap))
+    lp, lk, la, m = (x.detach().double().numpy() for x in (logp, logp_k, logp_alpha, mask))
+    d = (lp - lk) * m
+    log_rho = {"token": lp - lk, "sequence": np.repeat(d.sum(1, keepdims=True), T, 1),
+               "sequence_normalised": np.repeat(d.sum(1, keepdims=True) / m.sum(1, keepdims=True), T, 1)}[level]
+    log_w = lk - la if mode.startswith("token") else np.repeat(((lk - la) * m).sum(1, keepdims=True), T, 1)
+    w = np.exp(log_w)
+    w = np.minimum(w, cap) if mode.endswith("truncate") else np.where(w <= cap, w, 0.0)
+    a = np.repeat(adv.double().numpy()[:, None], T, 1)
+    g = gt.clip_objective(np.exp(log_rho), np.ones_like(a), a, 0.2, clip_high=0.3)
+    assert float(loss.detach()) == pytest.approx(-np.sum(w * g * w_tok.double().numpy()), rel=1e-5, abs=1e-6)
+
+
+def test_the_mismatch_kl_is_an_unbiased_estimate_of_kl_alpha_pi_k():
+    """Each response y appears in alpha(y) x N rows (alpha rational): the token mean of w - 1 - log w over the rows
+    is E_alpha[w - 1 - log w] = KL(alpha || pi_k) exactly."""
+    counts = np.array([1, 2, 3, 4])
+    alpha, pi_k = counts / counts.sum(), np.array([0.4, 0.3, 0.2, 0.1])
+    ys = np.repeat(np.arange(4), counts)
+    col = lambda x: torch.tensor(np.log(x[ys]))[:, None]  # noqa: E731
+    _, stats = grpo_loss(col(pi_k), col(pi_k), col(alpha), torch.zeros(len(ys)), torch.ones(len(ys), 1), clip=0.2)
+    assert stats.metrics()["sampling/mismatch_kl"] == pytest.approx(np.sum(alpha * np.log(alpha / pi_k)), abs=1e-12)
+
+
+def test_the_config_refuses_bad_corrections():
+    for kw, field in [(dict(delta=1.1), "delta"), (dict(epsilon_high=-0.5), "epsilon_high"),
+                      (dict(importance_sampling_cap=0.0), "importance_sampling_cap"),
+                      (dict(sync_policy="divergence"), "sync_policy"),
+                      (dict(sync_policy="divergence", heldout_prompts=4, async_generation=True), "sync_policy"),
+                      (dict(max_staleness=-2), "max_staleness"), (dict(ratio_level="sequence_normalised"), "ratio_level")]:
+        with pytest.raises(ValueError, match=field):
+            GRPOConfig(**kw)
+    assert GRPOConfig(delta=1.3, epsilon_high=0.28).clip_high == 0.28
+    assert GRPOConfig().clip_high == 0.2

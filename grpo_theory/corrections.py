@@ -1,0 +1,72 @@
+"""Other frameworks' off-policy corrections, exact on a table (docs/theory.md, §6.1).
+
+The paper's clipped objective f_eps(r, r', A) (``core.clip_objective``) uses r = pi/alpha and clips it to a
+window around r' = pi_k/alpha: the importance weight pi_k/alpha is exact and never capped. TRL's
+``vllm_importance_sampling_mode`` instead splits the ratio in two: PPO's clip of rho = pi/pi_k = r/r' to
+[1 - eps, 1 + eps_high], multiplied by a weight w = pi_k/alpha = r' that is truncated or masked at a cap C:
+
+    g(rho, A) = min(rho A, clip(rho, 1 - eps, 1 + eps_high) A)                (``delta``: rho <= delta in the first)
+    truncate:  min(r', C) g(r/r', A)        mask:  1[r' <= C] r' g(r/r', A)
+
+On a table (one response per sample, so token and sequence levels coincide) the expected objective over y ~ alpha
+is ``corrected_surrogate``. Three facts the tests pin:
+
+- C -> inf: r' g(r/r', A) = min(r A, clip(r, r'(1 - eps), r'(1 + eps_high)) A): the paper's objective with a window
+  proportional to r' instead of of width eps; the two agree in value and gradient at pi = pi_k.
+- truncate, no clip binding: sum_y min(pi_k(y), C alpha(y)) (pi(y)/pi_k(y)) A(y): at pi = pi_k it is
+  sum_y min(pi_k, C alpha) A, not E_{pi_k} A; the truncation biases the surrogate's value and its gradient.
+- mask, no clip binding: sum_{y: pi_k(y) <= C alpha(y)} pi(y) A(y): an expectation over the responses where
+  pi_k/alpha <= C only; the mask changes the distribution the expectation is over.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from .core import as_policy, check_same_actions, clip_objective, whitened_advantage
+
+ImportanceSamplingMode = Literal["paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+MODES = ("paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def corrected_weight(ratio_k, mode: ImportanceSamplingMode, cap: float) -> np.ndarray:
+    """The weight a mode multiplies the clipped ratio by: min(w, C) (truncate), w 1[w <= C] (mask), for
+    w = ``ratio_k`` = pi_k/alpha (per token or per sequence: the caller passes the level's w). paper: none (1)."""
+    w = np.asarray(ratio_k, dtype=np.float64)
+    if mode == "paper":
+        return np.ones_like(w)
+    if mode.endswith("_truncate"):
+        return np.minimum(w, cap)
+    if mode.endswith("_mask"):
+        return np.where(w <= cap, w, 0.0)
+    raise ValueError(f"importance_sampling_mode: expected one of {', '.join(MODES)}, got {mode!r}")
+
+
+def corrected_objective(ratio, ratio_k, adv, clip, mode: ImportanceSamplingMode = "paper", cap: float = 3.0,
+                        clip_high=None, delta: float = 0.0) -> np.ndarray:
+    """The per-sample objective of a mode, elementwise: paper: f_eps(r, r', A) (``core.clip_objective``); the TRL
+    modes: corrected_weight(r') times PPO's clip of rho = r/r' to [1 - clip, 1 + clip_high] (``delta``: rho <=
+    delta in the unclipped branch). ``ratio`` = r = pi/alpha, ``ratio_k`` = r' = pi_k/alpha > 0."""
+    if mode == "paper":
+        return clip_objective(ratio, ratio_k, adv, clip, clip_high, delta)
+    ratio, ratio_k = np.asarray(ratio, dtype=np.float64), np.asarray(ratio_k, dtype=np.float64)
+    g = clip_objective(ratio / ratio_k, np.ones_like(ratio_k), adv, clip, clip_high, delta)
+    return corrected_weight(ratio_k, mode, cap) * g
+
+
+def corrected_surrogate(pi, pi_k, alpha, r, eps, clip, mode: ImportanceSamplingMode = "paper", cap: float = 3.0,
+                        clip_high=None, delta: float = 0.0) -> np.ndarray:
+    """E_{y ~ alpha} of ``corrected_objective`` with A = A_alpha (whitened with ``eps``): the objective each mode
+    ascends, exact on a table. Shapes (..., n) -> (...). alpha and pi_k must be positive wherever pi or pi_k is.
+    With mode paper it is ``core.clipped_surrogate``."""
+    pi, pi_k, alpha = as_policy(pi, "pi"), as_policy(pi_k, "pi_k"), as_policy(alpha, "alpha")
+    check_same_actions(pi=pi, pi_k=pi_k, alpha=alpha)
+    if np.any((alpha == 0) & ((pi > 0) | (pi_k > 0))) or np.any((pi_k == 0) & (pi > 0)):
+        raise ValueError("alpha and pi_k: must be positive wherever pi (or pi_k) is (ratios undefined)")
+    a = whitened_advantage(alpha, r, eps)
+    live = (alpha > 0) & (pi_k > 0)
+    safe_a, safe_k = np.where(live, alpha, 1.0), np.where(live, pi_k, 1.0)
+    f = corrected_objective(pi / safe_a, safe_k / safe_a, a, clip, mode, cap, clip_high, delta)
+    return np.sum(np.where(live, alpha * f, 0.0), axis=-1)

@@ -1,0 +1,100 @@
+"""grpo_theory.corrections: the TRL importance-sampling modes, exact on a table, against the formulas the docs claim."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from grpo_theory import clip_objective, clipped_surrogate, softmax, whitened_advantage
+from grpo_theory.corrections import MODES, corrected_objective, corrected_surrogate, corrected_weight
+
+EPS = 1e-4
+#: A clip width so wide that no ratio of these tables reaches its window: isolates the weight's effect.
+NO_CLIP = 1e9
+TOL = 1e-12
+
+tables = st.integers(0, 10_000).map(lambda seed: np.random.default_rng(seed))
+
+
+def table(rng, n=6, spread=1.0):
+    alpha, pi_k = softmax(rng.normal(size=n)), softmax(rng.normal(size=n))
+    pi = softmax(np.log(pi_k) + spread * 0.3 * rng.normal(size=n))
+    r = (rng.random(n) < 0.5).astype(float)
+    r[0], r[1] = 0.0, 1.0  # rewards vary: sigma > 0
+    return pi, pi_k, alpha, r
+
+
+@given(tables, st.sampled_from(MODES[1:]))
+def test_an_infinite_cap_is_the_paper_objective_with_a_window_proportional_to_r_prime(rng, mode):
+    pi, pi_k, alpha, r = table(rng)
+    a = whitened_advantage(alpha, r, EPS)
+    got = corrected_surrogate(pi, pi_k, alpha, r, EPS, 0.2, mode, cap=np.inf)
+    rk = pi_k / alpha
+    ratio = pi / alpha
+    f = np.minimum(ratio * a, np.clip(ratio, rk * 0.8, rk * 1.2) * a)
+    assert got == pytest.approx(np.sum(alpha * f), abs=TOL)
+
+
+@given(tables, st.sampled_from(MODES))
+def test_every_mode_without_a_binding_cap_agrees_with_the_paper_at_pi_equal_pi_k(rng, mode):
+    """Value and gradient (in pi's logits) at pi = pi_k: E_{pi_k} A and the on-policy gradient, for all modes when
+    the cap exceeds every pi_k/alpha."""
+    _, pi_k, alpha, r = table(rng)
+    cap = float(np.max(pi_k / alpha)) * 2
+    theta = np.log(pi_k)
+    fn = lambda th: corrected_surrogate(softmax(th), pi_k, alpha, r, EPS, 0.2, mode, cap)  # noqa: E731
+    paper = lambda th: clipped_surrogate(softmax(th), pi_k, alpha, r, EPS, 0.2)  # noqa: E731
+    assert fn(theta) == pytest.approx(paper(theta), abs=TOL)
+    h = 1e-6
+    for j in range(len(theta)):
+        e = np.zeros_like(theta)
+        e[j] = h
+        assert (fn(theta + e) - fn(theta - e)) / (2 * h) == pytest.approx((paper(theta + e) - paper(theta - e)) / (2 * h),
+                                                                          abs=1e-6)
+
+
+@given(tables, st.floats(0.3, 3.0), st.sampled_from(["token_truncate", "sequence_truncate"]))
+def test_truncation_weighs_each_response_by_min_pi_k_and_c_alpha(rng, cap, mode):
+    """No clip binding: sum_y min(pi_k, C alpha) (pi/pi_k) A."""
+    pi, pi_k, alpha, r = table(rng)
+    a = whitened_advantage(alpha, r, EPS)
+    want = np.sum(np.minimum(pi_k, cap * alpha) * pi / pi_k * a)
+    assert corrected_surrogate(pi, pi_k, alpha, r, EPS, NO_CLIP, mode, cap) == pytest.approx(want, abs=TOL)
+
+
+@given(tables, st.floats(0.3, 3.0), st.sampled_from(["token_mask", "sequence_mask"]))
+def test_masking_keeps_the_responses_with_pi_k_at_most_c_alpha(rng, cap, mode):
+    """No clip binding: sum over {y: pi_k(y) <= C alpha(y)} of pi(y) A(y)."""
+    pi, pi_k, alpha, r = table(rng)
+    a = whitened_advantage(alpha, r, EPS)
+    kept = pi_k <= cap * alpha
+    want = np.sum(np.where(kept, pi * a, 0.0))
+    assert corrected_surrogate(pi, pi_k, alpha, r, EPS, NO_CLIP, mode, cap) == pytest.approx(want, abs=TOL)
+
+
+def test_truncation_biases_the_value_at_pi_k_when_the_cap_binds():
+    """pi_k puts 0.9 on a response alpha gives 0.1 (w = 9): a cap of 3 counts it at 0.3, not 0.9."""
+    alpha, pi_k = np.array([0.1, 0.9]), np.array([0.9, 0.1])
+    r = np.array([1.0, 0.0])
+    a = whitened_advantage(alpha, r, EPS)
+    exact = clipped_surrogate(pi_k, pi_k, alpha, r, EPS, 0.2)
+    assert exact == pytest.approx(np.sum(pi_k * a))
+    truncated = corrected_surrogate(pi_k, pi_k, alpha, r, EPS, 0.2, "token_truncate", 3.0)
+    assert truncated == pytest.approx(0.3 * a[0] + 0.1 * a[1])
+    assert corrected_surrogate(pi_k, pi_k, alpha, r, EPS, 0.2, "token_mask", 3.0) == pytest.approx(0.1 * a[1])
+
+
+def test_weights_and_the_two_sided_clip_on_hand_cases():
+    assert np.array_equal(corrected_weight([0.5, 2.0, 4.0], "token_truncate", 3.0), [0.5, 2.0, 3.0])
+    assert np.array_equal(corrected_weight([0.5, 2.0, 4.0], "sequence_mask", 3.0), [0.5, 2.0, 0.0])
+    assert np.array_equal(corrected_weight([0.5, 4.0], "paper", 3.0), [1.0, 1.0])
+    with pytest.raises(ValueError, match="importance_sampling_mode"):
+        corrected_weight([1.0], "token_clip", 3.0)
+    # delta caps the unclipped ratio of a negative advantage: r = 10 counts as r' + delta - 1 = 3
+    assert clip_objective(10.0, 1.0, -1.0, 0.2, delta=3.0) == pytest.approx(-3.0)
+    assert clip_objective(10.0, 1.0, -1.0, 0.2) == pytest.approx(-10.0)
+    # epsilon_high widens only the top of the window
+    assert clip_objective(2.0, 1.0, 1.0, 0.2, clip_high=0.28) == pytest.approx(1.28)
+    assert clip_objective(0.1, 1.0, -1.0, 0.2, clip_high=0.28) == pytest.approx(-0.8)
+    # TRL mode: rho = r/r' = 2 clipped at 1 + 0.28, times w = min(r', C) = 2
+    assert corrected_objective(4.0, 2.0, 1.0, 0.2, "token_truncate", 3.0, clip_high=0.28) == pytest.approx(2 * 1.28)

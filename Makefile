@@ -64,7 +64,8 @@ check: $(STAMP)
 experiments: $(STAMP)
 	$(PY) -m grpo_theory.experiments --out runs/bandit
 
-# The paper's ablation and a v-sweep on the built-in task, 5 seeds each, exact J (about 40 min on 2 cores).
+# The paper's ablation, a v-sweep, staleness, sync policies and corrections on the built-in task, 5 seeds each, exact J
+# (51 min on 2 cores, measured).
 llm-ablation: $(STAMP)
 	$(PY) -m llm.ablation --out runs/llm_ablation
 

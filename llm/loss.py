@@ -232,27 +232,11 @@ def grpo_loss(
     if beta > 0 and logp_ref is None:
         raise ValueError("logp_ref: needed when beta > 0")
     on = weights > 0
-    real = (weights != 0).to(logp.dtype)
     logp_k, logp_alpha = logp_k.detach(), logp_alpha.detach()
     token_log_ratio = logp - logp_alpha
-    token_log_w = logp_k - logp_alpha
     adv = advantages.to(logp.dtype)[:, None].expand_as(logp)
-    mode = spec.importance_sampling_mode
-    if mode == "paper":
-        log_ratio = level_log_ratio(token_log_ratio, real, level)
-        log_ratio_k = level_log_ratio(token_log_w, real, level)
-        ratio, ratio_k = bounded_ratios(log_ratio, log_ratio_k, adv, spec.high)
-        per_token = -clip_objective_torch(ratio, ratio_k, adv, spec.epsilon, spec.high, spec.delta)
-        above = torch.zeros_like(on)
-    else:
-        log_ratio = level_log_ratio(logp - logp_k, real, level)  # rho = pi/pi_k
-        log_ratio_k = level_log_ratio(token_log_w, real, "token" if mode.startswith("token") else "sequence")
-        rho, _ = bounded_ratios(log_ratio, torch.zeros_like(log_ratio), adv, spec.high)
-        w = torch.exp(log_ratio_k.clamp(max=LOG_RATIO_MAX))
-        above = log_ratio_k > math.log(spec.importance_sampling_cap)
-        w = torch.clamp(w, max=spec.importance_sampling_cap) if mode.endswith("_truncate") else torch.where(
-            above, torch.zeros_like(w), w)
-        per_token = -w * clip_objective_torch(rho, torch.ones_like(rho), adv, spec.epsilon, spec.high, spec.delta)
+    per_token, log_ratio, log_ratio_k, above = clipped_objective(logp, logp_k, logp_alpha, adv, weights != 0, spec,
+                                                                 level)
     kl_sums = {}
     if beta > 0:
         k3 = k3_kl(logp, logp_ref.detach())
@@ -262,7 +246,32 @@ def grpo_loss(
             kl_sums = {"kl": float(((k3_is if use_bias_correction_kl else k3) * on).sum()),
                        "kl/k3": float((k3 * on).sum()), "kl/k3_is": float((k3_is * on).sum())}
     loss = (per_token * weights).sum()
-    return loss, loss_stats(loss, log_ratio, log_ratio_k, token_log_w, adv, spec, on, above, kl_sums)
+    return loss, loss_stats(loss, log_ratio, log_ratio_k, logp_k - logp_alpha, adv, spec, on, above, kl_sums)
+
+
+def clipped_objective(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torch.Tensor, adv: torch.Tensor,
+                      real: torch.Tensor, spec: Clip, level: str):
+    """Minus the clipped objective per token, (B, T), for the paper's clip or a TRL mode (``grpo_theory.
+    corrected_objective``), with the log-ratios its statistics read (r and r', or rho and w) and the tokens whose
+    weight was over the cap. ``real``: the loss tokens (B, T) bool."""
+    real = real.to(logp.dtype)
+    token_log_w = logp_k - logp_alpha
+    mode = spec.importance_sampling_mode
+    if mode == "paper":
+        log_ratio = level_log_ratio(logp - logp_alpha, real, level)
+        log_ratio_k = level_log_ratio(token_log_w, real, level)
+        ratio, ratio_k = bounded_ratios(log_ratio, log_ratio_k, adv, spec.high)
+        per_token = -clip_objective_torch(ratio, ratio_k, adv, spec.epsilon, spec.high, spec.delta)
+        return per_token, log_ratio, log_ratio_k, torch.zeros_like(real, dtype=torch.bool)
+    log_ratio = level_log_ratio(logp - logp_k, real, level)  # rho = pi/pi_k
+    log_ratio_k = level_log_ratio(token_log_w, real, "token" if mode.startswith("token") else "sequence")
+    rho, _ = bounded_ratios(log_ratio, torch.zeros_like(log_ratio), adv, spec.high)
+    w = torch.exp(log_ratio_k.clamp(max=LOG_RATIO_MAX))
+    above = log_ratio_k > math.log(spec.importance_sampling_cap)
+    w = torch.clamp(w, max=spec.importance_sampling_cap) if mode.endswith("_truncate") else torch.where(
+        above, torch.zeros_like(w), w)
+    per_token = -w * clip_objective_torch(rho, torch.ones_like(rho), adv, spec.epsilon, spec.high, spec.delta)
+    return per_token, log_ratio, log_ratio_k, above
 
 
 @torch.no_grad()

@@ -101,6 +101,7 @@ class VLLMSampler:
             self.transfer.send_weights()
             if not self.llm.reset_prefix_cache():  # cached keys and values are the old weights'
                 raise RuntimeError("sampler: vLLM refused to empty its prefix cache after a weight sync")
+            release_freed_memory()
         self.last_sync_bytes = source.nbytes()
         torch.set_num_threads(threads)
 
@@ -130,3 +131,17 @@ class VLLMSampler:
             self.transfer.shutdown()
             self.transfer = None
         self.llm = None
+
+
+def release_freed_memory() -> None:
+    """Hand the heap memory freed since the last call back to the system (glibc's ``malloc_trim``; elsewhere a
+    no-op). A CPU sync's transfer buffers are freed but stay resident otherwise: measured on SmolLM2-135M-Instruct,
+    the process holds 0.67 GB less after the first sync and 1.1 GB less after the second
+    (``benchmarks/sampler_memory.py``)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    if trim is not None:
+        trim(0)

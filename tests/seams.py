@@ -1,5 +1,6 @@
 """Test callbacks that reach a run through its public seam: ``train(config, callbacks=[...])`` hands each callback with
-an ``on_setup`` method the run's ``llm.weights.Weights`` before step 0, and calls it with every step's row."""
+an ``on_setup`` method the run's ``llm.weights.Weights`` before step 0, and calls it with every step's row; and
+``tag_generations``, which records which weights the transformers sampler held at each generation call."""
 
 from __future__ import annotations
 
@@ -59,3 +60,18 @@ class PolicyFingerprints:
 
     def __call__(self, step: int, row: dict) -> None:
         self.before.append(fingerprint(self.weights.policy))
+
+
+def tag_generations(monkeypatch) -> dict:
+    """Record, for every call of the transformers sampler, its weights' fingerprint under the call's seed: the
+    returned dict fills in as the run generates (seed -> fingerprint of the weights that generated the call)."""
+    from llm.sampling import TransformersSampler
+
+    generated, real_generate = {}, TransformersSampler.generate
+
+    def tagged_generate(self, prompt_ids, n, max_tokens, temperature, seed, greedy=False):
+        generated[seed] = fingerprint(self.model)
+        return real_generate(self, prompt_ids, n, max_tokens, temperature, seed, greedy)
+
+    monkeypatch.setattr(TransformersSampler, "generate", tagged_generate)
+    return generated

@@ -11,9 +11,8 @@ from llm import GRPOConfig, train
 from llm.metrics import deterministic
 from llm.rollout import step_seed
 from llm.rundir import read_metrics
-from llm.sampling import TransformersSampler
 from tests.helpers import LEARNING_MARGIN
-from tests.seams import PolicyFingerprints, fingerprint
+from tests.seams import PolicyFingerprints, tag_generations
 
 
 def _config(tmp_path, name, **kw):
@@ -24,13 +23,7 @@ def _config(tmp_path, name, **kw):
 
 def test_divergence_syncs_when_the_previous_estimate_exceeds_the_budget_and_serves_those_weights(tmp_path,
                                                                                                   monkeypatch):
-    generated, real_generate = {}, TransformersSampler.generate
-
-    def tagged_generate(self, prompt_ids, n, max_tokens, temperature, seed, greedy=False):
-        generated[seed] = fingerprint(self.model)
-        return real_generate(self, prompt_ids, n, max_tokens, temperature, seed, greedy)
-
-    monkeypatch.setattr(TransformersSampler, "generate", tagged_generate)
+    generated = tag_generations(monkeypatch)
     policies = PolicyFingerprints()
     budget, cap = 0.03, 3
     rows = read_metrics(train(_config(tmp_path, "div", max_steps=14, sync_policy="divergence", tv_budget=budget,

@@ -61,7 +61,8 @@ class LogitHead:
             z = z / self.divisor
         if self.softcap:
             z = torch.tanh(z / self.softcap) * self.softcap
-        return z / self.temperature
+        # x / 1.0 is x exactly: at T = 1 the division would only cost a pass over (n, V) logits, forward and backward
+        return z if self.temperature == 1.0 else z / self.temperature
 
     def logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
         """log softmax of the logits: (n, V) float32."""

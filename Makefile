@@ -80,10 +80,12 @@ $(BENCH_VENV)/.installed: pyproject.toml
 	$(BENCH_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $@
 
-# float32 (every row, ~15 min on 2 cores), then bfloat16 (the in-process engine and TRL, ~7 min).
+# The benchmark model: float32 (every row, ~15 min on 2 cores), then bfloat16 (the in-process engine and TRL, ~7 min);
+# then the real model, SmolLM2-135M-Instruct against TRL in float32 and bfloat16 (~40 min).
 benchmark: $(STAMP) $(BENCH_VENV)/.installed
 	$(PY) benchmarks/throughput.py --out runs/benchmark
 	$(PY) benchmarks/throughput.py --dtype bfloat16 --skip-server --skip-transformers --out runs/benchmark_bf16
+	$(PY) benchmarks/real_model.py --out runs/benchmark_real
 
 # Peak memory of llm.train against prompts, completion length and micro-batch (151,936-token vocabulary), and a
 # projection for the README's GSM8K command on Qwen2.5-0.5B from constants measured at its width (~15 min).

@@ -41,6 +41,40 @@ PROMPTS, G, MAX_TOKENS = 4, 16, 64
 PAPER_ITS = {1: 0.02828, 10: 0.03828}
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What a benchmark step does, the same for ours and TRL's: ``prompts`` x ``generations`` completions of up to
+    ``max_tokens`` tokens from prompts of ``prompt_tokens`` tokens on average (for the arithmetic count), the
+    task as further GRPOConfig fields (``config``), and TRL's copy of it: the same prompts as text, their answers
+    and a reward of ``llm.tasks`` (``trl_reward``: a function name there)."""
+
+    prompts: int = PROMPTS
+    generations: int = G
+    max_tokens: int = MAX_TOKENS
+    prompt_tokens: float = 5.0  # the arithmetic prompts are 4-5 characters
+    temperature: float = 1.0
+    config: dict = field(default_factory=dict)
+    trl_prompts: tuple = ()
+    trl_answers: tuple = ()
+    trl_reward: str = "exact_match_reward"
+
+    def trl_spec(self) -> dict:
+        if self.trl_prompts:
+            prompts, answers = list(self.trl_prompts), list(self.trl_answers)
+        else:  # the built-in task's prompts, four times over
+            from llm.tasks import arithmetic_task
+
+            task = arithmetic_task()
+            prompts, answers = list(task.prompts) * 4, list(task.answers) * 4
+        return {"prompts": prompts, "answers": answers, "reward": self.trl_reward, "batch": self.prompts
+                * self.generations, "generations": self.generations, "max_tokens": self.max_tokens,
+                "temperature": self.temperature}
+
+
+#: The benchmark model's workload: the built-in arithmetic prompts, 4 prompts x G = 16, up to 64 tokens.
+BENCH = Workload()
+
+
 def build_bench_model(path: Path, dtype: str = "float32") -> Path:
     if (path / "config.json").is_file():
         return path
@@ -98,6 +132,7 @@ class Row:
     diagnostics: bool = False
     lag0_logp_gap: float = float("nan")  # median over lag-0 steps of sampling/logp_diff_max (worst token)
     lag0_tv: float = float("nan")  # median over lag-0 steps of tv/pi_k_alpha: the sampler-trainer noise floor
+    sampler_tokens_per_s: float = float("nan")  # every token the sampler generated (held-out prompts too) / its time
     note: str = ""
 
     @property
@@ -114,11 +149,12 @@ def step_flops(n_params: int, gen_tokens: float, train_tokens: float) -> float:
 
 
 def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: Path, windows: int = 0,
-             server_url: str = "", diagnostics: bool = False, attn: str = "auto", **extra) -> Row:
+             server_url: str = "", diagnostics: bool = False, attn: str = "auto", workload: Workload = BENCH,
+             **extra) -> Row:
     """Run our trainer for ``windows`` sync windows (at least 4 steps each); time all but the first.
-    ``diagnostics``: the trainer's default TV and in-sample bound estimates on (``tv_diagnostics``,
+    ``diagnostics``: the chain-rule TV and in-sample bound estimates on (``tv_diagnostics``,
     ``insample_diagnostics``); off, the step does what TRL's does (exact J is off in both: real tasks lack it).
-    ``extra``: further GRPOConfig fields (e.g. ``async_generation``, ``num_threads``)."""
+    ``extra``: further GRPOConfig fields (e.g. ``async_generation``, ``num_threads``, ``verify_sync``)."""
     from llm import GRPOConfig, train
     from llm.rundir import read_metrics
 
@@ -128,13 +164,14 @@ def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: 
     windows = windows or (2 if v >= 10 else 3)  # at least 8 timed steps after the warm-up window
     steps = per_window * windows
     cfg = GRPOConfig(model_name_or_path=str(model_dir), output_dir=str(out / name.replace(" ", "_")),
-                     sampler=sampler, sync_period=v, max_steps=steps, prompts_per_step=PROMPTS, num_generations=G,
-                     max_completion_length=MAX_TOKENS, beta=0.0, tv_diagnostics=diagnostics,
+                     sampler=sampler, sync_period=v, max_steps=steps, prompts_per_step=workload.prompts,
+                     num_generations=workload.generations, max_completion_length=workload.max_tokens,
+                     temperature=workload.temperature, beta=0.0, tv_diagnostics=diagnostics,
                      insample_diagnostics=diagnostics, dtype=dtype, progress=False, save_steps=0, learning_rate=1e-5,
                      server_url=server_url, attn_implementation=attn,
                      # a random model earns no reward: without the mask every step still does the full
                      # forward/backward (zero advantages), as TRL does, so the work compared is equal
-                     mask_zero_std_groups=False, exact_j=False, **extra)
+                     mask_zero_std_groups=False, exact_j=False, **{**workload.config, **extra})
     shutil.rmtree(cfg.output_dir, ignore_errors=True)  # a fresh run, never a resumed one
     train(cfg, log=lambda *a: None)
     rows = read_metrics(cfg.output_dir)[per_window:]
@@ -143,15 +180,20 @@ def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: 
     keys = list(PHASE_KEYS)
     phases = {k: sum(r.get(k, 0.0) for r in rows) / len(rows) for k in keys}
     wall = sum(phases.values())
-    gen_tok = statistics.mean(r["completions/mean_length"] for r in rows) * PROMPTS * G
-    prompt_tok = 5.0 * PROMPTS * G  # arithmetic prompts are 4-5 characters
+    completions = workload.prompts * workload.generations
+    gen_tok = statistics.mean(r["completions/mean_length"] for r in rows) * completions
+    prompt_tok = workload.prompt_tokens * completions
     syncs = [r for r in read_metrics(cfg.output_dir) if "sync/mb" in r]  # every sync after the first step
     sync_s = statistics.median(r["time/sync"] for r in syncs) if syncs else float("nan")
     sync_rate = statistics.median(r["time/sync_mb_per_s"] for r in syncs) if syncs else float("nan")
     lag0 = [r for r in read_metrics(cfg.output_dir) if r["lag"] == 0 and "sampling/logp_diff_max" in r]
     gap = statistics.median(r["sampling/logp_diff_max"] for r in lag0) if lag0 else float("nan")
     tv0 = statistics.median(r["tv/pi_k_alpha"] for r in lag0) if lag0 else float("nan")
-    return Row(name, 1 / wall, gen_tok, gen_tok + prompt_tok, phases, sync_s, sync_rate, v, diagnostics, gap, tv0)
+    calls = [r for r in rows if r.get("sampling/call_tokens")]
+    sampler_rate = (sum(r["sampling/call_tokens"] for r in calls)
+                    / sum(r["sampling/call_tokens"] / r["time/sampler_tokens_per_s"] for r in calls)) if calls else float("nan")
+    return Row(name, 1 / wall, gen_tok, gen_tok + prompt_tok, phases, sync_s, sync_rate, v, diagnostics, gap, tv0,
+               sampler_tokens_per_s=sampler_rate)
 
 
 TRL_SCRIPT = r'''
@@ -163,11 +205,12 @@ from trl import GRPOConfig, GRPOTrainer
 model_dir, out, use_vllm, dtype, steps = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4], int(sys.argv[5])
 sys.path.insert(0, sys.argv[6])
 attn = sys.argv[7]
-from llm.tasks import arithmetic_task
-task = arithmetic_task()
-ds = Dataset.from_dict({"prompt": list(task.prompts) * 4, "answer": list(task.answers) * 4})
+spec = json.loads(open(sys.argv[8]).read())
+import llm.tasks
+score = getattr(llm.tasks, spec["reward"])
+ds = Dataset.from_dict({"prompt": spec["prompts"], "answer": spec["answers"]})
 def reward(completions, answer, **kw):
-    return [float(c.strip() == a) for c, a in zip(completions, answer)]
+    return [float(score(c, a)) for c, a in zip(completions, answer)]
 times = []
 class Clock(TrainerCallback):
     def on_step_begin(self, args, state, control, **kw): self.t = time.perf_counter()
@@ -176,27 +219,31 @@ lengths = []
 class Len(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kw):
         if logs and "completions/mean_length" in logs: lengths.append(logs["completions/mean_length"])
-cfg = GRPOConfig(output_dir=out, per_device_train_batch_size=%(B)d, num_generations=%(G)d,
-                 max_completion_length=%(T)d, beta=0.0, num_iterations=1, learning_rate=1e-5, max_steps=steps,
-                 logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, bf16=dtype == "bfloat16",
-                 use_vllm=use_vllm, vllm_mode="colocate", temperature=1.0, top_k=0, top_p=1.0,
-                 dataloader_num_workers=0, shuffle_dataset=False,
+cfg = GRPOConfig(output_dir=out, per_device_train_batch_size=spec["batch"], num_generations=spec["generations"],
+                 max_completion_length=spec["max_tokens"], beta=0.0, num_iterations=1, learning_rate=1e-5,
+                 max_steps=steps, logging_steps=1, report_to=[], save_strategy="no", use_cpu=True,
+                 bf16=dtype == "bfloat16", use_vllm=use_vllm, vllm_mode="colocate", temperature=spec["temperature"],
+                 top_k=0, top_p=1.0, dataloader_num_workers=0, shuffle_dataset=False,
                  model_init_kwargs=None if attn == "auto" else {"attn_implementation": attn})
 trainer = GRPOTrainer(model=model_dir, reward_funcs=reward, args=cfg, train_dataset=ds, callbacks=[Clock(), Len()])
 trainer.train()
 print("RESULT " + json.dumps({"times": times, "lengths": lengths}))
-''' % dict(B=PROMPTS * G, G=G, T=MAX_TOKENS)
+'''
 
 
 def run_trl(model_dir: Path, dtype: str, out: Path, python: str, steps: int = 5,
-            attn: str = "auto") -> tuple[Row | None, str]:
-    script = out / "trl_bench.py"
+            attn: str = "auto", workload: Workload = BENCH, vllm: bool = True) -> tuple[Row | None, str]:
+    """TRL's GRPOTrainer on ``workload`` in ``python``'s environment: first with its vLLM colocate mode (``vllm``),
+    then generating with transformers; steps 2.. are timed (the first includes start-up)."""
+    script, spec = out / "trl_bench.py", out / "trl_workload.json"
     script.write_text(TRL_SCRIPT)
+    spec.write_text(json.dumps(workload.trl_spec()))
     notes = []
-    for use_vllm in (True, False):
+    for use_vllm in (True, False) if vllm else (False,):
         mode = "TRL vLLM colocate" if use_vllm else "TRL transformers generate"
         res = subprocess.run([python, str(script), str(model_dir), str(out / "trl"), "1" if use_vllm else "0",
-                              dtype, str(steps), str(ROOT), attn], capture_output=True, text=True, timeout=3600)
+                              dtype, str(steps), str(ROOT), attn, str(spec)], capture_output=True, text=True,
+                             timeout=3600)
         line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
         if res.returncode != 0 or not line:
             err = [ln.strip() for ln in (res.stderr or "").splitlines() if "Error" in ln or "error:" in ln]
@@ -206,8 +253,10 @@ def run_trl(model_dir: Path, dtype: str, out: Path, python: str, steps: int = 5,
         t = data["times"][1:]  # the first step includes start-up
         mean_len = statistics.mean(data["lengths"]) if data["lengths"] else float("nan")
         sec = statistics.mean(t)
-        gen_tok = mean_len * PROMPTS * G
-        return Row(mode, 1 / sec, gen_tok, gen_tok + 5.0 * PROMPTS * G, note="; ".join(notes)), "; ".join(notes)
+        completions = workload.prompts * workload.generations
+        gen_tok = mean_len * completions
+        row = Row(mode, 1 / sec, gen_tok, gen_tok + workload.prompt_tokens * completions, note="; ".join(notes))
+        return row, "; ".join(notes)
     return None, "; ".join(notes)
 
 

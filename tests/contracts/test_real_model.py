@@ -52,3 +52,30 @@ def _prompts_of(cfg, task, step):
     from llm.rollout import RolloutWindow
 
     return RolloutWindow(cfg, task.task, task.prompt_ids, None).prompts_of(step)[0]
+
+
+def test_the_real_model_benchmark_gives_trl_the_prompt_tokens_ours_trains_on(smollm2):
+    """``benchmarks/real_model.py`` hands TRL text prompts (TRL tokenises text as it is): rendered through the chat
+    template, they must tokenise to exactly the ids our trainer builds from the same config, every one of them,
+    and the workload's prompt length (the benchmark's arithmetic count) must be their mean."""
+    import sys
+
+    from transformers import AutoTokenizer
+
+    from llm import GRPOConfig
+    from llm.procedural import GeneratorSpec
+    from llm.sources import load_task
+    from tests.helpers import ROOT
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from real_model import real_workload
+
+    work = real_workload(smollm2)
+    cfg = GRPOConfig(model_name_or_path=str(smollm2), **work.config)
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    ours = load_task(cfg.dataset, generator=GeneratorSpec.from_config(cfg)).bind(tok, chat_template=True).prompt_ids
+    spec = work.trl_spec()
+    assert tok(spec["prompts"], add_special_tokens=False).input_ids == ours
+    assert spec["answers"] == list(work.trl_answers) and len(ours) > 500
+    assert work.prompt_tokens == sum(map(len, ours)) / len(ours) and 40 < work.prompt_tokens < 60
+    assert (spec["batch"], spec["generations"], spec["max_tokens"]) == (32, 8, 96)

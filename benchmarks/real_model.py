@@ -7,7 +7,8 @@ basic_arithmetic (two one-digit terms) with the chat template and an instruction
 1e-5. Rows, float32: ours with the in-process vLLM engine with the diagnostics off (``--no-verify-sync``: the step
 does what TRL's does), at the trainer's defaults (the sync check; the sequence-level TV and lag terms are always
 logged and need no pass), and at the defaults plus held-out estimates (``--heldout-prompts 2``: the unbiased bound
-terms); TRL's GRPOTrainer at the same settings. bfloat16: ours with the diagnostics off and TRL. Then the ratios the
+terms); with ``--server`` also vLLM's server in its own process (diagnostics off); TRL's GRPOTrainer at the same
+settings. bfloat16: ours with the diagnostics off and TRL. Then the ratios the
 docs quote (ours over TRL, bfloat16 over float32) and the sampler's rate as a share of the matmul rate.
 
 The end-to-end efficiency, x TRL and the phase columns are those of ``benchmarks/throughput.py`` (its docstring).
@@ -59,6 +60,9 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "runs" / "benchmark_real"))
     ap.add_argument("--skip-bf16", action="store_true", help="float32 rows only")
     ap.add_argument("--skip-heldout", action="store_true", help="skip the row with held-out estimates")
+    ap.add_argument("--skip-defaults", action="store_true", help="skip the rows with the default diagnostics")
+    ap.add_argument("--server", action="store_true",
+                    help="add a float32 row with vLLM's server in its own process (python -m llm.serve), diagnostics off")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -84,7 +88,18 @@ def main() -> int:
         common = dict(windows=2, attn=attn, workload=work)
         done(dtype, run_ours(f"ours vLLM v={V} diag off", model_dir, "vllm", V, dtype, out / dtype,
                              verify_sync=False, **common))
-        if dtype == "float32":
+        if dtype == "float32" and args.server:
+            from llm.serve import ServeConfig, ServerProcess
+
+            print("  starting vLLM's server for SmolLM2 (python -m llm.serve)", flush=True)
+            longest = max(len(p) for p in __import__("transformers").AutoTokenizer.from_pretrained(model_dir)(
+                list(work.trl_prompts), add_special_tokens=False).input_ids)
+            with ServerProcess(ServeConfig(model=str(model_dir), port=0, dtype=dtype,
+                                           max_model_len=longest + work.max_tokens),
+                               log=lambda *a: None, log_file=out / "server.log") as server:
+                done(dtype, run_ours(f"ours server v={V} diag off", model_dir, "server", V, dtype, out / dtype,
+                                     server_url=server.url, verify_sync=False, **common))
+        if dtype == "float32" and not args.skip_defaults:
             done(dtype, run_ours(f"ours vLLM v={V} defaults", model_dir, "vllm", V, dtype, out / dtype, **common))
             if not args.skip_heldout:
                 done(dtype, run_ours(f"ours vLLM v={V} defaults +heldout", model_dir, "vllm", V, dtype, out / dtype,
@@ -133,6 +148,8 @@ def report(rows: list[tuple[str, Row]], n_params: int, peak: dict[str, float], c
     print(f"  float32, diagnostics off / TRL: {ratio(('float32', off), trl32)} (target 2x)")
     print(f"  float32, default diagnostics / TRL: {ratio(('float32', defaults), trl32)} (target 1.6x)")
     print(f"  float32, defaults + held-out / TRL: {ratio(('float32', defaults + ' +heldout'), trl32)}")
+    server = ("float32", f"ours server v={V} diag off")
+    print(f"  float32, diagnostics off, server / in process: {ratio(server, ('float32', off))}")
     print(f"  ours bfloat16 / ours float32 (diagnostics off): {ratio(('bfloat16', off), ('float32', off))} "
           "(target 2x)")
     print(f"  ours bfloat16 / TRL bfloat16: {ratio(('bfloat16', off), trl16)}")

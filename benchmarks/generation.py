@@ -93,7 +93,8 @@ def main() -> int:
     for name, make in configurations(args.seqs):
         with engine_args(make):
             t0 = time.perf_counter()
-            sampler = VLLMSampler(str(model_dir), dtype=args.dtype, seed=0, max_model_len=max(map(len, prompts)) + args.max_tokens,
+            sampler = VLLMSampler(str(model_dir), dtype=args.dtype, seed=0,
+                                  max_model_len=max(map(len, prompts)) + args.max_tokens,
                                   eos_token_id=tok.eos_token_id, model_config=config, sequences=total)
             start = time.perf_counter() - t0
         sampler.generate(prompts, args.n, args.max_tokens, 1.0, seed=0)  # warm-up

@@ -5,7 +5,8 @@ the trainer's own function: shared prompts, chunked output layer) and the optimi
 of ``benchmarks/real_model.py``'s shape (4 prompts x G = 8 of SmolLM2-135M-Instruct's real prompts, completions of
 the given length), times the phase in float32 and under bfloat16 autocast (eager attention, as the benchmark), then
 profiles one pass of each with torch.profiler and sums the operators' own CPU time by kind: matrix products, attention,
-normalisation, elementwise arithmetic and activations, dtype casts, copies and layout, the optimiser, the rest.
+normalisation, elementwise arithmetic and activations, dtype casts and copies (``copy_``), layout, the optimiser,
+the rest.
 With ``--compile`` it also times the step with each decoder block under torch.compile (inductor), for each dtype.
 """
 
@@ -27,7 +28,7 @@ KINDS = (
     ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "mkldnn")),
     ("attention", ("attention", "aten::_softmax", "aten::softmax", "_softmax_backward")),
     ("optimiser", ("aten::_fused_adam", "_foreach", "aten::addcdiv", "aten::addcmul", "aten::lerp")),
-    ("casts", ("aten::to", "aten::_to_copy", "aten::copy_")),
+    ("casts/copies", ("aten::to", "aten::_to_copy", "aten::copy_")),
     ("norm (rms)", ("aten::rsqrt", "aten::pow", "aten::mean")),
     ("layout", ("aten::cat", "aten::index", "aten::clone", "aten::contiguous", "aten::transpose", "aten::view",
                 "aten::expand", "aten::slice", "aten::select", "aten::reshape", "aten::unsqueeze", "aten::permute",
@@ -107,7 +108,8 @@ def main() -> int:
                 times.append(time.perf_counter() - t0)
             sec = statistics.median(times)
             print(f"{dtype} {label}: optimise phase {sec:.2f} s (median of {args.reps}) for {tokens} tokens; "
-                  f"6N x tokens / (s x {dtype} matmul rate {rate / 1e9:.0f} GFLOP/s) = {6 * n * tokens / sec / rate:.0%}",
+                  f"6N x tokens / (s x {dtype} matmul rate {rate / 1e9:.0f} GFLOP/s) = "
+                  f"{6 * n * tokens / sec / rate:.0%}",
                   flush=True)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             optimise_once(model, opt, batch, precision)

@@ -48,7 +48,7 @@ def real_workload(model_dir: Path, prompts: int = 4, generations: int = 8, max_t
     task = load_task(TASK, generator=GeneratorSpec.from_config(GRPOConfig(**config)))
     tok = AutoTokenizer.from_pretrained(model_dir)
     ids = task.bind(tok, chat_template=True).prompt_ids
-    texts = tuple(tok.decode(p) for p in ids)  # tested: they tokenise back to ``ids`` (tests/contracts/test_real_model.py)
+    texts = tuple(tok.decode(p) for p in ids)  # they tokenise back to ``ids``: tests/contracts/test_real_model.py
     return Workload(prompts, generations, max_tokens, sum(map(len, ids)) / len(ids), 1.0, config, texts,
                     task.answers, "numeric_reward")
 
@@ -62,7 +62,8 @@ def main() -> int:
     ap.add_argument("--skip-heldout", action="store_true", help="skip the row with held-out estimates")
     ap.add_argument("--skip-defaults", action="store_true", help="skip the rows with the default diagnostics")
     ap.add_argument("--server", action="store_true",
-                    help="add a float32 row with vLLM's server in its own process (python -m llm.serve), diagnostics off")
+                    help="add a float32 row with vLLM's server in its own process (python -m llm.serve), "
+                         "diagnostics off")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -70,7 +71,9 @@ def main() -> int:
 
     model_dir = smollm2_dir(log=lambda *a: None)
     work = real_workload(model_dir)
-    n_params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+    from transformers import AutoModelForCausalLM
+
+    n_params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
     dtypes = ("float32",) if args.skip_bf16 else ("float32", "bfloat16")
     print(f"model: SmolLM2-135M-Instruct, {n_params / 1e6:.1f}M parameters; {TASK}, prompts {work.prompt_tokens:.1f} "
           f"tokens on average; {work.prompts} prompts x G={work.generations}, <= {work.max_tokens} tokens, v={V}; "

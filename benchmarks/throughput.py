@@ -190,8 +190,8 @@ def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: 
     gap = statistics.median(r["sampling/logp_diff_max"] for r in lag0) if lag0 else float("nan")
     tv0 = statistics.median(r["tv/pi_k_alpha"] for r in lag0) if lag0 else float("nan")
     calls = [r for r in rows if r.get("sampling/call_tokens")]
-    sampler_rate = (sum(r["sampling/call_tokens"] for r in calls)
-                    / sum(r["sampling/call_tokens"] / r["time/sampler_tokens_per_s"] for r in calls)) if calls else float("nan")
+    call_seconds = sum(r["sampling/call_tokens"] / r["time/sampler_tokens_per_s"] for r in calls)
+    sampler_rate = sum(r["sampling/call_tokens"] for r in calls) / call_seconds if calls else float("nan")
     return Row(name, 1 / wall, gen_tok, gen_tok + prompt_tok, phases, sync_s, sync_rate, v, diagnostics, gap, tv0,
                sampler_tokens_per_s=sampler_rate)
 

@@ -7,8 +7,8 @@ rate is generated tokens / seconds of that call, and its share of the float32 ma
 Configurations: vLLM's CPU defaults with chunked prefill off (which seeded requests need; docs/samplers.md), then
 the trainer's settings (``llm.sampling.vllm_settings``: 32-token blocks with prefix caching, a KV cache sized to
 the batch) at several ``max_num_seqs``. The defaults of the command are the window of ``benchmarks/real_model.py``
-(16 prompts x 8 completions of up to 96 tokens, the chat template's ~50-token prompts); ``--max-tokens 24
---prompts 48`` is the shorter job of docs/samplers.md's first measurement.
+(16 prompts x 8 completions of up to 96 tokens, the chat template's ~50-token prompts), the job of
+docs/samplers.md's measurement.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from throughput import matmul_flops  # noqa: E402
+from throughput import count_parameters, matmul_flops  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -78,11 +78,9 @@ def main() -> int:
     model_dir = smollm2_dir(log=lambda *a: None)
     tok = AutoTokenizer.from_pretrained(model_dir)
     work = real_workload(model_dir)
-    prompts = [tok(p, add_special_tokens=False).input_ids for p in work.trl_prompts[: args.prompts]]
+    prompts = [list(p) for p in work.prompt_ids[: args.prompts]]
     config = AutoConfig.from_pretrained(model_dir)
-    from transformers import AutoModelForCausalLM
-
-    n_params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+    n_params = count_parameters(model_dir)
     total = args.prompts * args.n
     print(f"SmolLM2-135M-Instruct ({n_params / 1e6:.1f}M), {args.dtype}: {args.prompts} prompts "
           f"({sum(map(len, prompts)) / len(prompts):.1f} tokens on average) x {args.n} completions of up to "

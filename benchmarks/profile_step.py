@@ -57,7 +57,7 @@ def real_batch(prompts: int, generations: int, length: int):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    prompt_ids = [tok(p, add_special_tokens=False).input_ids for p in work.trl_prompts[:prompts]]
+    prompt_ids = [list(p) for p in work.prompt_ids[:prompts]]
     g = torch.Generator().manual_seed(0)
     rows = [prompt_ids[i // generations] for i in range(prompts * generations)]
     comps = [torch.randint(0, len(tok), (length,), generator=g).tolist() for _ in rows]

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from throughput import (ROOT, SHOWN_PHASES, Row, Workload, cpu_description, matmul_flops, run_ours,  # noqa: E402
-                        run_trl, step_flops)
+from throughput import (ROOT, SHOWN_PHASES, Row, Workload, count_parameters, cpu_description,  # noqa: E402
+                        matmul_flops, run_ours, run_trl, step_flops)
 
 TASK = "reasoning_gym:basic_arithmetic"
 GENERATOR_KWARGS = ("min_terms=2", "max_terms=2", "min_digits=1", "max_digits=1")
@@ -49,8 +49,9 @@ def real_workload(model_dir: Path, prompts: int = 4, generations: int = 8, max_t
     tok = AutoTokenizer.from_pretrained(model_dir)
     ids = task.bind(tok, chat_template=True).prompt_ids
     texts = tuple(tok.decode(p) for p in ids)  # they tokenise back to ``ids``: tests/contracts/test_real_model.py
-    return Workload(prompts, generations, max_tokens, sum(map(len, ids)) / len(ids), 1.0, config, texts,
-                    task.answers, "numeric_reward")
+    return Workload(prompts, generations, max_tokens, prompt_tokens=sum(map(len, ids)) / len(ids), config=config,
+                    trl_prompts=texts, trl_answers=task.answers, prompt_ids=tuple(map(tuple, ids)),
+                    trl_reward="numeric_reward")
 
 
 def main() -> int:
@@ -71,9 +72,7 @@ def main() -> int:
 
     model_dir = smollm2_dir(log=lambda *a: None)
     work = real_workload(model_dir)
-    from transformers import AutoModelForCausalLM
-
-    n_params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+    n_params = count_parameters(model_dir)
     dtypes = ("float32",) if args.skip_bf16 else ("float32", "bfloat16")
     print(f"model: SmolLM2-135M-Instruct, {n_params / 1e6:.1f}M parameters; {TASK}, prompts {work.prompt_tokens:.1f} "
           f"tokens on average; {work.prompts} prompts x G={work.generations}, <= {work.max_tokens} tokens, v={V}; "
@@ -95,8 +94,7 @@ def main() -> int:
             from llm.serve import ServeConfig, ServerProcess
 
             print("  starting vLLM's server for SmolLM2 (python -m llm.serve)", flush=True)
-            longest = max(len(p) for p in __import__("transformers").AutoTokenizer.from_pretrained(model_dir)(
-                list(work.trl_prompts), add_special_tokens=False).input_ids)
+            longest = max(map(len, work.prompt_ids))
             with ServerProcess(ServeConfig(model=str(model_dir), port=0, dtype=dtype,
                                            max_model_len=longest + work.max_tokens),
                                log=lambda *a: None, log_file=out / "server.log") as server:

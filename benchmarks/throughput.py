@@ -56,6 +56,7 @@ class Workload:
     config: dict = field(default_factory=dict)
     trl_prompts: tuple = ()
     trl_answers: tuple = ()
+    prompt_ids: tuple = ()  # the prompts as our trainer tokenises them (the real model's workload)
     trl_reward: str = "exact_match_reward"
 
     def trl_spec(self) -> dict:
@@ -86,6 +87,13 @@ def build_bench_model(path: Path, dtype: str = "float32") -> Path:
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def count_parameters(model_dir: Path) -> int:
+    """N of the arithmetic counts: the parameters of the model saved in ``model_dir``."""
+    from transformers import AutoModelForCausalLM
+
+    return sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
 
 
 def matmul_flops(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
@@ -279,7 +287,7 @@ def main() -> int:
     from llm.tiny import cache_root
 
     model_dir = build_bench_model(cache_root() / "bench-qwen2-19m")
-    n_params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+    n_params = count_parameters(model_dir)
     print(f"model: Qwen2, {n_params / 1e6:.1f}M parameters; {PROMPTS} prompts x G={G}, <= {MAX_TOKENS} tokens, "
           f"{args.dtype}, attention {attn} (ours and TRL), torch threads {torch.get_num_threads()}", flush=True)
     dt = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32

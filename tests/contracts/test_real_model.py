@@ -75,7 +75,7 @@ def test_the_real_model_benchmark_gives_trl_the_prompt_tokens_ours_trains_on(smo
     tok = AutoTokenizer.from_pretrained(smollm2)
     ours = load_task(cfg.dataset, generator=GeneratorSpec.from_config(cfg)).bind(tok, chat_template=True).prompt_ids
     spec = work.trl_spec()
-    assert tok(spec["prompts"], add_special_tokens=False).input_ids == ours
+    assert tok(spec["prompts"], add_special_tokens=False).input_ids == ours == [list(p) for p in work.prompt_ids]
     assert spec["answers"] == list(work.trl_answers) and len(ours) > 500
     assert work.prompt_tokens == sum(map(len, ours)) / len(ours) and 40 < work.prompt_tokens < 60
     assert (spec["batch"], spec["generations"], spec["max_tokens"]) == (32, 8, 96)

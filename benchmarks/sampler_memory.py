@@ -55,15 +55,16 @@ def stages(model_dir: str) -> None:
     mark("policy loaded", weights_gb=round(sum(p.numel() * 4 for p in policy.parameters()) / 2**30, 3))
     w = WINDOW
     sequences = w["v"] * (w["prompts"] + w["heldout"]) * w["G"]
-    max_len = 128
-    args = cpu_engine_args(policy.config, "float32", max_len, sequences)
-    sampler = VLLMSampler(model_dir, dtype="float32", seed=0, max_model_len=max_len, eos_token_id=tok.eos_token_id,
-                          model_config=policy.config, sequences=sequences)
-    mark("vLLM engine started", kv_cache_gb=round(args["kv_cache_memory_bytes"] / 2**30, 3))
     prompt = tok.apply_chat_template([{"role": "user", "content": "Calculate 3 + 4.\nReply with the final answer "
                                                                    "only."}], add_generation_prompt=True)
     prompt = prompt if isinstance(prompt, list) else prompt["input_ids"]
     prompts = [prompt[:-3] + tok(str(i)).input_ids + prompt[-3:] for i in range(sequences // w["G"])]
+    longest = max(map(len, prompts))
+    max_len = longest + w["max_tokens"]  # as the trainer's llm.sampling.max_model_len
+    args = cpu_engine_args(policy.config, "float32", max_len, sequences, w["G"], longest)
+    sampler = VLLMSampler(model_dir, dtype="float32", seed=0, max_model_len=max_len, eos_token_id=tok.eos_token_id,
+                          model_config=policy.config, sequences=sequences, group=w["G"], prompt_tokens=longest)
+    mark("vLLM engine started", kv_cache_gb=round(args["kv_cache_memory_bytes"] / 2**30, 3), max_model_len=max_len)
     for k in range(2):
         sampler.generate(prompts, w["G"], w["max_tokens"], 0.7, k)
         mark(f"window {k + 1} generated")

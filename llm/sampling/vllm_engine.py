@@ -39,10 +39,11 @@ class VLLMSampler:
     name = "vllm"
 
     def __init__(self, model_path: str, *, dtype: str, seed: int, max_model_len: int, eos_token_id: int,
-                 model_config=None, sequences: int = 256, gpu_memory_utilization: float = 0.3,
-                 trust_remote_code: bool = False):
+                 model_config=None, sequences: int = 256, group: int = 1, prompt_tokens: int = 0,
+                 gpu_memory_utilization: float = 0.3, trust_remote_code: bool = False):
         """``model_config``: the model's transformers config (sizes the CPU KV cache; None: read from
-        ``model_path``); ``sequences``: completions per generation call (a window's)."""
+        ``model_path``); ``sequences``: completions per generation call (a window's), ``group`` per prompt of at
+        most ``prompt_tokens`` tokens (``llm.sampling.vllm_settings.kv_cache_blocks``)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in process: weights are shared by reference
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # set it to INFO to see the engine's own log
         from vllm import LLM
@@ -65,8 +66,8 @@ class VLLMSampler:
                 from transformers import AutoConfig
 
                 model_config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-            # no chunked prefill (seeded requests), a KV cache sized to the window
-            kwargs.update(cpu_engine_args(model_config, dtype, max_model_len, sequences))
+            # no chunked prefill (seeded requests), a KV cache sized to the window (a group shares its prompt)
+            kwargs.update(cpu_engine_args(model_config, dtype, max_model_len, sequences, group, prompt_tokens))
 
             from .weight_transfer import BACKEND, register
 
@@ -79,6 +80,7 @@ class VLLMSampler:
             raise ValueError(f"sampler: vLLM cannot run {model_path}: {first_line(exc)} (VLLM_LOGGING_LEVEL=INFO shows its "
                              "log; --sampler transformers avoids vLLM)") from None
         self.start_seconds = time.perf_counter() - t0
+        release_freed_memory()
         torch.set_num_threads(threads)  # vLLM drops torch to one thread for serving; the trainer needs them
         self.eos = eos_token_id
         self.transfer = None  # the trainer side of the weight transfer, opened at the first CPU sync
@@ -124,6 +126,8 @@ class VLLMSampler:
                 ids = list(o.token_ids)
                 comps.append(ids)
                 lps.append([float(d[t].logprob) for t, d in zip(ids, o.logprobs)])
+        del outs
+        release_freed_memory()
         return Rollout(comps, lps)
 
     def close(self) -> None:

@@ -16,8 +16,8 @@
   ``/reset_prefix_cache`` on a server); the sync check of the first step after it would show a stale one.
 - **128 sequences at once** (``max_num_seqs``): generation on a CPU is bound by arithmetic, so tokens per second
   hardly change between 96 and 256 sequences at once, while the KV cache grows with them.
-- **A KV cache sized to the job** (``kv_cache_bytes``): the tokens of the sequences that can run at once (a
-  window's completions, at most ``max_num_seqs``), each rounded up to whole cache blocks, instead of a fixed
+- **A KV cache sized to the job** (``kv_cache_blocks``): the blocks of the sequences that can run at once (a
+  window's completions, at most ``max_num_seqs``), a group's shared prompt blocks counted once, instead of a fixed
   2 GiB or vLLM's default (most of the machine). ``VLLM_CPU_KVCACHE_SPACE`` (GiB), when set, still wins.
 
 Measured on SmolLM2-135M-Instruct (float32, 2 cores; ``benchmarks/generation.py``): 16 prompts of ~50 tokens x 8
@@ -51,21 +51,43 @@ def kv_bytes_per_token(model_config, dtype: str) -> int:
     return 2 * model_config.num_hidden_layers * heads * head_dim * (4 if dtype == "float32" else 2)
 
 
-def kv_cache_bytes(model_config, dtype: str, max_model_len: int, sequences: int,
-                   max_seqs: int = CPU_MAX_SEQS) -> int:
-    """A KV cache holding ``min(sequences, max_seqs)`` sequences of ``max_model_len`` tokens (whole blocks) at once,
-    and never below ``MIN_KV_CACHE_BYTES``."""
+def kv_cache_blocks(max_model_len: int, sequences: int, max_seqs: int = CPU_MAX_SEQS, group: int = 1,
+                    prompt_tokens: int = 0) -> int:
+    """Cache blocks for ``min(sequences, max_seqs)`` sequences of up to ``max_model_len`` tokens running at once.
+
+    Without sharing (``group`` 1 or ``prompt_tokens`` unknown) each sequence gets whole blocks for its longest
+    length. With prefix caching the ``group`` completions of a prompt share its whole blocks: a prompt of p tokens
+    shares floor((p - 1) / B) of them (vLLM recomputes at least a prompt's last token) and each sequence then holds at
+    most ceil(T / B) + 1 blocks of its own for the rest of its prompt and its T = max_model_len - ``prompt_tokens``
+    completion tokens. The running sequences are sized as whole groups plus one partial group at each end (vLLM
+    admits a request's n completions together); more distinct prompts at once than that, or a cache still too small,
+    make vLLM preempt a sequence and recompute it later, which costs time and never changes what is sampled."""
     running = max(1, min(sequences, max_seqs))
-    blocks = running * math.ceil(max_model_len / CPU_BLOCK_SIZE)
+    whole = math.ceil(max_model_len / CPU_BLOCK_SIZE)
+    if group <= 1 or prompt_tokens <= 0:
+        return running * whole
+    shared = (prompt_tokens - 1) // CPU_BLOCK_SIZE
+    own = min(whole, math.ceil((max_model_len - prompt_tokens) / CPU_BLOCK_SIZE) + 1)
+    prompts = min(running, math.ceil(running / group) + 1)
+    return min(running * whole, running * own + prompts * shared)
+
+
+def kv_cache_bytes(model_config, dtype: str, max_model_len: int, sequences: int,
+                   max_seqs: int = CPU_MAX_SEQS, group: int = 1, prompt_tokens: int = 0) -> int:
+    """A KV cache of ``kv_cache_blocks`` blocks, and never below ``MIN_KV_CACHE_BYTES``."""
+    blocks = kv_cache_blocks(max_model_len, sequences, max_seqs, group, prompt_tokens)
     return max(MIN_KV_CACHE_BYTES, blocks * CPU_BLOCK_SIZE * kv_bytes_per_token(model_config, dtype))
 
 
-def cpu_engine_args(model_config, dtype: str, max_model_len: int, sequences: int) -> dict:
+def cpu_engine_args(model_config, dtype: str, max_model_len: int, sequences: int, group: int = 1,
+                    prompt_tokens: int = 0) -> dict:
     """Keyword arguments of a CPU engine (``vllm.LLM``) for sequences of up to ``max_model_len`` tokens,
-    ``sequences`` of them per generation call (a window's completions)."""
+    ``sequences`` of them per generation call (a window's completions), ``group`` per prompt of up to
+    ``prompt_tokens`` tokens (``kv_cache_blocks``)."""
     return dict(enable_chunked_prefill=False, max_num_batched_tokens=batched_tokens(max_model_len),
                 enable_prefix_caching=True, block_size=CPU_BLOCK_SIZE, max_num_seqs=CPU_MAX_SEQS,
-                kv_cache_memory_bytes=kv_cache_bytes(model_config, dtype, max_model_len, sequences))
+                kv_cache_memory_bytes=kv_cache_bytes(model_config, dtype, max_model_len, sequences, CPU_MAX_SEQS,
+                                                     group, prompt_tokens))
 
 
 def cpu_server_args(model_config, dtype: str, max_model_len: int, kv_bytes: int | None = None) -> list[str]:

@@ -1,4 +1,4 @@
-"""Where the seconds of the trainer's optimise phase go on the real model: ``python benchmarks/profile_step.py``.
+"""Where the seconds of the trainer's optimise phase go: ``python benchmarks/profile_step.py [--model benchmark]``.
 
 The optimise phase is the forward and backward of the policy over a step's batch (``llm.logprobs.forward_completions``,
 the trainer's own function: shared prompts, chunked output layer) and the optimiser step. This script builds a batch
@@ -7,7 +7,10 @@ the given length), times the phase in float32 and under bfloat16 autocast (eager
 profiles one pass of each with torch.profiler and sums the operators' own CPU time by kind: matrix products, attention,
 normalisation, elementwise arithmetic and activations, dtype casts and copies (``copy_``), layout, the optimiser,
 the rest.
-With ``--compile`` it also times the step with each decoder block under torch.compile (inductor), for each dtype.
+With ``--compile`` it also times the step with each decoder block compiled as the trainer's ``--compile`` does
+(``llm.model.compile_blocks``: inductor, dynamic shapes), for each dtype, after a first pass that compiles.
+``--model benchmark``: the same for the benchmark model of ``benchmarks/throughput.py`` (19.3M parameters, its 4
+arithmetic prompts x G = 16, completions of ``--length`` tokens, 48 by default: that benchmark's mean).
 """
 
 from __future__ import annotations
@@ -65,6 +68,26 @@ def real_batch(prompts: int, generations: int, length: int):
     return model_dir, make_batch(rows, comps, pad, torch.device("cpu"))
 
 
+def bench_batch(length: int):
+    """The benchmark model of ``benchmarks/throughput.py`` and a batch of its 4 prompts x G = 16 with ``length``-token
+    completions drawn at random from the vocabulary (EOS and padding excluded)."""
+    from llm.batch import make_batch
+    from llm.model import load_policy
+    from llm.tasks import arithmetic_task
+
+    from throughput import BENCH, build_bench_model
+
+    model_dir = build_bench_model(Path(__file__).resolve().parents[1] / "runs" / "bench_model")
+    _, tok = load_policy(str(model_dir), torch.device("cpu"))
+    prompts = [list(p) for p in arithmetic_task().bind(tok).prompt_ids[:BENCH.prompts]]
+    rows = [prompts[i // BENCH.generations] for i in range(BENCH.prompts * BENCH.generations)]
+    special = {tok.eos_token_id, tok.pad_token_id}
+    ids = [i for i in range(len(tok)) if i not in special]
+    g = torch.Generator().manual_seed(0)
+    comps = [[ids[j] for j in torch.randint(0, len(ids), (length,), generator=g).tolist()] for _ in rows]
+    return model_dir, make_batch(rows, comps, tok.pad_token_id, torch.device("cpu"))
+
+
 def optimise_once(model, opt, batch, precision) -> None:
     from llm.logprobs import forward_completions
 
@@ -76,14 +99,27 @@ def optimise_once(model, opt, batch, precision) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--length", type=int, default=96, help="completion tokens per sequence")
+    ap.add_argument("--model", choices=["real", "benchmark"], default="real",
+                    help="SmolLM2-135M-Instruct (real) or the throughput benchmark's 19.3M-parameter model")
+    ap.add_argument("--length", type=int, default=0,
+                    help="completion tokens per sequence (0: 96 for the real model, 48 for the benchmark model)")
     ap.add_argument("--reps", type=int, default=3, help="timed passes per dtype after one warm-up")
     ap.add_argument("--compile", action="store_true", help="also time the decoder under torch.compile")
     args = ap.parse_args()
-    from llm.model import Precision, load_policy
+    from llm.model import Precision, compile_blocks, load_policy
 
-    model_dir, batch = real_batch(4, 8, args.length)
+    if args.model == "real":
+        model_dir, batch = real_batch(4, 8, args.length or 96)
+    else:
+        model_dir, batch = bench_batch(args.length or 48)
     tokens = int(batch.attention_mask.sum())
+    from llm.logprobs import shared_prompts
+
+    shared = shared_prompts(batch)
+    run = tokens if shared is None else int(batch.attention_mask[shared[0], :batch.prompt_width].sum()
+                                            + batch.attention_mask[:, batch.prompt_width:].sum())
+    print(f"batch: {batch.size} sequences, {tokens} tokens; the decoder runs {run} positions "
+          + ("(each distinct prompt once)" if shared is not None else "(prompts too short to share)"), flush=True)
     for dtype in ("float32", "bfloat16"):
         model, _ = load_policy(str(model_dir), torch.device("cpu"), attn_implementation="eager"
                                if dtype == "bfloat16" else "auto")
@@ -94,10 +130,10 @@ def main() -> int:
         if args.compile:
             compiled, _ = load_policy(str(model_dir), torch.device("cpu"), attn_implementation="eager"
                                       if dtype == "bfloat16" else "auto")
-            for layer in compiled.get_decoder().layers:  # one graph per block, shared by all blocks
-                layer.compile()
+            compile_blocks(compiled)  # the trainer's --compile
             variants.append(("compiled", compiled))
-        rate = matmul_flops(getattr(torch, dtype), reps=3)
+        before = matmul_flops(getattr(torch, dtype))
+        medians = []
         for label, m in variants:
             o = opt if m is model else torch.optim.AdamW(m.parameters(), lr=1e-5)
             optimise_once(m, o, batch, precision)  # warm-up (and compilation)
@@ -106,10 +142,14 @@ def main() -> int:
                 t0 = time.perf_counter()
                 optimise_once(m, o, batch, precision)
                 times.append(time.perf_counter() - t0)
-            sec = statistics.median(times)
+            medians.append((label, statistics.median(times)))
+        after = matmul_flops(getattr(torch, dtype))
+        rate = max(before, after)  # the host's rate drifts; the larger of the two measurements, as the benchmarks
+        print(f"{dtype} matmul rate (2048^3) {before / 1e9:.0f} / {after / 1e9:.0f} GFLOP/s before / after", flush=True)
+        for label, sec in medians:
             print(f"{dtype} {label}: optimise phase {sec:.2f} s (median of {args.reps}) for {tokens} tokens; "
                   f"6N x tokens / (s x {dtype} matmul rate {rate / 1e9:.0f} GFLOP/s) = "
-                  f"{6 * n * tokens / sec / rate:.0%}",
+                  f"{6 * n * tokens / sec / rate:.0%}; over the positions run {6 * n * run / sec / rate:.0%}",
                   flush=True)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             optimise_once(model, opt, batch, precision)
@@ -117,6 +157,12 @@ def main() -> int:
         for ev in prof.key_averages():
             by_kind[kind(ev.key)] = by_kind.get(kind(ev.key), 0.0) + ev.self_cpu_time_total / 1e6
         total = sum(by_kind.values())
+        # FLOPs from a pass of their own: counting them slows the elementwise operators' records
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_flops=True) as counted:
+            optimise_once(model, opt, batch, precision)
+        mm_flops = sum(ev.flops for ev in counted.key_averages() if kind(ev.key) == "matmul")
+        print(f"  matrix products: {mm_flops / 1e9:.0f} GFLOP in {by_kind.get('matmul', 0.0):.2f} s = "
+              f"{mm_flops / max(by_kind.get('matmul', 0.0), 1e-9) / rate:.0%} of the {dtype} matmul rate")
         print(f"  profile of one pass ({dtype}, eager; operators' own CPU time, {total:.2f} s in all):")
         for k, s in sorted(by_kind.items(), key=lambda kv: -kv[1]):
             print(f"    {k:<12} {s:6.2f} s  {s / total:5.1%}")

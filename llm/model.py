@@ -161,6 +161,31 @@ def add_lora(model: torch.nn.Module, r: int, lora_alpha: float, target_modules: 
         raise ValueError(f"lora_target_modules: {first_line(exc, 200)}") from None
 
 
+#: Compiled graphs kept per decoder block: dynamo keys a block's graph on grad mode, autocast, whether the block gets
+#: a shared prompt's key-value cache (and, through the cache, its layer index), so each block has its own few graphs.
+GRAPHS_PER_BLOCK = 8
+
+
+def compile_blocks(model: torch.nn.Module) -> int:
+    """Compile each decoder block of ``model`` in place (``torch.compile``, inductor, dynamic shapes): the block's
+    elementwise work (norms, rotary embeddings, activations, autocast's casts) fused around its matmuls. The
+    parameters and the state dict stay the same objects under the same names (``Module.compile``), so the weight
+    sync, LoRA and checkpoints see the model as before. Returns the number of blocks."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
+        raise ValueError(f"compile: found no decoder blocks in {type(model).__name__} (model.get_decoder().layers); "
+                         "drop --compile for this model")
+    import torch._dynamo.config as dynamo
+
+    # every block runs the same forward code, whose graphs dynamo counts together
+    dynamo.recompile_limit = max(dynamo.recompile_limit, GRAPHS_PER_BLOCK * len(layers))
+    dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 2 * GRAPHS_PER_BLOCK * len(layers))
+    for layer in layers:
+        layer.compile(dynamic=True)
+    return len(layers)
+
+
 @dataclass(frozen=True)
 class Precision:
     """Mixed precision of the trainer's forward passes: float32 master weights and optimiser, matmuls in

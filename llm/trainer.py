@@ -38,7 +38,7 @@ from .config import GRPOConfig
 from .distributed import SINGLE, Ranks, close_ranks, collective_failure, init_ranks
 from .evaluation import evaluate
 from .logprobs import check_head
-from .model import add_lora, load_policy, resolve_device
+from .model import add_lora, compile_blocks, load_policy, resolve_device
 from .monitors import ExactJ, Output, PhaseTimer, RangeTracker, SilentOutput, StepCallback, Warnings, arithmetic
 from .passes import Passes
 from .phases import (Behaviour, Heldout, advantages, alpha_logprobs, diagnose, group_batch, heldout_before_update,
@@ -142,6 +142,8 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.use_peft:
         policy = add_lora(policy, config.lora_r, config.lora_alpha, config.lora_target_modules)
+    if config.compile:
+        log(f"compile: {compile_blocks(policy)} decoder blocks compile at their first passes (minutes on a CPU)")
     bound = task.bind(tokenizer, config.chat_template)  # prompt tokens once; indexed by prompt every step
     check_head(policy, make_batch(bound.prompt_ids[:2], [p[:3] for p in bound.prompt_ids[:2]], tokenizer.pad_token_id,
                                   device), config.temperature)  # the chunked log-probs know this output layer

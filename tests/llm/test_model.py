@@ -1,4 +1,4 @@
-"""llm.model: LoRA (merged weights for the sampler, adapters saved, learning) and the attention kernel."""
+"""llm.model: LoRA (merged weights for the sampler, adapters saved, learning), the attention kernel, compiled blocks."""
 
 import copy
 
@@ -8,7 +8,7 @@ import torch
 from llm import GRPOConfig, train
 from llm.batch import make_batch
 from llm.logprobs import forward_completions
-from llm.model import add_lora, frozen_copy, is_lora, load_policy, plain_state_dict
+from llm.model import add_lora, compile_blocks, frozen_copy, is_lora, load_policy, plain_state_dict
 from llm.rundir import read_metrics
 from llm.tiny import tiny_model_dir
 from tests.helpers import RTOL, same_gradient, sequences
@@ -131,3 +131,59 @@ def test_the_attention_kernel_asked_for_is_used_and_gives_the_same_logprobs(attn
     b.logp.sum().backward()
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         assert same_gradient(p.grad, q.grad, 1e-3)
+
+
+def test_compiled_blocks_give_the_same_logprobs_and_gradients():
+    """--compile: each decoder block compiled in place gives the eager model's log-probs and gradients (float32
+    rounding), on shared prompts (the blocks get a prompt's key-value cache) and without, with and without gradients;
+    the parameters keep their names, so the sync and checkpoints are unchanged; a copy (alpha's, pi_ref's) computes
+    with its own weights, not the original's."""
+    eager, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))
+    compiled, _ = load_policy(str(tiny_model_dir()), torch.device("cpu"))
+    names = list(compiled.state_dict())
+    assert compile_blocks(compiled) == len(eager.get_decoder().layers)
+    assert list(compiled.state_dict()) == names
+    prompts, comps = sequences(tok, 12)
+    batch = make_batch([prompts[j // 4] for j in range(12)], comps, tok.pad_token_id, "cpu")  # 3 groups of 4
+    for share in (True, False):
+        a = forward_completions(compiled, batch, 1.0, share_prompts=share)
+        b = forward_completions(eager, batch, 1.0, share_prompts=share)
+        assert torch.allclose(a.logp, b.logp, rtol=RTOL, atol=1e-5)
+        compiled.zero_grad(set_to_none=True)
+        eager.zero_grad(set_to_none=True)
+        a.logp.sum().backward()
+        b.logp.sum().backward()
+        for p, q in zip(compiled.parameters(), eager.parameters(), strict=True):
+            assert same_gradient(p.grad, q.grad, 1e-3)
+    copy_ = frozen_copy(compiled)
+    with torch.no_grad():
+        copy_.get_decoder().layers[0].mlp.down_proj.weight.zero_()
+        assert not torch.allclose(forward_completions(copy_, batch, 1.0).logp,
+                                  forward_completions(compiled, batch, 1.0).logp, atol=1e-3)
+        assert torch.allclose(forward_completions(compiled, batch, 1.0).logp, b.logp, rtol=RTOL, atol=1e-5)
+
+
+def test_a_model_without_decoder_blocks_is_refused_in_one_line():
+    with pytest.raises(ValueError, match=r"^compile: found no decoder blocks in Linear .*drop --compile") as err:
+        compile_blocks(torch.nn.Linear(2, 2))
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=r"^compile: is not tested with --fsdp"):
+        GRPOConfig(compile=True, fsdp=True)
+
+
+@pytest.mark.vllm
+def test_a_compiled_run_computes_the_eager_runs_numbers(tmp_path):
+    """Two steps at v = 2 with the in-process vLLM engine, with and without --compile, from the same seed: the same
+    samples and the same loss, gradient norm, TV and sync check, up to float32 rounding."""
+    from llm.sampling.vllm_engine import vllm_available
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed")
+    runs = [read_metrics(train(GRPOConfig(output_dir=str(tmp_path / f"c{c}"), sampler="vllm", max_steps=2,
+                                          sync_period=2, exact_j=False, compile=c, progress=False, logging_steps=100),
+                               log=lambda *a: None)) for c in (False, True)]
+    for eager, compiled in zip(*runs, strict=True):
+        assert compiled["reward"] == eager["reward"]  # the same samples
+        for key in ("loss", "grad_norm", "tv/pi_k_alpha", "is_weight/max", "entropy"):
+            assert compiled[key] == pytest.approx(eager[key], rel=1e-4, abs=1e-6), key
+    assert runs[1][0]["sampling/logp_diff_max"] < 1e-4

@@ -8,7 +8,8 @@ basic_arithmetic (two one-digit terms) with the chat template and an instruction
 does what TRL's does), at the trainer's defaults (the sync check; the sequence-level TV and lag terms are always
 logged and need no pass), and at the defaults plus held-out estimates (``--heldout-prompts 2``: the unbiased bound
 terms); with ``--server`` also vLLM's server in its own process (diagnostics off); TRL's GRPOTrainer at the same
-settings. bfloat16: ours with the diagnostics off and TRL. Then the ratios the
+settings. bfloat16: ours with the diagnostics off and TRL. ``--compile`` adds a row per dtype with the trainer's
+``--compile``, diagnostics off. Then the ratios the
 docs quote (ours over TRL, bfloat16 over float32) and the sampler's rate as a share of the matmul rate.
 
 The end-to-end efficiency, x TRL and the phase columns are those of ``benchmarks/throughput.py`` (its docstring).
@@ -65,6 +66,9 @@ def main() -> int:
     ap.add_argument("--server", action="store_true",
                     help="add a float32 row with vLLM's server in its own process (python -m llm.serve), "
                          "diagnostics off")
+    ap.add_argument("--compile", action="store_true",
+                    help="add a row per dtype with the trainer's --compile (each decoder block compiled), diagnostics "
+                         "off; its compilation falls in the untimed first window")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -90,6 +94,9 @@ def main() -> int:
         common = dict(windows=2, attn=attn, workload=work)
         done(dtype, run_ours(f"ours vLLM v={V} diag off", model_dir, "vllm", V, dtype, out / dtype,
                              verify_sync=False, **common))
+        if args.compile:
+            done(dtype, run_ours(f"ours vLLM v={V} diag off +compile", model_dir, "vllm", V, dtype, out / dtype,
+                                 verify_sync=False, compile=True, **common))
         if dtype == "float32" and args.server:
             from llm.serve import ServeConfig, ServerProcess
 
@@ -154,6 +161,11 @@ def report(rows: list[tuple[str, Row]], n_params: int, peak: dict[str, float], c
     print(f"  ours bfloat16 / ours float32 (diagnostics off): {ratio(('bfloat16', off), ('float32', off))} "
           "(target 2x)")
     print(f"  ours bfloat16 / TRL bfloat16: {ratio(('bfloat16', off), trl16)}")
+    if any(name.endswith("+compile") for _, name in by):
+        comp = off + " +compile"
+        print(f"  --compile: bfloat16 / float32: {ratio(('bfloat16', comp), ('float32', comp))}; bfloat16 over "
+              f"float32 without it: {ratio(('bfloat16', comp), ('float32', off))}; over eager, float32 "
+              f"{ratio(('float32', comp), ('float32', off))}, bfloat16 {ratio(('bfloat16', comp), ('bfloat16', off))}")
     if ("float32", off) in by:
         r = by["float32", off]
         print(f"  generation, float32, {V * work.prompts * work.generations} concurrent "

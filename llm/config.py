@@ -221,10 +221,10 @@ class GRPOConfig:
     compile: bool = False
     """Compile each decoder block with torch.compile (inductor, dynamic shapes), fusing its norms, rotary
     embeddings, activations and autocast's casts around the matmuls: the same log-probs and gradients up to float
-    rounding. The first passes compile (each block once per kind of pass: with and without gradients, with and
-    without a shared prompt): on SmolLM2-135M on 2 CPU cores about 4 minutes at the first step, and a minute or two
-    more at the first evaluation and diagnostics. Then the step's forward and backward ran 1.7x faster in bfloat16
-    on that model (docs/benchmarks.md); pays off on runs of many steps. Not with --fsdp (untested)."""
+    rounding. The first passes compile (each block once per kind of pass): 4-6 minutes on SmolLM2-135M on 2 CPU
+    cores. On that CPU it does not pay yet (docs/benchmarks.md): one batch's forward and backward 1.04x (float32)
+    and 1.08x (bfloat16) faster, the trainer's steps 1.00x and 1.01x; the output layer's log-softmax and its float32
+    casts, outside the blocks, are not compiled. Untested on a GPU; not with --fsdp."""
     share_prompts: bool = True
     """Run each distinct prompt of a pass through the decoder once and its G completions on its cached keys and values
     (gradients flow back into the prompt's pass), instead of every completion with its own copy of the prompt: the

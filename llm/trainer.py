@@ -52,6 +52,7 @@ from .sources import load_task
 from .tasks import TokenizedTask
 from .trackers import Trackers, check_trackers
 from .update import Objective, optimise
+from .vml import resolve_vml_dispatch
 from .weights import Weights
 
 #: Completions of the last step written to samples.jsonl at each checkpoint (the first of each of as many groups).
@@ -119,6 +120,7 @@ def train_rank(config: GRPOConfig, ranks: Ranks) -> Path:
 def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights, TokenizedTask, str]:
     """Load the task, the policy and its tokenizer, then the weights around it (``Weights.build``: the sampler on
     rank 0 holding alpha = the policy, the copies, the optimiser)."""
+    resolve_vml_dispatch()  # before any float operator runs on several threads (llm.vml)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     torch.manual_seed(config.seed)

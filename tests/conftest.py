@@ -15,6 +15,11 @@ settings.register_profile(
     "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
+# oneMKL's vector math chosen on one thread before any test's first multi-threaded float operator (llm.vml)
+from llm.vml import resolve_vml_dispatch  # noqa: E402
+
+resolve_vml_dispatch()
+
 
 # ---- fixtures several test modules use --------------------------------------------------------------
 

@@ -284,8 +284,14 @@ class OfflineClient:
 
 
 def register() -> None:
-    """Add ``gloo_cpu`` to vLLM's worker-side and trainer-side weight-transfer registries (idempotent)."""
+    """Add ``gloo_cpu`` to vLLM's worker-side and trainer-side weight-transfer registries (idempotent). As the
+    project's vLLM plugin it runs early in every vLLM process, before the model is built: it also resolves oneMKL's
+    vector math there (``llm.vml``), so the engine's rotary table is computed by the accurate kernels."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
+
+    from ..vml import resolve_vml_dispatch
+
+    resolve_vml_dispatch()
 
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(BACKEND, GlooWeightTransferEngine)

@@ -15,7 +15,7 @@ LAYERS = [
     ["grpo_theory.simulate", "grpo_theory.check", "grpo_theory.sigma_bias", "grpo_theory.experiments"],
     ["llm.config", "llm.metrics", "llm.clock"],  # settings and conventions, no torch
     ["llm.data", "llm.tasks", "llm.procedural", "llm.sources"],  # tasks and rewards
-    ["llm.distributed", "llm.model"],  # torch: processes and models
+    ["llm.distributed", "llm.model", "llm.vml"],  # torch: processes and models
     ["llm.batch", "llm.logprobs", "llm.loss", "llm.diagnostics"],  # tensors of a step
     ["llm.sampling.base", "llm.sampling.vllm_settings", "llm.sampling.weight_transfer", "llm.sampling.hf_generate",
      "llm.sampling.vllm_engine", "llm.sampling.server", "llm.sampling"],  # who holds alpha

@@ -13,8 +13,22 @@ from tests.helpers import CASES, RTOL64, optimise_case, same, same_gradient
 #: Metrics of two float32 runs: per-token log-probs differ by ~1e-6 with the batch's composition; the TV and bound
 #: estimates (exp of summed log-ratios, times weights up to 100) carry that, and after one Adam step (which scales
 #: near-zero gradient entries up to the learning rate) so do the weights. Measured: up to 2.4e-3 relative at
-#: step 0 and 6e-3 at step 1. A wrong split (a normaliser or a statistic per micro-batch) is off by order one.
+#: step 0 and 6e-3 at step 1 on an AMD EPYC host; on an Intel Xeon (AMX) host 3.9e-3 for the bound's terms at step
+#: 0. A wrong split (a normaliser or a statistic per micro-batch) is off by order one.
 RUN_RTOL, RUN_ATOL = 1e-2, 1e-4
+#: Theorem 1's estimated lower bound is a difference of its terms (surrogate - penalty_tv - penalty_lag), each
+#: several times its size (0.27 - 0.44 = -0.17 here), so its tolerance is RUN_RTOL of the terms, which are
+#: compared at RUN_RTOL themselves (Intel host: the terms 0.39% apart, the lower bound 1.0% of itself).
+BOUND_TERMS = {"lower": ("surrogate", "penalty_tv", "penalty_lag"),
+               "lower_tight": ("surrogate", "penalty_tv_tight", "penalty_lag_tight")}
+
+
+def run_atol(row: dict, key: str) -> float:
+    """RUN_ATOL, or for an estimated lower bound RUN_RTOL of the sum of its terms' magnitudes."""
+    prefix, _, name = key.rpartition("bound_est/")
+    if not prefix or name not in BOUND_TERMS:
+        return RUN_ATOL
+    return RUN_ATOL + RUN_RTOL * sum(abs(row[f"{prefix}bound_est/{t}"]) for t in BOUND_TERMS[name])
 
 
 @pytest.mark.parametrize("loss_type,ratio_level,mask", CASES)
@@ -61,5 +75,5 @@ def test_a_run_in_micro_batches_logs_the_unsplit_runs_metrics(tmp_path):
         assert keys == [k for k in rs if not k.startswith("time/")]
         assert "tv/pi_k_alpha_chain_ub_est" in keys and "insample/tv/pi_new_alpha_chain_ub_est" in keys
         for k in keys:
-            assert same(rw[k], rs[k], RUN_RTOL, RUN_ATOL), (rw["step"], k, rw[k], rs[k])
+            assert same(rw[k], rs[k], RUN_RTOL, run_atol(rw, k)), (rw["step"], k, rw[k], rs[k])
     assert split[1]["tv/pi_k_alpha_chain_ub_est"] > 0

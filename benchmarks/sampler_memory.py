@@ -1,5 +1,5 @@
 """Where the memory of the in-process vLLM sampler goes, on SmolLM2-135M-Instruct: ``python benchmarks/sampler_memory.py``
-(``make benchmark-memory`` runs it after ``benchmarks/memory.py``; about 3 minutes).
+(``make benchmark-memory`` runs it after ``benchmarks/memory.py``; about 5 minutes).
 
 Two parts, each in a fresh process so that one's memory does not hide in the other's:
 
@@ -7,7 +7,8 @@ Two parts, each in a fresh process so that one's memory does not hide in the oth
    the trainer's settings for a window (``llm.sampling.vllm_settings``: v = 4 x (8 + 4 held-out) prompts x G = 8,
    completions of up to 24 tokens); the first window generated; the first weight sync; a second window and sync.
 2. **Two training steps of llm.train** with ``--sampler vllm`` and ``--sampler transformers`` (the real-model
-   settings of ``make run-real``, evaluation off): the peak resident set size of each process (``ru_maxrss``).
+   settings of ``make run-real``, evaluation off): the peak resident set size of each process (``ru_maxrss``), at
+   the defaults (freed memory kept in the process) and with ``--no-keep-freed-memory``.
 
 Prints a table for each part; numbers are bytes as the kernel counts them (shared libraries included).
 """
@@ -72,7 +73,7 @@ def stages(model_dir: str) -> None:
         mark(f"sync {k + 1}", sync_gb=round(sampler.last_sync_bytes / 2**30, 3))
 
 
-def peak_of_a_run(model_dir: str, sampler: str) -> float:
+def peak_of_a_run(model_dir: str, sampler: str, extra: tuple[str, ...] = ()) -> float:
     """Part 2: the peak resident set size (GiB) of two steps of llm.train in a child process."""
     with tempfile.TemporaryDirectory() as out:
         code = ("import resource, runpy, sys; sys.argv = sys.argv[1:]\n"
@@ -80,7 +81,7 @@ def peak_of_a_run(model_dir: str, sampler: str) -> float:
                 "except SystemExit:\n    pass\n"
                 "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
         res = subprocess.run([sys.executable, "-c", code, "llm.train", "--model-name-or-path", model_dir, *REAL,
-                              "--sampler", sampler, "--output-dir", out], cwd=ROOT, capture_output=True, text=True)
+                              "--sampler", sampler, *extra, "--output-dir", out], cwd=ROOT, capture_output=True, text=True)
         peaks = [line for line in res.stdout.splitlines() if line.startswith("PEAK")]
         if res.returncode != 0 or not peaks:
             raise SystemExit(f"llm.train --sampler {sampler} failed: {res.stderr[-2000:]}")
@@ -108,10 +109,13 @@ def main() -> int:
         print(f"  {r['stage']:<24}{r['rss_gb']:>8.2f}{added:>8}  {notes}")
         prev = r["rss_gb"]
     print("\n2. peak resident set size of two steps of llm.train (make run-real's settings), GiB")
-    peaks = {s: peak_of_a_run(model_dir, s) for s in ("transformers", "vllm")}
-    for s, gb in peaks.items():
-        print(f"  --sampler {s:<14}{gb:>8.2f}")
-    print(f"  vllm - transformers  {peaks['vllm'] - peaks['transformers']:>+8.2f}")
+    print(f"  {'':<24}{'default':>10}{'--no-keep-freed-memory':>24}")
+    peaks = {(s, keep): peak_of_a_run(model_dir, s, () if keep else ("--no-keep-freed-memory",))
+             for s in ("transformers", "vllm") for keep in (True, False)}
+    for s in ("transformers", "vllm"):
+        print(f"  --sampler {s:<14}{peaks[s, True]:>10.2f}{peaks[s, False]:>24.2f}")
+    gap = {keep: peaks["vllm", keep] - peaks["transformers", keep] for keep in (True, False)}
+    print(f"  {'vllm - transformers':<24}{gap[True]:>+10.2f}{gap[False]:>+24.2f}")
     return 0
 
 

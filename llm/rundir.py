@@ -39,7 +39,8 @@ __all__ = ["RunDir", "read_metrics", "RESUMABLE_FIELDS"]
 RESUMABLE_FIELDS = {"max_steps", "logging_steps", "save_steps", "progress", "report_to", "num_threads", "output_dir",
                     "server_url", "server_timeout", "server_sync_address", "per_device_train_batch_size",
                     "gradient_checkpointing", "group_by_length", "attn_implementation", "logit_chunk_tokens",
-                    "trust_remote_code", "max_consecutive_skipped_updates", "fsdp", "share_prompts"}
+                    "trust_remote_code", "max_consecutive_skipped_updates", "fsdp", "share_prompts",
+                    "keep_freed_memory"}
 
 
 def tensor_bytes(obj) -> int:

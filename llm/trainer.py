@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from runkit.cli import RunError
+from runkit.host_memory import keep_freed_memory
 from runkit.interrupt import GracefulStop
 
 from .batch import make_batch
@@ -123,6 +124,8 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
     resolve_vml_dispatch()  # before any float operator runs on several threads (llm.vml)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
+    if config.keep_freed_memory:
+        keep_freed_memory()
     torch.manual_seed(config.seed)
     device = resolve_device(config.device)
     if ranks.active and device.type == "cuda":

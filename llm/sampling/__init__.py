@@ -53,7 +53,8 @@ def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, ma
                            max_model_len=max_model_len(policy, config, max_prompt_tokens),
                            eos_token_id=tokenizer.eos_token_id, model_config=policy.config,
                            sequences=window_completions(config), group=config.num_generations,
-                           prompt_tokens=max_prompt_tokens, trust_remote_code=config.trust_remote_code)
+                           prompt_tokens=max_prompt_tokens, trust_remote_code=config.trust_remote_code,
+                           trim_memory=not config.keep_freed_memory)
     return TransformersSampler(policy, tokenizer.eos_token_id, tokenizer.pad_token_id)
 
 

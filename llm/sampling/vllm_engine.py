@@ -19,6 +19,7 @@ import time
 import torch
 
 from runkit.cli import first_line
+from runkit.host_memory import release_freed_memory
 
 from .base import Rollout
 
@@ -40,10 +41,12 @@ class VLLMSampler:
 
     def __init__(self, model_path: str, *, dtype: str, seed: int, max_model_len: int, eos_token_id: int,
                  model_config=None, sequences: int = 256, group: int = 1, prompt_tokens: int = 0,
-                 gpu_memory_utilization: float = 0.3, trust_remote_code: bool = False):
+                 gpu_memory_utilization: float = 0.3, trust_remote_code: bool = False, trim_memory: bool = True):
         """``model_config``: the model's transformers config (sizes the CPU KV cache; None: read from
         ``model_path``); ``sequences``: completions per generation call (a window's), ``group`` per prompt of at
-        most ``prompt_tokens`` tokens (``llm.sampling.vllm_settings.kv_cache_blocks``)."""
+        most ``prompt_tokens`` tokens (``llm.sampling.vllm_settings.kv_cache_blocks``); ``trim_memory``: hand the
+        memory a sync or a generation call freed back to the system after it (``release_freed_memory``), which the
+        trainer's next pass then faults in again (off when the run keeps freed memory: ``keep_freed_memory``)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in process: weights are shared by reference
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # set it to INFO to see the engine's own log
         from vllm import LLM
@@ -80,7 +83,8 @@ class VLLMSampler:
             raise ValueError(f"sampler: vLLM cannot run {model_path}: {first_line(exc)} (VLLM_LOGGING_LEVEL=INFO shows its "
                              "log; --sampler transformers avoids vLLM)") from None
         self.start_seconds = time.perf_counter() - t0
-        release_freed_memory()
+        self.trim_memory = trim_memory
+        release_freed_memory()  # once: the engine's start-up buffers
         torch.set_num_threads(threads)  # vLLM drops torch to one thread for serving; the trainer needs them
         self.eos = eos_token_id
         self.transfer = None  # the trainer side of the weight transfer, opened at the first CPU sync
@@ -103,7 +107,8 @@ class VLLMSampler:
             self.transfer.send_weights()
             if not self.llm.reset_prefix_cache():  # cached keys and values are the old weights'
                 raise RuntimeError("sampler: vLLM refused to empty its prefix cache after a weight sync")
-            release_freed_memory()
+            if self.trim_memory:
+                release_freed_memory()
         self.last_sync_bytes = source.nbytes()
         torch.set_num_threads(threads)
 
@@ -127,7 +132,8 @@ class VLLMSampler:
                 comps.append(ids)
                 lps.append([float(d[t].logprob) for t, d in zip(ids, o.logprobs)])
         del outs
-        release_freed_memory()
+        if self.trim_memory:
+            release_freed_memory()
         return Rollout(comps, lps)
 
     def close(self) -> None:
@@ -136,16 +142,3 @@ class VLLMSampler:
             self.transfer = None
         self.llm = None
 
-
-def release_freed_memory() -> None:
-    """Hand the heap memory freed since the last call back to the system (glibc's ``malloc_trim``; elsewhere a
-    no-op). A CPU sync's transfer buffers are freed but stay resident otherwise: measured on SmolLM2-135M-Instruct,
-    the process holds 0.67 GB less after the first sync and 1.1 GB less after the second
-    (``benchmarks/sampler_memory.py``)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-    if trim is not None:
-        trim(0)

@@ -8,7 +8,7 @@ from tests.helpers import ROOT
 
 #: Layers, lowest first; a module may import its own layer and those listed before it.
 LAYERS = [
-    ["runkit", "runkit.cli", "runkit.interrupt", "runkit.net", "runkit.runio", "runkit.tables", "runkit.validation"],
+    ["runkit", "runkit.cli", "runkit.host_memory", "runkit.interrupt", "runkit.net", "runkit.runio", "runkit.tables", "runkit.validation"],
     ["grpo_theory.validation", "grpo_theory.numerics", "grpo_theory.core", "grpo_theory.estimators",
      "grpo_theory.amplification", "grpo_theory.instances", "grpo_theory.symbolic", "grpo_theory.corrections",
      "grpo_theory.sync_policy", "grpo_theory"],

@@ -2,12 +2,13 @@
 
 On CPU, vLLM repacks every linear layer's weight at load time (oneDNN or sgl-kernel) and keeps only the
 packed copy, so neither ``model.load_weights`` nor an in-place copy reaches the weights the forward pass
-uses. The sync therefore goes through vLLM's weight-transfer API with the project's ``gloo_cpu``
-backend (``llm.sampling.weight_transfer``), exactly as for a separate server: vLLM's layerwise reload
-rebuilds the fused and repacked layers the way loading a checkpoint does, for every architecture vLLM
-loads. On CUDA the engine shares the process's GPU and its own ``load_weights`` is used. Every sync path
-must pass ``tests/test_vllm_sampler.py``: after a sync, the sampler's log-probs of sampled tokens equal
-the trainer's.
+uses. The sync therefore goes through vLLM's weight-transfer API with the project's ``local_cpu``
+backend (``llm.sampling.weight_transfer``: the trainer's tensors handed to the engine in this process by
+reference), the same four calls as for a separate server: vLLM's layerwise reload rebuilds the fused and
+repacked layers the way loading a checkpoint does, for every architecture vLLM loads. On CUDA the engine
+shares the process's GPU and its own ``load_weights`` is used. Every sync path must pass
+``tests/llm/test_vllm_engine.py``: after a sync, the sampler's log-probs of sampled tokens equal the
+trainer's.
 """
 
 from __future__ import annotations
@@ -41,12 +42,15 @@ class VLLMSampler:
 
     def __init__(self, model_path: str, *, dtype: str, seed: int, max_model_len: int, eos_token_id: int,
                  model_config=None, sequences: int = 256, group: int = 1, prompt_tokens: int = 0,
-                 gpu_memory_utilization: float = 0.3, trust_remote_code: bool = False, trim_memory: bool = True):
+                 gpu_memory_utilization: float = 0.3, trust_remote_code: bool = False, trim_memory: bool = True,
+                 weight_backend: str = "local_cpu"):
         """``model_config``: the model's transformers config (sizes the CPU KV cache; None: read from
         ``model_path``); ``sequences``: completions per generation call (a window's), ``group`` per prompt of at
         most ``prompt_tokens`` tokens (``llm.sampling.vllm_settings.kv_cache_blocks``); ``trim_memory``: hand the
         memory a sync or a generation call freed back to the system after it (``release_freed_memory``), which the
-        trainer's next pass then faults in again (off when the run keeps freed memory: ``keep_freed_memory``)."""
+        trainer's next pass then faults in again (off when the run keeps freed memory: ``keep_freed_memory``);
+        ``weight_backend``: the CPU sync's transport, ``local_cpu`` (the trainer's tensors by reference) or
+        ``gloo_cpu`` (the server's broadcast, here in one process)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in process: weights are shared by reference
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # set it to INFO to see the engine's own log
         from vllm import LLM
@@ -72,10 +76,10 @@ class VLLMSampler:
             # no chunked prefill (seeded requests), a KV cache sized to the window (a group shares its prompt)
             kwargs.update(cpu_engine_args(model_config, dtype, max_model_len, sequences, group, prompt_tokens))
 
-            from .weight_transfer import BACKEND, register
+            from .weight_transfer import register
 
             register()
-            kwargs["weight_transfer_config"] = WeightTransferConfig(backend=BACKEND)
+            kwargs["weight_transfer_config"] = WeightTransferConfig(backend=weight_backend)
         t0 = time.perf_counter()
         try:
             self.llm = LLM(**kwargs)
@@ -91,7 +95,7 @@ class VLLMSampler:
         self.last_sync_bytes = 0
 
     def load_weights(self, model: torch.nn.Module) -> None:
-        from .weight_transfer import CheckpointSource, GlooTrainerInitInfo, OfflineClient
+        from .weight_transfer import TRAINER_INIT_INFO, CheckpointSource, OfflineClient
 
         threads = torch.get_num_threads()
         source = CheckpointSource(model)
@@ -101,8 +105,9 @@ class VLLMSampler:
             if self.transfer is None:
                 from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
+                backend = self.llm.llm_engine.vllm_config.weight_transfer_config.backend
                 self.transfer = WeightTransferTrainerFactory.trainer_init(
-                    GlooTrainerInitInfo(rank=0), client=OfflineClient(self.llm), source=source)
+                    TRAINER_INIT_INFO[backend](rank=0), client=OfflineClient(self.llm), source=source)
             self.transfer.source = source
             self.transfer.send_weights()
             if not self.llm.reset_prefix_cache():  # cached keys and values are the old weights'

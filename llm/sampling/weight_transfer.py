@@ -14,8 +14,15 @@ built-in backends need GPUs (NCCL, CUDA IPC). This module adds ``gloo_cpu``:
   with checkpoint-format tensors, ``finalize_layerwise_reload`` at finish), which rebuilds the fused
   and CPU-repacked layers the way loading a checkpoint does.
 
-``register()`` adds the backend to both factories; it is also the project's ``vllm.general_plugins``
-entry point, so every vLLM process (an API server's engine core included) knows the backend.
+A second backend, ``local_cpu``, serves an engine in the trainer's own process (``llm.sampling.vllm_engine``): the
+trainer leaves its tensors in a process-local hand-off table and the worker's ``update_weights`` loads them from
+there by key, through the same layerwise reload: no flat buffer, no broadcast, none of the two copies of the
+weights that ``gloo_cpu`` makes (for SmolLM2-135M-Instruct, 0.6 GB each; seconds per sync: docs/benchmarks.md).
+vLLM reads the trainer's tensors without changing them (``tests/contracts/test_families.py`` checks the policy bit
+for bit after a sync).
+
+``register()`` adds both backends to both factories; it is also the project's ``vllm.general_plugins``
+entry point, so every vLLM process (an API server's engine core included) knows them.
 Only single-worker engines (tensor parallel 1) are supported here.
 """
 
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import datetime
+import uuid
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -39,6 +47,8 @@ from vllm.distributed.weight_transfer.base import (
 )
 
 BACKEND = "gloo_cpu"
+#: The backend of an engine in the trainer's process.
+LOCAL_BACKEND = "local_cpu"
 #: Seconds either side waits for the other at the rendezvous and during a broadcast.
 TIMEOUT_S = 300
 
@@ -77,22 +87,16 @@ def _group(store, rank: int, world_size: int):
     return torch.distributed.ProcessGroupGloo(store, rank, world_size, datetime.timedelta(seconds=TIMEOUT_S))
 
 
-class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
-    """Worker side: joins the trainer's gloo group, receives the flat buffers, loads them layerwise."""
+class CheckpointFormatEngine(WeightTransferEngine):
+    """Worker side, shared by both backends: tensors in checkpoint format, loaded through vLLM's layerwise reload
+    (started and finished around each round), on a single-worker engine."""
 
-    init_info_cls = GlooInitInfo
-    update_info_cls = GlooUpdateInfo
+    backend: ClassVar[str] = ""
 
     def __init__(self, config, vllm_config, device, model):
         super().__init__(config, vllm_config, device, model)
         if vllm_config.parallel_config.world_size != 1:
-            raise ValueError(f"{BACKEND}: only single-worker engines (tensor/pipeline parallel 1) are supported")
-        self.group = None
-
-    def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
-        store = torch.distributed.TCPStore(init_info.master_address, init_info.master_port, init_info.world_size,
-                                           is_master=False, timeout=datetime.timedelta(seconds=TIMEOUT_S))
-        self.group = _group(store, 1, init_info.world_size)
+            raise ValueError(f"{self.backend}: only single-worker engines (tensor/pipeline parallel 1) are supported")
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -108,6 +112,32 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         # The base class ends with torch.accelerator.synchronize(), which has nothing to do on CPU.
         self.receive_weights(self.parse_update_info(update_info))
 
+    def load(self, weights) -> None:
+        """``(name, tensor)`` pairs in checkpoint format into the model (inside a layerwise reload)."""
+        self.model.load_weights(weights=[(n, t) for n, t in weights if self._wants(n)])
+
+    def _wants(self, name: str) -> bool:
+        """Every tensor but a tied output layer the vLLM model does not have (Gemma computes the logits with the
+        embedding and has no ``lm_head``; Qwen2 keeps one, refreshed only when it arrives)."""
+        return not (name.startswith("lm_head.") and not hasattr(self.model, "lm_head"))
+
+
+class GlooWeightTransferEngine(CheckpointFormatEngine, WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
+    """Worker side: joins the trainer's gloo group, receives the flat buffers, loads them layerwise."""
+
+    backend = BACKEND
+    init_info_cls = GlooInitInfo
+    update_info_cls = GlooUpdateInfo
+
+    def __init__(self, config, vllm_config, device, model):
+        super().__init__(config, vllm_config, device, model)
+        self.group = None
+
+    def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
+        store = torch.distributed.TCPStore(init_info.master_address, init_info.master_port, init_info.world_size,
+                                           is_master=False, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+        self.group = _group(store, 1, init_info.world_size)
+
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
         if self.group is None:
             raise RuntimeError(f"{BACKEND}: init_weight_transfer_engine was not called")
@@ -116,16 +146,50 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
             flat = torch.empty(sum(s.numel() for s in shapes), dtype=getattr(torch, dtype_name))
             self.group.broadcast(flat, 0).wait()
             tensors = [t.view(s) for t, s in zip(flat.split([s.numel() for s in shapes]), shapes)]
-            self.model.load_weights(weights=[(update_info.names[i], t) for i, t in zip(idx, tensors)
-                                             if self._wants(update_info.names[i])])
-
-    def _wants(self, name: str) -> bool:
-        """Every tensor but a tied output layer the vLLM model does not have (Gemma computes the logits with the
-        embedding and has no ``lm_head``; Qwen2 keeps one, refreshed only when it arrives)."""
-        return not (name.startswith("lm_head.") and not hasattr(self.model, "lm_head"))
+            self.load((update_info.names[i], t) for i, t in zip(idx, tensors))
 
     def shutdown(self) -> None:
         self.group = None
+
+
+#: The in-process backend's hand-off table: key -> the trainer's (name, tensor) pairs of one round, held only while
+#: the worker loads them.
+_HANDOFF: dict[str, list[tuple[str, torch.Tensor]]] = {}
+
+
+@dataclass
+class LocalInitInfo(WeightTransferInitInfo):
+    """Worker side: the trainer's token, which its hand-off table holds only in the trainer's own process."""
+
+    token: str
+
+
+@dataclass
+class LocalUpdateInfo(WeightTransferUpdateInfo):
+    """One round: the key of its tensors in the hand-off table."""
+
+    key: str
+
+
+class LocalWeightTransferEngine(CheckpointFormatEngine, WeightTransferEngine[LocalInitInfo, LocalUpdateInfo]):
+    """Worker side of an engine in the trainer's process: loads the trainer's tensors from the hand-off table."""
+
+    backend = LOCAL_BACKEND
+    init_info_cls = LocalInitInfo
+    update_info_cls = LocalUpdateInfo
+
+    def init_transfer_engine(self, init_info: LocalInitInfo) -> None:
+        if init_info.token not in _HANDOFF:
+            raise RuntimeError(f"{LOCAL_BACKEND}: the trainer is not in this process (an engine in another process "
+                               f"needs {BACKEND})")
+
+    def receive_weights(self, update_info: LocalUpdateInfo) -> None:
+        if update_info.key not in _HANDOFF:
+            raise RuntimeError(f"{LOCAL_BACKEND}: no weights under {update_info.key!r} in this process")
+        self.load(_HANDOFF[update_info.key])
+
+    def shutdown(self) -> None:
+        pass
 
 
 @dataclass
@@ -186,6 +250,53 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
 
     def shutdown(self) -> None:
         self.group = None
+
+
+@dataclass
+class LocalTrainerInitInfo(TrainerInitInfo):
+    """Trainer side of ``local_cpu``: nothing to configure (the engine must be in this process)."""
+
+    backend: ClassVar[str] = LOCAL_BACKEND
+
+
+class LocalTrainerWeightTransferEngine(TrainerWeightTransferEngine[LocalTrainerInitInfo]):
+    """Trainer side of ``local_cpu``: each round leaves the source's tensors (the trainer's own, not copied) in the
+    hand-off table for the length of the worker's ``update_weights`` call."""
+
+    init_info_cls = LocalTrainerInitInfo
+
+    def __init__(self, *, client, source, token: str, is_sender=True):
+        super().__init__(client=client, source=source, is_sender=is_sender)
+        self.token = token
+        self.version = 0
+
+    @classmethod
+    def trainer_init(cls, init_info: LocalTrainerInitInfo, *, client, source=None):
+        if source is None:
+            raise ValueError(f"{LOCAL_BACKEND}: needs a WeightSource (CheckpointSource(model))")
+        token = uuid.uuid4().hex
+        _HANDOFF[token] = []  # marks this process as the trainer's for the worker's check
+        try:
+            client.init_weight_transfer_engine({"token": token})
+        finally:
+            del _HANDOFF[token]
+        return cls(client=client, source=source, token=token)
+
+    def send_weights(self, weight_version: str | None = None) -> None:
+        """One full round: the worker loads every tensor of the source, layerwise."""
+        key = f"{self.token}/{self.version}"
+        _HANDOFF[key] = [(name, t.detach()) for name, t in self.source]
+        try:
+            self.client.start_weight_update()
+            self.client.update_weights({"key": key})
+        finally:
+            del _HANDOFF[key]
+        self.version += 1
+        self.client.finish_weight_update(weight_version if weight_version is not None else str(self.version))
+
+
+#: The trainer-side init info of each backend, for an engine in this process (its defaults: a loopback rendezvous).
+TRAINER_INIT_INFO = {BACKEND: GlooTrainerInitInfo, LOCAL_BACKEND: LocalTrainerInitInfo}
 
 
 class CheckpointSource(WeightSource):
@@ -284,7 +395,8 @@ class OfflineClient:
 
 
 def register() -> None:
-    """Add ``gloo_cpu`` to vLLM's worker-side and trainer-side weight-transfer registries (idempotent). As the
+    """Add ``gloo_cpu`` and ``local_cpu`` to vLLM's worker-side and trainer-side weight-transfer registries
+    (idempotent). As the
     project's vLLM plugin it runs early in every vLLM process, before the model is built: it also resolves oneMKL's
     vector math there (``llm.vml``), so the engine's rotary table is computed by the accurate kernels."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
@@ -293,7 +405,9 @@ def register() -> None:
 
     resolve_vml_dispatch()
 
-    if BACKEND not in WeightTransferEngineFactory._registry:
-        WeightTransferEngineFactory.register_engine(BACKEND, GlooWeightTransferEngine)
-    if BACKEND not in WeightTransferTrainerFactory._registry:
-        WeightTransferTrainerFactory.register_engine(BACKEND, GlooTrainerWeightTransferEngine)
+    for name, worker, trainer in ((BACKEND, GlooWeightTransferEngine, GlooTrainerWeightTransferEngine),
+                                  (LOCAL_BACKEND, LocalWeightTransferEngine, LocalTrainerWeightTransferEngine)):
+        if name not in WeightTransferEngineFactory._registry:
+            WeightTransferEngineFactory.register_engine(name, worker)
+        if name not in WeightTransferTrainerFactory._registry:
+            WeightTransferTrainerFactory.register_engine(name, trainer)

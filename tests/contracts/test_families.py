@@ -27,7 +27,9 @@ def test_sync_is_exact_for_every_family(family, tmp_path):
         for round_ in range(2):
             perturb(policy, round_)
             assert max_logp_gap(sampler, policy, tok, seed=round_) > 100 * SYNC_ATOL, "stale until synced"
-            sampler.load_weights(policy)
+            before = {k: v.clone() for k, v in policy.state_dict().items()}
+            sampler.load_weights(policy)  # the engine reads the trainer's own tensors (llm.sampling.weight_transfer)
+            assert all(torch.equal(v, before[k]) for k, v in policy.state_dict().items()), "a sync changed the policy"
             assert max_logp_gap(sampler, policy, tok, seed=round_) <= SYNC_ATOL
         prompts = [tok("1+2=").input_ids, tok("7+5=").input_ids]
         assert probe_sync(sampler, policy, prompts, tok.pad_token_id, 1.0, Precision(), SYNC_ATOL) <= SYNC_ATOL

@@ -3,7 +3,8 @@
 The optimise phase is the forward and backward of the policy over a step's batch (``llm.logprobs.forward_completions``,
 the trainer's own function: shared prompts, chunked output layer) and the optimiser step. This script builds a batch
 of ``benchmarks/real_model.py``'s shape (4 prompts x G = 8 of SmolLM2-135M-Instruct's real prompts, completions of
-the given length), times the phase in float32 and under bfloat16 autocast (eager attention, as the benchmark), then
+the given length), times the phase in float32 and under bfloat16 autocast (eager attention, as the benchmark), with
+the trainer's process settings (``keep_freed_memory``, ``llm.vml``; ``--no-keep-freed-memory`` for glibc's default), then
 profiles one pass of each with torch.profiler and sums the operators' own CPU time by kind: matrix products, attention,
 normalisation, elementwise arithmetic and activations, dtype casts and copies (``copy_``), layout, the optimiser,
 the rest.
@@ -105,7 +106,17 @@ def main() -> int:
                     help="completion tokens per sequence (0: 96 for the real model, 48 for the benchmark model)")
     ap.add_argument("--reps", type=int, default=3, help="timed passes per dtype after one warm-up")
     ap.add_argument("--compile", action="store_true", help="also time the decoder under torch.compile")
+    ap.add_argument("--no-keep-freed-memory", dest="keep", action="store_false",
+                    help="let glibc return large blocks at every free, as before the trainer's keep_freed_memory")
     args = ap.parse_args()
+    from llm.vml import resolve_vml_dispatch
+    from runkit.host_memory import keep_freed_memory
+
+    resolve_vml_dispatch()  # as the trainer's setup does
+    if args.keep:
+        keep_freed_memory()
+    print(f"freed memory {'kept in the process (the trainer default)' if args.keep else 'returned at every free'}",
+          flush=True)
     from llm.model import Precision, compile_blocks, load_policy
 
     if args.model == "real":

@@ -69,6 +69,86 @@ class LogitHead:
         return torch.log_softmax(self.logits(hidden), dim=-1)
 
 
+    @property
+    def scale(self) -> float | None:
+        """The factor the output layer's logits are multiplied by (1 / (divisor x T)), or None when the head
+        applies a transform that is not a scale (a softcap)."""
+        return None if self.softcap else 1.0 / (self.divisor * self.temperature)
+
+
+class _ScaledHeadLogprobs(torch.autograd.Function):
+    """log softmax(s x hidden W^T) at the target tokens, chunk by chunk, with the softmax's gradient written out.
+
+    Forward, per chunk of ``rows`` rows: the logits z (the matmul in the compute dtype: autocast's, else the
+    weight's), widened to float32 at least, their log-softmax, the targets' log-probs, the log-normaliser
+    lse = z_t - log p_t and, if asked, the entropy -sum p log p; only lse (n,) is kept. Backward: the chunk's
+    logits again, the gradient g (onehot - p) s of the logits in one buffer, and the two matmuls in the compute
+    dtype. With one chunk the probabilities p are kept instead of recomputed (at most ``LOGIT_CHUNK_BYTES``).
+    The same casts and matmuls as autograd through the plain head, with fewer passes over the (n, V) logits: no
+    recomputed log-softmax or entropy, no zero-filled gradient of the gather, no log-softmax backward; and the
+    chunks' weight gradients summed in float32 (autograd sums autocast's bf16 ones in bf16)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, scale: float, rows: int, entropy: bool):
+        device = hidden.device.type
+        compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+        wide = torch.promote_types(compute, torch.float32)
+        single = hidden.shape[0] <= rows and any(ctx.needs_input_grad[:2])  # one chunk, a backward to come
+        with torch.autocast(device, enabled=False):
+            w = weight.to(compute)
+            logp, lse, ent, kept = [], [], [], None
+            for s in range(0, hidden.shape[0], rows):
+                z = _wide_logits(hidden[s:s + rows], w, compute, wide, scale)
+                logq = torch.log_softmax(z, dim=-1)  # one kernel: 50 ms a SmolLM2 chunk against logsumexp's 65
+                t = targets[s:s + rows, None]
+                logp.append(logq.gather(-1, t).squeeze(-1))
+                lse.append(z.gather(-1, t).squeeze(-1) - logp[-1])  # the row's log-normaliser, for the backward
+                if entropy or single:
+                    p = logq.exp() if entropy else logq.exp_()
+                    if entropy:  # -sum p log p: non-negative terms (lse - sum p z cancels when it is small)
+                        ent.append(-torch.linalg.vecdot(p, logq))
+                    kept = p if single else None
+        lse = torch.cat(lse)
+        ctx.save_for_backward(hidden, weight, targets, lse, kept if kept is not None else torch.empty(0))
+        ctx.meta = (compute, wide, scale, rows, kept is not None)
+        out = torch.cat(logp)
+        ent = torch.cat(ent) if entropy else out.new_zeros(0)
+        ctx.mark_non_differentiable(ent)
+        return out, ent
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy):
+        hidden, weight, targets, lse, kept = ctx.saved_tensors
+        compute, wide, scale, rows, have_p = ctx.meta
+        need_h, need_w = ctx.needs_input_grad[:2]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=wide, device=weight.device) if need_w else None
+        w = weight.to(compute)
+        for s in range(0, hidden.shape[0], rows):
+            h, t, g = hidden[s:s + rows], targets[s:s + rows], grad_logp[s:s + rows].to(wide)
+            if have_p:
+                gz = kept * (-g[:, None])
+            else:
+                gz = _wide_logits(h, w, compute, wide, scale).sub_(lse[s:s + rows, None]).exp_().mul_(-g[:, None])
+            gz.scatter_add_(-1, t[:, None], g[:, None])  # d(z_t - lse)/dz = onehot - p
+            if scale != 1.0:
+                gz.mul_(scale)
+            gz = gz.to(compute)
+            if need_h:
+                grad_h[s:s + rows] = (gz @ w).to(hidden.dtype)
+            if need_w:
+                grad_w += (gz.T @ h.to(compute)).to(wide)
+        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None
+
+
+def _wide_logits(hidden: torch.Tensor, weight: torch.Tensor, compute: torch.dtype, wide: torch.dtype,
+                 scale: float) -> torch.Tensor:
+    """s x hidden W^T: the matmul in ``compute``, the result widened to ``wide`` (a buffer of its own)."""
+    z = hidden.to(compute) @ weight.T
+    z = z.to(wide) if z.dtype != wide else z
+    return z.mul_(scale) if scale != 1.0 else z
+
+
 def _token_stats(head: LogitHead, hidden: torch.Tensor, targets: torch.Tensor, entropy: bool):
     logp_full = head.logprobs(hidden)
     logp = logp_full.gather(-1, targets[:, None]).squeeze(-1)
@@ -85,6 +165,10 @@ def token_logprobs(head: LogitHead, hidden: torch.Tensor, targets: torch.Tensor,
     each chunk is checkpointed, so no chunk's logits outlive it."""
     rows = chunk_rows(head.vocab_size, chunk_tokens)
     n = hidden.shape[0]
+    weight = head.layer.weight
+    if head.scale is not None and getattr(head.layer, "bias", None) is None:
+        logp, ent = _ScaledHeadLogprobs.apply(hidden, weight, targets, head.scale, rows, entropy)
+        return logp, (ent if entropy else None)
     if n <= rows:
         return _token_stats(head, hidden, targets, entropy)
     recompute = torch.is_grad_enabled() and hidden.requires_grad

@@ -61,8 +61,11 @@ def test_no_logits_larger_than_a_chunk_exist(monkeypatch):
     """The output layer only ever sees ``chunk_tokens`` rows, in the gradient pass and in the TV diagnostics."""
     model, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))
     batch = make_batch(*sequences(tok, 6), tok.pad_token_id, "cpu")
-    seen, real = [], LogitHead.logits
+    import llm.logprobs as lp
+
+    seen, real, wide = [], LogitHead.logits, lp._wide_logits
     monkeypatch.setattr(LogitHead, "logits", lambda self, h: seen.append(h.shape[0]) or real(self, h))
+    monkeypatch.setattr(lp, "_wide_logits", lambda h, *a: seen.append(h.shape[0]) or wide(h, *a))  # the scaled head
     fwd = forward_completions(model, batch, 1.0, chunk_tokens=4, keep_hidden=True)
     fwd.logp.sum().backward()
     from llm.diagnostics import chain_tv_sum
@@ -102,3 +105,70 @@ def test_a_groups_prompt_runs_once_with_the_same_logprobs_and_gradients(family, 
     assert torch.allclose(shared.hidden[m], plain.hidden[m], rtol=RTOL64, atol=1e-12)
     for a, b in zip(shared_grads, plain_grads, strict=True):
         assert same_gradient(a, b, SHARED_GRAD_RTOL)
+
+
+def _head(V: int, H: int, dtype: torch.dtype, temperature: float) -> LogitHead:
+    """A bare output layer (seeded) as the trainer's head sees a model."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(H, V, bias=False).to(dtype)
+
+    class Model(torch.nn.Module):
+        config = type("Config", (), {})()
+
+        def __init__(self):
+            super().__init__()
+            self.out = layer
+
+        def get_output_embeddings(self):
+            return self.out
+
+    return LogitHead(Model(), temperature)
+
+
+def _grads(head: LogitHead, hidden: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, rows: int,
+           plain: bool, autocast: bool = False):
+    """log-probs, entropies and the gradients of sum w log p with respect to hidden and the output layer, through
+    the scaled head (``token_logprobs``) or autograd through the plain head (``plain``)."""
+    from torch.utils.checkpoint import checkpoint
+
+    from llm.logprobs import _token_stats, token_logprobs
+
+    head.layer.weight.grad = None
+    h = hidden.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        if plain:
+            parts = [checkpoint(_token_stats, head, h[s:s + rows], targets[s:s + rows], True, use_reentrant=False)
+                     for s in range(0, h.shape[0], rows)]
+            logp, ent = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        else:
+            logp, ent = token_logprobs(head, h, targets, rows, entropy=True)
+    (logp * weights.to(logp.dtype)).sum().backward()
+    return logp.detach(), ent, h.grad, head.layer.weight.grad.clone()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows", [1000, 70])  # one chunk (probabilities kept), several (recomputed)
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_scaled_head_equals_autograd_through_the_plain_head(dtype, rows, temperature):
+    head = _head(3000, 48, dtype, temperature)
+    hidden, targets = torch.randn(300, 48, dtype=dtype), torch.randint(0, 3000, (300,))
+    weights = torch.randn(300, dtype=torch.float64)
+    got, want = (_grads(head, hidden, targets, weights, rows, plain) for plain in (False, True))
+    rtol = RTOL64 if dtype == torch.float64 else RTOL
+    for a, b in zip(got, want, strict=True):
+        assert same_gradient(a, b, rtol)
+
+
+def test_the_scaled_head_under_bf16_autocast_is_as_accurate_as_autograd():
+    """Against a float64 reference: the log-probs and the hidden states' gradient as accurate as autograd's through
+    the plain head (the same bf16 matmuls), the output layer's gradient more (its chunks summed in float32)."""
+    head, head64 = _head(3000, 48, torch.float32, 1.0), _head(3000, 48, torch.float64, 1.0)
+    hidden, targets = torch.randn(2000, 48), torch.randint(0, 3000, (2000,))
+    weights = torch.randn(2000, dtype=torch.float64)
+    ref = _grads(head64, hidden.double(), targets, weights, 70, plain=False)
+    err = {plain: [float((a.double() - r).norm() / r.norm()) for a, r in
+                   zip(_grads(head, hidden, targets, weights, 70, plain, autocast=True), ref, strict=True)]
+           for plain in (False, True)}
+    new, old = err[False], err[True]
+    assert max(new) < 1e-2  # bf16 rounding
+    assert new[0] <= 1.01 * old[0] and new[2] <= 1.01 * old[2] and new[3] <= old[3], (new, old)

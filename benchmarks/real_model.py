@@ -8,9 +8,10 @@ basic_arithmetic (two one-digit terms) with the chat template and an instruction
 does what TRL's does), at the trainer's defaults (the sync check; the sequence-level TV and lag terms are always
 logged and need no pass), and at the defaults plus held-out estimates (``--heldout-prompts 2``: the unbiased bound
 terms); with ``--server`` also vLLM's server in its own process (diagnostics off); TRL's GRPOTrainer at the same
-settings. bfloat16: ours with the diagnostics off and TRL. ``--compile`` adds a row per dtype with the trainer's
-``--compile``, diagnostics off. Then the ratios the
-docs quote (ours over TRL, bfloat16 over float32) and the sampler's rate as a share of the matmul rate.
+settings, and again with glibc keeping freed memory as our trainer's ``keep_freed_memory`` does (``KEEP_FREED_ENV``:
+how much of the ratio to TRL the allocator setting alone would give TRL). bfloat16: ours with the diagnostics off
+and both TRL rows. ``--compile`` adds a row per dtype with the trainer's ``--compile``, diagnostics off. Then the
+ratios the docs quote (ours over TRL, bfloat16 over float32) and the sampler's rate as a share of the matmul rate.
 
 The end-to-end efficiency, x TRL and the phase columns are those of ``benchmarks/throughput.py`` (its docstring).
 """
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from throughput import (ROOT, SHOWN_PHASES, Row, Workload, count_parameters, cpu_description,  # noqa: E402
+from throughput import (KEPT, ROOT, SHOWN_PHASES, Row, Workload, count_parameters, cpu_description,  # noqa: E402
                         matmul_flops, run_ours, run_trl, step_flops)
 
 TASK = "reasoning_gym:basic_arithmetic"
@@ -63,6 +64,8 @@ def main() -> int:
     ap.add_argument("--skip-bf16", action="store_true", help="float32 rows only")
     ap.add_argument("--skip-heldout", action="store_true", help="skip the row with held-out estimates")
     ap.add_argument("--skip-defaults", action="store_true", help="skip the rows with the default diagnostics")
+    ap.add_argument("--skip-trl-kept", action="store_true",
+                    help="skip TRL's second row per dtype, with glibc keeping freed memory as our trainer does")
     ap.add_argument("--server", action="store_true",
                     help="add a float32 row with vLLM's server in its own process (python -m llm.serve), "
                          "diagnostics off")
@@ -112,11 +115,12 @@ def main() -> int:
             if not args.skip_heldout:
                 done(dtype, run_ours(f"ours vLLM v={V} defaults +heldout", model_dir, "vllm", V, dtype, out / dtype,
                                      heldout_prompts=2, **common))
-        if trl_ok:
-            trl, note = run_trl(model_dir, dtype, out / dtype, args.trl_python, steps=4, attn=attn, workload=work)
+        for kept in (False, True) if trl_ok and not args.skip_trl_kept else (False,) if trl_ok else ():
+            trl, note = run_trl(model_dir, dtype, out / dtype, args.trl_python, steps=4, attn=attn, workload=work,
+                                vllm=not kept, keep_freed_memory=kept)
             if trl is not None:
                 done(dtype, trl)
-            print(f"  TRL ({dtype}): {note or 'ran'}", flush=True)
+            print(f"  TRL ({dtype}{KEPT if kept else ''}): {note or 'ran'}", flush=True)
     for d in dtypes:
         rates[d].append(matmul_flops(getattr(torch, d), reps=3 if d == "bfloat16" else 10))
     peak = {d: max(r) for d, r in rates.items()}
@@ -132,19 +136,22 @@ def report(rows: list[tuple[str, Row]], n_params: int, peak: dict[str, float], c
     (held-out prompts' too) over the seconds of its calls; its share is of the same dtype's matmul rate."""
     print(f"\nCPU: {cpu}; matmul rates (2048^3, median, the larger of before/after): "
           + ", ".join(f"{d} {r / 1e9:.0f} GFLOP/s" for d, r in peak.items()) + "\n")
-    trl = {d: r for d, r in rows if r.name.startswith("TRL")}
+    trl = {d: r for d, r in rows if r.name.startswith("TRL") and not r.name.endswith(KEPT)}
+    trl_kept = {d: r for d, r in rows if r.name.startswith("TRL") and r.name.endswith(KEPT)}
     cols = [f"time/{p}" for p in SHOWN_PHASES]
     print("| configuration | dtype | steps/s | s/step | " + " | ".join(cols)
-          + " | tokens per completion | sampler tok/s | sampler / matmul | end-to-end eff. | x TRL |")
-    print("|" + "---|" * (len(cols) + 9))
+          + " | tokens per completion | sampler tok/s | sampler / matmul | end-to-end eff. | x TRL | x TRL"
+          + KEPT + " |")
+    print("|" + "---|" * (len(cols) + 10))
     for d, r in rows:
         eff = step_flops(n_params, r.gen_tokens, r.train_tokens) * r.steps_per_s / peak[d]
         gen_share = 2 * n_params * r.sampler_tokens_per_s / peak[d]
         vs = r.steps_per_s / trl[d].steps_per_s if d in trl else float("nan")
+        vs_kept = r.steps_per_s / trl_kept[d].steps_per_s if d in trl_kept else float("nan")
         times = " | ".join(f"{r.phases[c]:.2f}" if c in r.phases else "" for c in cols)
         length = r.gen_tokens / (work.prompts * work.generations)
         print(f"| {r.name} | {d} | {r.steps_per_s:.4f} | {1 / r.steps_per_s:.1f} | {times} | {length:.1f} | "
-              f"{r.sampler_tokens_per_s:.0f} | {gen_share:.0%} | {eff:.0%} | {vs:.2f} |")
+              f"{r.sampler_tokens_per_s:.0f} | {gen_share:.0%} | {eff:.0%} | {vs:.2f} | {vs_kept:.2f} |")
     by = {(d, r.name): r for d, r in rows}
 
     def ratio(a, b) -> str:
@@ -153,14 +160,18 @@ def report(rows: list[tuple[str, Row]], n_params: int, peak: dict[str, float], c
     off, defaults = f"ours vLLM v={V} diag off", f"ours vLLM v={V} defaults"
     trl32, trl16 = [(d, trl[d].name) if d in trl else (d, "TRL") for d in ("float32", "bfloat16")]
     print("\ntargets (steps/s ratios of this run):")
-    print(f"  float32, diagnostics off / TRL: {ratio(('float32', off), trl32)} (target 2x)")
-    print(f"  float32, default diagnostics / TRL: {ratio(('float32', defaults), trl32)} (target 1.6x)")
+    kept32, kept16 = [(d, trl_kept[d].name) if d in trl_kept else (d, "TRL") for d in ("float32", "bfloat16")]
+    print(f"  float32, diagnostics off / TRL: {ratio(('float32', off), trl32)} (target 2x); "
+          f"/ TRL{KEPT}: {ratio(('float32', off), kept32)}")
+    print(f"  float32, default diagnostics / TRL: {ratio(('float32', defaults), trl32)} (target 1.6x); "
+          f"/ TRL{KEPT}: {ratio(('float32', defaults), kept32)}")
     print(f"  float32, defaults + held-out / TRL: {ratio(('float32', defaults + ' +heldout'), trl32)}")
     server = ("float32", f"ours server v={V} diag off")
     print(f"  float32, diagnostics off, server / in process: {ratio(server, ('float32', off))}")
     print(f"  ours bfloat16 / ours float32 (diagnostics off): {ratio(('bfloat16', off), ('float32', off))} "
           "(target 2x)")
-    print(f"  ours bfloat16 / TRL bfloat16: {ratio(('bfloat16', off), trl16)}")
+    print(f"  ours bfloat16 / TRL bfloat16: {ratio(('bfloat16', off), trl16)}; / TRL{KEPT}: "
+          f"{ratio(('bfloat16', off), kept16)}")
     if any(name.endswith("+compile") for _, name in by):
         comp = off + " +compile"
         print(f"  --compile: bfloat16 / float32: {ratio(('bfloat16', comp), ('float32', comp))}; bfloat16 over "

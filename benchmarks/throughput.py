@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -239,19 +240,29 @@ print("RESULT " + json.dumps({"times": times, "lengths": lengths}))
 '''
 
 
+#: glibc's environment for a process that keeps freed memory as our trainer does (``keep_freed_memory``): TRL's
+#: process gets it for the row that asks how much of a speed-up is the allocator's.
+KEEP_FREED_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "2147483647"}
+#: The name suffix of that row.
+KEPT = ", freed memory kept"
+
+
 def run_trl(model_dir: Path, dtype: str, out: Path, python: str, steps: int = 5,
-            attn: str = "auto", workload: Workload = BENCH, vllm: bool = True) -> tuple[Row | None, str]:
+            attn: str = "auto", workload: Workload = BENCH, vllm: bool = True,
+            keep_freed_memory: bool = False) -> tuple[Row | None, str]:
     """TRL's GRPOTrainer on ``workload`` in ``python``'s environment: first with its vLLM colocate mode (``vllm``),
-    then generating with transformers; steps 2.. are timed (the first includes start-up)."""
+    then generating with transformers; steps 2.. are timed (the first includes start-up). ``keep_freed_memory``:
+    glibc set as our trainer sets it (``KEEP_FREED_ENV``; the row's name ends with ``KEPT``)."""
     script, spec = out / "trl_bench.py", out / "trl_workload.json"
     script.write_text(TRL_SCRIPT)
     spec.write_text(json.dumps(workload.trl_spec()))
     notes = []
     for use_vllm in (True, False) if vllm else (False,):
         mode = "TRL vLLM colocate" if use_vllm else "TRL transformers generate"
+        env = {**os.environ, **(KEEP_FREED_ENV if keep_freed_memory else {})}
         res = subprocess.run([python, str(script), str(model_dir), str(out / "trl"), "1" if use_vllm else "0",
                               dtype, str(steps), str(ROOT), attn, str(spec)], capture_output=True, text=True,
-                             timeout=3600)
+                             timeout=3600, env=env)
         line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
         if res.returncode != 0 or not line:
             err = [ln.strip() for ln in (res.stderr or "").splitlines() if "Error" in ln or "error:" in ln]
@@ -263,7 +274,8 @@ def run_trl(model_dir: Path, dtype: str, out: Path, python: str, steps: int = 5,
         sec = statistics.mean(t)
         completions = workload.prompts * workload.generations
         gen_tok = mean_len * completions
-        row = Row(mode, 1 / sec, gen_tok, gen_tok + workload.prompt_tokens * completions, note="; ".join(notes))
+        row = Row(mode + (KEPT if keep_freed_memory else ""), 1 / sec, gen_tok,
+                  gen_tok + workload.prompt_tokens * completions, note="; ".join(notes))
         return row, "; ".join(notes)
     return None, "; ".join(notes)
 

@@ -9,7 +9,8 @@ weights), the built-in arithmetic prompts, G = 16, 4 prompts per step (64 comple
 Columns: steps/s; the trainer's own ``time/<phase>`` metrics (mean seconds per step; ``time/sync`` includes
 the v - 1 steps without a sync); the end-to-end efficiency = the step's unavoidable arithmetic (2N FLOPs per
 generated token, 6N per trained token) / (seconds per step x the matmul rate of the same dtype measured in this
-run); the ratio to TRL's steps/s at the same dtype. Then a step-time model t(v) = per-step work + sync/v fitted
+run); the ratio to TRL's steps/s at the same dtype, and to TRL's with glibc keeping freed memory as our trainer
+does (``KEEP_FREED_ENV``). Then a step-time model t(v) = per-step work + sync/v fitted
 at v = 1, which predicts the v = 10 speed-up here and, fed with the paper's 7B timings, the sync cost those
 timings imply.
 
@@ -328,31 +329,38 @@ def main() -> int:
         done(run_ours("ours transformers v=1", model_dir, "transformers", 1, args.dtype, out, windows=2, attn=attn))
     trl_note = "TRL skipped"
     if args.trl_python and Path(args.trl_python).exists():
-        trl, trl_note = run_trl(model_dir, args.dtype, out, args.trl_python, attn=attn)
-        if trl is not None:
-            done(trl)
+        for kept in (False, True):  # the second: glibc keeping freed memory, as our trainer's keep_freed_memory
+            trl, note = run_trl(model_dir, args.dtype, out, args.trl_python, attn=attn, vllm=not kept,
+                                keep_freed_memory=kept)
+            trl_note = note if not kept else trl_note
+            if trl is not None:
+                done(trl)
     rates.append(matmul_flops(dt, reps=3 if dt == torch.bfloat16 else 10))
     peak = max(rates)
-    trl = next((r for r in rows if r.name.startswith("TRL")), None)
+    trl = next((r for r in rows if r.name.startswith("TRL") and not r.name.endswith(KEPT)), None)
+    trl_kept = next((r for r in rows if r.name.endswith(KEPT)), None)
 
     print(f"\nCPU: {cpu_description()}; {args.dtype} matmul rate measured in this run (2048x2048, median): "
           f"{rates[0] / 1e9:.0f} GFLOP/s before the runs, {rates[1] / 1e9:.0f} after; efficiency uses "
           f"{peak / 1e9:.0f}\n")
     cols = [f"time/{p}" for p in SHOWN_PHASES]
     print(f"| {'configuration':<24} | steps/s | s/step | " + " | ".join(cols)
-          + " | gen tok/s | end-to-end eff. | x TRL | s per sync | sync MB/s | lag-0 logp gap | lag-0 TV |")
-    print("|" + "---|" * (len(cols) + 10))
+          + f" | gen tok/s | end-to-end eff. | x TRL | x TRL{KEPT} | s per sync | sync MB/s | lag-0 logp gap | "
+          "lag-0 TV |")
+    print("|" + "---|" * (len(cols) + 11))
     for r in rows:
         eff = step_flops(n_params, r.gen_tokens, r.train_tokens) * r.steps_per_s / peak
         vs_trl = r.steps_per_s / trl.steps_per_s if trl is not None else float("nan")
+        vs_kept = r.steps_per_s / trl_kept.steps_per_s if trl_kept is not None else float("nan")
         times = " | ".join(f"{r.phases[c]:.3f}" if c in r.phases else "" for c in cols)
         print(f"| {r.name:<24} | {r.steps_per_s:7.3f} | {1 / r.steps_per_s:6.2f} | {times} | "
-              f"{r.gen_tokens_per_s:9.0f} | {eff:15.0%} | {vs_trl:5.2f} | {r.sync_seconds:10.3f} | "
+              f"{r.gen_tokens_per_s:9.0f} | {eff:15.0%} | {vs_trl:5.2f} | {vs_kept:5.2f} | {r.sync_seconds:10.3f} | "
               f"{r.sync_mb_per_s:9.0f} | {r.lag0_logp_gap:14.2g} | {r.lag0_tv:8.2g} |")
     (out / "results.json").write_text(json.dumps(
         {"dtype": args.dtype, "n_params": n_params, "matmul_flops": rates, "rows": [asdict(r) for r in rows]}, indent=1))
     print("\nend-to-end eff. = (2N x generated + 6N x trained tokens of a step) / (s per step x the matmul rate); "
-          "x TRL = steps/s over TRL's at the same dtype. '+diag': the TV and in-sample bound estimates on. "
+          f"x TRL = steps/s over TRL's at the same dtype (x TRL{KEPT}: over TRL's with glibc keeping freed memory, "
+          "as our trainer does). '+diag': the TV and in-sample bound estimates on. "
           "lag-0 logp gap / TV: medians over the steps right after a sync of the worst token's |log alpha (sampler) - "
           "log pi_k (trainer)| and of tv/pi_k_alpha, which is then 0 up to rounding: the precision's noise floor.")
     print(f"TRL: {trl_note or 'ran'}")

@@ -288,7 +288,8 @@ class GRPOConfig:
     no trim at ``free``; ``runkit.host_memory``) instead of handing every large block back to the system when it is
     freed, which makes each step fault its large tensors in anew. On SmolLM2-135M-Instruct on 2 CPU cores it made
     the optimise phase 1.7x faster in float32 and 2.0x in bfloat16 (docs/benchmarks.md). Off: the resident set
-    follows the live tensors more closely, at that cost. It applies to the whole process, from the run's start."""
+    follows the live tensors more closely, at that cost. It applies to the whole process from the run's start; the
+    run's freed memory goes back to the system when it ends."""
     report_to: tuple[Literal["none", "tensorboard", "wandb", "trackio"], ...] = ("none",)
     """Experiment trackers that get every metrics.jsonl row under the same names, step for step (TRL's name;
     several allowed: ``--report-to tensorboard wandb``). Each needs its package (an optional install); TensorBoard

@@ -23,6 +23,7 @@ rank 0 alone generates, scores and writes (``llm.distributed``).
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ from pathlib import Path
 import torch
 
 from runkit.cli import RunError
-from runkit.host_memory import keep_freed_memory
+from runkit.host_memory import keep_freed_memory, release_freed_memory
 from runkit.interrupt import GracefulStop
 
 from .batch import make_batch
@@ -102,6 +103,10 @@ def train_main(config: GRPOConfig, ranks: Ranks, log, callbacks: Sequence[StepCa
                 trackers.close()
         finally:
             weights.close()  # also on an error: a server's weight-transfer group, an engine's memory
+            if config.keep_freed_memory:  # the run's memory back to the system: the process may go on (a benchmark)
+                del weights
+                gc.collect()
+                release_freed_memory()
     return run.path
 
 

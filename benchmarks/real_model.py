@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from throughput import (KEPT, ROOT, SHOWN_PHASES, Row, Workload, count_parameters, cpu_description,  # noqa: E402
+from throughput import (KEPT, ROOT, SHOWN_PHASES, Row, Workload, cell, count_parameters, cpu_description,  # noqa: E402
                         matmul_flops, run_ours, run_trl, step_flops)
 
 TASK = "reasoning_gym:basic_arithmetic"
@@ -151,7 +151,8 @@ def report(rows: list[tuple[str, Row]], n_params: int, peak: dict[str, float], c
         times = " | ".join(f"{r.phases[c]:.2f}" if c in r.phases else "" for c in cols)
         length = r.gen_tokens / (work.prompts * work.generations)
         print(f"| {r.name} | {d} | {r.steps_per_s:.4f} | {1 / r.steps_per_s:.1f} | {times} | {length:.1f} | "
-              f"{r.sampler_tokens_per_s:.0f} | {gen_share:.0%} | {eff:.0%} | {vs:.2f} | {vs_kept:.2f} |")
+              f"{cell(r.sampler_tokens_per_s, '.0f')} | {cell(gen_share, '.0%')} | {eff:.0%} | {cell(vs, '.2f')} | "
+              f"{cell(vs_kept, '.2f')} |")
     by = {(d, r.name): r for d, r in rows}
 
     def ratio(a, b) -> str:

@@ -15,6 +15,7 @@ Prints a table for each part; numbers are bytes as the kernel counts them (share
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -89,10 +90,13 @@ def peak_of_a_run(model_dir: str, sampler: str, extra: tuple[str, ...] = ()) -> 
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--stages", action="store_true", help=argparse.SUPPRESS)  # part 1's own process
+    args = ap.parse_args()
     from llm.pretrained import smollm2_dir
 
     model_dir = str(smollm2_dir())
-    if len(sys.argv) > 1 and sys.argv[1] == "--stages":
+    if args.stages:
         stages(model_dir)
         return 0
     print(f"SmolLM2-135M-Instruct ({model_dir}), float32, {os.cpu_count()} cores")

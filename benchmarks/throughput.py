@@ -151,6 +151,11 @@ class Row:
         return self.gen_tokens / t if t else float("nan")
 
 
+def cell(value: float, spec: str) -> str:
+    """A table cell: the value formatted, or empty when it was not measured (NaN)."""
+    return "" if value != value else format(value, spec)
+
+
 def step_flops(n_params: int, gen_tokens: float, train_tokens: float) -> float:
     """The arithmetic a GRPO step cannot avoid: 2N FLOPs per generated token (one forward while sampling) and 6N
     per trained token (forward and backward of the policy), N = the model's parameters. Diagnostics, the sync and
@@ -354,8 +359,9 @@ def main() -> int:
         vs_kept = r.steps_per_s / trl_kept.steps_per_s if trl_kept is not None else float("nan")
         times = " | ".join(f"{r.phases[c]:.3f}" if c in r.phases else "" for c in cols)
         print(f"| {r.name:<24} | {r.steps_per_s:7.3f} | {1 / r.steps_per_s:6.2f} | {times} | "
-              f"{r.gen_tokens_per_s:9.0f} | {eff:15.0%} | {vs_trl:5.2f} | {vs_kept:5.2f} | {r.sync_seconds:10.3f} | "
-              f"{r.sync_mb_per_s:9.0f} | {r.lag0_logp_gap:14.2g} | {r.lag0_tv:8.2g} |")
+              f"{cell(r.gen_tokens_per_s, '9.0f')} | {eff:15.0%} | {cell(vs_trl, '5.2f')} | {cell(vs_kept, '5.2f')} | "
+              f"{cell(r.sync_seconds, '10.3f')} | {cell(r.sync_mb_per_s, '9.0f')} | {cell(r.lag0_logp_gap, '14.2g')} | "
+              f"{cell(r.lag0_tv, '8.2g')} |")
     (out / "results.json").write_text(json.dumps(
         {"dtype": args.dtype, "n_params": n_params, "matmul_flops": rates, "rows": [asdict(r) for r in rows]}, indent=1))
     print("\nend-to-end eff. = (2N x generated + 6N x trained tokens of a step) / (s per step x the matmul rate); "

@@ -10,7 +10,8 @@ the batch) at several ``max_num_seqs``; or (``--kv-scales``) the trainer's setti
 see what a cache too small for the running sequences costs (vLLM preempts and recomputes; the samples' digest shows
 whether what is drawn changes). The defaults of the command are the window of ``benchmarks/real_model.py``
 (16 prompts x 8 completions of up to 96 tokens, the chat template's ~50-token prompts), the job of
-docs/samplers.md's measurement.
+docs/samplers.md's measurement. ``--profile``: then one more call with the trainer's settings under torch.profiler
+(the engine runs in this process), and the operators that took its time.
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ def main() -> int:
     ap.add_argument("--kv-scales", type=float, nargs="*", default=[],
                     help="instead: the trainer's settings with the KV cache scaled by each of these (below 1: vLLM "
                          "preempts and recomputes; the table's last column shows whether the samples stay the same)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile one call with the trainer's settings: the operators' own CPU time")
     args = ap.parse_args()
     from transformers import AutoConfig, AutoTokenizer
 
@@ -114,6 +117,8 @@ def main() -> int:
         t0 = time.perf_counter()
         out = sampler.generate(prompts, args.n, args.max_tokens, 1.0, seed=1)
         sec = time.perf_counter() - t0
+        if args.profile and "the trainer's" in name:
+            profiled = profile_call(sampler, prompts, args.n, args.max_tokens)
         tokens = sum(map(len, out.completion_ids))
         digest = hashlib.sha256(repr(out.completion_ids).encode()).hexdigest()[:10]
         rows.append((name, tokens / sec, tokens / total, digest))
@@ -128,7 +133,26 @@ def main() -> int:
     print("|---|---|---|---|---|")
     for name, tps, length, digest in rows:
         print(f"| {name} | {tps:.0f} | {length:.1f} | {2 * n_params * tps / rate:.0%} | {digest} |")
+    if args.profile:
+        tokens, seconds, ops = profiled
+        print(f"\none call with the trainer's settings under the profiler: {tokens} tokens in {seconds:.1f} s "
+              f"({tokens / seconds:.0f} tokens/s); operators' own CPU time:")
+        total = sum(t for _, t in ops)
+        for op, t in ops[:12]:
+            print(f"  {op:<60} {t:7.2f} s {t / total:6.1%}")
+        print(f"  {'the rest':<60} {sum(t for _, t in ops[12:]):7.2f} s {sum(t for _, t in ops[12:]) / total:6.1%}")
     return 0
+
+
+def profile_call(sampler, prompts, n: int, max_tokens: int) -> tuple[int, float, list[tuple[str, float]]]:
+    """One generation call under torch.profiler: its tokens, seconds and (operator, own CPU seconds), largest
+    first (the profiler's overhead makes the call slower than the timed one)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        out = sampler.generate(prompts, n, max_tokens, 1.0, seed=2)
+        seconds = time.perf_counter() - t0
+    ops = sorted(((e.key, e.self_cpu_time_total / 1e6) for e in prof.key_averages()), key=lambda x: -x[1])
+    return sum(map(len, out.completion_ids)), seconds, ops
 
 
 if __name__ == "__main__":

@@ -221,10 +221,11 @@ class GRPOConfig:
     compile: bool = False
     """Compile each decoder block with torch.compile (inductor, dynamic shapes), fusing its norms, rotary
     embeddings, activations and autocast's casts around the matmuls: the same log-probs and gradients up to float
-    rounding. The first passes compile (each block once per kind of pass): 4-6 minutes on SmolLM2-135M on 2 CPU
-    cores. On that CPU it does not pay yet (docs/benchmarks.md): one batch's forward and backward 1.04x (float32)
-    and 1.08x (bfloat16) faster, the trainer's steps 1.00x and 1.01x; the output layer's log-softmax and its float32
-    casts, outside the blocks, are not compiled. Untested on a GPU; not with --fsdp."""
+    rounding. The first passes compile (each block once per kind of pass, again at some new shapes): 3-6 minutes
+    on SmolLM2-135M on 2 CPU cores. There it does not pay yet (docs/benchmarks.md): one batch's forward and backward
+    1.11x (float32) and 1.42x (bfloat16) faster on an Intel host with AMX (1.04x and 1.08x on an AMD one), the
+    trainer's timed steps 1.01x and 0.91x (recompiles at new pass shapes); the output layer, outside the blocks, is
+    not compiled. Untested on a GPU; not with --fsdp."""
     share_prompts: bool = True
     """Run each distinct prompt of a pass through the decoder once and its G completions on its cached keys and values
     (gradients flow back into the prompt's pass), instead of every completion with its own copy of the prompt: the
@@ -287,7 +288,7 @@ class GRPOConfig:
     """Keep freed host memory in the process for the next pass (glibc's malloc with no ``mmap`` per large block and
     no trim at ``free``; ``runkit.host_memory``) instead of handing every large block back to the system when it is
     freed, which makes each step fault its large tensors in anew. On SmolLM2-135M-Instruct on 2 CPU cores it made
-    the optimise phase 1.7x faster in float32 and 2.0x in bfloat16 (docs/benchmarks.md). Off: the resident set
+    the optimise phase 1.09x faster in float32 and 1.38x in bfloat16 (docs/models.md). Off: the resident set
     follows the live tensors more closely, at that cost. It applies to the whole process from the run's start; the
     run's freed memory goes back to the system when it ends."""
     report_to: tuple[Literal["none", "tensorboard", "wandb", "trackio"], ...] = ("none",)

@@ -254,6 +254,8 @@ def completion_hidden(model, batch: Batch, share: bool = True) -> torch.Tensor:
     if T == 1:
         return last
     cache.batch_select_indices(inverse)  # each sequence's own copy of its prompt's keys and values
+    for layer in cache.layers:  # one memory layout whatever the prompt pass left: --compile's graphs guard on it
+        layer.keys, layer.values = layer.keys.contiguous(), layer.values.contiguous()
     rest = decoder(input_ids=batch.input_ids[:, lp: lp + T - 1], attention_mask=batch.attention_mask[:, : lp + T - 1],
                    position_ids=batch.position_ids[:, lp: lp + T - 1], past_key_values=cache, use_cache=True)
     return torch.cat([last, rest.last_hidden_state], dim=1)

@@ -221,11 +221,11 @@ class GRPOConfig:
     compile: bool = False
     """Compile each decoder block with torch.compile (inductor, dynamic shapes), fusing its norms, rotary
     embeddings, activations and autocast's casts around the matmuls: the same log-probs and gradients up to float
-    rounding. The first passes compile (each block once per kind of pass, again at some new shapes): 3-6 minutes
-    on SmolLM2-135M on 2 CPU cores. There it does not pay yet (docs/benchmarks.md): one batch's forward and backward
-    1.11x (float32) and 1.42x (bfloat16) faster on an Intel host with AMX (1.04x and 1.08x on an AMD one), the
-    trainer's timed steps 1.01x and 0.91x (recompiles at new pass shapes); the output layer, outside the blocks, is
-    not compiled. Untested on a GPU; not with --fsdp."""
+    rounding. The first passes compile (each block once per kind of pass): 2-5 minutes on SmolLM2-135M on 2 CPU
+    cores. There (docs/benchmarks.md) one batch's forward and backward ran 1.11x (float32) and 1.42x (bfloat16)
+    faster on an Intel host with AMX (1.04x and 1.08x on an AMD one), the trainer's steps 1.10x and 1.13x, so it
+    pays in runs of more than about 100 steps; the output layer, outside the blocks, is not compiled. Untested on
+    a GPU; not with --fsdp."""
     share_prompts: bool = True
     """Run each distinct prompt of a pass through the decoder once and its G completions on its cached keys and values
     (gradients flow back into the prompt's pass), instead of every completion with its own copy of the prompt: the

@@ -86,6 +86,7 @@ def main() -> int:
           f"torch threads {torch.get_num_threads()}", flush=True)
     rates = {d: [matmul_flops(getattr(torch, d), reps=3 if d == "bfloat16" else 10)] for d in dtypes}
     trl_ok = bool(args.trl_python) and Path(args.trl_python).exists()
+    trl_arms = ((False,) if args.skip_trl_kept else (False, True)) if trl_ok else ()  # True: freed memory kept
     rows: list[tuple[str, Row]] = []
 
     def done(dtype: str, row: Row) -> None:
@@ -115,7 +116,7 @@ def main() -> int:
             if not args.skip_heldout:
                 done(dtype, run_ours(f"ours vLLM v={V} defaults +heldout", model_dir, "vllm", V, dtype, out / dtype,
                                      heldout_prompts=2, **common))
-        for kept in (False, True) if trl_ok and not args.skip_trl_kept else (False,) if trl_ok else ():
+        for kept in trl_arms:
             trl, note = run_trl(model_dir, dtype, out / dtype, args.trl_python, steps=4, attn=attn, workload=work,
                                 vllm=not kept, keep_freed_memory=kept)
             if trl is not None:

@@ -13,13 +13,12 @@ the policy's after the last. Prints the median seconds per sync and the ratio of
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput import ROOT, run_child  # noqa: E402
 
 CHILD = r'''
 import json, sys, time
@@ -57,22 +56,13 @@ print("RESULT " + json.dumps({"seconds": seconds, "gb": sampler.last_sync_bytes 
 '''
 
 
-def one(backend: str, syncs: int) -> dict:
-    res = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), backend, str(syncs)], capture_output=True,
-                         text=True, cwd=ROOT)
-    line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
-    if res.returncode != 0 or not line:
-        raise SystemExit(f"the {backend} process failed: {res.stderr[-1500:]}")
-    return json.loads(line[0][7:])
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--syncs", type=int, default=5, help="timed syncs per backend")
     args = ap.parse_args()
     medians = {}
     for backend in ("gloo_cpu", "local_cpu"):
-        r = one(backend, args.syncs)
+        r = run_child(CHILD, str(ROOT), backend, str(args.syncs), what=f"the {backend} process")
         medians[backend] = statistics.median(r["seconds"])
         print(f"{backend:<10} median {medians[backend]:.3f} s per sync of {r['gb']:.2f} GB "
               f"({', '.join(f'{s:.3f}' for s in r['seconds'])}); engine vs policy after the last sync: "

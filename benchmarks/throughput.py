@@ -151,6 +151,16 @@ class Row:
         return self.gen_tokens / t if t else float("nan")
 
 
+def run_child(code: str, *args: str, what: str) -> dict:
+    """``code`` in a fresh Python process (``sys.argv[1:]`` = ``args``, run from the checkout), which prints one line
+    ``RESULT <json>``: that object. A process that fails or prints none ends the benchmark naming ``what``."""
+    res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT)
+    line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
+    if res.returncode != 0 or not line:
+        raise SystemExit(f"{what} failed: {res.stderr[-1500:]}")
+    return json.loads(line[0][len("RESULT "):])
+
+
 def cell(value: float, spec: str) -> str:
     """A table cell: the value formatted, or empty when it was not measured (NaN)."""
     return "" if value != value else format(value, spec)

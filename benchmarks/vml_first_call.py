@@ -12,12 +12,11 @@ first pass differed, the largest logit gap and whether the later passes agreed t
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput import ROOT, run_child  # noqa: E402
 
 CHILD = r'''
 import json, sys
@@ -47,14 +46,6 @@ print("RESULT " + json.dumps({"first_gap": float((out[0] - out[1]).abs().max()),
 '''
 
 
-def one(arm: str) -> dict:
-    res = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), arm], capture_output=True, text=True, cwd=ROOT)
-    line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
-    if res.returncode != 0 or not line:
-        raise SystemExit(f"a {arm} process failed: {res.stderr[-1500:]}")
-    return json.loads(line[0][7:])
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--processes", type=int, default=8, help="fresh processes per arm")
@@ -63,7 +54,7 @@ def main() -> int:
     for arm in ("cold", "warm"):
         runs = []
         for k in range(args.processes):
-            runs.append(one(arm))
+            runs.append(run_child(CHILD, str(ROOT), arm, what=f"a {arm} process"))
             print(f"  {arm} {k + 1}: first-pass gap {runs[-1]['first_gap']:.1e}, later {runs[-1]['later_gap']:.1e}",
                   flush=True)
         bad = sum(r["first_gap"] > 0 for r in runs)

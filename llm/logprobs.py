@@ -68,7 +68,6 @@ class LogitHead:
         """log softmax of the logits: (n, V) float32."""
         return torch.log_softmax(self.logits(hidden), dim=-1)
 
-
     @property
     def scale(self) -> float | None:
         """The factor the output layer's logits are multiplied by (1 / (divisor x T)), or None when the head

@@ -41,11 +41,14 @@ from .core import (
     whitened_advantage,
 )
 from .sync_policy import SyncPolicy
+from .truncation import NO_FILTER, TokenFilter, filtered_log_softmax, filtered_policy
 
 __all__ = [
+    "NO_FILTER",
     "PAPER_CONSTANT",
     "BoundTerms",
     "SyncPolicy",
+    "TokenFilter",
     "bernoulli_penalty_weight",
     "bound_constant",
     "bound_terms",
@@ -59,6 +62,8 @@ __all__ = [
     "corrected_surrogate",
     "corrected_weight",
     "expected_reward",
+    "filtered_log_softmax",
+    "filtered_policy",
     "group_advantages",
     "improvement_lower_bound",
     "kl_divergence",

@@ -110,12 +110,13 @@ def whitened_advantage(alpha, r, eps) -> np.ndarray:
     return standardised_reward(r, _reward_mean(alpha, r), reward_std(alpha, r)[..., None], eps[..., None])
 
 
-def group_advantages(rewards, eps, *, scale: bool = True, axis: int = -1) -> np.ndarray:
+def group_advantages(rewards, eps, *, scale: bool | str = True, axis: int = -1) -> np.ndarray:
     """Advantages of a sampled group of G rewards: (r - mean) / sqrt(var + eps), var unbiased (ddof=1).
 
     This is the estimate of A_alpha used by the bandit simulator and the LLM trainer alike.
-    With ``scale=False`` it is r - mean (Dr. GRPO). A group whose rewards are all equal gets
-    exact zeros (never NaN, never rounding noise). ``eps`` must be >= 0.
+    With ``scale=False`` (or "none") it is r - mean (Dr. GRPO); with ``scale="batch"`` (TRL's batch scaling) the
+    variance is that of every reward of the array, not of the group (the centring stays per group). A group whose
+    rewards are all equal gets exact zeros (never NaN, never rounding noise). ``eps`` must be >= 0.
     """
     r = np.asarray(rewards, dtype=np.float64)
     if r.ndim == 0 or r.shape[axis] < 2:
@@ -125,12 +126,16 @@ def group_advantages(rewards, eps, *, scale: bool = True, axis: int = -1) -> np.
     eps = float(eps)
     if not np.isfinite(eps) or eps < 0:
         raise ValueError(f"eps: must be >= 0, got {eps!r}")
+    mode = {True: "group", False: "none"}.get(scale, scale) if isinstance(scale, bool) else scale
+    if mode not in ("group", "batch", "none"):
+        raise ValueError(f"scale: expected group, batch or none, got {scale!r}")
     mean = r.mean(axis=axis, keepdims=True)
     zero_std = np.ptp(r, axis=axis, keepdims=True) == 0
     centred = np.where(zero_std, 0.0, r - mean)
-    if not scale:
+    if mode == "none":
         return centred
-    denom = np.sqrt(r.var(axis=axis, ddof=1, keepdims=True) + eps)
+    var = r.var(axis=axis, ddof=1, keepdims=True) if mode == "group" else np.full_like(mean, r.var(ddof=1))
+    denom = np.sqrt(var + eps)
     return np.where(zero_std, 0.0, centred / np.where(zero_std, 1.0, denom))
 
 

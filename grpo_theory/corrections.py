@@ -8,6 +8,9 @@ window around r' = pi_k/alpha: the importance weight pi_k/alpha is exact and nev
     g(rho, A) = min(rho A, clip(rho, 1 - eps, 1 + eps_high) A)                (``delta``: rho <= delta in the first)
     truncate:  min(r', C) g(r/r', A)        mask:  1[r' <= C] r' g(r/r', A)
 
+A lower cap c (TRL's ``vllm_importance_sampling_clip_min``; with token_mask and [c, C] = [0.5, 5] it is IcePop's
+two-sided mask) truncates to clip(r', c, C) or masks to 1[c <= r' <= C] r'; c = 0 is none.
+
 On a table (one response per sample, so token and sequence levels coincide) the expected objective over y ~ alpha
 is ``corrected_surrogate``. Three facts the tests pin:
 
@@ -31,21 +34,22 @@ ImportanceSamplingMode = Literal["paper", "token_truncate", "token_mask", "seque
 MODES = ("paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
-def corrected_weight(ratio_k, mode: ImportanceSamplingMode, cap: float) -> np.ndarray:
-    """The weight a mode multiplies the clipped ratio by: min(w, C) (truncate), w 1[w <= C] (mask), for
-    w = ``ratio_k`` = pi_k/alpha (per token or per sequence: the caller passes the level's w). paper: none (1)."""
+def corrected_weight(ratio_k, mode: ImportanceSamplingMode, cap: float, cap_min: float = 0.0) -> np.ndarray:
+    """The weight a mode multiplies the clipped ratio by: clip(w, c, C) (truncate), w 1[c <= w <= C] (mask), for
+    w = ``ratio_k`` = pi_k/alpha (per token or per sequence: the caller passes the level's w), C = ``cap``,
+    c = ``cap_min`` (0: no lower cap). paper: none (1)."""
     w = np.asarray(ratio_k, dtype=np.float64)
     if mode == "paper":
         return np.ones_like(w)
     if mode.endswith("_truncate"):
-        return np.minimum(w, cap)
+        return np.clip(w, cap_min, cap)
     if mode.endswith("_mask"):
-        return np.where(w <= cap, w, 0.0)
+        return np.where((w <= cap) & (w >= cap_min), w, 0.0)
     raise ValueError(f"importance_sampling_mode: expected one of {', '.join(MODES)}, got {mode!r}")
 
 
 def corrected_objective(ratio, ratio_k, adv, clip, mode: ImportanceSamplingMode = "paper", cap: float = 3.0,
-                        clip_high=None, delta: float = 0.0) -> np.ndarray:
+                        clip_high=None, delta: float = 0.0, cap_min: float = 0.0) -> np.ndarray:
     """The per-sample objective of a mode, elementwise: paper: f_eps(r, r', A) (``core.clip_objective``); the TRL
     modes: corrected_weight(r') times PPO's clip of rho = r/r' to [1 - clip, 1 + clip_high] (``delta``: rho <=
     delta in the unclipped branch). ``ratio`` = r = pi/alpha, ``ratio_k`` = r' = pi_k/alpha > 0."""
@@ -53,11 +57,11 @@ def corrected_objective(ratio, ratio_k, adv, clip, mode: ImportanceSamplingMode 
         return clip_objective(ratio, ratio_k, adv, clip, clip_high, delta)
     ratio, ratio_k = np.asarray(ratio, dtype=np.float64), np.asarray(ratio_k, dtype=np.float64)
     g = clip_objective(ratio / ratio_k, np.ones_like(ratio_k), adv, clip, clip_high, delta)
-    return corrected_weight(ratio_k, mode, cap) * g
+    return corrected_weight(ratio_k, mode, cap, cap_min) * g
 
 
 def corrected_surrogate(pi, pi_k, alpha, r, eps, clip, mode: ImportanceSamplingMode = "paper", cap: float = 3.0,
-                        clip_high=None, delta: float = 0.0) -> np.ndarray:
+                        clip_high=None, delta: float = 0.0, cap_min: float = 0.0) -> np.ndarray:
     """E_{y ~ alpha} of ``corrected_objective`` with A = A_alpha (whitened with ``eps``): the objective each mode
     ascends, exact on a table. Shapes (..., n) -> (...). alpha and pi_k must be positive wherever pi or pi_k is.
     With mode paper it is ``core.clipped_surrogate``."""
@@ -68,5 +72,5 @@ def corrected_surrogate(pi, pi_k, alpha, r, eps, clip, mode: ImportanceSamplingM
     a = whitened_advantage(alpha, r, eps)
     live = (alpha > 0) & (pi_k > 0)
     safe_a, safe_k = np.where(live, alpha, 1.0), np.where(live, pi_k, 1.0)
-    f = corrected_objective(pi / safe_a, safe_k / safe_a, a, clip, mode, cap, clip_high, delta)
+    f = corrected_objective(pi / safe_a, safe_k / safe_a, a, clip, mode, cap, clip_high, delta, cap_min)
     return np.sum(np.where(live, alpha * f, 0.0), axis=-1)

@@ -2,7 +2,7 @@
 
 Each function derives a result from definitions and returns a sympy object: ``*_expr`` an expression
 to compare with the numpy function of the same stem, ``*_residual`` a difference that simplifies to 0.
-``tests/test_symbolic.py`` checks every result against the numpy functions on random inputs.
+``tests/theory/test_symbolic.py`` checks every result against the numpy functions on random inputs.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import example, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from grpo_theory import (
@@ -14,7 +14,6 @@ from grpo_theory import (
     improvement_lower_bound,
     reward_std,
     surrogate,
-    tv_distance,
 )
 from grpo_theory.check import CheckConfig, run_check
 from grpo_theory.numerics import rounding_tolerance
@@ -108,20 +107,24 @@ def test_surrogate_identity(case):
     """sigma_{alpha,eps} L_alpha(pi) = J(pi) - J(alpha) whenever sigma_{alpha,eps} > 0."""
     pi, _, alpha, r, eps = case
     s = np.sqrt(reward_std(alpha, r) ** 2 + eps)
-    if s < 1e-6:
-        return
+    assume(s >= 1e-6)
     lhs = s * surrogate(pi, alpha, r, eps)
     rhs = expected_reward(pi, r) - expected_reward(alpha, r)
     assert lhs == pytest.approx(rhs, abs=1e-12)
 
 
 @given(bandits())
-def test_bound_terms_are_nonnegative_penalties(case):
+def test_bound_terms_are_the_penalties_of_theorem1(case):
+    """Each penalty is its formula, written out here from the definitions: c (1 - s)/s TV(pi, alpha) and
+    c TV(pi_k, alpha), with c = 2 (paper) or the reward range max r - min r (tight); both non-negative."""
     pi, pi_k, alpha, r, eps = case
-    for tight in (False, True):
+    s = np.sqrt(np.sum(alpha * (r - np.sum(alpha * r)) ** 2) + eps)
+    assume(s >= 1e-6)
+    for tight, c in ((False, 2.0), (True, float(np.ptp(r)))):
         t = bound_terms(pi, pi_k, alpha, r, eps, tight=tight)
         assert t.penalty_tv >= 0 and t.penalty_lag >= 0
-        assert t.penalty_lag <= 2 * tv_distance(pi_k, alpha) + 1e-15
+        assert t.penalty_lag == pytest.approx(c * 0.5 * np.abs(pi_k - alpha).sum(), abs=1e-13)
+        assert t.penalty_tv == pytest.approx(c * (1 - s) / s * 0.5 * np.abs(pi - alpha).sum(), rel=1e-9, abs=1e-12)
 
 
 def test_batched_matches_loop():

@@ -15,6 +15,7 @@ Distributions over the whole vocabulary, needed by the token-level TV diagnostic
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from .batch import Batch
 from .distributed import SINGLE, Ranks
 from .model import Precision, architecture
+from .sampling.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, filtered_log_softmax, kept_threshold
 
 #: Default size of one chunk of float32 logits: chunk_tokens = LOGIT_CHUNK_BYTES / (4 V) rows (441 rows for a
 #: 151,936-token vocabulary; the whole completion batch of the built-in 99-token model in one chunk).
@@ -44,14 +46,16 @@ class LogitHead:
     float32 (n, V; float64 for a float64 model, which the tests use to tell rounding from error). Transforms
     known here: Granite's ``logits_scaling`` (logits divided by it) and Gemma's ``final_logit_softcapping``
     (cap * tanh(logits / cap)). ``check_head`` refuses a model whose own logits differ (an output transform
-    this class does not know), so a wrong head never goes unnoticed."""
+    this class does not know), so a wrong head never goes unnoticed. ``token_filter``: the distribution is the
+    filtered one (top-k, top-p, min-p of the logits / T; ``llm.sampling.token_filter``)."""
 
-    def __init__(self, model: torch.nn.Module, temperature: float):
+    def __init__(self, model: torch.nn.Module, temperature: float, token_filter: TokenFilter = NO_FILTER):
         self.layer = model.get_output_embeddings()
         cfg = model.config
         self.divisor = float(getattr(cfg, "logits_scaling", None) or 1.0)
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
         self.temperature = temperature
+        self.token_filter = token_filter
         self.vocab_size = self.layer.weight.shape[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -65,8 +69,8 @@ class LogitHead:
         return z if self.temperature == 1.0 else z / self.temperature
 
     def logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
-        """log softmax of the logits: (n, V) float32."""
-        return torch.log_softmax(self.logits(hidden), dim=-1)
+        """log softmax of the logits, filtered (``OFF_SET_LOGP`` off the kept set): (n, V) float32."""
+        return filtered_log_softmax(self.logits(hidden), self.token_filter)
 
     @property
     def scale(self) -> float | None:
@@ -79,56 +83,86 @@ class _ScaledHeadLogprobs(torch.autograd.Function):
     """log softmax(s x hidden W^T) at the target tokens, chunk by chunk, with the softmax's gradient written out.
 
     Forward, per chunk of ``rows`` rows: the logits z (the matmul in the compute dtype: autocast's, else the
-    weight's), widened to float32 at least, their log-softmax, the targets' log-probs, the log-normaliser
-    lse = z_t - log p_t and, if asked, the entropy -sum p log p; only lse (n,) is kept. Backward: the chunk's
-    logits again, the gradient g (onehot - p) s of the logits in one buffer, and the two matmuls in the compute
-    dtype. With one chunk the probabilities p are kept instead of recomputed (at most ``LOGIT_CHUNK_BYTES``).
-    The same casts and matmuls as autograd through the plain head, with fewer passes over the (n, V) logits: no
-    recomputed log-softmax or entropy, no zero-filled gradient of the gather, no log-softmax backward; and the
-    chunks' weight gradients summed in float32 (autograd sums autocast's bf16 ones in bf16)."""
+    weight's), widened to float32 at least, filtered (``token_filter``: -inf off the kept set, whose threshold tau
+    per row is kept), their log-softmax, the targets' log-probs (``OFF_SET_LOGP`` for a target off the kept set),
+    the log-normaliser lse and, if asked, the entropy -sum p log p of the (filtered) distribution; lse (n,) and tau
+    are kept. Backward: the chunk's logits again, the gradient g (onehot - p) s of the logits in one buffer (no
+    gradient through a target off the kept set: its log-probability is a constant), plus, when the entropy is
+    differentiated (an entropy bonus), g_H (-p (log p + H)) s, and the two matmuls in the compute dtype. With one
+    chunk the probabilities p are kept instead of recomputed (at most ``LOGIT_CHUNK_BYTES``). The same casts and
+    matmuls as autograd through the plain head, with fewer passes over the (n, V) logits: no recomputed log-softmax
+    or entropy, no zero-filled gradient of the gather, no log-softmax backward; and the chunks' weight gradients
+    summed in float32 (autograd sums autocast's bf16 ones in bf16)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, scale: float, rows: int, entropy: bool):
+    def forward(ctx, hidden, weight, targets, scale: float, rows: int, entropy: bool,
+                token_filter: TokenFilter = NO_FILTER):
         device = hidden.device.type
         compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
         wide = torch.promote_types(compute, torch.float32)
         single = hidden.shape[0] <= rows and any(ctx.needs_input_grad[:2])  # one chunk, a backward to come
+        filtered = token_filter.active
         with torch.autocast(device, enabled=False):
             w = weight.to(compute)
-            logp, lse, ent, kept = [], [], [], None
+            logp, lse, ent, taus, kept = [], [], [], [], None
             for s in range(0, hidden.shape[0], rows):
                 z = _wide_logits(hidden[s:s + rows], w, compute, wide, scale)
-                logq = torch.log_softmax(z, dim=-1)  # one kernel: 50 ms a SmolLM2 chunk against logsumexp's 65
                 t = targets[s:s + rows, None]
+                if filtered:
+                    taus.append(kept_threshold(z, token_filter))
+                    z.masked_fill_(z < taus[-1][:, None], -math.inf)
+                logq = torch.log_softmax(z, dim=-1)  # one kernel: 50 ms a SmolLM2 chunk against logsumexp's 65
                 logp.append(logq.gather(-1, t).squeeze(-1))
-                lse.append(z.gather(-1, t).squeeze(-1) - logp[-1])  # the row's log-normaliser, for the backward
+                if filtered:  # the row's largest logit is always kept: the log-normaliser from it
+                    top = z.amax(dim=-1, keepdim=True)
+                    lse.append((top - logq.gather(-1, z.argmax(dim=-1, keepdim=True))).squeeze(-1))
+                    logq.clamp_(min=OFF_SET_LOGP)  # exp of it is 0; finite for the entropy's products
+                else:
+                    lse.append(z.gather(-1, t).squeeze(-1) - logp[-1])  # the row's log-normaliser, for the backward
                 if entropy or single:
                     p = logq.exp() if entropy else logq.exp_()
                     if entropy:  # -sum p log p: non-negative terms (lse - sum p z cancels when it is small)
                         ent.append(-torch.linalg.vecdot(p, logq))
                     kept = p if single else None
         lse = torch.cat(lse)
-        ctx.save_for_backward(hidden, weight, targets, lse, kept if kept is not None else torch.empty(0))
-        ctx.meta = (compute, wide, scale, rows, kept is not None)
         out = torch.cat(logp)
+        target_kept = ~torch.isneginf(out)  # a NaN (a broken pass) stays NaN: the trainer skips such an update
+        if filtered:
+            out = torch.where(target_kept, out, torch.full_like(out, OFF_SET_LOGP))
         ent = torch.cat(ent) if entropy else out.new_zeros(0)
-        ctx.mark_non_differentiable(ent)
+        tau = torch.cat(taus) if filtered else torch.empty(0)
+        ctx.save_for_backward(hidden, weight, targets, lse, kept if kept is not None else torch.empty(0), tau,
+                              target_kept, ent)
+        ctx.meta = (compute, wide, scale, rows, kept is not None, filtered)
+        if not entropy:
+            ctx.mark_non_differentiable(ent)
         return out, ent
 
     @staticmethod
-    def backward(ctx, grad_logp, _grad_entropy):
-        hidden, weight, targets, lse, kept = ctx.saved_tensors
-        compute, wide, scale, rows, have_p = ctx.meta
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, targets, lse, kept, tau, target_kept, ent = ctx.saved_tensors
+        compute, wide, scale, rows, have_p, filtered = ctx.meta
         need_h, need_w = ctx.needs_input_grad[:2]
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=wide, device=weight.device) if need_w else None
         w = weight.to(compute)
+        if filtered:  # a target off the kept set: a constant log-probability
+            grad_logp = grad_logp * target_kept
+        with_entropy = grad_entropy is not None and ent.numel() > 0 and bool(grad_entropy.ne(0).any())
         for s in range(0, hidden.shape[0], rows):
             h, t, g = hidden[s:s + rows], targets[s:s + rows], grad_logp[s:s + rows].to(wide)
-            if have_p:
+            if have_p and not with_entropy:
                 gz = kept * (-g[:, None])
             else:
-                gz = _wide_logits(h, w, compute, wide, scale).sub_(lse[s:s + rows, None]).exp_().mul_(-g[:, None])
+                z = _wide_logits(h, w, compute, wide, scale)
+                if filtered:
+                    z.masked_fill_(z < tau[s:s + rows, None], -math.inf)
+                logq = z.sub_(lse[s:s + rows, None])
+                if with_entropy:  # dH/dz = -p (log p + H), with p = 0 (and so no term) off the kept set
+                    g_h = grad_entropy[s:s + rows].to(wide)[:, None]
+                    gz = logq.exp() * (-g[:, None] - g_h * (logq.clamp_(min=OFF_SET_LOGP) + ent[s:s + rows, None]))
+                else:
+                    gz = logq.exp_().mul_(-g[:, None])
             gz.scatter_add_(-1, t[:, None], g[:, None])  # d(z_t - lse)/dz = onehot - p
             if scale != 1.0:
                 gz.mul_(scale)
@@ -137,7 +171,7 @@ class _ScaledHeadLogprobs(torch.autograd.Function):
                 grad_h[s:s + rows] = (gz @ w).to(hidden.dtype)
             if need_w:
                 grad_w += (gz.T @ h.to(compute)).to(wide)
-        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None
+        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None, None
 
 
 def _wide_logits(hidden: torch.Tensor, weight: torch.Tensor, compute: torch.dtype, wide: torch.dtype,
@@ -148,36 +182,41 @@ def _wide_logits(hidden: torch.Tensor, weight: torch.Tensor, compute: torch.dtyp
     return z.mul_(scale) if scale != 1.0 else z
 
 
-def _token_stats(head: LogitHead, hidden: torch.Tensor, targets: torch.Tensor, entropy: bool):
+def _token_stats(head: LogitHead, hidden: torch.Tensor, targets: torch.Tensor, entropy: bool,
+                 entropy_grad: bool = False):
     logp_full = head.logprobs(hidden)
     logp = logp_full.gather(-1, targets[:, None]).squeeze(-1)
     if not entropy:
         return logp, None
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         return logp, -(logp_full.exp() * logp_full).sum(-1)
 
 
 def token_logprobs(head: LogitHead, hidden: torch.Tensor, targets: torch.Tensor, chunk_tokens: int = 0,
-                   entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log pi(target | hidden) for n rows (``hidden`` (n, H), ``targets`` (n,)) chunk by chunk, float32 (n,);
-    with ``entropy`` also each row's next-token entropy (no gradient). Under gradients and more than one chunk
-    each chunk is checkpointed, so no chunk's logits outlive it."""
+                   entropy: bool = False, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(target | hidden) for n rows (``hidden`` (n, H), ``targets`` (n,)) chunk by chunk, float32 (n,),
+    of the head's (filtered) distribution; with ``entropy`` also each row's next-token entropy, differentiable with
+    ``entropy_grad`` (an entropy bonus in the loss). Under gradients and more than one chunk each chunk is
+    checkpointed, so no chunk's logits outlive it."""
     rows = chunk_rows(head.vocab_size, chunk_tokens)
     n = hidden.shape[0]
     weight = head.layer.weight
     if head.scale is not None and getattr(head.layer, "bias", None) is None:
-        logp, ent = _ScaledHeadLogprobs.apply(hidden, weight, targets, head.scale, rows, entropy)
+        logp, ent = _ScaledHeadLogprobs.apply(hidden, weight, targets, head.scale, rows, entropy or entropy_grad,
+                                              head.token_filter)
+        if entropy and not entropy_grad:
+            ent = ent.detach()
         return logp, (ent if entropy else None)
     if n <= rows:
-        return _token_stats(head, hidden, targets, entropy)
+        return _token_stats(head, hidden, targets, entropy, entropy_grad)
     recompute = torch.is_grad_enabled() and hidden.requires_grad
     logp, ent = [], []
     for s in range(0, n, rows):
         h, t = hidden[s:s + rows], targets[s:s + rows]
         if recompute:
-            lp, e = checkpoint(_token_stats, head, h, t, entropy, use_reentrant=False)
+            lp, e = checkpoint(_token_stats, head, h, t, entropy, entropy_grad, use_reentrant=False)
         else:
-            lp, e = _token_stats(head, h, t, entropy)
+            lp, e = _token_stats(head, h, t, entropy, entropy_grad)
         logp.append(lp)
         ent.append(e)
     return torch.cat(logp), (torch.cat(ent) if entropy else None)
@@ -262,16 +301,18 @@ def completion_hidden(model, batch: Batch, share: bool = True) -> torch.Tensor:
 
 def forward_completions(model, batch: Batch, temperature: float, precision: Precision = Precision(),
                         chunk_tokens: int = 0, entropy: bool = False, keep_hidden: bool = False,
-                        share_prompts: bool = True) -> Forward:
+                        share_prompts: bool = True, token_filter: TokenFilter = NO_FILTER,
+                        entropy_grad: bool = False) -> Forward:
     """log softmax(logits / T) of the completion tokens of ``batch`` in one pass of ``model`` (gradients follow
-    torch's grad mode); the output layer runs on the real completion tokens only, in chunks. ``share_prompts``: run
-    each distinct prompt once (``completion_hidden``)."""
+    torch's grad mode), of the distribution ``token_filter`` leaves (top-k, top-p, min-p); the output layer runs on
+    the real completion tokens only, in chunks. ``share_prompts``: run each distinct prompt once
+    (``completion_hidden``); ``entropy_grad``: the entropy carries a gradient (an entropy bonus)."""
     device = batch.input_ids.device
     with precision.autocast(device):
         hidden = completion_hidden(model, batch, share_prompts)
         real = batch.completion_mask > 0
-        logp_real, ent_real = token_logprobs(LogitHead(model, temperature), hidden[real], batch.completion_ids[real],
-                                             chunk_tokens, entropy)
+        logp_real, ent_real = token_logprobs(LogitHead(model, temperature, token_filter), hidden[real],
+                                             batch.completion_ids[real], chunk_tokens, entropy, entropy_grad)
     zeros = torch.zeros(real.shape, dtype=logp_real.dtype, device=device)
     return Forward(zeros.masked_scatter(real, logp_real),
                    zeros.masked_scatter(real, ent_real) if entropy else None,
@@ -281,30 +322,34 @@ def forward_completions(model, batch: Batch, temperature: float, precision: Prec
 @torch.no_grad()
 def completion_logprobs(model, batch: Batch, temperature: float, precision: Precision = Precision(), *,
                         micro_batch: int = 0, chunk_tokens: int = 0, entropy: bool = False,
-                        keep_hidden: bool = False, by_length: bool = False,
-                        rows: torch.Tensor | None = None, ranks: Ranks = SINGLE, share_prompts: bool = True) -> Forward:
+                        keep_hidden: bool = False, by_length: bool = False, rows: torch.Tensor | None = None,
+                        ranks: Ranks = SINGLE, share_prompts: bool = True,
+                        token_filter: TokenFilter = NO_FILTER) -> Forward:
     """``forward_completions`` without gradients, ``micro_batch`` sequences per pass (0: no limit); ``by_length``:
     sequences of similar length share a pass, padded only to the longest of them (``Batch.passes``); ``rows``: only
     these sequences (a rank's share; the others' values are zero). Under FSDP (``ranks``) this rank also runs the
     idle passes that give every rank as many passes (``Ranks.idle_passes``)."""
     rows = batch.passes(micro_batch, by_length, rows)
-    idle_passes(ranks.idle_passes(len(rows)), model, batch, temperature, precision, chunk_tokens)
+    idle_passes(ranks.idle_passes(len(rows)), model, batch, temperature, precision, chunk_tokens,
+                token_filter=token_filter)
     if not rows:  # a rank whose share is empty (fewer prompts than ranks): zeros, which the sum over ranks ignores
         zeros = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=batch.completion_ids.device)
         return Forward(zeros, zeros.clone() if entropy else None, None)
     return Forward.assemble(batch, rows, [forward_completions(model, batch.take(r), temperature, precision,
-                                                              chunk_tokens, entropy, keep_hidden, share_prompts)
+                                                              chunk_tokens, entropy, keep_hidden, share_prompts,
+                                                              token_filter)
                                           for r in rows])
 
 
 def idle_passes(count: int, model, batch: Batch, temperature: float, precision: Precision = Precision(),
-                chunk_tokens: int = 0, backward: bool = False) -> None:
+                chunk_tokens: int = 0, backward: bool = False, token_filter: TokenFilter = NO_FILTER) -> None:
     """Under FSDP, ``count`` passes over the batch's first sequence: what this rank lacks to match the rank with the
     most passes (``Ranks.idle_passes``, asked before any pass: it is a collective), since each pass gathers the sharded
     blocks from every rank. Results dropped; with ``backward`` a backward through 0 x their log-probs' sum, which adds
     zero gradients."""
     for _ in range(count):
-        zero = forward_completions(model, batch.take(torch.arange(1)), temperature, precision, chunk_tokens).logp
+        zero = forward_completions(model, batch.take(torch.arange(1)), temperature, precision, chunk_tokens,
+                                   token_filter=token_filter).logp
         if backward:
             (zero.sum() * 0).backward()
 

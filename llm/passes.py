@@ -15,6 +15,7 @@ from .batch import Batch
 from .distributed import SINGLE, Ranks
 from .logprobs import Forward, LogitHead, TokenDists, completion_logprobs, forward_completions
 from .model import Precision
+from .sampling.token_filter import NO_FILTER, TokenFilter
 
 
 @dataclass(frozen=True)
@@ -29,12 +30,13 @@ class Passes:
     share_prompts: bool = True  # share_prompts, where FSDP and gradient checkpointing allow it
     group_size: int = 1  # num_generations: a rank's share is whole groups
     ranks: Ranks = SINGLE
+    token_filter: TokenFilter = NO_FILTER  # top_k, top_p, min_p: every policy is the filtered distribution
 
     @classmethod
     def from_config(cls, config, ranks: Ranks = SINGLE) -> "Passes":
         return cls(config.temperature, Precision.from_config(config), config.per_device_train_batch_size,
                    config.logit_chunk_tokens, config.group_by_length, config.prompts_shared, config.num_generations,
-                   ranks)
+                   ranks, config.token_filter)
 
     def rows(self, batch: Batch) -> torch.Tensor | None:
         """This rank's rows of ``batch`` (None: every row, one process)."""
@@ -45,13 +47,14 @@ class Passes:
         ``llm.logprobs.completion_logprobs``): per-token results of the whole batch."""
         out = completion_logprobs(model, batch, self.temperature, self.precision, micro_batch=self.micro_batch,
                                   chunk_tokens=self.chunk_tokens, by_length=self.by_length, rows=self.rows(batch),
-                                  ranks=self.ranks, share_prompts=self.share_prompts, **kw)
+                                  ranks=self.ranks, share_prompts=self.share_prompts, token_filter=self.token_filter,
+                                  **kw)
         return self.whole_batch(out)
 
     def forward(self, model: torch.nn.Module, batch: Batch, **kw) -> Forward:
         """One pass of ``model`` over ``batch`` with gradients (a micro-batch of the optimiser)."""
         return forward_completions(model, batch, self.temperature, self.precision, self.chunk_tokens,
-                                   share_prompts=self.share_prompts, **kw)
+                                   share_prompts=self.share_prompts, token_filter=self.token_filter, **kw)
 
     def whole_batch(self, fwd: Forward) -> Forward:
         """The ranks' per-token log-probs and entropies (each zero outside its rows) summed into the whole batch's."""
@@ -64,7 +67,8 @@ class Passes:
     def dists(self, model: torch.nn.Module, hidden: torch.Tensor | None) -> TokenDists | None:
         """``model``'s next-token distributions at the completion positions whose final hidden states are
         ``hidden``."""
-        return None if hidden is None else TokenDists(LogitHead(model, self.temperature), hidden, self.precision)
+        return None if hidden is None else TokenDists(LogitHead(model, self.temperature, self.token_filter), hidden,
+                                                      self.precision)
 
     def chain_tv(self, a: TokenDists, b: TokenDists, mask: torch.Tensor) -> float:
         """``llm.diagnostics.chain_tv_estimate`` over the whole batch: each rank sums over its own rows (where its

@@ -17,10 +17,11 @@ from llm.evaluation import exact_j
 from llm.logprobs import LogitHead, completion_logprobs
 from llm.model import Precision, frozen_copy, load_policy
 from llm.passes import Passes
+from llm.sampling.token_filter import NO_FILTER
 from llm.phases import advantages
 from llm.tasks import TokenizedTask, arithmetic_task
 from llm.tiny import tiny_model_dir
-from llm.update import Objective, optimise
+from llm.optim import Objective, optimise
 
 #: The repository's root (the working directory of the subprocesses tests start).
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +88,7 @@ CASES = [("grpo", "token", True), ("grpo", "token", False), ("grpo", "sequence",
 def optimise_case(loss_type, ratio_level, mask, micro_batch, checkpointing=False, by_length=False, ranks=SINGLE):
     """One step of 3 prompts x G = 3 (one group with equal rewards) with alpha != pi_k, beta > 0 and i = 2, in
     float64, so that any difference between two splits above 1e-10 is an error, not rounding. ``ranks``: this
-    process's share of the prompts among several (tests/test_distributed.py)."""
+    process's share of the prompts among several (tests/llm/test_distributed.py)."""
     torch.manual_seed(0)
     policy, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))
     policy.double()
@@ -99,7 +100,7 @@ def optimise_case(loss_type, ratio_level, mask, micro_batch, checkpointing=False
         for p, q in zip(alpha.parameters(), ref.parameters()):
             p.add_(0.005 * torch.randn_like(p))
             q.add_(0.005 * torch.randn_like(q))
-    if ranks.fsdp:  # tests/test_distributed.py: the three copies sharded as the trainer shards them
+    if ranks.fsdp:  # tests/llm/test_distributed.py: the three copies sharded as the trainer shards them
         for model in (policy, alpha, ref):
             shard_blocks(model)
     G = 3
@@ -133,13 +134,13 @@ def long_prompts(tok, n=48):
     return [tok("+".join(str((i * 7 + j) % 10) for j in range(24)) + "=").input_ids for i in range(n)]
 
 
-def max_logp_gap(sampler, model, tok, seed=0, prompts=None) -> float:
+def max_logp_gap(sampler, model, tok, seed=0, prompts=None, token_filter=NO_FILTER) -> float:
     task = arithmetic_task()
     prompts = prompts or [tok(p).input_ids for p in task.prompts[::25]]
-    roll = sampler.generate(prompts, 4, 6, 1.0, seed)
+    roll = sampler.generate(prompts, 4, 6, 1.0, seed, token_filter=token_filter)
     batch = make_batch([p for p in prompts for _ in range(4)], roll.completion_ids, tok.pad_token_id, "cpu")
     with torch.no_grad():
-        logp = completion_logprobs(model, batch, 1.0).logp
+        logp = completion_logprobs(model, batch, 1.0, token_filter=token_filter).logp
     gap = (padded(roll.logprobs, logp.shape[1], "cpu") - logp).abs() * batch.completion_mask
     return float(gap.max())
 
@@ -164,13 +165,16 @@ STORED_GENERATION_CONFIG = {"repetition_penalty": 1.5, "top_k": 3, "do_sample": 
 P_REJECT = 1e-4
 
 
-def exact_j_matches_sampling(sampler, policy, bound: TokenizedTask, temperature: float, n: int = 1500) -> None:
+def exact_j_matches_sampling(sampler, policy, bound: TokenizedTask, temperature: float, n: int = 1500,
+                             token_filter=NO_FILTER) -> None:
     """Sample n completions of ten training prompts: the success count of every prompt is consistent with
-    Binomial(n, J) for the exact J of that prompt (exact binomial test), and so is the pooled count (z-test)."""
+    Binomial(n, J) for the exact J of that prompt (exact binomial test), and so is the pooled count (z-test); with
+    ``token_filter`` both are the filtered policy's."""
     idx = list(range(0, len(bound.prompt_ids), 16))[:10]
     prompts = [bound.prompt_ids[i] for i in idx]
-    j = exact_j(policy, prompts, [bound.accepted_ids[i] for i in idx], temperature, bound.tokenizer.pad_token_id)
-    roll = sampler.generate(prompts, n, 6, temperature, 0)
+    j = exact_j(policy, prompts, [bound.accepted_ids[i] for i in idx], temperature, bound.tokenizer.pad_token_id,
+                token_filter=token_filter)
+    roll = sampler.generate(prompts, n, 6, temperature, 0, token_filter=token_filter)
     texts = bound.tokenizer.batch_decode(roll.completion_ids, skip_special_tokens=True)
     hits = bound.score([i for i in idx for _ in range(n)], texts, roll.completion_ids).reshape(len(idx), n).sum(1)
     for k, p in zip(hits, j):
@@ -189,26 +193,30 @@ def model_dir_with_stored_generation_config(src, dst):
     return dst
 
 
-def first_tokens_match_reported_probabilities(sampler, policy, tok, prompt: str, n: int = 3000) -> None:
+def first_tokens_match_reported_probabilities(sampler, policy, tok, prompt: str, n: int = 3000,
+                                              token_filter=NO_FILTER, min_cells: int = 4) -> None:
     """n one-token completions of ``prompt``: the token frequencies pass a chi-square test against the
-    probabilities the sampler reported, and those equal the trainer's softmax(logits / T) to 1e-4."""
+    probabilities the sampler reported, and those equal the trainer's softmax(logits / T) (filtered by
+    ``token_filter``) to 1e-4; no token off the kept set is ever drawn."""
     ids = tok(prompt).input_ids
-    roll = sampler.generate([ids], n, 1, 1.0, 0)
+    roll = sampler.generate([ids], n, 1, 1.0, 0, token_filter=token_filter)
     first = [c[0] for c in roll.completion_ids]
     reported = {}
     for c, lp in zip(roll.completion_ids, roll.logprobs):
         reported.setdefault(c[0], lp[0])
     with torch.no_grad():
         hidden = completion_logprobs(policy, make_batch([ids], [[0]], tok.pad_token_id, "cpu"), 1.0, keep_hidden=True).hidden
-        probs = LogitHead(policy, 1.0).logprobs(hidden[0, :1])[0].double().exp().numpy()
+        probs = LogitHead(policy, 1.0, token_filter).logprobs(hidden[0, :1])[0].double().exp().numpy()
     for t, lp in reported.items():
         assert abs(lp - np.log(probs[t])) < 1e-4, (t, lp, np.log(probs[t]))
     counts = np.bincount(first, minlength=len(probs)).astype(float)
     expected = n * probs
     big = expected >= 5  # chi-square cells: every token expected 5+ times, the rest pooled
-    obs = np.append(counts[big], counts[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    assert big.sum() >= 4  # a spread-out distribution, so a top-k of 3 could not pass
+    obs, exp = counts[big], expected[big]
+    if expected[~big].sum() > 0:  # the rest pooled (a filter may leave nothing outside the big cells)
+        obs, exp = np.append(obs, counts[~big].sum()), np.append(exp, expected[~big].sum())
+    assert counts[probs == 0].sum() == 0  # nothing outside the kept set
+    assert big.sum() >= min_cells  # a spread-out distribution, so a top-k of 3 could not pass
     assert stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > P_REJECT, (obs, exp)
 
 

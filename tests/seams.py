@@ -69,9 +69,9 @@ def tag_generations(monkeypatch) -> dict:
 
     generated, real_generate = {}, TransformersSampler.generate
 
-    def tagged_generate(self, prompt_ids, n, max_tokens, temperature, seed, greedy=False):
+    def tagged_generate(self, prompt_ids, n, max_tokens, temperature, seed, greedy=False, **kwargs):
         generated[seed] = fingerprint(self.model)
-        return real_generate(self, prompt_ids, n, max_tokens, temperature, seed, greedy)
+        return real_generate(self, prompt_ids, n, max_tokens, temperature, seed, greedy, **kwargs)
 
     monkeypatch.setattr(TransformersSampler, "generate", tagged_generate)
     return generated

@@ -15,6 +15,10 @@ import torch
 from ..model import architecture
 from .base import Rollout, Sampler
 from .hf_generate import TransformersSampler
+from .token_filter import NO_FILTER, TokenFilter
+from .vllm_settings import quiet_vllm
+
+quiet_vllm()  # before any import of vllm
 
 __all__ = ["Rollout", "Sampler", "TransformersSampler", "check_vllm_supports", "make_sampler", "max_model_len",
            "probe_sync", "resolved_sampler"]
@@ -54,7 +58,11 @@ def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, ma
                            eos_token_id=tokenizer.eos_token_id, model_config=policy.config,
                            sequences=window_completions(config), group=config.num_generations,
                            prompt_tokens=max_prompt_tokens, trust_remote_code=config.trust_remote_code,
-                           trim_memory=not config.keep_freed_memory)
+                           trim_memory=not config.keep_freed_memory,
+                           gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+                           tensor_parallel_size=config.vllm_tensor_parallel_size,
+                           enable_sleep_mode=config.vllm_enable_sleep_mode,
+                           kv_cache_bytes=int(config.vllm_kv_cache_gb * 2**30))
     return TransformersSampler(policy, tokenizer.eos_token_id, tokenizer.pad_token_id)
 
 
@@ -81,7 +89,7 @@ PROBE_NOISE = 0.05
 
 
 def probe_sync(sampler: Sampler, policy: torch.nn.Module, prompts: list[list[int]], pad_token_id: int,
-               temperature: float, precision, tolerance: float) -> float:
+               temperature: float, precision, tolerance: float, token_filter: TokenFilter = NO_FILTER) -> float:
     """Prove at start-up that weights reach the sampler for this model's architecture: sync a perturbed copy
     of the policy, sample, compare the sampler's log-probs with the copy's, then sync the policy back.
     Returns the worst gap; raises ``ValueError`` (one line, naming the architecture) above ``tolerance``."""
@@ -99,10 +107,10 @@ def probe_sync(sampler: Sampler, policy: torch.nn.Module, prompts: list[list[int
                 p.add_(PROBE_NOISE * p.float().std().clamp_min(1e-3).to(p.dtype) * noise)
     try:
         sampler.load_weights(probe)
-        roll = sampler.generate(prompts, 2, 4, temperature, 0)
+        roll = sampler.generate(prompts, 2, 4, temperature, 0, token_filter=token_filter)
         batch = make_batch([p for p in prompts for _ in range(2)], roll.completion_ids, pad_token_id, device)
         with torch.no_grad():
-            logp = completion_logprobs(probe, batch, temperature, precision).logp
+            logp = completion_logprobs(probe, batch, temperature, precision, token_filter=token_filter).logp
         gap = float(((padded(roll.logprobs, logp.shape[1], device) - logp).abs() * batch.completion_mask).max())
     finally:
         sampler.load_weights(policy)

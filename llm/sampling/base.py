@@ -1,8 +1,10 @@
 """Samplers hold the behaviour policy alpha and generate groups of completions (docs/theory.md, §1 and §7).
 
 The interface is small: ``generate`` returns completion token ids and the behaviour log-probs of
-the sampled tokens (log softmax(logits / temperature), no top-k / top-p, so the importance
-weights are exact); ``load_weights`` copies the trainer's current weights in (alpha <- pi_theta).
+the sampled tokens: log of the distribution sampled, softmax(logits / temperature) restricted by the
+``token_filter`` (top-k, top-p, min-p; none by default) and renormalised, the same distribution the trainer
+recomputes, so the importance weights are exact; ``load_weights`` copies the trainer's current weights in
+(alpha <- pi_theta).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from .token_filter import NO_FILTER, TokenFilter
 
 
 @dataclass
@@ -30,7 +34,7 @@ class Sampler(Protocol):
     name: str
 
     def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
-                 greedy: bool = False) -> Rollout:
+                 greedy: bool = False, token_filter: TokenFilter = NO_FILTER) -> Rollout:
         ...
 
     def load_weights(self, model: torch.nn.Module) -> None:

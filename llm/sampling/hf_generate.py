@@ -5,7 +5,8 @@ A model directory may carry a ``generation_config.json`` (instruct models on the
 for, so alpha would no longer be softmax(logits / T), the distribution the trainer recomputes and the
 importance weights assume. The sampler therefore hides the stored config during its calls (``generate``
 sees only the settings given here) and reports the log-probs of the scores ``generate`` actually sampled
-from: the temperature is applied by the last logits processor (``TemperedLogprobs``), which also records the
+from: the temperature and the run's top-k, top-p and min-p (``llm.sampling.token_filter``, the same function the
+trainer's log-probs use) are applied by the last logits processor (``TemperedLogprobs``), which also records the
 sampled tokens' log-probs, so what it reports is what it sampled even if a processor slipped in before it;
 the trainer's recomputation would then disagree, and ``sampling/logp_diff_*`` would show it. Only one step's
 (B x V) distributions exist at a time (``generate``'s ``output_scores`` would keep B x T x V).
@@ -19,19 +20,21 @@ import torch
 
 from ..model import copy_weights, frozen_copy
 from .base import Rollout
+from .token_filter import NO_FILTER, TokenFilter, filtered_logits
 
 
 class TemperedLogprobs:
-    """A logits processor for the end of ``generate``'s list: divides the scores by T and records the log-probability
-    of each token sampled from them, holding one step's distributions at a time."""
+    """A logits processor for the end of ``generate``'s list: divides the scores by T, drops the tokens
+    ``token_filter`` drops (-inf) and records the log-probability of each token sampled from what is left, holding
+    one step's distributions at a time."""
 
-    def __init__(self, temperature: float):
-        self.temperature, self.prev, self.logp = temperature, None, []
+    def __init__(self, temperature: float, token_filter: TokenFilter = NO_FILTER):
+        self.temperature, self.token_filter, self.prev, self.logp = temperature, token_filter, None, []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         self._collect(input_ids[:, -1])  # the token sampled from the previous step's distributions
-        scores = scores / self.temperature
-        self.prev = torch.log_softmax(scores.float(), dim=-1)
+        scores = filtered_logits(scores.float() / self.temperature, self.token_filter)
+        self.prev = torch.log_softmax(scores, dim=-1)
         return scores
 
     def _collect(self, tokens: torch.Tensor) -> None:
@@ -60,7 +63,8 @@ def plain_generation_config(model):
 
 class TransformersSampler:
     """alpha as its own copy of the trainer's model (``copy=False``: the given model itself, e.g. to
-    evaluate the current policy), sampled with ``transformers.generate`` at temperature T, no top-k/top-p."""
+    evaluate the current policy), sampled with ``transformers.generate`` at temperature T from the filtered
+    distribution (``TemperedLogprobs``; generate's own top-k and top-p off)."""
 
     name = "transformers"
 
@@ -73,7 +77,7 @@ class TransformersSampler:
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
-                 greedy: bool = False) -> Rollout:
+                 greedy: bool = False, token_filter: TokenFilter = NO_FILTER) -> Rollout:
         """n completions per prompt (prompt-major); ``greedy`` takes the most likely token instead of sampling."""
         from transformers import GenerationConfig, LogitsProcessorList
 
@@ -86,7 +90,7 @@ class TransformersSampler:
             do_sample=not greedy, temperature=None if greedy else 1.0, top_k=None if greedy else 0,
             top_p=None if greedy else 1.0, repetition_penalty=1.0, max_new_tokens=max_tokens, num_return_sequences=n,
             pad_token_id=self.pad, eos_token_id=self.eos, return_dict_in_generate=True)
-        tempered = TemperedLogprobs(temperature)  # greedy: argmax unchanged, log-probs reported at T
+        tempered = TemperedLogprobs(temperature, token_filter)  # greedy: argmax unchanged, log-probs reported at T
         torch.manual_seed(seed)
         was_training = self.model.training
         self.model.eval()

@@ -2,7 +2,8 @@
 
 - generation: one ``/v1/completions`` request per prompt (token ids in; ``return_token_ids`` and
   ``logprobs=0`` give the sampled ids and their processed log-probs out), sent concurrently so the
-  server batches them; per-prompt seeds as in the in-process sampler; top-p 1, no top-k;
+  server batches them; per-prompt seeds as in the in-process sampler; top-k, top-p and min-p as the run's
+  filter asks (the processed log-probs are those of the filtered distribution);
 - weight sync: vLLM's weight-transfer handshake over its RL routes (``HTTPVLLMWeightSyncClient``) with
   the project's ``gloo_cpu`` backend on CPU or vLLM's ``nccl`` on CUDA;
 - weight versions: every sync ends with a version unique to this trainer process and sync
@@ -24,6 +25,7 @@ import torch
 from runkit.cli import RunError
 
 from .base import Rollout
+from .token_filter import NO_FILTER, TokenFilter
 
 #: Parallel HTTP requests per generation call (the server batches whatever is in flight).
 MAX_CONCURRENT_REQUESTS = 64
@@ -150,10 +152,12 @@ class ServerSampler:
                               "rerun the same command to resume, which re-sends alpha's weights first")
 
     # ---- generation --------------------------------------------------------------------------
-    def _complete(self, prompt: list[int], n: int, max_tokens: int, temperature: float, seed: int) -> list[dict]:
+    def _complete(self, prompt: list[int], n: int, max_tokens: int, temperature: float, seed: int,
+                  token_filter: TokenFilter = NO_FILTER) -> list[dict]:
         """One request: n completions of ``prompt`` (temperature 0: greedy)."""
         body = {"model": self.served_name, "prompt": prompt, "n": n, "max_tokens": max_tokens,
-                "temperature": temperature, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "logprobs": 0, "seed": seed,
+                "temperature": temperature, "top_p": token_filter.top_p, "top_k": token_filter.top_k or -1,
+                "min_p": token_filter.min_p, "logprobs": 0, "seed": seed,
                 "stop_token_ids": [self.eos], "return_token_ids": True, "skip_special_tokens": False,
                 "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
         choices = sorted(self._request("POST", "/v1/completions", json=body)["choices"], key=lambda c: c["index"])
@@ -162,8 +166,9 @@ class ServerSampler:
         return choices
 
     def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
-                 greedy: bool = False) -> Rollout:
-        """n completions per prompt, prompt-major (``greedy``: the most likely token at every position)."""
+                 greedy: bool = False, token_filter: TokenFilter = NO_FILTER) -> Rollout:
+        """n completions per prompt, prompt-major, from the filtered distribution (``greedy``: the most likely token
+        at every position)."""
         temperature = 0.0 if greedy else temperature
         if self.expected_version is not None:
             self.check_version()
@@ -171,7 +176,8 @@ class ServerSampler:
         seeds = [(seed + j * n) % (2**31) for j in range(len(prompt_ids))]
         with cf.ThreadPoolExecutor(min(MAX_CONCURRENT_REQUESTS, max(1, len(prompt_ids)))) as pool:
             results = list(pool.map(lambda a: self._complete(*a),
-                                    [(p, n, max_tokens, temperature, s) for p, s in zip(prompt_ids, seeds)]))
+                                    [(p, n, max_tokens, temperature, s, token_filter)
+                                     for p, s in zip(prompt_ids, seeds)]))
         comps, lps = [], []
         for choices in results:
             for c in choices:

@@ -29,7 +29,30 @@ On CUDA neither applies: CUDA generators rewind, and vLLM sizes its cache from `
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+import warnings
+
+#: Lines of vLLM's start-up that are not the project's business (``runkit.quiet.filtered_native_output`` drops them
+#: while the engine starts, unless ``VLLM_LOGGING_LEVEL`` asks for vLLM's log): a C++ warning that the CPU worker binds
+#: memory to its NUMA node, the weight loader's progress bar, and Triton's CPU notice.
+ENGINE_START_NOISE = (r"NUMA binding: ", r"Loading safetensors checkpoint shards", r"Triton is installed, but")
+
+
+def quiet_vllm() -> None:
+    """Before vLLM is first imported: its own log at ERROR (``VLLM_LOGGING_LEVEL``, unless the user set it; INFO shows
+    it), and the deprecation warnings its import raises about torch's API (``torch.distributed.reduce_op``) silenced.
+    What a run prints first is then the project's own lines."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    if not vllm_log_wanted():  # logged at import, before vLLM configures its loggers (Python's last-resort handler)
+        logging.getLogger("vllm.triton_utils.importing").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op.* is deprecated", category=FutureWarning)
+
+
+def vllm_log_wanted() -> bool:
+    """Whether the user asked for vLLM's own log (``VLLM_LOGGING_LEVEL`` INFO or DEBUG)."""
+    return os.environ.get("VLLM_LOGGING_LEVEL", "ERROR").upper() in ("INFO", "DEBUG")
 
 #: Prompt tokens per engine step (vLLM's CPU default), sequences at once and the KV cache block (module docstring).
 CPU_BATCHED_TOKENS = 4096
@@ -80,14 +103,15 @@ def kv_cache_bytes(model_config, dtype: str, max_model_len: int, sequences: int,
 
 
 def cpu_engine_args(model_config, dtype: str, max_model_len: int, sequences: int, group: int = 1,
-                    prompt_tokens: int = 0) -> dict:
+                    prompt_tokens: int = 0, kv_bytes: int = 0) -> dict:
     """Keyword arguments of a CPU engine (``vllm.LLM``) for sequences of up to ``max_model_len`` tokens,
     ``sequences`` of them per generation call (a window's completions), ``group`` per prompt of up to
-    ``prompt_tokens`` tokens (``kv_cache_blocks``)."""
+    ``prompt_tokens`` tokens (``kv_cache_blocks``); ``kv_bytes`` > 0: that KV cache instead
+    (``--vllm-kv-cache-gb``)."""
     return dict(enable_chunked_prefill=False, max_num_batched_tokens=batched_tokens(max_model_len),
                 enable_prefix_caching=True, block_size=CPU_BLOCK_SIZE, max_num_seqs=CPU_MAX_SEQS,
-                kv_cache_memory_bytes=kv_cache_bytes(model_config, dtype, max_model_len, sequences, CPU_MAX_SEQS,
-                                                     group, prompt_tokens))
+                kv_cache_memory_bytes=kv_bytes or kv_cache_bytes(model_config, dtype, max_model_len, sequences,
+                                                                 CPU_MAX_SEQS, group, prompt_tokens))
 
 
 def cpu_server_args(model_config, dtype: str, max_model_len: int, kv_bytes: int | None = None) -> list[str]:

@@ -2,9 +2,13 @@
 
 import pytest
 import torch
+from scipy import stats
 
+from llm.evaluation import EvalSpec, evaluate, exact_pass_at_k, maj_at_k, pass_at_k
+from llm.evaluation.passk import ks_up_to
 from llm.model import load_policy
 from llm.sampling import TransformersSampler
+from llm.sampling.token_filter import TokenFilter
 from llm.tasks import arithmetic_task
 from llm.tiny import tiny_model_dir
 from tests.helpers import (
@@ -36,3 +40,51 @@ def test_stored_generation_config_does_not_change_what_is_sampled(tmp_path):
     sampler = TransformersSampler(policy, tok.eos_token_id, tok.pad_token_id)
     first_tokens_match_reported_probabilities(sampler, policy, tok, "3+4=")
     assert policy.generation_config.top_k == 3  # and is left as it was for the user's own generate()
+
+
+@pytest.mark.parametrize("token_filter,cells", [(TokenFilter(top_p=0.8), 4), (TokenFilter(top_k=3, min_p=0.05), 3)])
+def test_the_transformers_sampler_draws_from_the_filtered_distribution_it_reports(tiny, token_filter, cells):
+    """top-p, top-k and min-p in the transformers sampler: first tokens pass a chi-square test against the filtered
+    probabilities the sampler reports, which equal the trainer's filtered log-probs; none is drawn off the kept set;
+    and the exact J of the filtered policy is the sampled success rate."""
+    policy, tok = tiny
+    sampler = TransformersSampler(policy, tok.eos_token_id, tok.pad_token_id, copy=False)
+    first_tokens_match_reported_probabilities(sampler, policy, tok, "3+4=", token_filter=token_filter,
+                                              min_cells=cells)
+    exact_j_matches_sampling(sampler, policy, arithmetic_task().bind(tok), 1.0, n=600, token_filter=token_filter)
+
+
+# ---- pass@k and maj@k ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,k", [(4, 1), (8, 4), (16, 8), (5, 5)])
+@pytest.mark.parametrize("p", [0.0, 0.05, 0.3, 0.9, 1.0])
+def test_pass_at_k_is_unbiased_for_one_minus_one_minus_p_to_the_k(n, k, p):
+    """The estimator's exact expectation over c ~ Binomial(n, p) is 1 - (1 - p)^k, the probability that k samples
+    include a solution."""
+    expectation = sum(stats.binom.pmf(c, n, p) * pass_at_k(n, c, k) for c in range(n + 1))
+    assert expectation == pytest.approx(1 - (1 - p) ** k, abs=1e-12)
+    assert exact_pass_at_k([p], k)[0] == pytest.approx(1 - (1 - p) ** k, abs=1e-15)
+
+
+def test_maj_at_k_counts_every_subset_and_splits_ties():
+    """Answers a, a, b, c with a correct: one sample votes a half the time; three samples vote a in the two subsets
+    holding both a's and tie three ways in the other two: (1 + 1 + 1/3 + 1/3)/4."""
+    keys, rewards = ["a", "a", "b", "c"], [1.0, 1.0, 0.0, 0.0]
+    assert maj_at_k(keys, rewards, 1) == pytest.approx(0.5)
+    assert maj_at_k(keys, rewards, 3) == pytest.approx((1 + 1 + 1 / 3 + 1 / 3) / 4)
+    assert maj_at_k(keys, rewards, 4) == pytest.approx(1.0)
+    assert ks_up_to(8) == [1, 2, 4, 8] and ks_up_to(6) == [1, 2, 4, 6]
+
+
+def test_the_run_evaluations_pass_at_k_matches_the_exact_one(tiny):
+    """On the built-in task, where J(pi | x) is exact: pass@k from 32 sampled completions of each of the 40 test
+    prompts lies within 0.05 of 1 - (1 - J)^k averaged over them (the estimate's standard error here is ~0.01)."""
+    policy, tok = tiny
+    out = evaluate(policy, arithmetic_task().bind(tok), EvalSpec(1.0, TokenFilter(), 32, 6, (1, 4, 32)), seed=0,
+                   pad=tok.pad_token_id)
+    for k in (1, 4, 32):
+        assert out[f"eval/pass@{k}"] == pytest.approx(out[f"eval/pass@{k}_exact"], abs=0.05), k
+    assert out["eval/pass@1"] == pytest.approx(out["eval/accuracy_sampled"], abs=1e-12)
+    assert out["eval/pass@1_exact"] == pytest.approx(out["eval/j"], abs=1e-12)
+    assert out["eval/maj@1"] == pytest.approx(out["eval/accuracy_sampled"], abs=1e-12)

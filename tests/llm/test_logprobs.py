@@ -5,10 +5,14 @@ import numpy as np
 import pytest
 import torch
 
+from grpo_theory.truncation import filtered_log_softmax
+from grpo_theory.truncation import kept_threshold as gt_kept_threshold
 from llm.batch import make_batch
 from llm.logprobs import LogitHead, check_head, forward_completions
 from llm.model import compile_blocks, load_policy
 from llm.passes import Passes
+from llm.sampling.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, kept_threshold
+from llm.sampling.token_filter import filtered_log_softmax as torch_filtered_log_softmax
 from llm.tiny import FAMILIES, build_family_model, tiny_model_dir
 from tests.helpers import ATOL, RTOL, RTOL64, SHARED_GRAD_RTOL, plain_logprobs, same_gradient, sequences
 
@@ -107,7 +111,7 @@ def test_a_groups_prompt_runs_once_with_the_same_logprobs_and_gradients(family, 
         assert same_gradient(a, b, SHARED_GRAD_RTOL)
 
 
-def _head(V: int, H: int, dtype: torch.dtype, temperature: float) -> LogitHead:
+def _head(V: int, H: int, dtype: torch.dtype, temperature: float, token_filter: TokenFilter = NO_FILTER) -> LogitHead:
     """A bare output layer (seeded) as the trainer's head sees a model."""
     torch.manual_seed(0)
     layer = torch.nn.Linear(H, V, bias=False).to(dtype)
@@ -122,28 +126,33 @@ def _head(V: int, H: int, dtype: torch.dtype, temperature: float) -> LogitHead:
         def get_output_embeddings(self):
             return self.out
 
-    return LogitHead(Model(), temperature)
+    return LogitHead(Model(), temperature, token_filter)
 
 
 def _grads(head: LogitHead, hidden: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, rows: int,
-           plain: bool, autocast: bool = False):
-    """log-probs, entropies and the gradients of sum w log p with respect to hidden and the output layer, through
-    the scaled head (``token_logprobs``) or autograd through the plain head (``plain``)."""
+           plain: bool, autocast: bool = False, entropy_weights: torch.Tensor | None = None):
+    """log-probs, entropies and the gradients of sum w log p (+ sum u H with ``entropy_weights`` u: an entropy
+    bonus) with respect to hidden and the output layer, through the scaled head (``token_logprobs``) or autograd
+    through the plain head (``plain``)."""
     from torch.utils.checkpoint import checkpoint
 
     from llm.logprobs import _token_stats, token_logprobs
 
     head.layer.weight.grad = None
     h = hidden.clone().requires_grad_()
+    grad_h = entropy_weights is not None
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         if plain:
-            parts = [checkpoint(_token_stats, head, h[s:s + rows], targets[s:s + rows], True, use_reentrant=False)
-                     for s in range(0, h.shape[0], rows)]
+            parts = [checkpoint(_token_stats, head, h[s:s + rows], targets[s:s + rows], True, grad_h,
+                                use_reentrant=False) for s in range(0, h.shape[0], rows)]
             logp, ent = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         else:
-            logp, ent = token_logprobs(head, h, targets, rows, entropy=True)
-    (logp * weights.to(logp.dtype)).sum().backward()
-    return logp.detach(), ent, h.grad, head.layer.weight.grad.clone()
+            logp, ent = token_logprobs(head, h, targets, rows, entropy=True, entropy_grad=grad_h)
+    objective = (logp * weights.to(logp.dtype)).sum()
+    if grad_h:
+        objective = objective + (ent * entropy_weights.to(ent.dtype)).sum()
+    objective.backward()
+    return logp.detach(), ent.detach(), h.grad, head.layer.weight.grad.clone()
 
 
 def test_the_completions_pass_gets_the_prompt_cache_in_one_memory_layout(monkeypatch):
@@ -184,6 +193,36 @@ def test_the_scaled_head_equals_autograd_through_the_plain_head(dtype, rows, tem
     rtol = RTOL64 if dtype == torch.float64 else RTOL
     for a, b in zip(got, want, strict=True):
         assert same_gradient(a, b, rtol)
+
+
+@pytest.mark.parametrize("token_filter", [TokenFilter(top_p=0.5), TokenFilter(top_k=40),
+                                          TokenFilter(top_k=200, top_p=0.9, min_p=0.01)])
+@pytest.mark.parametrize("rows", [1000, 70])
+@pytest.mark.parametrize("bonus", [False, True])
+def test_the_filtered_scaled_head_equals_autograd_through_the_filtered_plain_head(token_filter, rows, bonus):
+    """top-k, top-p, min-p in the head with its own backward: the log-probs of the filtered distribution (targets off
+    the kept set at OFF_SET_LOGP, with no gradient), its entropies and, with an entropy bonus, the entropy's gradient,
+    equal to autograd through log_softmax of the masked logits, in float64."""
+    head = _head(3000, 48, torch.float64, 0.7, token_filter)
+    g = torch.Generator().manual_seed(1)
+    hidden, targets = 3 * torch.randn(300, 48, dtype=torch.float64, generator=g), torch.randint(0, 3000, (300,))
+    weights, bonus_w = torch.randn(300, dtype=torch.float64), torch.randn(300, dtype=torch.float64)
+    got, want = (_grads(head, hidden, targets, weights, rows, plain, entropy_weights=bonus_w if bonus else None)
+                 for plain in (False, True))
+    off = got[0] == OFF_SET_LOGP
+    assert 0 < int(off.sum()) < 300  # both kinds of target are exercised
+    for a, b in zip(got, want, strict=True):
+        assert same_gradient(a, b, RTOL64)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_torch_filter_keeps_grpo_theorys_set(seed):
+    g = torch.Generator().manual_seed(seed)
+    z = 2 * torch.randn(50, 300, dtype=torch.float64, generator=g)
+    for f in (TokenFilter(top_p=0.7), TokenFilter(top_k=7), TokenFilter(min_p=0.1), TokenFilter(5, 0.9, 0.05)):
+        assert torch.equal(torch.from_numpy(gt_kept_threshold(z.numpy(), f)), kept_threshold(z, f))
+        want = torch.from_numpy(filtered_log_softmax(z.numpy(), f)).clamp(min=OFF_SET_LOGP)
+        assert torch.allclose(torch_filtered_log_softmax(z, f), want, rtol=1e-12, atol=1e-12)
 
 
 def test_the_scaled_head_under_bf16_autocast_is_as_accurate_as_autograd():

@@ -11,6 +11,7 @@ import torch
 from llm.batch import make_batch, padded
 from llm.logprobs import completion_logprobs
 from llm.model import load_policy
+from llm.sampling.token_filter import TokenFilter
 from llm.sampling.vllm_engine import vllm_available
 from llm.tasks import arithmetic_task
 from llm.tiny import tiny_model_dir
@@ -115,6 +116,20 @@ def test_exact_j_is_the_sampled_success_rate(engine, temperature):
     exact_j_matches_sampling(sampler, policy, arithmetic_task().bind(tok), temperature)
 
 
+@pytest.mark.parametrize("token_filter,cells", [(TokenFilter(top_p=0.8), 4), (TokenFilter(top_k=3, min_p=0.05), 3)])
+def test_the_engine_samples_the_filtered_distribution_and_reports_its_log_probs(engine, token_filter, cells):
+    """top-p, top-k and min-p in vLLM: after a sync its processed log-probs are the trainer's filtered log-probs
+    (to SYNC_ATOL), its first tokens pass a chi-square test against them with none off the kept set, and the exact J
+    of the filtered policy is its sampled success rate."""
+    sampler, policy, tok = engine
+    perturb(policy, 7)
+    sampler.load_weights(policy)
+    assert max_logp_gap(sampler, policy, tok, token_filter=token_filter) <= SYNC_ATOL
+    first_tokens_match_reported_probabilities(sampler, policy, tok, "3+4=", token_filter=token_filter,
+                                              min_cells=cells)
+    exact_j_matches_sampling(sampler, policy, arithmetic_task().bind(tok), 1.0, n=600, token_filter=token_filter)
+
+
 def test_one_call_over_4096_prompt_tokens_samples_exactly(engine):
     """vLLM on a CPU splits the prefill of a call whose prompts exceed max_num_batched_tokens (4,096 by default) and
     then rewinds each seeded request's generator, which a CPU generator cannot ('CPU Generator does not use offset');
@@ -179,7 +194,7 @@ def test_evaluation_generates_with_the_runs_engine_and_hands_alpha_back(tmp_path
 
     monkeypatch.setattr(TransformersSampler, "generate", refuse)
     cfg = GRPOConfig(output_dir=str(tmp_path / "eval"), sampler="vllm", max_steps=4, sync_period=2,
-                     window_generation=False, behaviour_logprobs="recompute", eval_steps=1, eval_generations=2,
+                     window_generation=False, behaviour_logprobs="recompute", eval_steps=1, num_generations_eval=2,
                      learning_rate=3e-3, beta=0.0, progress=False, logging_steps=1000)
     rows = read_metrics(train(cfg, log=lambda *a: None))
     assert "eval_initial/accuracy_greedy" in rows[0]

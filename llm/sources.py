@@ -8,14 +8,18 @@ from pathlib import Path
 
 from .data import PromptData, load_prompt_data
 from .procedural import PREFIX, GeneratorSpec, reasoning_gym_task
-from .tasks import (ANSWER_CHECKS, Task, arithmetic_task, check_answers, import_reward_fn, import_reward_funcs)
+from .rewards import ANSWER_CHECKS, RewardContext, check_answers, import_reward_fn
+from .rewards import reward_funcs as resolve_reward_funcs
+from .tasks import Task, arithmetic_task
 
 
 def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "", reward_funcs: Sequence[str] = (),
-              reward_weights: Sequence[float] = (), answer_check: str = "math_verify", generator=None) -> Task:
+              reward_weights: Sequence[float] = (), answer_check: str = "math_verify", generator=None,
+              reward_context: RewardContext = RewardContext()) -> Task:
     """``arithmetic`` (built in, with its own test split), ``reasoning_gym:<name>`` (a procedural generator,
     ``llm.procedural``, with ``generator``: a ``GeneratorSpec``), or data in TRL's format (``llm.data``: a file, a
     saved data set or ``hf:<name>``; GSM8K's rows are mapped onto it) with ``eval_dataset`` as its test split.
+    ``reward_funcs`` (``llm.rewards.reward_funcs``, with ``reward_context``) replace the task's own reward.
     """
     if dataset == "arithmetic" or dataset.startswith(PREFIX):
         if eval_dataset:
@@ -25,12 +29,12 @@ def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "", reward_
         if reward_fn:
             task = task.with_reward(import_reward_fn(reward_fn))
         if reward_funcs:
-            task = task.with_reward_funcs(import_reward_funcs(reward_funcs, reward_weights))
+            task = task.with_reward_funcs(resolve_reward_funcs(reward_funcs, reward_weights, reward_context))
         return task
     train = load_prompt_data(dataset, "train")
     test = load_prompt_data(eval_dataset, "test") if eval_dataset else PromptData(())
     if reward_funcs:
-        reward = {"reward_funcs": tuple(import_reward_funcs(reward_funcs, reward_weights))}
+        reward = {"reward_funcs": tuple(resolve_reward_funcs(reward_funcs, reward_weights, reward_context))}
     elif reward_fn:
         reward = {"reward_fn": import_reward_fn(reward_fn)}
     else:

@@ -22,7 +22,7 @@ from llm import GRPOConfig
 from llm.model import load_policy
 from llm.serve import ServeConfig
 from llm.sources import load_task
-from llm.tasks import text_reward
+from llm.rewards import text_reward
 from llm.tiny import tiny_model_dir
 from runkit.cli import run_main
 

@@ -8,7 +8,8 @@ import pytest
 
 from llm import GRPOConfig
 from llm.sources import load_task
-from llm.tasks import arithmetic_task, numeric_reward, parse_number
+from llm.rewards import numeric_reward, parse_number
+from llm.tasks import arithmetic_task
 
 PY = sys.executable
 
@@ -183,14 +184,14 @@ def test_rewards_outside_unit_range_train_and_the_bound_uses_the_range_seen(rewa
     ("the area is \\(2\\pi\\)", "\\pi", 0.0, 0.0),
 ])
 def test_math_verify_checks_answers_that_differ_only_in_format(completion, answer, math_verify, last_number):
-    from llm.tasks import ANSWER_CHECKS
+    from llm.rewards import ANSWER_CHECKS
 
     assert ANSWER_CHECKS["math_verify"](completion, answer) == math_verify
     assert ANSWER_CHECKS["last_number"](completion, answer) == last_number
 
 
 def test_answer_check_selects_the_gsm8k_reward(tmp_path):
-    from llm.tasks import math_verify_reward
+    from llm.rewards import math_verify_reward
 
     path = tmp_path / "g.jsonl"
     path.write_text(json.dumps({"question": "Half of 1?", "answer": "#### 0.5"}) + "\n")

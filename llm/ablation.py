@@ -148,7 +148,7 @@ def summarise(rows: list[dict], target: float) -> dict[str, float]:
         "syncs": float(sum(bool(r.get("sync/reason")) for r in rows)),
         "ess": float(np.mean([r["ess/pi_k_alpha"] for r in rows])),
         "steps_bound_positive": float(np.mean(bound > 0)),
-        "above_cap": float(np.mean([r.get("is_correction/frac_above_cap", 0.0) for r in rows])),
+        "above_cap": float(np.nanmean([r.get("is_correction/frac_above_cap", 0.0) for r in rows])),
         "test_j": rows[-1]["eval/j"],
         "test_j0": rows[0]["eval_initial/j"],
         "train_j": float(j[-1]),

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
+from grpo_theory.truncation import TokenFilter
 from grpo_theory.validation import EPS_MAX
 from runkit.validation import require, require_finite
 
@@ -66,6 +67,10 @@ class GRPOConfig:
     reward; excludes ``reward_fn``."""
     reward_weights: tuple[float, ...] = ()
     """One weight per reward function (TRL's name); empty: 1 each."""
+    soft_punish_cache: int = 0
+    """L_cache of the built-in reward ``soft_overlong_punishment`` (DAPO's soft overlong punishment; TRL's
+    ``get_soft_overlong_punishment`` argument): completions longer than max_completion_length - L_cache lose up to 1
+    linearly. Needed (> 0) when that reward is listed in ``reward_funcs``."""
     chat_template: bool = False
     """Render every text prompt (training, held-out and test) as one user message with the tokenizer's chat
     template and its generation prompt, as an instruct model expects; the built-in tiny model has no template and
@@ -117,7 +122,11 @@ class GRPOConfig:
     ``dropped_stale`` (TRL AsyncGRPO's max_staleness; with asynchronous generation the lag is v .. 2v - 1). It
     changes alpha's distribution over the steps that update (docs/theory.md, §7.1). -1: keep every step."""
     ref_sync_steps: int = 0
-    """Reset pi_ref <- pi_theta every this many steps (0: pi_ref stays the initial model)."""
+    """Reset pi_ref <- pi_theta every this many steps (0: pi_ref stays the initial model; TRL's ref_model_sync_steps
+    with sync_ref_model)."""
+    ref_model_mixup_alpha: float = 1.0
+    """At each pi_ref reset, pi_ref <- a pi_theta + (1 - a) pi_ref, weight by weight (TRL's name; TRL's default is 0.6,
+    this project's 1: a copy)."""
     window_generation: bool = True
     """Generate the prompts of the whole sync window in one sampler call (alpha is frozen for v steps)."""
     async_generation: bool = False
@@ -133,11 +142,20 @@ class GRPOConfig:
     output layer stay whole on every rank (the chunked log-probs apply the output layer outside the model's
     forward); rank 0 keeps one unsharded copy in CPU memory for the sampler's syncs, evaluation and the saved model.
     Not with --use-peft."""
+    filter_groups: bool = False
+    """Dynamic sampling (DAPO; verl's algorithm.filter_groups): keep only groups whose rewards vary and generate more
+    rounds of prompts_per_step prompts from alpha until prompts_per_step such groups are gathered (or
+    max_num_gen_batches rounds ran). The update then sees prompts chosen by their rewards (docs/theory.md, §6.2);
+    ``sampling/gen_rounds`` and ``sampling/kept_group_share`` log what it took. Not with --async-generation."""
+    max_num_gen_batches: int = 10
+    """Dynamic sampling's bound on generation rounds per step, the first included (verl's name; 0: no bound). A step
+    that ends short trains on the groups it has."""
     heldout_prompts: int = 0
-    """Extra prompts per step, drawn independently of the training prompts, whose G completions from alpha
-    never enter the loss. The TV distances, the bound's terms and the improvement are also estimated on
-    them (``heldout/*``), free of the in-sample bias of estimates on the prompts and completions pi_{k+1}
-    was fitted to (docs/theory.md, §8.2). 0: off."""
+    """Extra prompts per step, drawn independently of the training prompts (from the same pool, so some may also be
+    trained on in that step), whose G completions from alpha never enter the loss. The TV distances, the bound's
+    terms and the improvement are also estimated on them (``heldout/*``), free of the in-sample bias of estimates on
+    the prompts and completions pi_{k+1} was fitted to: the TV and improvement estimates are unbiased, the
+    surrogate and the bound carry a stated bias of their 1/s~ (docs/theory.md, §8.2 and §8.5). 0: off."""
 
     # ---- objective -------------------------------------------------------------------------
     epsilon: float = 0.2
@@ -156,18 +174,35 @@ class GRPOConfig:
     w = pi_k/alpha per token (token_*) or per completion (sequence_*: exp of the summed log-weights), truncated at
     importance_sampling_cap (*_truncate: min(w, cap)) or zeroed above it (*_mask)."""
     importance_sampling_cap: float = 3.0
-    """The cap C of the TRL importance-sampling modes (TRL's vllm_importance_sampling_cap)."""
+    """The cap C of the TRL importance-sampling modes (TRL's vllm_importance_sampling_clip_max, formerly
+    vllm_importance_sampling_cap)."""
+    importance_sampling_cap_min: float = 0.0
+    """The lower cap c of the TRL modes (TRL's vllm_importance_sampling_clip_min): *_truncate clamps the weight to
+    [c, C], *_mask zeroes it outside [c, C] (token_mask with [0.5, 5] is IcePop's two-sided mask). 0: none."""
     beta: float = 0.04
     """KL(pi || pi_ref) weight (k3 estimator, per token). 0 skips the reference model (and the kl metrics)."""
     use_bias_correction_kl: bool = True
     """Multiply the per-token k3 by pi/alpha (TRL's name): the tokens are sampled from alpha, and only with the
     correction is each token's term an estimate of KL(pi || pi_ref) at its position (per-token, along alpha's
     prefixes; docs/theory.md, §8.4)."""
-    loss_type: Literal["grpo", "dapo", "dr_grpo"] = "dapo"
+    loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = "dapo"
     """Normaliser: grpo = mean over each sequence's tokens then over sequences; dapo = over all
-    tokens of the batch; dr_grpo = over (sequences x max_completion_length)."""
-    scale_rewards: Literal["group", "none"] = "group"
-    """group: A = (r - mean)/sqrt(var + variance_eps) per group (the paper's whitening); none: r - mean."""
+    tokens of the step; dr_grpo = over (sequences x max_completion_length); bnpo = over each micro-batch's own
+    tokens (TRL's local normaliser: the step's gradient then depends on per_device_train_batch_size; dapo for a step
+    in one pass)."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """group: A = (r - mean)/sqrt(var + variance_eps) per group (the paper's whitening); batch: (r - group mean) over
+    the standard deviation of the step's rewards (TRL's batch); none: r - mean."""
+    mask_truncated_completions: bool = False
+    """Completions that reach max_completion_length without EOS leave the loss (TRL's name, DAPO's truncation
+    masking); their rewards still count in the group statistics. The loss then averages over the completions alpha
+    finishes (docs/theory.md, §6.2)."""
+    top_entropy_quantile: float = 1.0
+    """Keep in the policy term only the tokens whose entropy is in this top share of each micro-batch's loss tokens
+    (TRL's name; 1: all)."""
+    entropy_coef: float = 0.0
+    """Subtract this times the mean next-token entropy of the loss tokens from the loss (an entropy bonus, TRL's
+    name, verl's entropy_coeff). The entropy is that of the (filtered) policy the trainer optimises."""
     variance_eps: float = 1e-4
     """eps of sigma_{alpha,eps} = sqrt(var + eps) in the advantage and the bound (Theorem 1 needs <= 3/4)."""
     mask_zero_std_groups: bool = True
@@ -183,7 +218,22 @@ class GRPOConfig:
 
     # ---- optimisation and sampling ---------------------------------------------------------
     learning_rate: float = 3e-4
-    """AdamW learning rate (the default suits the tiny built-in model; use ~1e-6 for 0.5B+ models)."""
+    """AdamW learning rate (the default suits the tiny built-in model; use ~1e-6 for 0.5B+ models); the peak of the
+    schedule."""
+    lr_scheduler_type: Literal["constant", "linear", "cosine", "constant_with_warmup"] = "constant"
+    """The learning-rate schedule over the run's max_steps x num_iterations optimiser steps (transformers' schedules,
+    TRL's name; TRL's default is linear, this project's constant). Logged per step as ``learning_rate``."""
+    warmup_ratio: float = 0.0
+    """Share of the optimiser steps over which the rate warms up linearly from 0 (linear, cosine and
+    constant_with_warmup; transformers' name)."""
+    warmup_steps: int = 0
+    """Warm-up length in optimiser steps; overrides warmup_ratio when > 0 (transformers' name)."""
+    adam_beta1: float = 0.9
+    """AdamW's beta1 (transformers' name)."""
+    adam_beta2: float = 0.999
+    """AdamW's beta2 (transformers' name)."""
+    adam_epsilon: float = 1e-8
+    """AdamW's epsilon (transformers' name)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     max_grad_norm: float = 1.0
@@ -195,6 +245,16 @@ class GRPOConfig:
     """Largest number of generated tokens per completion."""
     temperature: float = 1.0
     """Sampling temperature; log-probabilities on both sides are of softmax(logits / temperature)."""
+    top_k: int = 0
+    """Sample from the top_k most likely tokens only (TRL's name; 0: off). The policies are then the filtered,
+    renormalised distributions on both sides, sampler and trainer, so pi_k/alpha stays exact (docs/theory.md,
+    §1.1)."""
+    top_p: float = 1.0
+    """Nucleus sampling (TRL's name): the smallest set of most likely tokens with probability >= top_p, renormalised
+    (1: off). The trainer's pi_theta is that filtered distribution of its own logits (docs/theory.md, §1.1)."""
+    min_p: float = 0.0
+    """Drop tokens whose probability is below min_p times the most likely one's (TRL's name; 0: off). Applied
+    before top_k and top_p, in vLLM's order."""
     per_device_train_batch_size: int = 0
     """Completions per forward and backward pass (a micro-batch; TRL's name). The P x G completions of a step
     run in ceil(P x G / this) micro-batches whose gradients add up to one optimiser step (TRL's
@@ -241,6 +301,17 @@ class GRPOConfig:
     sampler: Literal["auto", "vllm", "server", "transformers"] = "auto"
     """'vllm' (in-process engine), 'server' (vLLM's own server in another process, at server_url; start it with
     ``python -m llm.serve MODEL``), 'transformers' (generate on a copy of the weights), 'auto': vllm if importable."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """Share of the GPU's memory the in-process engine may take (TRL's name and default; CUDA only: on a CPU the KV
+    cache is sized from the window, or by vllm_kv_cache_gb)."""
+    vllm_tensor_parallel_size: int = 1
+    """GPUs the in-process engine shards the model over (TRL's name; CUDA only: a CPU engine refuses > 1)."""
+    vllm_enable_sleep_mode: bool = False
+    """The in-process engine frees its GPU memory (weights offloaded, cache dropped) after each generation call and
+    takes it back before the next call or sync (TRL's name; CUDA only, refused on a CPU; untested: no GPU here)."""
+    vllm_kv_cache_gb: float = 0.0
+    """On a CPU, the in-process engine's KV cache in GiB (0: sized to a window's completions, llm.sampling.
+    vllm_settings)."""
     server_url: str = ""
     """URL of the inference server for sampler 'server' (e.g. http://127.0.0.1:8000)."""
     server_timeout: float = 120.0
@@ -263,7 +334,8 @@ class GRPOConfig:
     insample_diagnostics: bool = False
     """Log the in-sample estimates of the terms involving pi_{k+1} (``insample/*``): one more forward pass of the
     updated policy over the training batch per step. They are biased upwards (pi_{k+1} was fitted to these samples;
-    docs/theory.md, §8), hence off by default; ``--heldout-prompts`` gives unbiased ones. The pi_k quantities
+    docs/theory.md, §8), hence off by default; ``--heldout-prompts`` gives estimates free of that bias (the TV and improvement ones
+    unbiased; docs/theory.md, §8.2). The pi_k quantities
     (TV(pi_k, alpha), the lag penalty, the sync check) need no extra pass and are always logged."""
     insample_diagnostics_steps: int = 1
     """With ``insample_diagnostics``: compute them at every this many steps only (steps k with k % N == 0), so
@@ -275,11 +347,26 @@ class GRPOConfig:
     prompts and the exact improvement (one forward pass over the accepted completions per step)."""
     eval_steps: int = 0
     """Evaluate the policy on the test prompts every this many steps, before the first and after the last (0: never):
-    exact J (built-in task), sampled accuracy and greedy accuracy (``eval/*``)."""
-    eval_generations: int = 8
-    """Completions per test prompt for the sampled accuracy."""
+    exact J (built-in task), sampled accuracy, pass@k and maj@k, and greedy accuracy (``eval/*``)."""
+    num_generations_eval: int = 8
+    """Completions per test prompt for the sampled accuracy and ``eval/pass@k``, ``eval/maj@k`` (k = 1, 2, 4, ... up
+    to it; TRL's name)."""
+    eval_temperature: float = -1.0
+    """Sampling temperature of the evaluation (-1: the training temperature)."""
+    eval_top_p: float = -1.0
+    """top_p of the evaluation (-1: the training top_p)."""
+    eval_top_k: int = -1
+    """top_k of the evaluation (-1: the training top_k; 0: off)."""
+    eval_min_p: float = -1.0
+    """min_p of the evaluation (-1: the training min_p)."""
     logging_steps: int = 1
-    """Print a progress line every this many steps (metrics.jsonl always gets every step)."""
+    """Print a progress line every this many steps where no progress bar is shown (``--no-progress``, or output to a
+    file or a CI log); metrics.jsonl always gets every step."""
+    log_completions: bool = False
+    """Every logging_steps steps, show the step's prompts, completions, rewards and advantages: a table on the console,
+    rows in <output_dir>/completions.jsonl and a table in the trackers (TensorBoard text, W&B table; TRL's name)."""
+    num_completions_to_print: int = 0
+    """Completions of a step that log_completions shows (TRL's name; 0: all)."""
     save_steps: int = 50
     """Checkpoint every this many steps (and at the end, and on Ctrl-C). 0: only at the end."""
     num_threads: int = 0
@@ -296,7 +383,8 @@ class GRPOConfig:
     several allowed: ``--report-to tensorboard wandb``). Each needs its package (an optional install); TensorBoard
     writes to <output_dir>/tensorboard. ``llm.trackers`` has the details."""
     progress: bool = True
-    """Show a tqdm progress bar."""
+    """Show a tqdm progress bar when stderr is a terminal (a file or a CI log gets a line every ``logging_steps``
+    instead of the bar's redraws). Off: lines everywhere."""
 
     def __post_init__(self):
         require_finite(self)
@@ -329,10 +417,22 @@ class GRPOConfig:
         require(self, not self.reward_weights or len(self.reward_weights) == len(self.reward_funcs), "reward_weights",
                 f"needs one weight per reward function ({len(self.reward_funcs)})")
         require(self, all(math.isfinite(w) for w in self.reward_weights), "reward_weights", "must be finite numbers")
-        require(self, self.eval_generations >= 1, "eval_generations", "must be >= 1")
+        require(self, 0 <= self.soft_punish_cache <= self.max_completion_length, "soft_punish_cache",
+                f"must lie in [0, max_completion_length = {self.max_completion_length}]")
+        require(self, self.soft_punish_cache > 0 or "soft_overlong_punishment" not in self.reward_funcs,
+                "soft_punish_cache", "soft_overlong_punishment needs it > 0 (the length over which the penalty grows)")
+        require(self, self.num_generations_eval >= 1, "num_generations_eval", "must be >= 1")
+        require(self, self.eval_temperature == -1 or MIN_TEMPERATURE <= self.eval_temperature <= MAX_TEMPERATURE,
+                "eval_temperature", f"must lie in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], or be -1 (training's)")
+        require(self, self.eval_top_p == -1 or 0 < self.eval_top_p <= 1, "eval_top_p",
+                "must lie in (0, 1], or be -1 (training's)")
+        require(self, self.eval_top_k >= -1, "eval_top_k", "must be >= 0, or -1 (training's)")
+        require(self, self.eval_min_p == -1 or 0 <= self.eval_min_p < 1, "eval_min_p",
+                "must lie in [0, 1), or be -1 (training's)")
         self._check_objective_and_machinery()
 
     def _check_objective_and_machinery(self):
+        require(self, 0 < self.top_entropy_quantile <= 1, "top_entropy_quantile", "must lie in (0, 1] (1: every token)")
         require(self, self.ratio_level == "token" or self.loss_type == "grpo", "ratio_level",
                 "sequence-level ratios need loss_type grpo (dapo and dr_grpo would weight each sequence's one "
                 "objective value by its length)")
@@ -340,6 +440,10 @@ class GRPOConfig:
         require(self, self.tv_budget >= 0, "tv_budget", "must be >= 0 (a TV distance lies in [0, 1])")
         require(self, self.max_lag >= 0, "max_lag", "must be >= 0")
         require(self, self.max_staleness >= -1, "max_staleness", "must be >= 0, or -1 to keep every step")
+        require(self, self.max_num_gen_batches >= 0, "max_num_gen_batches", "must be >= 0 (0: no bound)")
+        require(self, not (self.filter_groups and self.async_generation), "filter_groups",
+                "draws more rounds from alpha during the step, while asynchronous generation's sampler already holds "
+                "the next window's weights; drop one of --filter-groups and --async-generation")
         if self.sync_policy == "divergence":
             require(self, self.heldout_prompts > 0, "sync_policy",
                     "divergence decides from the held-out TV estimate; add --heldout-prompts (e.g. 8)")
@@ -351,21 +455,33 @@ class GRPOConfig:
         require(self, self.delta == 0 or self.delta > 1 + self.clip_high, "delta",
                 f"must exceed 1 + epsilon_high = {1 + self.clip_high} (or be 0: off)")
         require(self, self.importance_sampling_cap > 0, "importance_sampling_cap", "must be > 0")
+        require(self, 0 <= self.importance_sampling_cap_min < self.importance_sampling_cap,
+                "importance_sampling_cap_min", f"must lie in [0, importance_sampling_cap = {self.importance_sampling_cap})")
         require(self, self.ref_sync_steps >= 0, "ref_sync_steps", "must be >= 0")
+        require(self, 0 < self.ref_model_mixup_alpha <= 1, "ref_model_mixup_alpha", "must lie in (0, 1]")
         require(self, 0 <= self.epsilon < 10, "epsilon", "the clip width must lie in [0, 10)")
         require(self, self.beta >= 0, "beta", "must be >= 0")
         require(self, 0 <= self.variance_eps <= EPS_MAX, "variance_eps", "must lie in [0, 3/4] (Theorem 1)")
         require(self, self.learning_rate > 0, "learning_rate", "must be > 0")
+        require(self, 0 <= self.warmup_ratio <= 1, "warmup_ratio", "must lie in [0, 1]")
+        require(self, self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        require(self, 0 <= self.adam_beta1 < 1, "adam_beta1", "must lie in [0, 1)")
+        require(self, 0 <= self.adam_beta2 < 1, "adam_beta2", "must lie in [0, 1)")
+        require(self, self.adam_epsilon > 0, "adam_epsilon", "must be > 0")
         require(self, self.weight_decay >= 0, "weight_decay", "must be >= 0")
         require(self, self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0")
         require(self, self.max_consecutive_skipped_updates >= 1, "max_consecutive_skipped_updates", "must be >= 1")
         require(self, self.max_completion_length >= 1, "max_completion_length", "must be >= 1")
+        require(self, self.top_k >= 0, "top_k", "must be >= 0 (0: off)")
+        require(self, 0 < self.top_p <= 1, "top_p", "must lie in (0, 1] (1: off)")
+        require(self, 0 <= self.min_p < 1, "min_p", "must lie in [0, 1) (0: off)")
         require(self, MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE, "temperature",
                 f"must lie in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}] (logits / temperature must stay finite in float32)")
         require(self, self.per_device_train_batch_size >= 0, "per_device_train_batch_size",
                 "must be >= 0 (0: the whole step in one pass)")
         require(self, self.logit_chunk_tokens >= 0, "logit_chunk_tokens", "must be >= 0 (0: automatic)")
         require(self, self.logging_steps >= 1, "logging_steps", "must be >= 1")
+        require(self, self.num_completions_to_print >= 0, "num_completions_to_print", "must be >= 0 (0: all)")
         require(self, self.save_steps >= 0, "save_steps", "must be >= 0")
         require(self, 0 <= self.num_threads <= (os.cpu_count() or 1), "num_threads",
                 f"must lie in [0, {os.cpu_count()}] (this machine's cores; 0: torch's default)")
@@ -378,6 +494,9 @@ class GRPOConfig:
         require(self, not self.server_url or self.sampler == "server", "server_url",
                 f"given, but the sampler is {self.sampler!r}; add --sampler server")
         require(self, self.server_timeout > 0, "server_timeout", "must be > 0")
+        require(self, 0 < self.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization", "must lie in (0, 1]")
+        require(self, self.vllm_tensor_parallel_size >= 1, "vllm_tensor_parallel_size", "must be >= 1")
+        require(self, self.vllm_kv_cache_gb >= 0, "vllm_kv_cache_gb", "must be >= 0 (0: sized to the window)")
         require(self, self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
                 "device", "expected auto, cpu or cuda[:n]")
 
@@ -386,6 +505,11 @@ class GRPOConfig:
     def clip_high(self) -> float:
         """The upper clip width: ``epsilon_high``, or ``epsilon`` when it is -1."""
         return self.epsilon if self.epsilon_high == -1.0 else self.epsilon_high
+
+    @property
+    def token_filter(self) -> TokenFilter:
+        """top_k, top_p and min_p as one filter (``grpo_theory.truncation``)."""
+        return TokenFilter(self.top_k, self.top_p, self.min_p)
 
     @property
     def generates_windows(self) -> bool:
@@ -428,3 +552,100 @@ class GRPOConfig:
 
     def replace(self, **changes) -> "GRPOConfig":
         return dataclasses.replace(self, **changes)
+
+
+# ---- TRL's names ---------------------------------------------------------------------------------
+
+#: TRL 1.16 names (and verl's where TRL has none) accepted for this config's fields, on the command line
+#: (``translate_trl_args``) and in ``GRPOConfig.from_trl``: name -> (field, {their value: ours} or None).
+TRL_NAMES: dict[str, tuple[str, dict | None]] = {
+    "vllm_importance_sampling_mode": ("importance_sampling_mode", None),
+    "vllm_importance_sampling_clip_max": ("importance_sampling_cap", None),
+    "vllm_importance_sampling_cap": ("importance_sampling_cap", None),  # TRL's name before 1.16
+    "vllm_importance_sampling_clip_min": ("importance_sampling_cap_min", None),
+    "importance_sampling_level": ("ratio_level", {"token": "token", "sequence": "sequence_normalised"}),
+    "ref_model_sync_steps": ("ref_sync_steps", None),
+    "vllm_server_base_url": ("server_url", None),
+    "vllm_server_timeout": ("server_timeout", None),
+    "vllm_mode": ("sampler", {"colocate": "vllm", "server": "server"}),
+    "entropy_coeff": ("entropy_coef", None),  # verl's
+}
+#: TRL's switches: name -> (field, value when on, value when off).
+TRL_SWITCHES: dict[str, tuple[str, str, str | None]] = {
+    "bf16": ("dtype", "bfloat16", "float32"),
+    "use_vllm": ("sampler", "vllm", "transformers"),
+    "sync_ref_model": ("ref_sync_steps", "", "0"),  # on: ref_model_sync_steps (TRL's default 512)
+}
+#: TRL's default ref_model_sync_steps, used when sync_ref_model is on without it.
+TRL_REF_MODEL_SYNC_STEPS = 512
+
+
+def _trl_values(given: dict) -> dict:
+    """TRL's names and values (``given``: name -> value, strings or Python values) as this config's fields."""
+    out, sync_ref = {}, given.pop("sync_ref_model", None)
+    steps = given.get("ref_model_sync_steps")
+    if steps is not None and not sync_ref:
+        raise ValueError("ref_model_sync_steps: TRL applies it only with sync_ref_model; add --sync-ref-model (or "
+                         "use --ref-sync-steps)")
+    if sync_ref and steps is None:
+        given["ref_model_sync_steps"] = TRL_REF_MODEL_SYNC_STEPS
+    if sync_ref is not None and not sync_ref:
+        out["ref_sync_steps"] = 0
+    vllm_mode = given.get("vllm_mode")
+    for name, value in given.items():
+        if name in TRL_SWITCHES:
+            field, on, off = TRL_SWITCHES[name]
+            if name == "use_vllm" and value and vllm_mode is not None:
+                continue  # vllm_mode says which
+            out[field] = on if value else off
+            continue
+        field, values = TRL_NAMES[name]
+        if values is not None:
+            if value not in values:
+                raise ValueError(f"{name}: expected one of {', '.join(values)}, got {value!r}")
+            value = values[value]
+        out[field] = value
+    return out
+
+
+def translate_trl_args(argv: list[str]) -> list[str]:
+    """A command line with TRL's option names (``--vllm-importance-sampling-mode token_mask``, ``--bf16``...) as this
+    project's (``--importance-sampling-mode token_mask``, ``--dtype bfloat16``); other arguments unchanged."""
+    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+    names = {flag(n): n for n in TRL_NAMES}
+    switches = {flag(n): (n, True) for n in TRL_SWITCHES} | {flag(f"no_{n}"): (n, False) for n in TRL_SWITCHES}
+    given, rest, i = {}, [], 0
+    while i < len(argv):
+        arg = argv[i]
+        key, eq, inline = arg.partition("=")
+        if key in names:
+            if eq:
+                given[names[key]] = inline
+            elif i + 1 < len(argv):
+                given[names[key]] = argv[i + 1]
+                i += 1
+            else:
+                raise ValueError(f"{names[key]}: missing value")
+            if names[key] == "ref_model_sync_steps":
+                given[names[key]] = int(given[names[key]])
+        elif arg in switches:
+            name, on = switches[arg]
+            given[name] = on
+        else:
+            rest.append(arg)
+        i += 1
+    out = []
+    for field, value in _trl_values(given).items():
+        out += [flag(field), str(value)]
+    return rest + out
+
+
+def from_trl(**kwargs) -> GRPOConfig:
+    """A ``GRPOConfig`` from keyword arguments that may use TRL's names (``TRL_NAMES``, ``TRL_SWITCHES``) beside
+    this project's: ``from_trl(vllm_importance_sampling_mode="token_mask", bf16=True, max_steps=50)``."""
+    trl = {k: kwargs.pop(k) for k in list(kwargs) if k in TRL_NAMES or k in TRL_SWITCHES}
+    translated = _trl_values(trl)
+    both = sorted(set(translated) & set(kwargs))
+    if both:
+        raise ValueError(f"{both[0]}: given both under its own name and under TRL's; give one")
+    return GRPOConfig(**kwargs, **translated)

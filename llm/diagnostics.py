@@ -1,24 +1,29 @@
 """Per-step estimates of the TV distances and of every term of Theorem 1 on a language model (docs/theory.md, §8).
 
-Every estimate is computed on completions sampled from alpha. For a completion y of prompt x,
-w = pi(y|x)/alpha(y|x) is the product of its token ratios. Per prompt:
+Every estimate is computed on completions sampled from alpha: per prompt a group of G completions y_g with rewards
+r_g and sequence weights w_g = pi(y_g|x)/alpha(y_g|x) (the product of the token ratios) and w_k,g for pi_k. The
+estimators are ``grpo_theory.estimators``'s, per prompt:
 
-- TV(pi, alpha)         = 1/2 E_alpha |w - 1|           ->  1/2 mean |w - 1|
-- J(pi) - J(pi_k)       = E_alpha[(w_new - w_k) r]       ->  mean (w_new - w_k) r
-- L_alpha(pi)           = (J(pi) - J(alpha)) / s          ->  mean (w_new - 1) r / s   (docs/theory.md, §2)
+- TV(pi, alpha)         ->  mean_g (1 - w_g)^+                                  unbiased; in [0, 1]
+- J(pi) - J(pi_k)       ->  mean_g (w_g - w_k,g)(r_g - rbar_{-g})                unbiased (leave-one-out baseline)
+- L_alpha(pi)           ->  mean_g (w_g - 1)(r_g - rbar_{-g}) / s~_{-g}           biased through 1/s~
+- the TV penalty        ->  c mean_g (1 - w_g)^+ (1/s~_{-g} - 1)                  biased through 1/s~
+- the lag penalty       ->  c mean_g (1 - w_k,g)^+                                unbiased
 
-with s = sqrt(sigma^2 + eps), sigma the group's plug-in (ddof = 0) standard deviation (so s <= 1 as
-Theorem 1 needs), and the bound's terms assembled by ``grpo_theory.combine_bound``. For a policy that does
-not depend on the samples, the TV, improvement and surrogate-numerator estimates are unbiased; s is a
-plug-in. What the average is taken over therefore decides the bias:
+rbar_{-g} is the mean of the group's other G - 1 rewards and s~_{-g} the standard deviation of those rewards
+shrunk towards 1/2 by 0.3 pseudo-rewards at 0 and at 1 (never 0, at most 1/2): each response's 1/s~ is independent
+of its weight, so the surrogate's, the TV penalty's and the lower bound's expectations are their formulas with
+E[1/s~] in place of 1/s, a bias docs/theory.md §8.5 tabulates (E[1/s~]/(1/s) from 0.17 to 1.18 at G = 8). The bound
+terms are assembled by ``grpo_theory.combine_bound``. What the average is taken over then decides the rest:
 
 - ``insample/*``: over the training prompts and their completions. pi_{k+1} was fitted to both, so every
   estimate involving pi_{k+1} is biased: the improvement upwards (the update raises J most on the prompts
   and completions it trained on, and may lower it elsewhere), and TV(pi_{k+1}, alpha) upwards too (the
   update moves probability onto exactly the completions it is then evaluated on).
-- ``heldout/*``: over extra prompts drawn independently of the training ones, whose completions never
-  entered the loss. pi_k and pi_{k+1} do not depend on them, so the estimates are unbiased for the
-  expectation over the prompt distribution.
+- ``heldout/*``: over extra prompts drawn independently of the training ones (from the same pool, so some are also
+  training prompts of the step), whose completions never entered the loss. pi_k and pi_{k+1} do not depend on
+  them, so the TV, improvement and lag-penalty estimates are unbiased for the expectation over the prompt
+  distribution, and the surrogate, the TV penalty and the lower bound carry only the 1/s~ bias above.
 - ``tv/pi_k_alpha`` on the training batch is unbiased: pi_k depends on no sample of its own step.
 
 Rewards outside [0, 1] (reward functions may return any finite number): Theorem 1 holds for rewards in a known
@@ -26,11 +31,12 @@ range [lo, hi] through r' = (r - lo)/(hi - lo), which lies in [0, 1]: every term
 s <= 1 and weight) and the terms in units of J (improvement, surrogate, penalties, lower bound) are multiplied
 back by hi - lo. ``RewardRange`` holds the range used: [0, 1], widened to every training and held-out reward the
 run has seen. A measured range can only be narrower than the true one, and the bound holds only for rewards inside
-it; for rewards in [0, 1] nothing changes. With the shift, the improvement estimate is
-mean (w_new - w_k)(r - lo), still unbiased (E_alpha[w_new - w_k] = 0).
+it; for rewards in [0, 1] nothing changes. The leave-one-out baseline makes the improvement estimate invariant to
+the shift (mean (w_new - w_k)(r - rbar_{-g}) is the same for r and r - lo).
 
 Chain-rule estimate (``*_chain_ub_est``): TV(pi, alpha) <= E_{y~alpha} sum_t TV(pi(.|x, y_<t), alpha(.|x, y_<t));
-the batch mean of the inner sum is a Monte-Carlo estimate of that upper bound, not a bound on each batch.
+the batch mean of the inner sum is an unbiased Monte-Carlo estimate of that upper bound, not a bound on each batch,
+and the logged value is that mean clipped at 1, which is biased low near 1 (``chain_tv_estimate``).
 """
 
 from __future__ import annotations
@@ -97,6 +103,30 @@ def rollout_metrics(rewards: np.ndarray, zero_std: np.ndarray, completions: list
     }
 
 
+#: Token log-weights are clamped to +-this before w - 1 - log w (the KL term's clamp, ``llm.loss.KL_LOG_MAX``).
+MISMATCH_LOG_MAX = 40.0
+
+
+@torch.no_grad()
+def weight_metrics(logp_k: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """The token importance weights w = pi_k/alpha over every completion token (``mask`` (B, T)), whatever the loss
+    keeps: ``is_weight/mean|min|max`` and ``sampling/mismatch_kl``, the token mean of w - 1 - log w (k3 of
+    KL(alpha || pi_k) per token along alpha's prefixes: unbiased for the mean over the completion tokens alpha
+    samples; docs/theory.md, §6.1). Over every token, not only the loss's: the zero-variance mask keeps groups by
+    their rewards, and a step dropped for staleness keeps none, which is when the mismatch matters most. nan on a
+    batch without tokens."""
+    on = mask > 0
+    if not bool(on.any()):
+        nan = float("nan")
+        return {"is_weight/mean": nan, "is_weight/min": nan, "is_weight/max": nan, "sampling/mismatch_kl": nan}
+    log_w = (logp_k.float() - logp_alpha.float())[on]
+    w = torch.exp(log_w)
+    lw = log_w.clamp(-MISMATCH_LOG_MAX, MISMATCH_LOG_MAX)
+    mismatch = (torch.exp(lw) - 1.0 - lw).clamp(min=0.0)  # >= 0 exactly; rounding can dip below at w = 1
+    return {"is_weight/mean": float(w.mean()), "is_weight/min": float(w.min()), "is_weight/max": float(w.max()),
+            "sampling/mismatch_kl": float(mismatch.mean())}
+
+
 def sampler_gap(logp_sampler: torch.Tensor, logp_trainer: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     """|sampler's log alpha - trainer's recomputation| over the completion tokens: mean and worst token."""
     diff = (logp_sampler - logp_trainer).abs() * mask
@@ -113,8 +143,10 @@ def chain_tv_sum(a: TokenDists, b: TokenDists, mask: torch.Tensor, chunk_tokens:
 
 
 def chain_tv_estimate(total: float, sequences: int) -> float:
-    """min(1, ``total`` / ``sequences``): the chain-rule estimate clipped at 1. TV <= 1, so min(1, E sum_t TV_t) is
-    still an upper bound on TV; the clip lowers the estimate only where it exceeded 1, to a value that bounds TV."""
+    """min(1, ``total`` / ``sequences``): the batch mean of sum_t TV_t clipped at 1. The mean is unbiased for the
+    chain-rule upper bound U = E sum_t TV_t; the clipped value is not: E[min(1, X)] <= min(1, E X), so where the
+    mean's spread reaches past 1 the logged value is biased low, and near 1 it is no upper bound on TV in
+    expectation. Below, far from 1, the clip never binds and the estimate is U's."""
     return min(1.0, total / max(sequences, 1))
 
 
@@ -203,8 +235,9 @@ def bound_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndar
 def group_metrics(group_rewards: np.ndarray, log_w_k: np.ndarray, eps: float,
                   reward_range: RewardRange = UNIT_RANGE) -> dict[str, float]:
     """Quantities of the training groups that involve only alpha and pi_k (no bias from the update):
-    TV(pi_k, alpha) (unbiased, ``grpo_theory.estimators.tv_estimate``), the largest sequence weight pi_k/alpha and
-    their effective sample size, the groups' sampled reward standard deviation (``sigma/*``, plug-in) and the
+    TV(pi_k, alpha) (unbiased, ``grpo_theory.estimators.tv_estimate``), the largest and the mean sequence weight
+    pi_k/alpha (the mean estimates pi_k's mass on what alpha can produce: 1 unless a top-k, top-p or min-p filter
+    keeps pi_k on tokens alpha's drops; docs/theory.md, §1.1) and their effective sample size, the groups' sampled reward standard deviation (``sigma/*``, plug-in) and the
     penalty weight (1 - s~)/s~ the bound's estimates use (of the rewards rescaled to ``reward_range``)."""
     _, sigma = group_statistics(group_rewards)
     r = reward_range.rescale(group_rewards)
@@ -213,6 +246,7 @@ def group_metrics(group_rewards: np.ndarray, log_w_k: np.ndarray, eps: float,
     return {
         "tv/pi_k_alpha": float(ge.tv_estimate(w_k).mean()),
         "is_weight_seq/max": float(w_k.max()),
+        "is_weight_seq/mean": float(w_k.mean()),
         "ess/pi_k_alpha": float(ge.kish_ess_fraction(w_k)),
         "sigma/mean": float(sigma.mean()),
         "sigma/min": float(sigma.min()),

@@ -38,7 +38,7 @@ from typing import Literal
 
 import torch
 
-LossType = Literal["grpo", "dapo", "dr_grpo"]
+LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo"]
 RatioLevel = Literal["token", "sequence", "sequence_normalised"]
 ImportanceSamplingMode = Literal["paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
@@ -106,7 +106,8 @@ def loss_weights(completion_mask: torch.Tensor, loss_type: LossType, max_complet
     """Weight of every token in the step's loss, (B, T): the loss is sum(per_token * weights).
 
     grpo: mean over each sequence's tokens, then mean over the sequences that have any token;
-    dapo: sum over tokens / number of tokens; dr_grpo: sum / (sequences x max_completion_length).
+    dapo: sum over tokens / number of tokens; dr_grpo: sum / (sequences x max_completion_length); bnpo: as dapo for
+    the step as one pass (TRL's bnpo normalises each micro-batch by its own tokens: ``llm.optim.update.bnpo_weights``).
     Sequences with ``sequence_mask`` 0 (masked groups) weigh 0 and count in no normaliser.
     Compute it once from the masks of the whole step (never per micro-batch).
     """
@@ -115,13 +116,13 @@ def loss_weights(completion_mask: torch.Tensor, loss_type: LossType, max_complet
         mask = mask * sequence_mask.float()[:, None]
     seq_tokens = mask.sum(dim=1, keepdim=True)
     n_seq = (seq_tokens > 0).sum().clamp(min=1)
-    if loss_type == "dapo":
+    if loss_type in ("dapo", "bnpo"):
         return mask / mask.sum().clamp(min=1.0)
     if loss_type == "dr_grpo":
         return mask / (n_seq * max_completion_length)
     if loss_type == "grpo":
         return mask / seq_tokens.clamp(min=1.0) / n_seq
-    raise ValueError(f"loss_type: expected grpo, dapo or dr_grpo, got {loss_type!r}")
+    raise ValueError(f"loss_type: expected grpo, dapo, dr_grpo or bnpo, got {loss_type!r}")
 
 
 def level_log_ratio(token_log_ratio: torch.Tensor, real: torch.Tensor, level: str) -> torch.Tensor:
@@ -148,6 +149,7 @@ class Clip:
     ratio_level: RatioLevel = "token"
     importance_sampling_mode: ImportanceSamplingMode = "paper"
     importance_sampling_cap: float = 3.0
+    importance_sampling_cap_min: float = 0.0  # the lower cap (TRL's clip_min, IcePop's band); 0: none
 
     @property
     def high(self) -> float:
@@ -162,39 +164,31 @@ class LossStats:
     tokens: float = 0.0
     clip_low: float = 0.0
     clip_high: float = 0.0
-    is_weight_sum: float = 0.0
-    is_weight_min: float = float("inf")
-    is_weight_max: float = float("-inf")
-    mismatch_kl: float = 0.0
     above_cap: float = 0.0
     kl: dict = field(default_factory=dict)  # name -> sum over loss tokens
 
-    SUMS = ("loss", "tokens", "clip_low", "clip_high", "is_weight_sum", "mismatch_kl", "above_cap")
+    SUMS = ("loss", "tokens", "clip_low", "clip_high", "above_cap")
 
     def merge(self, other: "LossStats") -> "LossStats":
         kl = {k: self.kl.get(k, 0.0) + other.kl.get(k, 0.0) for k in {**self.kl, **other.kl}}  # keys in order
-        sums = {k: getattr(self, k) + getattr(other, k) for k in self.SUMS}
-        return LossStats(**sums, is_weight_min=min(self.is_weight_min, other.is_weight_min),
-                         is_weight_max=max(self.is_weight_max, other.is_weight_max), kl=kl)
+        return LossStats(**{k: getattr(self, k) + getattr(other, k) for k in self.SUMS}, kl=kl)
 
     def metrics(self) -> dict[str, float]:
-        """TRL's names where they exist: loss, clip_ratio/*, kl; plus is_weight/* (pi_k/alpha over loss tokens, at
-        the ratio level), ``sampling/mismatch_kl`` (the token mean of w - 1 - log w, w = pi_k/alpha per token: k3 of
-        KL(alpha || pi_k) per token along alpha's prefixes) and ``is_correction/frac_above_cap`` (loss tokens whose
-        weight a TRL mode truncated or masked; 0 with the paper's clip)."""
-        n = max(self.tokens, 1.0)
+        """TRL's names where they exist: loss, clip_ratio/*, kl; plus ``is_correction/frac_above_cap`` (loss tokens
+        whose weight a TRL mode truncated or masked; 0 with the paper's clip). Shares and means over the loss tokens:
+        nan on a step with none (every group masked, or dropped for staleness), where there is nothing to average.
+        The importance weights and the mismatch KL are over every completion token (``llm.diagnostics.
+        weight_metrics``), not these."""
+        n = self.tokens
+        share = (lambda x: x / n) if n else (lambda x: float("nan"))  # noqa: E731
         out = {
             "loss": self.loss,
-            "clip_ratio/low_mean": self.clip_low / n,
-            "clip_ratio/high_mean": self.clip_high / n,
-            "clip_ratio/region_mean": (self.clip_low + self.clip_high) / n,
-            "is_weight/mean": self.is_weight_sum / n if self.tokens else 1.0,
-            "is_weight/min": self.is_weight_min if self.tokens else 1.0,
-            "is_weight/max": self.is_weight_max if self.tokens else 1.0,
-            "sampling/mismatch_kl": self.mismatch_kl / n,
-            "is_correction/frac_above_cap": self.above_cap / n,
+            "clip_ratio/low_mean": share(self.clip_low),
+            "clip_ratio/high_mean": share(self.clip_high),
+            "clip_ratio/region_mean": share(self.clip_low + self.clip_high),
+            "is_correction/frac_above_cap": share(self.above_cap),
         }
-        out.update({k: v / n for k, v in self.kl.items()})
+        out.update({k: share(v) for k, v in self.kl.items()})
         return out
 
 
@@ -210,6 +204,7 @@ def grpo_loss(
     beta: float = 0.0,
     logp_ref: torch.Tensor | None = None,
     use_bias_correction_kl: bool = True,
+    policy_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """Loss (to minimise) of one optimiser step, or of one micro-batch of it, and its statistics.
 
@@ -223,7 +218,9 @@ def grpo_loss(
     then counts once, which is the paper's E_alpha f. The config refuses them with the token-level normalisers.
 
     With a TRL importance-sampling mode the objective is ``grpo_theory.corrected_objective``: PPO's clip of
-    rho = pi/pi_k at the ratio level, times w = pi_k/alpha per token or per sequence, truncated or masked at the cap.
+    rho = pi/pi_k at the ratio level, times w = pi_k/alpha per token or per sequence, truncated or masked at the cap
+    (and at the lower cap, when one is set). ``policy_mask`` (B, T): multiplies the clipped objective per token, not
+    the KL term (``top_entropy_quantile``).
     """
     spec = clip if isinstance(clip, Clip) else Clip(epsilon=clip)
     level = ratio_level or spec.ratio_level
@@ -237,6 +234,8 @@ def grpo_loss(
     adv = advantages.to(logp.dtype)[:, None].expand_as(logp)
     per_token, log_ratio, log_ratio_k, above = clipped_objective(logp, logp_k, logp_alpha, adv, weights != 0, spec,
                                                                  level)
+    if policy_mask is not None:
+        per_token = per_token * policy_mask
     kl_sums = {}
     if beta > 0:
         k3 = k3_kl(logp, logp_ref.detach())
@@ -246,7 +245,7 @@ def grpo_loss(
             kl_sums = {"kl": float(((k3_is if use_bias_correction_kl else k3) * on).sum()),
                        "kl/k3": float((k3 * on).sum()), "kl/k3_is": float((k3_is * on).sum())}
     loss = (per_token * weights).sum()
-    return loss, loss_stats(loss, log_ratio, log_ratio_k, logp_k - logp_alpha, adv, spec, on, above, kl_sums)
+    return loss, loss_stats(loss, log_ratio, log_ratio_k, adv, spec, on, above, kl_sums)
 
 
 def clipped_objective(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torch.Tensor, adv: torch.Tensor,
@@ -267,27 +266,20 @@ def clipped_objective(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torc
     log_ratio_k = level_log_ratio(token_log_w, real, "token" if mode.startswith("token") else "sequence")
     rho, _ = bounded_ratios(log_ratio, torch.zeros_like(log_ratio), adv, spec.high)
     w = torch.exp(log_ratio_k.clamp(max=LOG_RATIO_MAX))
-    above = log_ratio_k > math.log(spec.importance_sampling_cap)
-    w = torch.clamp(w, max=spec.importance_sampling_cap) if mode.endswith("_truncate") else torch.where(
-        above, torch.zeros_like(w), w)
+    lo, hi = spec.importance_sampling_cap_min, spec.importance_sampling_cap
+    above = (log_ratio_k > math.log(hi)) | (w < lo)  # outside the band [lo, hi]
+    w = torch.clamp(w, min=lo, max=hi) if mode.endswith("_truncate") else torch.where(above, torch.zeros_like(w), w)
     per_token = -w * clip_objective_torch(rho, torch.ones_like(rho), adv, spec.epsilon, spec.high, spec.delta)
     return per_token, log_ratio, log_ratio_k, above
 
 
 @torch.no_grad()
-def loss_stats(loss: torch.Tensor, log_ratio: torch.Tensor, log_ratio_k: torch.Tensor, token_log_w: torch.Tensor,
-               adv: torch.Tensor, spec: Clip, on: torch.Tensor, above: torch.Tensor, kl_sums: dict) -> LossStats:
+def loss_stats(loss: torch.Tensor, log_ratio: torch.Tensor, log_ratio_k: torch.Tensor, adv: torch.Tensor, spec: Clip,
+               on: torch.Tensor, above: torch.Tensor, kl_sums: dict) -> LossStats:
     """The statistics of a loss over its tokens ``on``: of the unbounded ratios (inf where they overflow). The clip
     flags are the paper's window around r' (paper mode) or PPO's around 1 for rho = pi/pi_k (TRL modes)."""
     ratio_k = torch.exp(log_ratio_k)
     around = ratio_k if spec.importance_sampling_mode == "paper" else torch.ones_like(ratio_k)
     low, high = clip_flags_torch(torch.exp(log_ratio), around, adv, spec.epsilon, spec.high)
-    rk = ratio_k[on]
-    lw = token_log_w.clamp(-KL_LOG_MAX, KL_LOG_MAX)
-    mismatch = (torch.exp(lw) - 1.0 - lw).clamp(min=0.0)[on]  # >= 0 exactly; rounding can dip below at w = 1
-    return LossStats(
-        loss=float(loss.detach()), tokens=float(on.sum()), clip_low=float((low & on).sum()),
-        clip_high=float((high & on).sum()), is_weight_sum=float(rk.sum()),
-        is_weight_min=float(rk.min()) if rk.numel() else float("inf"),
-        is_weight_max=float(rk.max()) if rk.numel() else float("-inf"), mismatch_kl=float(mismatch.sum()),
-        above_cap=float((above & on).sum()), kl=kl_sums)
+    return LossStats(loss=float(loss.detach()), tokens=float(on.sum()), clip_low=float((low & on).sum()),
+                     clip_high=float((high & on).sum()), above_cap=float((above & on).sum()), kl=kl_sums)

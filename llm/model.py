@@ -90,7 +90,24 @@ def load_policy(path: str, device: torch.device, trust_remote_code: bool = False
         tokenizer.pad_token = tokenizer.eos_token
     if model.config.vocab_size < len(tokenizer):
         raise ValueError("model_name_or_path: tokenizer is larger than the model's vocabulary")
+    disable_dropout(model)
     return model.to(device), tokenizer
+
+
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Every dropout of the model off (TRL's disable_dropout, always on here): the importance weight compares
+    log-probs of different passes, which must be those of one distribution, not of random masks. Zeroes each
+    ``nn.Dropout``'s p and each module's float ``attention_dropout`` (transformers' attention reads it); returns how
+    many it changed."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout) and module.p:
+            module.p, changed = 0.0, changed + 1
+        if isinstance(getattr(module, "attention_dropout", None), float) and module.attention_dropout:
+            module.attention_dropout, changed = 0.0, changed + 1
+    if getattr(model.config, "attention_dropout", 0.0):
+        model.config.attention_dropout = 0.0
+    return changed
 
 
 def architecture(model: torch.nn.Module) -> str:

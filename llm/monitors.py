@@ -5,6 +5,7 @@ trackers, the callbacks and the progress bar of rank 0 (every other rank gets ``
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ from .evaluation import mean_exact_j
 from .metrics import PHASES
 from .model import Precision
 from .rundir import RunDir, read_metrics
+from .sampling.token_filter import NO_FILTER, TokenFilter
 from .tasks import TokenizedTask
 from .weights import SYNC_LOGP_TOLERANCE
 
@@ -44,13 +46,15 @@ class ExactJ:
     ``enabled`` is false where nothing is measured (the option off, a task without it, a rank that does not join)."""
 
     def __init__(self, enabled: bool, policy, task: TokenizedTask, temperature: float, pad: int,
-                 precision: Precision):
+                 precision: Precision, token_filter: TokenFilter = NO_FILTER):
         self.enabled = enabled and task.task.has_exact_j
         self.policy, self.task, self.temperature, self.pad, self.precision = policy, task, temperature, pad, precision
+        self.token_filter = token_filter
         self._current: float | None = None
 
     def _measure(self) -> float:
-        return mean_exact_j(self.policy, self.task, self.temperature, self.pad, self.precision)
+        return mean_exact_j(self.policy, self.task, self.temperature, self.pad, self.precision,
+                            token_filter=self.token_filter)
 
     def before_update(self) -> None:
         if self.enabled and self._current is None:
@@ -130,8 +134,8 @@ def arithmetic(config, n_params: int, n_trained: int, device, sampler_name: str,
              f"sampler {sampler_name}, task {t.name} ({len(t.prompts)} training prompts, {len(t.test_prompts)} test"
              f"{', exact J' if t.has_exact_j and config.exact_j else ''})"]
     if config.heldout_prompts:
-        lines.append(f"  held-out: {config.heldout_prompts} extra prompts x G={G} per step, never in the loss, for "
-                     "unbiased estimates (heldout/*)")
+        lines.append(f"  held-out: {config.heldout_prompts} extra prompts x G={G} per step, drawn independently, "
+                     "never in the loss: estimates free of in-sample bias (heldout/*)")
     lines.append(
         f"  per step: {P} prompts x G={G} = {config.completions_per_step} completions, "
         f"<= {config.completions_per_step * config.max_completion_length} generated tokens, "
@@ -159,14 +163,24 @@ class Output:
     and callbacks that see every row, log lines, lines above the progress bar (``write``) and the bar itself."""
 
     def __init__(self, config, run: RunDir, start: int, log, callbacks: Sequence[StepCallback] = ()):
-        from tqdm.auto import tqdm
-
         self.config, self.run, self.path, self.log, self.callbacks = config, run, run.path, log, tuple(callbacks)
-        self.bar = tqdm(total=config.max_steps, initial=start, disable=not config.progress, dynamic_ncols=True,
-                        unit="step")
+        self.start = start
+        # a bar redraws itself with carriage returns: in a terminal only; in a file or a CI log, lines instead
+        self.show_bar = config.progress and sys.stderr.isatty()
+        self.bar = None  # drawn at the first step, below the start-up lines
 
     def write(self, line: str) -> None:
-        self.bar.write(line)
+        """A line for the user whatever ``log`` does (warnings), above the bar when one is drawn."""
+        from tqdm.auto import tqdm
+
+        tqdm.write(line)
+
+    def _bar(self):
+        if self.bar is None:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.config.max_steps, initial=self.start, dynamic_ncols=True, unit="step")
+        return self.bar
 
     def kept_rows(self) -> list[dict]:
         return read_metrics(self.path)
@@ -180,16 +194,33 @@ class Output:
         show it."""
         for cb in self.callbacks:
             cb(row["step"], row)
-        self.bar.update(1)
-        exact = {"J": f"{row['j/pi_new']:.3f}", "dJ": f"{row['improvement']:+.4f}"} if "j/pi_new" in row else {}
-        self.bar.set_postfix(reward=f"{row['reward']:.3f}", **exact, tv=f"{row['tv/pi_k_alpha']:.3f}", lag=row["lag"])
         step = row["step"]
-        if not self.config.progress and (step % self.config.logging_steps == 0 or step + 1 == self.config.max_steps):
-            parts = [f"step {step}: reward {row['reward']:.3f}", f"tv(pi_k,alpha) {row['tv/pi_k_alpha']:.4f}"]
+        if self.show_bar:
+            exact = {"J": f"{row['j/pi_new']:.3f}", "dJ": f"{row['improvement']:+.4f}"} if "j/pi_new" in row else {}
+            bar = self._bar()
+            bar.update(1)
+            bar.set_postfix(reward=f"{row['reward']:.3f}", **exact, tv=f"{row['tv/pi_k_alpha']:.3f}", lag=row["lag"])
+        elif step % self.config.logging_steps == 0 or step + 1 == self.config.max_steps:
+            parts = [f"step {step}: lag {row['lag']}", f"reward {row['reward']:.3f}",
+                     f"tv(pi_k,alpha) {row['tv/pi_k_alpha']:.4f}"]
+            if "j/pi_new" in row:
+                parts.append(f"J {row['j/pi_new']:.4f}")
             for key in ("insample/bound_est/lower_tight", "heldout/bound_est/lower_tight", "improvement", "eval/j"):
                 if key in row:
                     parts.append(f"{key} {row[key]:+.4f}")
             self.log("  ".join(parts))
+
+    def completions(self, step: int, rows: list[dict]) -> None:
+        """``log_completions``: the step's table on the console (one short line per completion), in
+        completions.jsonl and to every callback with a ``table`` method (the trackers)."""
+        self.write(f"step {step}: {len(rows)} completions (reward, advantage | prompt | completion)")
+        for r in rows:
+            self.write(f"  {r['reward']:+.3f} {r['advantage']:+.3f} | {shorten(r['prompt'], 80)} | "
+                       f"{shorten(r['completion'], 150)}")
+        self.run.append_completions(rows)
+        for cb in self.callbacks:
+            if hasattr(cb, "table"):
+                cb.table(step, rows)
 
     def save_checkpoint(self, state: dict, samples: list[dict]) -> None:
         self.run.save_checkpoint(state)
@@ -200,7 +231,16 @@ class Output:
         self.run.save_final_model(model, tokenizer)
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
+
+
+def shorten(text, width: int) -> str:
+    """A prompt or completion on one line of at most ``width`` characters (a conversation as its last message)."""
+    if isinstance(text, list):
+        text = text[-1]["content"] if text else ""
+    one = " ".join(str(text).split())
+    return one if len(one) <= width else one[:width - 3] + "..."
 
 
 class SilentOutput(Output):
@@ -220,6 +260,9 @@ class SilentOutput(Output):
         pass
 
     def save_checkpoint(self, state: dict, samples: list[dict]) -> None:
+        pass
+
+    def completions(self, step: int, rows: list[dict]) -> None:
         pass
 
     def save_final_model(self, model, tokenizer) -> None:

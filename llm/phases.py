@@ -1,10 +1,10 @@
 """The phases of a training step between generation and the update, and the diagnostics after it, one function each:
 ``score``, ``advantages``, ``alpha_logprobs`` (behaviour), ``diagnose``, ``heldout_estimates``. Each takes what it
-reads; the loop that calls them is ``llm.trainer``, the update ``llm.update``."""
+reads; the loop that calls them is ``llm.trainer``, the update ``llm.optim.update``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -18,7 +18,7 @@ from .logprobs import TokenDists
 from .passes import Passes
 from .sampling import Rollout
 from .tasks import TokenizedTask
-from .update import Optimised
+from .optim import Optimised
 
 
 # ---- score and advantages --------------------------------------------------------------------------
@@ -43,6 +43,59 @@ def score(task: TokenizedTask, prompt_idx: list[int], roll: Rollout, G: int, ran
         return Scored(rewards.reshape(len(prompt_idx), G), texts, parts)
 
     return ranks.from_main(on_rank0)
+
+
+@dataclass
+class VariedGroups:
+    """Dynamic sampling (DAPO; verl's ``filter_groups``): the groups whose rewards vary, gathered over generation
+    rounds until there are ``want`` of them. ``take`` adds a round; ``result`` gives the first ``want`` kept groups
+    as one rollout and its scores, and ``metrics`` the rounds, the kept share and the reward over every group drawn
+    (an unbiased estimate of J(alpha), unlike the kept groups' reward)."""
+
+    want: int
+    G: int
+    prompt_idx: list[int] = field(default_factory=list)
+    completion_ids: list[list[int]] = field(default_factory=list)
+    logprobs: list[list[float]] | None = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    rewards: list[np.ndarray] = field(default_factory=list)
+    parts: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    drawn: list[np.ndarray] = field(default_factory=list)
+    rounds: int = 0
+
+    @property
+    def enough(self) -> bool:
+        return len(self.prompt_idx) >= self.want
+
+    def take(self, prompt_idx: list[int], roll: Rollout, scored: Scored) -> None:
+        G = self.G
+        self.rounds += 1
+        self.drawn.append(scored.rewards)
+        for g, i in enumerate(prompt_idx):
+            r = scored.rewards[g]
+            if np.ptp(r) == 0 or self.enough:
+                continue
+            cols = slice(g * G, (g + 1) * G)
+            self.prompt_idx.append(i)
+            self.completion_ids += roll.completion_ids[cols]
+            self.logprobs = None if roll.logprobs is None or self.logprobs is None else self.logprobs + roll.logprobs[cols]
+            self.texts += scored.texts[cols]
+            self.rewards.append(r)
+            for name, values in scored.parts.items():
+                self.parts.setdefault(name, []).append(values.reshape(-1, G)[g])
+
+    def result(self) -> tuple[list[int], Rollout, Scored]:
+        G = self.G
+        rewards = np.array(self.rewards).reshape(-1, G)
+        parts = {name: np.concatenate(v) for name, v in self.parts.items()}
+        return self.prompt_idx, Rollout(self.completion_ids, self.logprobs), Scored(rewards, self.texts, parts)
+
+    def metrics(self) -> dict[str, float]:
+        drawn = np.concatenate(self.drawn)
+        return {"sampling/gen_rounds": float(self.rounds),
+                "sampling/kept_group_share": len(self.prompt_idx) / max(len(drawn), 1),
+                "sampling/reward_drawn": float(drawn.mean()),
+                "sampling/frac_reward_zero_std_drawn": float(np.mean(np.ptp(drawn, axis=1) == 0))}
 
 
 def group_batch(task: TokenizedTask, prompt_idx: list[int], roll: Rollout, G: int, device) -> Batch:
@@ -71,7 +124,7 @@ class Groups:
     keep: np.ndarray
 
 
-def advantages(rewards: np.ndarray, eps: float, scale: bool, mask_zero_std: bool, drop_all: bool = False) -> Groups:
+def advantages(rewards: np.ndarray, eps: float, scale: bool | str, mask_zero_std: bool, drop_all: bool = False) -> Groups:
     """Group whitening with ``grpo_theory.group_advantages`` and the zero-variance mask (docs/theory.md, §5);
     ``drop_all``: the loss keeps no group (a step dropped for staleness, ``max_staleness``)."""
     adv = gt.group_advantages(rewards, eps, scale=scale)
@@ -146,6 +199,7 @@ def diagnose(batch: Batch, scored: Scored, groups: Groups, roll: Rollout, eos: i
     row["grad_norm"] = optimised.grad_norm
     row["skipped_updates"] = optimised.skipped
     row.update(optimised.stats.metrics())
+    row.update(dg.weight_metrics(optimised.pi_k.logp, log_alpha, cm))
     row.update(dg.group_metrics(scored.rewards, log_w_k, eps, reward_range))
     if optimised.chain_tv_k is not None:
         row["tv/pi_k_alpha_chain_ub_est"] = optimised.chain_tv_k
@@ -197,8 +251,10 @@ def heldout_before_update(passes: Passes, policy: torch.nn.Module, alpha: torch.
 
 def heldout_estimates(passes: Passes, policy: torch.nn.Module, heldout: Heldout, eps: float,
                       reward_range: dg.RewardRange) -> dict[str, float]:
-    """``heldout/*``: the bound's terms, TV distances and improvement estimated on prompts and completions that never
-    entered the loss (unbiased over the prompt distribution; docs/theory.md, §8.2), each with its standard error."""
+    """``heldout/*``: the bound's terms, TV distances and improvement estimated on prompts drawn independently of the
+    training prompts, whose completions never entered the loss (docs/theory.md, §8.2), each with its standard error:
+    the TV, improvement and lag-penalty estimates are unbiased over the prompt distribution; the surrogate, the TV
+    penalty and the lower bound carry the bias of their 1/s~ (docs/theory.md, §8.5)."""
     logp_new = passes.logprobs(policy, heldout.batch).logp
     cm = heldout.batch.completion_mask
     P, G = heldout.rewards.shape

@@ -60,7 +60,7 @@ def summarise(run_dir: str | Path, window: int = 10) -> str:
     lagged = [r for r in rows if r.get("lag", 0) > 0]
     if lagged:
         lines.append(f"  steps with lag > 0: {len(lagged)}; their mean tv/pi_k_alpha {_mean(lagged, 'tv/pi_k_alpha'):.4f}"
-                     f", largest is_weight/max {max(r['is_weight/max'] for r in lagged):.3g}")
+                     f", largest is_weight/max {np.nanmax([r['is_weight/max'] for r in lagged]):.3g}")
         by_lag = sorted({r["lag"] for r in rows})
         lines.append("  tv/pi_k_alpha by lag: " + ", ".join(
             f"{lag}: {_mean([r for r in rows if r['lag'] == lag], 'tv/pi_k_alpha'):.4f}" for lag in by_lag))

@@ -78,6 +78,19 @@ class RolloutWindow:
             self._ready.update(future.result() if future is not None else self._generate(w0, step))
         return self._ready.pop(step)
 
+    def extra(self, step: int, round_: int) -> StepRollout:
+        """Dynamic sampling's generation round ``round_`` (1, 2, ...) of ``step``: P more training prompts, drawn from
+        their own stream of ``(seed, step, 2, round_)``, G completions each from the sampler's weights now (alpha: the
+        caller refuses asynchronous generation, where the sampler runs ahead), no held-out prompts."""
+        cfg = self.config
+        idx = self.task.sample(np.random.default_rng([cfg.seed, step, 2, round_]), cfg.prompts_per_step).tolist()
+        t0 = time.perf_counter()
+        roll = self.sampler.generate([self.prompt_tokens[i] for i in idx], cfg.num_generations,
+                                     cfg.max_completion_length, cfg.temperature,
+                                     step_seed(cfg.seed, step) + 7919 * round_, token_filter=cfg.token_filter)
+        self._calls.append((sum(map(len, roll.completion_ids)), time.perf_counter() - t0))
+        return StepRollout(idx, roll, [], Rollout([], []))
+
     def prefetch(self, w0: int) -> None:
         """Start generating the window that starts at ``w0`` in the background, with the sampler's weights now
         (nothing past ``max_steps``). The sampler's weights must not change until ``get`` has its completions."""
@@ -109,7 +122,7 @@ class RolloutWindow:
         idx = [i for s in steps for part in prompts[s] for i in part]
         t0 = time.perf_counter()
         roll = self.sampler.generate([self.prompt_tokens[i] for i in idx], G, cfg.max_completion_length,
-                                     cfg.temperature, step_seed(cfg.seed, w0))
+                                     cfg.temperature, step_seed(cfg.seed, w0), token_filter=cfg.token_filter)
         self._calls.append((sum(map(len, roll.completion_ids)), time.perf_counter() - t0))
         ready, start = {}, 0
         for s in steps:

@@ -34,13 +34,13 @@ from .config import GRPOConfig
 __all__ = ["RunDir", "read_metrics", "RESUMABLE_FIELDS"]
 
 #: Fields that may change when a run is resumed (they do not change what a step computes, up to float rounding
-#: for the micro-batch and chunk sizes, shared prompts and sharding the blocks with FSDP; a restarted server may
-#: listen elsewhere).
+#: for the micro-batch and chunk sizes, shared prompts, sharding the blocks with FSDP and the device: a checkpoint
+#: written on a GPU resumes on a CPU; a restarted server may listen elsewhere).
 RESUMABLE_FIELDS = {"max_steps", "logging_steps", "save_steps", "progress", "report_to", "num_threads", "output_dir",
                     "server_url", "server_timeout", "server_sync_address", "per_device_train_batch_size",
                     "gradient_checkpointing", "group_by_length", "attn_implementation", "logit_chunk_tokens",
                     "trust_remote_code", "max_consecutive_skipped_updates", "fsdp", "share_prompts",
-                    "keep_freed_memory"}
+                    "keep_freed_memory", "device"}
 
 
 def tensor_bytes(obj) -> int:
@@ -185,6 +185,13 @@ class RunDir:
     def append_metrics(self, row: dict) -> None:
         with writing(self.metrics_path):
             MetricsWriter(self.path, fresh=False).write(row)
+
+    def append_completions(self, rows: list[dict]) -> None:
+        """``log_completions``: rows of prompt, completion, reward and advantage into completions.jsonl."""
+        path = self.path / "completions.jsonl"
+        with writing(path), path.open("a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
 
     def append_samples(self, rows: list[dict]) -> None:
         path = self.path / "samples.jsonl"

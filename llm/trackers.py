@@ -25,6 +25,10 @@ PROJECT = "offpolicy-grpo"
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
 
 
+#: The columns of ``log_completions``'s table (TRL's, less the images).
+COMPLETION_COLUMNS = ("step", "prompt", "completion", "reward", "advantage")
+
+
 def scalars(row: dict) -> dict[str, float]:
     """The metrics of a row a tracker takes: every number but ``step`` (which is the tracker's step)."""
     return {k: float(v) for k, v in row.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -41,6 +45,13 @@ class TensorBoard:
             self.writer.add_scalar(key, value, global_step=step)
         self.writer.flush()  # a killed run keeps every row it logged
 
+    def table(self, step: int, rows: list[dict]) -> None:
+        lines = ["| " + " | ".join(COMPLETION_COLUMNS) + " |", "|" + "---|" * len(COMPLETION_COLUMNS)]
+        lines += ["| " + " | ".join(str(r[c]).replace("|", "\\|").replace("\n", " ") for c in COMPLETION_COLUMNS) + " |"
+                  for r in rows]
+        self.writer.add_text("completions", "\n".join(lines), global_step=step)
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
 
@@ -56,6 +67,12 @@ class WandB:
     def log(self, step: int, row: dict) -> None:
         self.run.log(scalars(row), step=step)
 
+    def table(self, step: int, rows: list[dict]) -> None:
+        import wandb
+
+        self.run.log({"completions": wandb.Table(columns=list(COMPLETION_COLUMNS),
+                                                 data=[[r[c] for c in COMPLETION_COLUMNS] for r in rows])}, step=step)
+
     def close(self) -> None:
         self.run.finish()
 
@@ -70,6 +87,9 @@ class Trackio:
 
     def log(self, step: int, row: dict) -> None:
         self.trackio.log(scalars(row), step=step)
+
+    def table(self, step: int, rows: list[dict]) -> None:
+        pass  # trackio's tables are not wired (it is not installed or tested here)
 
     def close(self) -> None:
         self.trackio.finish()
@@ -109,6 +129,11 @@ class Trackers:
     def __call__(self, step: int, row: dict) -> None:
         for backend in self.backends:
             backend.log(step, row)
+
+    def table(self, step: int, rows: list[dict]) -> None:
+        """``log_completions``'s rows to each tracker (TensorBoard: a markdown table as text; W&B: a table)."""
+        for backend in self.backends:
+            backend.table(step, rows)
 
     def close(self) -> None:
         for backend in self.backends:

@@ -17,13 +17,17 @@ import types
 from runkit.cli import parse, run_main
 
 from . import train as _train_function
-from .config import GRPOConfig
+from .config import TRL_NAMES, TRL_SWITCHES, GRPOConfig, translate_trl_args
 
 PROG = "python -m llm.train"
+DESCRIPTION = ("Off-policy GRPO (arXiv 2505.22257) with per-step TV and bound logging. TRL's names are accepted for "
+               "their fields: " + ", ".join(f"--{n.replace('_', '-')}" for n in [*TRL_NAMES, *TRL_SWITCHES]) +
+               " (docs/trl.md).")
 
 
 def main(args: list[str] | None = None) -> int:
-    config = parse(GRPOConfig, args, prog=PROG, description="Off-policy GRPO (arXiv 2505.22257) with per-step TV and bound logging.")
+    argv = translate_trl_args(sys.argv[1:] if args is None else list(args))  # TRL's option names accepted too
+    config = parse(GRPOConfig, argv, prog=PROG, description=DESCRIPTION)
     run_dir = _train_function(config)
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun rank 0 speaks for the run
         from .report import summarise

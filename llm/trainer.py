@@ -10,13 +10,13 @@
     advantages  group whitening and the zero-variance mask                      (``llm.phases.advantages``)
     behaviour   log alpha: the sampler's, recomputed where needed               (``llm.phases.alpha_logprobs``)
     reference   log pi_ref                                                      (beta > 0)
-    optimise    i steps on the clipped off-policy objective (+ beta KL)         (``llm.update.optimise``)
+    optimise    i steps on the clipped off-policy objective (+ beta KL)         (``llm.optim.update.optimise``)
     diagnose    TV distances, Theorem 1's estimated terms, the exact J          (``llm.phases``, ``llm.monitors``)
     evaluate    every ``eval_steps`` steps, on the test prompts                 (``llm.evaluation.evaluate``)
     log         one row of metrics.jsonl, trackers, callbacks                   (``llm.monitors.Output``)
     checkpoint  every ``save_steps`` steps, at the end and on Ctrl-C
 
-Every knob is read where it acts: ``sync_period`` (v) by the clock, ``num_iterations`` (i) in ``llm.update``,
+Every knob is read where it acts: ``sync_period`` (v) by the clock, ``num_iterations`` (i) in ``llm.optim.update``,
 ``ref_sync_steps`` at the reference reset. Under torchrun every rank runs each phase over its share of the prompts;
 rank 0 alone generates, scores and writes (``llm.distributed``).
 """
@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from runkit.cli import RunError
@@ -38,14 +39,16 @@ from .batch import make_batch
 from .clock import SyncClock, Tick
 from .config import GRPOConfig
 from .distributed import SINGLE, Ranks, close_ranks, collective_failure, init_ranks
-from .evaluation import evaluate
+from .evaluation import EvalSpec, evaluate
 from .logprobs import check_head
 from .model import add_lora, compile_blocks, load_policy, resolve_device
 from .monitors import ExactJ, Output, PhaseTimer, RangeTracker, SilentOutput, StepCallback, Warnings, arithmetic
 from .passes import Passes
-from .phases import (Behaviour, Heldout, advantages, alpha_logprobs, diagnose, group_batch, heldout_before_update,
-                     heldout_estimates, insample_estimates, reward_metrics, sampler_logprobs, score)
+from .phases import (Behaviour, Heldout, VariedGroups, advantages, alpha_logprobs, diagnose, group_batch,
+                     heldout_before_update, heldout_estimates, insample_estimates, reward_metrics, sampler_logprobs,
+                     score)
 from . import pretrained
+from .rewards import RewardContext
 from .rollout import RolloutWindow, StepRollout
 from .rundir import RunDir
 from .sampling import max_model_len, resolved_sampler
@@ -53,7 +56,7 @@ from .procedural import GeneratorSpec
 from .sources import load_task
 from .tasks import TokenizedTask
 from .trackers import Trackers, check_trackers
-from .update import Objective, optimise
+from .optim import Objective, Schedule, optimise
 from .vml import resolve_vml_dispatch
 from .weights import Weights
 
@@ -140,7 +143,7 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
                          "torchrun's process group; under torchrun use --sampler server (vLLM in its own process) or "
                          "--sampler transformers")
     task = load_task(config.dataset, config.reward_fn, config.eval_dataset, config.reward_funcs, config.reward_weights,
-                     config.answer_check, GeneratorSpec.from_config(config))
+                     config.answer_check, GeneratorSpec.from_config(config), RewardContext.from_config(config))
     if not ranks.main:
         ranks.barrier()  # rank 0 builds the built-in model's files first
     model_path = pretrained.resolve_model_path(config.model_name_or_path, log=log)
@@ -184,6 +187,7 @@ class Run:
     output: Output
     start: int
     device: torch.device
+    schedule: Schedule
 
 
 def run_loop(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_path: str, ckpt: dict | None,
@@ -208,7 +212,7 @@ def run_loop(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_pa
                     f"is_weight/max and sampling/logp_diff_max in {output.path / 'metrics.jsonl'}); the last "
                     "checkpoint holds weights from before it")
             if weights.ref is not None and config.ref_sync_steps and (step + 1) % config.ref_sync_steps == 0:
-                weights.reset_ref()
+                weights.reset_ref(config.ref_model_mixup_alpha)
             if config.save_steps and (step + 1) % config.save_steps == 0 and step + 1 < config.max_steps:
                 save(run, step + 1, samples)
             output.announce(row)  # callbacks see the row written and the checkpoint saved
@@ -238,7 +242,9 @@ def start_run(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_p
     ranks = weights.ranks
     start = 0
     clock = SyncClock.from_config(config)
+    schedule = Schedule.from_config(config)
     if ckpt is not None:
+        schedule.check_resume(ckpt.get("schedule"))
         weights.restore(ckpt)
         clock.restore(ckpt.get("clock"))
         start = ckpt["step"]
@@ -253,16 +259,17 @@ def start_run(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_p
         output.log(line)
     passes = Passes.from_config(config, ranks)
     exact = ExactJ(config.exact_j and ranks.joins_rank0, weights.policy, task, config.temperature,
-                   task.tokenizer.pad_token_id, passes.precision)
+                   task.tokenizer.pad_token_id, passes.precision, config.token_filter)
     ranges = RangeTracker(bool(task.task.reward_funcs), output.kept_rows() if start else [], output.log)
     rollouts = RolloutWindow(config, task.task, task.prompt_ids, weights.sampler)
     return Run(config, weights, task, clock, passes, Objective.from_config(config), rollouts,
-               exact, ranges, Warnings(config.dtype), output, start, next(iter(params)).device)
+               exact, ranges, Warnings(config.dtype), output, start, next(iter(params)).device, schedule)
 
 
 def save(run: Run, next_step: int, samples: list[dict]) -> None:
     """Checkpoint the weights (every rank takes part under FSDP) and the last step's samples (rank 0 writes)."""
-    run.output.save_checkpoint({"step": next_step, "clock": run.clock.state(), **run.weights.state()}, samples)
+    run.output.save_checkpoint({"step": next_step, "clock": run.clock.state(), "schedule": run.schedule.state(next_step),
+                                **run.weights.state()}, samples)
 
 
 def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
@@ -278,8 +285,11 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
     prompt_idx, roll = step_rollout.prompt_idx, step_rollout.rollout
     with timer("score"):
         scored = score(task, prompt_idx, roll, G, weights.ranks)
+    if config.filter_groups:  # dynamic sampling: more rounds from alpha until P groups whose rewards vary
+        prompt_idx, roll, scored = dynamic_sampling(run, step, prompt_idx, roll, scored, timer, row)
+    with timer("score"):
         row.update(reward_metrics(scored.parts))
-        groups = advantages(scored.rewards, config.variance_eps, config.scale_rewards == "group",
+        groups = advantages(scored.rewards, config.variance_eps, config.scale_rewards,
                             config.mask_zero_std_groups, drop_all=stale)
         row["dropped_stale"] = float(stale)
         batch = group_batch(task, prompt_idx, roll, G, run.device)
@@ -296,9 +306,13 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
         run.exact.before_update()
         heldout = heldout_phase(run, step_rollout, tick, scored.rewards, row)
     log_alpha = behaviour.log_alpha(prefer_sampler=not recompute)  # None at lag 0: pi_k's, from the optimiser
+    finished = (np.array([len(c) > 0 and c[-1] == task.eos for c in roll.completion_ids])
+                if config.mask_truncated_completions else None)  # truncated completions leave the loss
+    row["learning_rate"] = run.schedule.rate(step)
     with timer("optimise"):
         optimised = optimise(passes, run.objective, weights.policy, weights.optimizer, batch, groups.advantages,
-                             groups.keep, log_alpha, logp_ref, behaviour.dists)
+                             groups.keep, log_alpha, logp_ref, behaviour.dists, sequence_keep=finished,
+                             before_step=lambda it: run.schedule.apply(weights.optimizer, step, it))
     if tick.lag == 0 and (recompute or from_sampler is None or check or config.tv_diagnostics):
         behaviour = Behaviour(from_sampler, optimised.pi_k.logp, passes.dists(weights.alpha, optimised.pi_k.hidden))
         log_alpha = behaviour.log_alpha(prefer_sampler=not recompute)
@@ -322,7 +336,31 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
     row.update(timer.seconds)
     samples = [{"step": step, "prompt": task.task.prompts[prompt_idx[j // G]], "completion": scored.texts[j],
                 "reward": float(scored.rewards.reshape(-1)[j])} for j in range(0, scored.rewards.size, G)]
+    if config.log_completions and step % config.logging_steps == 0:
+        n = config.num_completions_to_print or scored.rewards.size
+        run.output.completions(step, [{"step": step, "prompt": task.task.prompts[prompt_idx[j // G]],
+                                       "completion": scored.texts[j], "reward": float(scored.rewards.reshape(-1)[j]),
+                                       "advantage": float(groups.advantages.reshape(-1)[j])}
+                                      for j in range(min(n, scored.rewards.size))])
     return row, samples[:SAMPLES_KEPT]
+
+
+def dynamic_sampling(run: Run, step: int, prompt_idx: list[int], roll, scored, timer: PhaseTimer, row: dict):
+    """DAPO's dynamic sampling (verl's ``filter_groups``): keep the groups whose rewards vary, and generate rounds
+    of P more prompts from alpha until P are kept or ``max_num_gen_batches`` rounds ran (0: no limit). Returns the
+    step's prompts, completions and scores (the first round's when no group varied: the zero-variance mask then
+    leaves nothing to learn); logs the rounds, the kept share and the reward of every group drawn
+    (``VariedGroups.metrics``)."""
+    config, ranks, G = run.config, run.weights.ranks, run.config.num_generations
+    varied = VariedGroups(config.prompts_per_step, G)
+    varied.take(prompt_idx, roll, scored)
+    while not varied.enough and (not config.max_num_gen_batches or varied.rounds < config.max_num_gen_batches):
+        with timer("generate"):
+            extra = ranks.from_main(lambda: run.rollouts.extra(step, varied.rounds))
+        with timer("score"):
+            varied.take(extra.prompt_idx, extra.rollout, score(run.task, extra.prompt_idx, extra.rollout, G, ranks))
+    row.update(varied.metrics())
+    return varied.result() if varied.prompt_idx else (prompt_idx, roll, scored)
 
 
 def rollout(run: Run, tick: Tick, timer: PhaseTimer, row: dict) -> StepRollout:
@@ -389,7 +427,6 @@ def run_evaluation(run: Run, policy_step: int) -> dict[str, float]:
     with weights.policy_in_sampler(engine, swap=policy_step > 0) as policy:
         if not weights.ranks.main:
             return {}
-        return evaluate(policy, run.task, temperature=config.temperature, max_tokens=config.max_completion_length,
-                        generations=config.eval_generations, seed=config.seed + policy_step,
+        return evaluate(policy, run.task, EvalSpec.from_config(config), seed=config.seed + policy_step,
                         pad=run.task.tokenizer.pad_token_id, precision=run.passes.precision, exact=config.exact_j,
                         sampler=weights.sampler if engine else None)

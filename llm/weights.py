@@ -22,6 +22,7 @@ import torch
 from .distributed import (Ranks, gather_into, load_whole_optimizer_state, load_whole_state_dict, shard_blocks,
                           whole_optimizer_state, whole_state_dict)
 from .model import Precision, copy_weights, frozen_copy
+from .optim.schedule import make_optimizer
 from .sampling import Sampler, TransformersSampler, make_sampler, probe_sync
 
 #: Warn when sampler and trainer log-probs of the same tokens differ by more than this (worst token of
@@ -53,7 +54,8 @@ class Weights:
         sampler = make_sampler(config, policy, tokenizer, model_path, longest_prompt) if ranks.main else None
         if sampler is not None and config.verify_sync and sampler.name in ("vllm", "server"):
             probe_sync(sampler, policy, probe_prompts, tokenizer.pad_token_id, config.temperature,
-                       Precision.from_config(config), SYNC_LOGP_TOLERANCE[config.dtype])  # ends with the policy's
+                       Precision.from_config(config), SYNC_LOGP_TOLERANCE[config.dtype],
+                       config.token_filter)  # ends with the policy's
         elif sampler is not None and sampler.name == "server":  # a server's weights may be anyone's
             sampler.load_weights(policy)
         own = isinstance(sampler, TransformersSampler) and not config.async_generation and not ranks.active
@@ -65,7 +67,7 @@ class Weights:
         if ranks.fsdp:
             shard_blocks(policy)
         trainable = [p for p in policy.parameters() if p.requires_grad]  # all, or the LoRA adapters
-        optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
+        optimizer = make_optimizer(config, trainable)
         return cls(policy, optimizer, sampler, alpha, ref, ranks, alpha_next, staging)
 
     # ---- the sampler's weights ------------------------------------------------------------------
@@ -115,9 +117,16 @@ class Weights:
             if swap:
                 self.serve(self.served)
 
-    def reset_ref(self) -> None:
-        """pi_ref <- pi_theta."""
-        copy_weights(self.ref, self.policy)
+    def reset_ref(self, mix: float = 1.0) -> None:
+        """pi_ref <- mix pi_theta + (1 - mix) pi_ref, weight by weight (1: a copy; TRL's ref_model_mixup_alpha)."""
+        if mix == 1.0:
+            copy_weights(self.ref, self.policy)
+            return
+        with torch.no_grad():
+            before = {name: p.detach().clone() for name, p in self.ref.named_parameters()}
+            copy_weights(self.ref, self.policy)
+            for name, p in self.ref.named_parameters():
+                p.mul_(mix).add_(before[name], alpha=1.0 - mix)
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def state(self) -> dict:

@@ -3,11 +3,15 @@ a full disk, a read-only output directory, an error under the progress bar. Each
 the uninterrupted run's metrics) or refused in one line, and nothing on disk is corrupted."""
 
 import contextlib
+import fcntl
 import os
+import pty
 import random
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -211,12 +215,27 @@ def test_an_error_during_the_run_is_one_line_of_its_own_below_the_progress_bar(t
         "        raise RuntimeError('reward service down')\n"
         "    return 1.0 if completion.strip() == answer else 0.0\n")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
-    res = subprocess.run([sys.executable, "-m", "llm.train", "--sampler", "transformers", "--max-steps", "3",
-                          "--prompts-per-step", "2", "--reward-fn", "failing_reward:reward", "--output-dir",
-                          str(tmp_path / "run")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 2
-    lines = res.stderr.replace("\r", "\n").split("\n")
+    main, tty = pty.openpty()  # stderr a terminal: the bar is drawn (in a file or a pipe it is lines instead)
+    fcntl.ioctl(tty, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a terminal 120 columns wide
+    proc = subprocess.Popen([sys.executable, "-m", "llm.train", "--sampler", "transformers", "--max-steps", "3",
+                             "--prompts-per-step", "2", "--reward-fn", "failing_reward:reward", "--output-dir",
+                             str(tmp_path / "run")], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=tty)
+    os.close(tty)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:  # the terminal's last reader is gone: the process ended
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main)
+    assert proc.wait(timeout=300) == 2
+    stderr = b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+    assert "step/s" in stderr or "step]" in stderr  # the bar was drawn
+    lines = stderr.replace("\r", "\n").split("\n")
     errors = [ln for ln in lines if "error:" in ln]
     assert errors == ["python -m llm.train: error: reward_fn: raised RuntimeError: reward service down for completion "
-                      + errors[0].split("for completion ", 1)[1]], res.stderr[-2000:]
-    assert "\npython -m llm.train: error:" in res.stderr  # at the start of a line, not after the bar's last draw
+                      + errors[0].split("for completion ", 1)[1]], stderr[-2000:]
+    assert "\npython -m llm.train: error:" in stderr  # at the start of a line, not after the bar's last draw

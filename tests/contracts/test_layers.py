@@ -8,19 +8,23 @@ from tests.helpers import ROOT
 
 #: Layers, lowest first; a module may import its own layer and those listed before it.
 LAYERS = [
-    ["runkit", "runkit.cli", "runkit.host_memory", "runkit.interrupt", "runkit.net", "runkit.runio", "runkit.tables", "runkit.validation"],
+    ["runkit", "runkit.cli", "runkit.host_memory", "runkit.interrupt", "runkit.net", "runkit.quiet", "runkit.runio",
+     "runkit.tables", "runkit.validation"],
     ["grpo_theory.validation", "grpo_theory.numerics", "grpo_theory.core", "grpo_theory.estimators",
      "grpo_theory.amplification", "grpo_theory.instances", "grpo_theory.symbolic", "grpo_theory.corrections",
-     "grpo_theory.sync_policy", "grpo_theory"],
+     "grpo_theory.sync_policy", "grpo_theory.truncation", "grpo_theory"],
     ["grpo_theory.simulate", "grpo_theory.check", "grpo_theory.sigma_bias", "grpo_theory.experiments"],
     ["llm.config", "llm.metrics", "llm.clock"],  # settings and conventions, no torch
-    ["llm.data", "llm.tasks", "llm.procedural", "llm.sources"],  # tasks and rewards
-    ["llm.distributed", "llm.model", "llm.vml"],  # torch: processes and models
+    ["llm.data", "llm.rewards.functions", "llm.rewards.overlong", "llm.rewards.model", "llm.rewards", "llm.tasks",
+     "llm.procedural", "llm.sources"],  # tasks and rewards
+    ["llm.distributed", "llm.model", "llm.vml", "llm.sampling.token_filter"],  # torch: processes and models
     ["llm.batch", "llm.logprobs", "llm.loss", "llm.diagnostics"],  # tensors of a step
     ["llm.sampling.base", "llm.sampling.vllm_settings", "llm.sampling.weight_transfer", "llm.sampling.hf_generate",
      "llm.sampling.vllm_engine", "llm.sampling.server", "llm.sampling"],  # who holds alpha
-    ["llm.evaluation", "llm.tiny", "llm.pretrained", "llm.rollout", "llm.passes"],
-    ["llm.update", "llm.phases", "llm.weights", "llm.rundir", "llm.trackers", "llm.monitors"],  # the trainer's parts
+    ["llm.evaluation.exact", "llm.evaluation.passk", "llm.evaluation.test_set", "llm.evaluation", "llm.tiny",
+     "llm.pretrained", "llm.rollout", "llm.passes"],
+    ["llm.optim.schedule", "llm.optim.update", "llm.optim", "llm.phases", "llm.weights", "llm.rundir", "llm.trackers",
+     "llm.monitors"],  # the trainer's parts
     ["llm.trainer"],
     ["llm", "llm.train", "llm.serve", "llm.report", "llm.ablation", "llm.options"],  # entry points
 ]
@@ -65,7 +69,7 @@ def graph() -> dict[str, set[str]]:
 
 def test_every_module_has_a_layer_and_imports_none_above_its_own():
     edges = graph()
-    assert not sorted(set(edges) - set(LAYER)), "give these modules a layer in tests/test_layers.py"
+    assert not sorted(set(edges) - set(LAYER)), "give these modules a layer in tests/contracts/test_layers.py"
     upward = sorted(f"{src} -> {dst}" for src, dsts in edges.items() for dst in dsts if LAYER[dst] > LAYER[src])
     assert not upward, upward
 

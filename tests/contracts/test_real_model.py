@@ -34,7 +34,7 @@ def test_two_steps_on_smollm2_with_a_window_over_4096_prompt_tokens(smollm2, tmp
                      generator_kwargs=("min_terms=2", "max_terms=2", "min_digits=1", "max_digits=1"),
                      generator_train_size=200, generator_test_size=8, chat_template=True, sampler="vllm",
                      max_steps=2, prompts_per_step=6, sync_period=2, max_completion_length=4, temperature=0.7,
-                     learning_rate=1e-5, beta=0.0, eval_steps=2, eval_generations=2, save_steps=0,
+                     learning_rate=1e-5, beta=0.0, eval_steps=2, num_generations_eval=2, save_steps=0,
                      output_dir=str(tmp_path / "run"), progress=False, logging_steps=1000)
     task = load_task(cfg.dataset, generator=GeneratorSpec.from_config(cfg)).bind(
         __import__("transformers").AutoTokenizer.from_pretrained(smollm2), chat_template=True)

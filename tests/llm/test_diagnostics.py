@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import grpo_theory as gt
 from llm import GRPOConfig
+import llm.diagnostics as dg
 from llm.diagnostics import RewardRange, bound_estimates, tv_rows
 from tests.strategies import eps_values
 
@@ -129,3 +130,36 @@ def test_a_runs_heldout_improvement_is_the_exact_improvement_within_its_standard
     assert abs(diff.mean()) <= 3 * diff.std(ddof=1) / np.sqrt(len(diff)), (diff.mean(), diff.std())
     assert all(0 <= r[k] <= 1 for r in rows for k in ("tv/pi_k_alpha", "heldout/tv/pi_new_alpha",
                                                         "heldout/ess/pi_new_alpha"))
+
+
+# ---- importance weights and the mismatch KL over every completion token ------------------------------
+
+
+def test_the_mismatch_kl_is_an_unbiased_estimate_of_kl_alpha_pi_k():
+    """Each response y appears in alpha(y) x N rows (alpha rational): the token mean of w - 1 - log w over the rows
+    is E_alpha[w - 1 - log w] = KL(alpha || pi_k) exactly."""
+    counts = np.array([1, 2, 3, 4])
+    alpha, pi_k = counts / counts.sum(), np.array([0.4, 0.3, 0.2, 0.1])
+    ys = np.repeat(np.arange(4), counts)
+    col = lambda x: torch.tensor(np.log(x[ys]))[:, None]  # noqa: E731
+    got = dg.weight_metrics(col(pi_k), col(alpha), torch.ones(len(ys), 1))
+    assert got["sampling/mismatch_kl"] == pytest.approx(np.sum(alpha * np.log(alpha / pi_k)), abs=1e-6)
+    assert got["is_weight/mean"] == pytest.approx(np.sum(alpha * pi_k / alpha), abs=1e-6)  # E_alpha w = 1
+    assert got["is_weight/max"] == pytest.approx(4.0) and got["is_weight/min"] == pytest.approx(0.25)
+
+
+def test_the_weight_metrics_cover_every_completion_token_whatever_the_loss_keeps():
+    """The zero-variance mask and a staleness drop choose which groups the loss sees; the weights and the mismatch KL
+    are measured on every completion token all the same (the step's phases pass the whole completion mask)."""
+    g = torch.Generator().manual_seed(0)
+    logp_alpha = -torch.rand(6, 4, generator=g) * 3
+    logp_k = logp_alpha + 0.5 * torch.randn(6, 4, generator=g)
+    mask = torch.ones(6, 4)
+    mask[2, 2:] = 0
+    got = dg.weight_metrics(logp_k, logp_alpha, mask)
+    w = torch.exp(logp_k - logp_alpha)[mask > 0].double()
+    assert got["is_weight/mean"] == pytest.approx(float(w.mean()), rel=1e-6)
+    assert got["is_weight/max"] == pytest.approx(float(w.max()), rel=1e-6)
+    assert got["sampling/mismatch_kl"] == pytest.approx(float((w - 1 - w.log()).mean()), rel=1e-5)
+    empty = dg.weight_metrics(logp_k, logp_alpha, torch.zeros(6, 4))
+    assert all(np.isnan(v) for v in empty.values())

@@ -72,15 +72,11 @@ def test_on_policy_gradient_is_grpo_gradient(loss_type):
         ref = (per_token * mask).sum() / (B * T)
     (g_ref,) = torch.autograd.grad(ref, ref_logp)
     assert torch.allclose(g, g_ref, atol=1e-7)
-    assert stats["is_weight/mean"] == pytest.approx(1.0) and stats["clip_ratio/region_mean"] == 0.0
+    assert stats["clip_ratio/region_mean"] == 0.0
 
 
 def test_importance_weight_is_computed_not_assumed():
     logp, logp_k, logp_alpha, adv, mask = _inputs()
-    _, stats = _loss(logp, logp_k, logp_alpha, adv, mask)
-    expected = torch.exp(logp_k - logp_alpha)[mask > 0]
-    assert stats["is_weight/mean"] == pytest.approx(float(expected.mean()), rel=1e-6)
-    assert stats["is_weight/max"] > 1.05 and stats["is_weight/min"] < 0.95
     # Setting the weight to 1 (alpha treated as pi_k) changes the objective: the two are not the same method.
     wrong, _ = _loss(logp, logp_alpha, logp_alpha, adv, mask)
     right, _ = _loss(logp, logp_k, logp_alpha, adv, mask)
@@ -113,8 +109,22 @@ def test_zero_variance_mask_removes_groups_from_numerator_and_normaliser(loss_ty
 def test_all_groups_masked_gives_zero_loss_and_no_tokens():
     logp, logp_k, logp_alpha, adv, mask = _inputs()
     w = loss_weights(mask, "dapo", T, torch.zeros(B))
-    loss, stats = grpo_loss(logp, logp_k, logp_alpha, adv, w, clip=0.2)
+    loss, stats = grpo_loss(logp, logp_k, logp_alpha, adv, w, clip=0.2, beta=0.1, logp_ref=logp_k)
     assert loss.item() == 0.0 and stats.tokens == 0
+
+
+def test_a_step_without_loss_tokens_logs_nan_shares_not_zero():
+    """Nothing to average: the clip shares, the share above the cap and the KL read nan, not 0 (which would say
+    nothing was clipped or truncated on exactly the steps that were dropped)."""
+    logp, logp_k, logp_alpha, adv, mask = _inputs()
+    w = loss_weights(mask, "dapo", T, torch.zeros(B))
+    _, stats = grpo_loss(logp, logp_k, logp_alpha, adv, w, clip=0.2, beta=0.1, logp_ref=logp_k)
+    metrics = stats.metrics()
+    assert metrics["loss"] == 0.0
+    for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
+                "is_correction/frac_above_cap", "kl", "kl/k3", "kl/k3_is"):
+        assert np.isnan(metrics[key]), key
+    assert np.isnan(LossStats().merge(LossStats()).metrics()["clip_ratio/region_mean"])
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
@@ -151,7 +161,6 @@ def test_sequence_level_loss_is_the_mean_of_per_sequence_objectives():
     r, rk = np.exp(d(logp, logp_alpha)), np.exp(d(logp_k, logp_alpha))
     expected = -np.mean(gt.clip_objective(r, rk, adv.double().numpy(), 0.2))
     assert loss.item() == pytest.approx(expected, rel=1e-5)
-    assert stats["is_weight/max"] == pytest.approx(rk.max(), rel=1e-5)
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo"])
@@ -246,11 +255,11 @@ def test_the_corrected_kl_of_multi_token_completions_is_the_per_token_kl_along_a
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("extra", [dict(), dict(epsilon_high=0.28), dict(delta=1.5)])
+@pytest.mark.parametrize("extra", [dict(), dict(epsilon_high=0.28), dict(delta=1.5), dict(cap_min=0.7)])
 @pytest.mark.parametrize("seed", range(4))
 def test_every_mode_on_one_token_rows_weighted_by_alpha_is_the_exact_tabular_objective(mode, extra, seed):
     """Rows = the table's responses, loss weights = alpha(y): minus the loss is E_alpha of the mode's objective,
-    ``grpo_theory.corrected_surrogate``, for every mode, upper width and two-sided clip."""
+    ``grpo_theory.corrected_surrogate``, for every mode, upper width, two-sided clip and lower cap (IcePop's band)."""
     rng = np.random.default_rng(seed)
     n = 7
     alpha, pi_k = gt.softmax(rng.normal(size=n)), gt.softmax(rng.normal(size=n))
@@ -259,13 +268,14 @@ def test_every_mode_on_one_token_rows_weighted_by_alpha_is_the_exact_tabular_obj
     r[:2] = 0.0, 1.0
     adv = gt.whitened_advantage(alpha, r, 1e-4)
     col = lambda x: torch.tensor(np.log(x))[:, None]  # noqa: E731
-    spec = Clip(0.2, extra.get("epsilon_high"), extra.get("delta", 0.0), "token", mode, 1.5)
+    spec = Clip(0.2, extra.get("epsilon_high"), extra.get("delta", 0.0), "token", mode, 1.5, extra.get("cap_min", 0.0))
     loss, stats = grpo_loss(col(pi), col(pi_k), col(alpha), torch.tensor(adv), torch.tensor(alpha)[:, None], clip=spec)
     want = corrected_surrogate(pi, pi_k, alpha, r, 1e-4, 0.2, mode, 1.5, extra.get("epsilon_high"),
-                               extra.get("delta", 0.0))
+                               extra.get("delta", 0.0), extra.get("cap_min", 0.0))
     assert -float(loss) == pytest.approx(want, abs=1e-12)
-    above = np.mean(pi_k / alpha > 1.5)
-    assert stats.metrics()["is_correction/frac_above_cap"] == pytest.approx(0.0 if mode == "paper" else above)
+    w = pi_k / alpha
+    outside = np.mean((w > 1.5) | (w < extra.get("cap_min", 0.0)))
+    assert stats.metrics()["is_correction/frac_above_cap"] == pytest.approx(0.0 if mode == "paper" else outside)
 
 
 @pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
@@ -287,17 +297,6 @@ def test_multi_token_modes_follow_their_definitions(mode, level):
     a = np.repeat(adv.double().numpy()[:, None], T, 1)
     g = gt.clip_objective(np.exp(log_rho), np.ones_like(a), a, 0.2, clip_high=0.3)
     assert float(loss.detach()) == pytest.approx(-np.sum(w * g * w_tok.double().numpy()), rel=1e-5, abs=1e-6)
-
-
-def test_the_mismatch_kl_is_an_unbiased_estimate_of_kl_alpha_pi_k():
-    """Each response y appears in alpha(y) x N rows (alpha rational): the token mean of w - 1 - log w over the rows
-    is E_alpha[w - 1 - log w] = KL(alpha || pi_k) exactly."""
-    counts = np.array([1, 2, 3, 4])
-    alpha, pi_k = counts / counts.sum(), np.array([0.4, 0.3, 0.2, 0.1])
-    ys = np.repeat(np.arange(4), counts)
-    col = lambda x: torch.tensor(np.log(x[ys]))[:, None]  # noqa: E731
-    _, stats = grpo_loss(col(pi_k), col(pi_k), col(alpha), torch.zeros(len(ys)), torch.ones(len(ys), 1), clip=0.2)
-    assert stats.metrics()["sampling/mismatch_kl"] == pytest.approx(np.sum(alpha * np.log(alpha / pi_k)), abs=1e-12)
 
 
 def test_the_config_refuses_bad_corrections():

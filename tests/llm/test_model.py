@@ -1,6 +1,7 @@
 """llm.model: LoRA (merged weights for the sampler, adapters saved, learning), the attention kernel, compiled blocks."""
 
 import copy
+import shutil
 
 import pytest
 import torch
@@ -187,3 +188,25 @@ def test_a_compiled_run_computes_the_eager_runs_numbers(tmp_path):
         for key in ("loss", "grad_norm", "tv/pi_k_alpha", "is_weight/max", "entropy"):
             assert compiled[key] == pytest.approx(eager[key], rel=1e-4, abs=1e-6), key
     assert runs[1][0]["sampling/logp_diff_max"] < 1e-4
+
+
+def test_dropout_is_off_so_two_training_mode_passes_agree(tmp_path):
+    """A model saved with attention and hidden dropout 0.5 loads with every dropout off: two passes in training mode
+    give the same log-probs (the importance weight compares passes)."""
+    from transformers import AutoConfig
+
+    from llm.model import disable_dropout
+
+    path = tmp_path / "dropout"
+    shutil.copytree(tiny_model_dir(), path)
+    cfg = AutoConfig.from_pretrained(path)
+    cfg.attention_dropout = 0.5
+    cfg.save_pretrained(path)
+    policy, tok = load_policy(str(path), torch.device("cpu"))
+    policy.train()
+    prompts, comps = sequences(tok, 6)
+    batch = make_batch(prompts, comps, tok.pad_token_id, "cpu")
+    assert torch.equal(forward_completions(policy, batch, 1.0).logp, forward_completions(policy, batch, 1.0).logp)
+    noisy = torch.nn.Sequential(torch.nn.Dropout(0.3), torch.nn.Linear(2, 2))
+    noisy.config = type("C", (), {})()
+    assert disable_dropout(noisy) == 1 and noisy[0].p == 0.0

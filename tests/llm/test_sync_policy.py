@@ -2,6 +2,7 @@
 step's completions come from the weights the logged lag names, a sync happens exactly when the previous step's
 held-out TV estimate exceeds the budget or the lag its cap, a resumed run continues the clock, and the policy learns."""
 
+import math
 import os
 import signal
 
@@ -83,13 +84,17 @@ def test_a_resumed_divergence_run_continues_its_clock(tmp_path):
 
 
 def test_max_staleness_drops_the_steps_older_than_it(tmp_path):
-    """v = 4, max_staleness 1: the steps at lag 2 and 3 make no update (exact J unchanged), the others do."""
+    """v = 4, max_staleness 1: the steps at lag 2 and 3 make no update (exact J unchanged), the others do. A dropped
+    step has no loss tokens: its clip shares read nan (not 0: nothing was measured), while the importance weights
+    and the mismatch KL, over every completion token, still show how far the sampler lags (not 1 and 0)."""
     rows = read_metrics(train(_config(tmp_path, "stale", max_steps=8, sync_period=4, max_staleness=1,
                                       heldout_prompts=0), log=lambda *a: None))
     assert [r["dropped_stale"] for r in rows] == [0.0, 0.0, 1.0, 1.0] * 2
     for r in rows:
         if r["dropped_stale"]:
             assert r["j/pi_new"] == r["j/pi_k"]
+            assert math.isnan(r["clip_ratio/region_mean"]) and math.isnan(r["is_correction/frac_above_cap"])
+            assert r["sampling/mismatch_kl"] > 1e-6 and r["is_weight/max"] - r["is_weight/min"] > 1e-3
         else:
             assert r["j/pi_new"] != r["j/pi_k"]
 
@@ -102,4 +107,5 @@ def test_trls_default_correction_learns_off_policy(tmp_path):
                                       importance_sampling_mode="sequence_mask", heldout_prompts=0),
                               log=lambda *a: None))
     assert rows[-1]["j/pi_new"] - rows[0]["j/pi_k"] >= LEARNING_MARGIN
-    assert all(0 <= r["is_correction/frac_above_cap"] <= 1 for r in rows)
+    assert all(math.isnan(r["is_correction/frac_above_cap"]) or 0 <= r["is_correction/frac_above_cap"] <= 1
+               for r in rows)  # nan: a step whose groups were all masked

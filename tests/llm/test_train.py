@@ -49,3 +49,22 @@ def test_python_m_llm_train_prints_no_import_warning(tmp_path):
                           "--no-progress", "--output-dir", str(tmp_path / "cli")], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "RuntimeWarning" not in res.stderr and "seconds per step: median" in res.stdout
+
+
+@pytest.mark.vllm
+def test_a_logged_run_holds_the_projects_lines_only(tmp_path):
+    """``make run > log 2>&1``: the in-process engine starts without third-party warnings (vLLM's log, its import's
+    deprecation warnings, the CPU worker's NUMA notice, the weight loader's bar), and the progress bar, which redraws
+    itself with carriage returns, becomes one short line per step when the output is not a terminal."""
+    log = tmp_path / "log"
+    with log.open("w") as out:
+        res = subprocess.run([PY, "-m", "llm.train", "--max-steps", "2", "--prompts-per-step", "2", "--sampler", "vllm",
+                              "--sync-period", "2", "--output-dir", str(tmp_path / "run")], stdout=out,
+                             stderr=subprocess.STDOUT, timeout=300)
+    text = log.read_text()
+    assert res.returncode == 0, text[-3000:]
+    lines = text.splitlines()
+    assert "\r" not in text and max(map(len, lines)) < 300
+    assert [line.split(":")[0] for line in lines if line.startswith("step ")] == ["step 0", "step 1"]
+    for noise in ("Warning", "WARNING", "Triton", "NUMA", "Loading safetensors", "%|"):
+        assert noise not in text, [line for line in lines if noise in line]

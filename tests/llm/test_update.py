@@ -1,4 +1,4 @@
-"""llm.update: the optimiser's accumulated gradient over micro-batches equals the unsplit step's (float64, every loss
+"""llm.optim.update: the optimiser's accumulated gradient over micro-batches equals the unsplit step's (float64, every loss
 type, with and without the mask, checkpointing, grouping by length); a run in micro-batches logs the same metrics."""
 
 import math
@@ -8,7 +8,7 @@ import torch
 
 from llm import GRPOConfig, train
 from llm.rundir import read_metrics
-from tests.helpers import CASES, RTOL64, optimise_case, same, same_gradient
+from tests.helpers import CASES, RTOL64, SHARED_GRAD_RTOL, optimise_case, same, same_gradient
 
 #: Metrics of two float32 runs: per-token log-probs differ by ~1e-6 with the batch's composition; the TV and bound
 #: estimates (exp of summed log-ratios, times weights up to 100) carry that, and after one Adam step (which scales
@@ -77,3 +77,95 @@ def test_a_run_in_micro_batches_logs_the_unsplit_runs_metrics(tmp_path):
         for k in keys:
             assert same(rw[k], rs[k], RUN_RTOL, run_atol(rw, k)), (rw["step"], k, rw[k], rs[k])
     assert split[1]["tv/pi_k_alpha_chain_ub_est"] > 0
+
+
+# ---- TRL's token-level knobs: bnpo, the entropy mask, the entropy bonus, truncation masking ----------------------
+
+
+def _tiny_step(seed=0):
+    """The tiny model, a batch of 2 groups of 3 completions with alpha = pi_k (lag 0) and advantages."""
+    import numpy as np
+
+    from llm.batch import make_batch
+    from llm.model import load_policy
+    from llm.passes import Passes
+    from llm.tiny import tiny_model_dir
+    from tests.helpers import sequences
+
+    torch.manual_seed(seed)
+    policy, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))
+    policy.double()
+    prompts, comps = sequences(tok, 6, seed=seed)
+    batch = make_batch([prompts[j // 3] for j in range(6)], comps, tok.pad_token_id, "cpu")
+    adv = np.array([[1.0, -0.5, -0.5], [0.3, -0.6, 0.3]])
+    return policy, batch, adv
+
+
+def _grad(policy, batch, adv, keep, **objective):
+    """The gradient of one optimiser step (SGD lr 0: the weights stay) with the objective's knobs."""
+    import numpy as np
+
+    from llm.model import Precision
+    from llm.optim import Objective, optimise
+    from llm.passes import Passes
+
+    passes = Passes(1.0, Precision(), micro_batch=objective.pop("micro_batch", 0), group_size=3, share_prompts=False)
+    opt = torch.optim.SGD(policy.parameters(), lr=0.0)
+    optimise(passes, Objective(max_grad_norm=0.0, max_completion_length=6, **objective), policy, opt, batch, adv,
+             np.ones(2, bool), None, None, sequence_keep=keep)
+    return torch.cat([p.grad.flatten() for p in policy.parameters()])
+
+
+def test_bnpo_is_dapo_in_one_pass_and_each_passs_own_mean_in_several():
+    from llm.distributed import SINGLE
+    from llm.optim.update import bnpo_weights
+
+    policy, batch, adv = _tiny_step()
+    assert same_gradient(_grad(policy, batch, adv, None, loss_type="bnpo"),
+                         _grad(policy, batch, adv, None, loss_type="dapo"), RTOL64)
+    on = batch.completion_mask.double()
+    parts = [torch.tensor([0, 1]), torch.tensor([2, 3, 4, 5])]
+    w = bnpo_weights(on, parts, SINGLE)
+    assert torch.allclose(w[:2].sum(), torch.tensor(0.5, dtype=w.dtype)) and torch.allclose(w[2:].sum(),
+                                                                                            torch.tensor(0.5, dtype=w.dtype))
+    assert torch.allclose(w[0][on[0] > 0], 0.5 / on[:2].sum().expand(int(on[0].sum())))
+
+
+def test_the_entropy_mask_keeps_the_top_share_of_tokens_by_trls_quantile():
+    from llm.optim.update import high_entropy_mask
+
+    ent = torch.tensor([[0.1, 0.5, 0.9, 0.0], [0.3, 0.7, 0.2, 0.4]])
+    on = torch.tensor([[True, True, True, False], [True, True, True, True]])
+    mask = high_entropy_mask(ent, on, 0.5)
+    threshold = torch.quantile(ent[on], 0.5)  # TRL: entropy >= the (1 - q)-quantile of the loss tokens
+    assert torch.equal(mask.bool(), (ent >= threshold) & on) and int(mask.sum()) == 4
+
+
+def test_the_entropy_bonus_adds_minus_coef_times_the_gradient_of_the_mean_entropy():
+    """entropy_coef c: the step's gradient is the plain one minus c times the gradient of the mean next-token entropy
+    over the loss tokens, computed here through the model's own logits."""
+    from tests.helpers import plain_full
+
+    policy, batch, adv = _tiny_step(1)
+    plain = _grad(policy, batch, adv, None)
+    with_bonus = _grad(policy, batch, adv, None, entropy_coef=0.3)
+    policy.zero_grad(set_to_none=True)
+    full = plain_full(policy, batch)
+    m = batch.completion_mask.double()
+    ((-(full.exp() * full).sum(-1) * m).sum() / m.sum()).backward()
+    entropy_grad = torch.cat([p.grad.flatten() for p in policy.parameters()])
+    assert same_gradient(with_bonus, plain - 0.3 * entropy_grad, SHARED_GRAD_RTOL)  # float32 RMSNorm variance
+
+
+def test_truncated_completions_leave_the_loss_but_count_in_their_groups_advantages():
+    """sequence_keep drops completions from the loss: the gradient is that of the kept completions alone (the dapo
+    normaliser counting their tokens only), with the advantages computed from every completion."""
+    import numpy as np
+
+    policy, batch, adv = _tiny_step(2)
+    keep = np.array([True, False, True, True, True, False])
+    masked = _grad(policy, batch, adv, keep)
+    zeroed = adv.copy().reshape(-1)
+    zeroed[~keep] = 0.0  # a completion with advantage 0 adds nothing, but its tokens still count in the normaliser
+    n_all, n_kept = float(batch.completion_mask.sum()), float(batch.completion_mask[torch.tensor(keep)].sum())
+    assert same_gradient(masked, _grad(policy, batch, zeroed.reshape(2, 3), None) * n_all / n_kept, SHARED_GRAD_RTOL)

@@ -14,16 +14,30 @@ TB_RTOL = 1e-6
 
 
 def _run(tmp_path, name, **kw):
-    cfg = GRPOConfig(output_dir=str(tmp_path / name), sampler="transformers", max_steps=3, sync_period=2,
-                     heldout_prompts=4, progress=False, logging_steps=100, **kw)
+    cfg = GRPOConfig(**dict(output_dir=str(tmp_path / name), sampler="transformers", max_steps=3, sync_period=2,
+                            heldout_prompts=4, progress=False, logging_steps=100) | kw)
     return train(cfg, log=lambda *a: None)
 
 
-def test_tensorboard_gets_every_metric_of_every_step(tmp_path):
+def test_tensorboard_gets_every_metric_of_every_step(tmp_path, capsys):
+    """... and, with --log-completions every 2 steps, the completions table of steps 0 and 2 (TensorBoard text), the
+    same rows in completions.jsonl and on the console."""
     pytest.importorskip("tensorboard")
+    import json
+
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    run = _run(tmp_path, "tb", report_to=("tensorboard",))
+    run = _run(tmp_path, "tb", report_to=("tensorboard",), log_completions=True, num_completions_to_print=3,
+               logging_steps=2)
+    table = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in table] == [0, 0, 0, 2, 2, 2]
+    assert set(table[0]) == {"step", "prompt", "completion", "reward", "advantage"}
+    out = capsys.readouterr().out
+    assert out.count("completions (reward, advantage | prompt | completion)") == 2 and table[0]["prompt"] in out
+    texts = EventAccumulator(str(run / "tensorboard"), size_guidance={"tensors": 0})
+    texts.Reload()
+    logged = texts.Tensors("completions/text_summary")
+    assert [e.step for e in logged] == [0, 2] and table[3]["prompt"] in logged[1].tensor_proto.string_val[0].decode()
     rows = read_metrics(run)
     acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
     acc.Reload()

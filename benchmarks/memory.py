@@ -120,6 +120,7 @@ GRIDS = {
              (8, 128, 16, False), (16, 32, 4, False), (16, 32, 64, False),   # completion length; micro-batch size
              (32, 32, 16, True)],                                            # token-level TV diagnostics on
     "issue": [(8, 7, 0, False), (32, 7, 0, False), (64, 7, 0, False)],      # 7-token completions, no micro-batches
+    "prompts": [(8, 32, 16, False), (64, 32, 16, False)],                  # the peak's growth with the batch alone
 }
 
 # ---- part 1: llm.train ---------------------------------------------------------------------------------------
@@ -135,11 +136,12 @@ def child_train(settings: dict) -> None:
     print(json.dumps({"peak_mb": peak_mb(), "seconds": time.perf_counter() - t0}))
 
 
-def run_train(model: Path, out: Path, code: Path, prompts: int, tokens: int, micro: int, tv: bool) -> dict:
-    settings = dict(model_name_or_path=str(model), sampler="transformers", max_steps=1, prompts_per_step=prompts,
+def run_train(model: Path, out: Path, code: Path, prompts: int, tokens: int, micro: int, tv: bool, steps: int = 1,
+              sampler: str = "transformers", extra: dict | None = None) -> dict:
+    settings = dict(model_name_or_path=str(model), sampler=sampler, max_steps=steps, prompts_per_step=prompts,
                     num_generations=8, max_completion_length=tokens, per_device_train_batch_size=micro,
                     tv_diagnostics=tv, exact_j=False, progress=False, save_steps=0, beta=0.04,
-                    output_dir=str(out / f"p{prompts}_t{tokens}_m{micro}_tv{int(tv)}"))
+                    output_dir=str(out / f"p{prompts}_t{tokens}_m{micro}_tv{int(tv)}_{sampler}"), **(extra or {}))
     shutil.rmtree(settings["output_dir"], ignore_errors=True)  # a finished run there would only be summarised
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child-train", json.dumps(settings)]
     proc = subprocess.run(cmd, cwd=code, capture_output=True, text=True,
@@ -299,6 +301,11 @@ def main() -> int:
     ap.add_argument("--grid", choices=sorted(GRIDS), default="main",
                     help="part 1's runs: main, or issue (the settings the issue measured, for --code of an earlier "
                          "commit)")
+    ap.add_argument("--steps", type=int, default=1, help="part 1's steps per run")
+    ap.add_argument("--sampler", default="transformers", choices=["transformers", "vllm"], help="part 1's sampler")
+    ap.add_argument("--no-keep-freed-memory", action="store_true", help="part 1 with --no-keep-freed-memory")
+    ap.add_argument("--freed-memory-ceiling", type=float, default=None,
+                    help="part 1 with this --freed-memory-ceiling (default: llm.train's)")
     ap.add_argument("--skip-train", action="store_true", help="only part 2 (the projection)")
     ap.add_argument("--skip-projection", action="store_true", help="only part 1 (llm.train)")
     ap.add_argument("--fsdp-ranks", action="store_true",
@@ -318,13 +325,23 @@ def main() -> int:
         fsdp_ranks(args.workdir, args.code)
         return 0
     if not args.skip_train:
-        model = build_model(args.workdir / "qwen2_vocab152k_h64")
-        print(f"part 1: peak memory of python -m llm.train (1 step, G = 8, float32, beta 0.04, transformers sampler)\n"
+        if args.sampler == "vllm":  # vLLM's CPU attention takes head sizes from 32: one head of 64 (one KV head)
+            model = build_model(args.workdir / "qwen2_vocab152k_h64_1head",
+                                shape={**SMALL, "num_attention_heads": 1, "num_key_value_heads": 1})
+        else:
+            model = build_model(args.workdir / "qwen2_vocab152k_h64")
+        extra = {"keep_freed_memory": False} if args.no_keep_freed_memory else {}
+        flags = ", --no-keep-freed-memory" if extra else ""
+        if args.freed_memory_ceiling is not None:
+            extra["freed_memory_ceiling"] = args.freed_memory_ceiling
+            flags += f", --freed-memory-ceiling {args.freed_memory_ceiling:g}"
+        print(f"part 1: peak memory of python -m llm.train ({args.steps} step(s), G = 8, float32, beta 0.04, "
+              f"{args.sampler} sampler{flags})\n"
               f"on a Qwen2 with {VOCAB:,} tokens and hidden 64; code from {args.code}\n")
         print("| prompts/step | completion tokens | per_device_train_batch_size | TV diagnostics | peak GB | s |")
         print("|---:|---:|---:|:--:|---:|---:|")
         for p, t, m, tv in GRIDS[args.grid]:
-            r = run_train(model, args.workdir / "runs", args.code, p, t, m, tv)
+            r = run_train(model, args.workdir / "runs", args.code, p, t, m, tv, args.steps, args.sampler, extra)
             print(f"| {p} | {t} | {m or 'all (' + str(p * 8) + ')'} | {'on' if tv else 'off'} | "
                   f"{r['peak_mb'] / 1024:.2f} | {r['seconds']:.0f} |", flush=True)
     if not args.skip_projection:

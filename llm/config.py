@@ -260,7 +260,9 @@ class GRPOConfig:
     run in ceil(P x G / this) micro-batches whose gradients add up to one optimiser step (TRL's
     gradient_accumulation_steps is that count: ``gradient_accumulation_steps`` below); the loss's normalisers,
     the zero-variance mask and the logged statistics are the whole step's, so the gradient does not depend on
-    the split. Every other pass of the step (alpha, pi_ref, diagnostics) runs in micro-batches of the same size.
+    the split. Every other pass of the step (alpha, pi_ref, diagnostics) runs in micro-batches of the same size, and the
+    transformers sampler generates that many sequences at a time (each from its own random stream: the samples do
+    not depend on the split).
     0: the whole step in one pass (fastest on the built-in model; use 4-16 on real models)."""
     group_by_length: bool = True
     """Run the passes of a step (each at most ``per_device_train_batch_size`` completions) over sequences of similar
@@ -378,6 +380,14 @@ class GRPOConfig:
     the optimise phase 1.09x faster in float32 and 1.38x in bfloat16 (docs/models.md). Off: the resident set
     follows the live tensors more closely, at that cost. It applies to the whole process from the run's start; the
     run's freed memory goes back to the system when it ends."""
+    freed_memory_ceiling: float = 1.0
+    """With ``keep_freed_memory`` and micro-batches (``per_device_train_batch_size`` > 0: memory is what they are
+    for): hand the freed memory back to the system after every pass of more than one micro-batch, and within a pass
+    once the resident set has grown since its start by more than this many times the largest growth of one
+    micro-batch, so that the heap's fragmentation does not grow with the batch (``runkit.host_memory.
+    FreedMemoryCeiling``). Without micro-batches freed memory is kept until the run ends: a release there costs
+    the next pass its page faults (measured in docs/memory.md: 1.22x slower steps on the real model). 0: no
+    ceiling."""
     report_to: tuple[Literal["none", "tensorboard", "wandb", "trackio"], ...] = ("none",)
     """Experiment trackers that get every metrics.jsonl row under the same names, step for step (TRL's name;
     several allowed: ``--report-to tensorboard wandb``). Each needs its package (an optional install); TensorBoard
@@ -391,6 +401,7 @@ class GRPOConfig:
         require(self, self.max_steps >= 1, "max_steps", "must be >= 1")
         require(self, self.seed >= 0, "seed", "must be >= 0 (numpy's generators take non-negative seeds)")
         require(self, self.lora_r >= 1, "lora_r", "must be >= 1")
+        require(self, self.freed_memory_ceiling >= 0, "freed_memory_ceiling", "must be >= 0 (0: no ceiling)")
         require(self, self.window_generation or not self.async_generation, "async_generation",
                 "generates whole windows ahead: it needs --window-generation")
         require(self, not (self.fsdp and self.use_peft), "fsdp",

@@ -40,7 +40,7 @@ RESUMABLE_FIELDS = {"max_steps", "logging_steps", "save_steps", "progress", "rep
                     "server_url", "server_timeout", "server_sync_address", "per_device_train_batch_size",
                     "gradient_checkpointing", "group_by_length", "attn_implementation", "logit_chunk_tokens",
                     "trust_remote_code", "max_consecutive_skipped_updates", "fsdp", "share_prompts",
-                    "keep_freed_memory", "device"}
+                    "keep_freed_memory", "freed_memory_ceiling", "device"}
 
 
 def tensor_bytes(obj) -> int:

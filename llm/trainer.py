@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from runkit.cli import RunError
+from runkit.host_memory import CEILING as FREED_MEMORY_CEILING
 from runkit.host_memory import keep_freed_memory, release_freed_memory
 from runkit.interrupt import GracefulStop
 
@@ -195,6 +196,8 @@ def run_loop(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_pa
     """The steps of ``train`` from the checkpoint ``ckpt`` (None: from step 0) to ``max_steps``, then the final
     checkpoint and model. The first Ctrl-C finishes the step and checkpoints; a second aborts it."""
     run = start_run(config, weights, task, model_path, ckpt, output)
+    if config.keep_freed_memory:  # with micro-batches, freed memory kept under the ceiling of each pass
+        FREED_MEMORY_CEILING.start(config.freed_memory_ceiling if config.per_device_train_batch_size else 0.0)
     stop, step, skips, samples = GracefulStop(output.log), run.start, 0, []
     try:
         for step in range(run.start, config.max_steps):
@@ -429,4 +432,4 @@ def run_evaluation(run: Run, policy_step: int) -> dict[str, float]:
             return {}
         return evaluate(policy, run.task, EvalSpec.from_config(config), seed=config.seed + policy_step,
                         pad=run.task.tokenizer.pad_token_id, precision=run.passes.precision, exact=config.exact_j,
-                        sampler=weights.sampler if engine else None)
+                        sampler=weights.sampler if engine else None, batch_size=config.per_device_train_batch_size)

@@ -10,6 +10,10 @@ allocates less, 11.6 s against 20.2 s and 5.1 s against 10.5 s). ``keep_freed_me
 blocks come from the heap like small ones and freed memory stays in the process for the next pass. The resident
 set then stays near its peak instead of falling between passes; ``release_freed_memory`` still returns the free
 pages on demand. Elsewhere than glibc both are no-ops.
+
+Kept freed memory fragments: a pass's large blocks differ in size from micro-batch to micro-batch (sequences of
+different lengths), a small block that outlives its pass pins the heap above a freed one, and the heap grows with
+the number of micro-batches, so with the batch (docs/memory.md). ``FreedMemoryCeiling`` bounds it by the pass.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 
 #: ``mallopt`` parameters (glibc's malloc.h).
 M_TRIM_THRESHOLD = -1
@@ -52,3 +57,77 @@ def release_freed_memory() -> None:
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+def resident_bytes() -> int:
+    """The process's resident set now (``/proc/self/statm``; 0 where there is none)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class FreedMemoryCeiling:
+    """Kept freed memory, bounded by the pass: ``start`` (once, before the first step) switches the ceiling on;
+    ``pass_start`` (before a pass's first micro-batch) takes the resident set as the pass's base;
+    ``micro_batch_done`` (after each micro-batch) notes that micro-batch's growth and releases the freed pages once
+    the resident set is more than ``factor`` times the largest such growth (over the run) above the base; ``pass_end``
+    releases them after a pass of more than one micro-batch. Within a pass the micro-batches reuse each other's
+    freed blocks (the speed keeping freed memory is for); across passes of different shapes they could not, and the
+    heap would grow with the number of micro-batches. A pass in one micro-batch (a whole step at once, the default)
+    never releases: the next step's same pass reuses its blocks as they are. Off (``factor`` 0, or not started):
+    no-ops."""
+
+    def __init__(self) -> None:
+        self.factor = 0.0
+        self.base = self.last = self.largest = 0
+        self.micro_batches = 0
+        self.releases = 0
+
+    def start(self, factor: float) -> None:
+        self.factor = factor
+
+    def pass_start(self) -> None:
+        if self.factor > 0:
+            self.base = self.last = resident_bytes()
+            self.micro_batches = 0
+
+    def micro_batch_done(self) -> None:
+        if self.factor <= 0 or not self.base:
+            return
+        self.micro_batches += 1
+        now = resident_bytes()
+        self.largest = max(self.largest, now - self.last)
+        self.last = now
+        if self.largest and now - self.base > self.factor * self.largest:
+            self._release()
+
+    def pass_end(self) -> None:
+        if self.factor > 0 and self.base and self.micro_batches > 1:
+            self._release()
+
+    def _release(self) -> None:
+        release_freed_memory()
+        self.releases += 1
+        self.base = self.last = resident_bytes()
+
+
+#: The process's ceiling (one heap per process): the trainer starts it before its first step when it keeps freed
+#: memory.
+CEILING = FreedMemoryCeiling()
+
+
+def pass_start() -> None:
+    """The start of a pass over micro-batches: ``CEILING.pass_start``."""
+    CEILING.pass_start()
+
+
+def micro_batch_done() -> None:
+    """The end of one micro-batch of a pass: ``CEILING.micro_batch_done``."""
+    CEILING.micro_batch_done()
+
+
+def pass_end() -> None:
+    """The end of a pass over micro-batches: ``CEILING.pass_end``."""
+    CEILING.pass_end()

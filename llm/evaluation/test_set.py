@@ -50,11 +50,12 @@ def answer_key(text: str) -> str:
 
 
 def evaluate(model, task: TokenizedTask, spec: EvalSpec, *, seed: int, pad: int, precision: Precision = Precision(),
-             exact: bool = True, sampler=None) -> dict[str, float]:
+             exact: bool = True, sampler=None, batch_size: int = 0) -> dict[str, float]:
     """``eval/*`` metrics of the policy ``model`` on the task's test prompts, sampled as ``spec`` says: exact J and
     exact pass@k (when the task allows it), the sampled accuracy (the mean reward of ``spec.generations``
     completions per prompt), ``eval/pass@k`` and ``eval/maj@k`` from them, and the greedy accuracy. ``sampler``: a
-    sampler holding ``model``'s weights (the run's vLLM engine or server); None: ``generate`` on ``model`` itself."""
+    sampler holding ``model``'s weights (the run's vLLM engine or server); None: ``generate`` on ``model`` itself,
+    ``batch_size`` sequences at a time (0: all)."""
     prompts = task.test_prompt_ids
     if not prompts:
         return {}
@@ -63,7 +64,7 @@ def evaluate(model, task: TokenizedTask, spec: EvalSpec, *, seed: int, pad: int,
         j = prompt_exact_j(model, task, spec.temperature, pad, precision, test=True, token_filter=spec.token_filter)
         out["eval/j"] = float(j.mean())
         out.update({f"eval/pass@{k}_exact": float(exact_pass_at_k(j, k).mean()) for k in spec.pass_ks})
-    sampler = sampler or TransformersSampler(model, task.eos, pad, copy=False)
+    sampler = sampler or TransformersSampler(model, task.eos, pad, copy=False, batch_size=batch_size)
     idx = list(range(len(prompts)))
     for name, n, greedy in (("accuracy_sampled", spec.generations, False), ("accuracy_greedy", 1, True)):
         roll = sampler.generate(prompts, n, spec.max_tokens, spec.temperature, seed, greedy=greedy,

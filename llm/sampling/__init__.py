@@ -63,7 +63,8 @@ def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, ma
                            tensor_parallel_size=config.vllm_tensor_parallel_size,
                            enable_sleep_mode=config.vllm_enable_sleep_mode,
                            kv_cache_bytes=int(config.vllm_kv_cache_gb * 2**30))
-    return TransformersSampler(policy, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    return TransformersSampler(policy, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                               batch_size=config.per_device_train_batch_size)
 
 
 def window_completions(config) -> int:

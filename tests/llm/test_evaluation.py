@@ -88,3 +88,18 @@ def test_the_run_evaluations_pass_at_k_matches_the_exact_one(tiny):
     assert out["eval/pass@1"] == pytest.approx(out["eval/accuracy_sampled"], abs=1e-12)
     assert out["eval/pass@1_exact"] == pytest.approx(out["eval/j"], abs=1e-12)
     assert out["eval/maj@1"] == pytest.approx(out["eval/accuracy_sampled"], abs=1e-12)
+
+
+def test_the_transformers_sampler_in_micro_batches_samples_what_the_unsplit_call_samples(tiny):
+    """Each sequence draws from its own random stream: the same call in micro-batches of 5 sequences (prompts of
+    different lengths, so other padding in each batch) gives the same completions and, to float rounding, the same
+    log-probs as in one batch; another seed gives other completions."""
+    policy, tok = tiny
+    bound = arithmetic_task().bind(tok)
+    prompts = bound.prompt_ids[::9]
+    whole = TransformersSampler(policy, tok.eos_token_id, tok.pad_token_id, copy=False)
+    split = TransformersSampler(policy, tok.eos_token_id, tok.pad_token_id, copy=False, batch_size=5)
+    a, b = (s.generate(prompts, 4, 6, 1.0, seed=3, token_filter=TokenFilter(top_p=0.95)) for s in (whole, split))
+    assert a.completion_ids == b.completion_ids and len(a.completion_ids) == 4 * len(prompts)
+    assert max(abs(x - y) for la, lb in zip(a.logprobs, b.logprobs) for x, y in zip(la, lb)) < 1e-5
+    assert whole.generate(prompts, 4, 6, 1.0, seed=4).completion_ids != a.completion_ids

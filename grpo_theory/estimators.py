@@ -8,6 +8,8 @@ estimates and its bias are stated in its docstring and pinned by exact-expectati
 - ``tv_estimate``: mean_g (1 - w_g)^+, unbiased for TV(pi, alpha), always in [0, 1];
 - ``improvement_estimate``: mean_g (w_g - w_k,g)(r_g - rbar_{-g}), unbiased for J(pi) - J(pi_k), exactly 0 when the
   group's rewards are all equal (rbar_{-g}: the mean of the other G - 1 rewards, a leave-one-out baseline);
+- ``lower_confidence_bound``: a one-sided Student-t lower confidence bound on the mean of independent per-prompt
+  estimates (the improvement certificate: docs/theory.md, §8.6);
 - ``bound_estimates``: Theorem 1's surrogate, TV penalty, lag penalty and lower bound. The only non-linear
   ingredient is 1/s; it is estimated for each response from the *other* G - 1 rewards (``inverse_sigma``), so it
   is independent of that response's weight and the estimate's expectation is exactly the bound's formula with
@@ -80,6 +82,21 @@ def improvement_estimate(r, w_new, w_k) -> np.ndarray:
     independent of response g), exactly 0 on a group of equal rewards."""
     r = np.asarray(r, dtype=np.float64)
     return np.mean((np.asarray(w_new) - np.asarray(w_k)) * (r - leave_one_out_mean(r)), axis=-1)
+
+
+def lower_confidence_bound(values, level: float = 0.95) -> float:
+    """mean - t_{n-1}(level) sd / sqrt(n) of n independent estimates ``values`` (each unbiased for the same
+    quantity, e.g. the per-prompt ``improvement_estimate`` of held-out prompts): a one-sided lower bound on their
+    expectation at confidence ``level``, exact for normal values and asymptotically so otherwise (the coverage of a
+    heavy-tailed mean, large importance weights, converges more slowly). nan below 2 values."""
+    if not 0.5 <= level < 1:
+        raise ValueError(f"level: must be in [0.5, 1), got {level}")
+    from scipy import stats
+
+    x = np.asarray(values, dtype=np.float64).ravel()
+    if x.size < 2:
+        return float("nan")
+    return float(x.mean() - stats.t.ppf(level, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size))
 
 
 def kish_ess_fraction(w, axis=None) -> np.ndarray:

@@ -156,6 +156,10 @@ class GRPOConfig:
     terms and the improvement are also estimated on them (``heldout/*``), free of the in-sample bias of estimates on
     the prompts and completions pi_{k+1} was fitted to: the TV and improvement estimates are unbiased, the
     surrogate and the bound carry a stated bias of their 1/s~ (docs/theory.md, §8.2 and §8.5). 0: off."""
+    improvement_lcb_level: float = 0.95
+    """Confidence level of ``heldout/improvement_lcb``, the one-sided lower confidence bound on the step's improvement
+    J(pi_{k+1}) - J(pi_k) from the held-out prompts' estimates (Student t over the prompts): a positive value
+    certifies the step improved J at this level, without Theorem 1 (docs/theory.md, §8.6)."""
 
     # ---- objective -------------------------------------------------------------------------
     epsilon: float = 0.2
@@ -416,6 +420,7 @@ class GRPOConfig:
         require(self, self.num_generations >= 2, "num_generations", "a group needs G >= 2 completions")
         require(self, self.num_iterations >= 1, "num_iterations", "must be >= 1")
         require(self, self.heldout_prompts >= 0, "heldout_prompts", "must be >= 0")
+        require(self, 0.5 <= self.improvement_lcb_level < 1, "improvement_lcb_level", "must be in [0.5, 1)")
         require(self, self.eval_steps >= 0, "eval_steps", "must be >= 0")
         require(self, self.generator_train_size >= 1, "generator_train_size", "must be >= 1")
         require(self, self.generator_test_size >= 0, "generator_test_size", "must be >= 0")

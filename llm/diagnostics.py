@@ -208,13 +208,16 @@ def _mean_and_se(values: np.ndarray) -> tuple[float, float]:
 
 @_overflow_is_the_answer
 def bound_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndarray, eps: float,
-                    reward_range: RewardRange = UNIT_RANGE, standard_errors: bool = False) -> dict[str, float]:
+                    reward_range: RewardRange = UNIT_RANGE, standard_errors: bool = False,
+                    lcb_level: float | None = None) -> dict[str, float]:
     """The prompt means of ``per_prompt_estimates`` (callers prefix them with ``insample/`` or ``heldout/``, which
     decides the bias: module docstring), the same over the prompts with varied rewards (``*_nonzero_std``), the
     share of those whose estimated tight bound is positive, and the Kish effective sample size of each weight
     (``ess/*``, a fraction of the completions). ``standard_errors``: also ``<key>_se`` for every mean (prompts are
     independent draws, so the standard error of a mean over them is their sample standard deviation over
-    sqrt(P))."""
+    sqrt(P)). ``lcb_level``: also ``improvement_lcb``, the one-sided lower confidence bound on the improvement at
+    that level (``grpo_theory.estimators.lower_confidence_bound``; meaningful on held-out prompts only, whose
+    per-prompt estimates are independent and unbiased)."""
     per = per_prompt_estimates(rewards, log_w_k, log_w_new, eps, reward_range)
     varied = np.ptp(np.asarray(rewards, np.float64), axis=1) > 0  # the prompts the zero-variance mask keeps
     means = {key: v for key, v in per.items()}
@@ -224,6 +227,8 @@ def bound_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndar
         out[key], se = _mean_and_se(values)
         if standard_errors:
             out[f"{key}_se"] = se
+    if lcb_level is not None:
+        out["improvement_lcb"] = ge.lower_confidence_bound(per["improvement"], lcb_level)
     tight = per["bound_est/lower_tight"][varied]
     out["bound_est/frac_lower_tight_positive_nonzero_std"] = float(np.mean(tight > 0)) if tight.size else float("nan")
     out["ess/pi_k_alpha"] = float(ge.kish_ess_fraction(np.exp(np.asarray(log_w_k, np.float64))))

@@ -250,17 +250,18 @@ def heldout_before_update(passes: Passes, policy: torch.nn.Module, alpha: torch.
 
 
 def heldout_estimates(passes: Passes, policy: torch.nn.Module, heldout: Heldout, eps: float,
-                      reward_range: dg.RewardRange) -> dict[str, float]:
+                      reward_range: dg.RewardRange, lcb_level: float = 0.95) -> dict[str, float]:
     """``heldout/*``: the bound's terms, TV distances and improvement estimated on prompts drawn independently of the
     training prompts, whose completions never entered the loss (docs/theory.md, §8.2), each with its standard error:
     the TV, improvement and lag-penalty estimates are unbiased over the prompt distribution; the surrogate, the TV
-    penalty and the lower bound carry the bias of their 1/s~ (docs/theory.md, §8.5)."""
+    penalty and the lower bound carry the bias of their 1/s~ (docs/theory.md, §8.5). ``improvement_lcb``: the
+    improvement's lower confidence bound at ``lcb_level`` (the certificate, §8.6)."""
     logp_new = passes.logprobs(policy, heldout.batch).logp
     cm = heldout.batch.completion_mask
     P, G = heldout.rewards.shape
     log_w = lambda logp: dg.sequence_log_ratio(logp, heldout.logp_alpha, cm, P, G)  # noqa: E731
     est = dg.bound_estimates(heldout.rewards, log_w(heldout.logp_k), log_w(logp_new), eps, reward_range,
-                             standard_errors=True)
+                             standard_errors=True, lcb_level=lcb_level)
     rewards = heldout.rewards.mean(axis=1)
     est["reward"] = float(rewards.mean())
     est["reward_se"] = float(rewards.std(ddof=1) / np.sqrt(P)) if P > 1 else float("nan")

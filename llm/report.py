@@ -57,6 +57,7 @@ def summarise(run_dir: str | Path, window: int = 10) -> str:
         if any(c in r for r in rows):
             lines.append(f"  {c:<56}{_mean(first, c):>11.4g}{_mean(last, c):>11.4g}{_mean(rows, c):>11.4g}")
     lines += exact_comparison(rows)
+    lines += certificate_lines(rows)
     lagged = [r for r in rows if r.get("lag", 0) > 0]
     if lagged:
         lines.append(f"  steps with lag > 0: {len(lagged)}; their mean tv/pi_k_alpha {_mean(lagged, 'tv/pi_k_alpha'):.4f}"
@@ -100,6 +101,22 @@ def summarise(run_dir: str | Path, window: int = 10) -> str:
     lines.append(f"  seconds per step: median {np.median(totals):.3f}, mean {np.mean(totals):.3f} (mean per phase: "
                  f"{phases})")
     return "\n".join(lines)
+
+
+def certificate_lines(rows: list[dict]) -> list[str]:
+    """How often the improvement certificate (``heldout/improvement_lcb`` > 0) and Theorem 1's held-out estimate
+    (``heldout/bound_est/lower_tight`` > 0) say a step improved J; with the exact improvement, how often the lower
+    confidence bound exceeded it (at level L, about 1 - L of the steps when the t-interval is right)."""
+    certified = [r for r in rows if np.isfinite(r.get("heldout/improvement_lcb", float("nan")))]
+    if not certified:
+        return []
+    lines = [f"  improvement certificate (heldout/improvement_lcb > 0): {_share(r['heldout/improvement_lcb'] > 0 for r in certified)}"
+             f" steps; Theorem 1's held-out estimate (heldout/bound_est/lower_tight > 0): "
+             f"{_share(r.get('heldout/bound_est/lower_tight', float('nan')) > 0 for r in certified)}"]
+    if "improvement" in certified[0]:
+        lines.append(f"  heldout/improvement_lcb above the exact improvement on "
+                     f"{_share(r['heldout/improvement_lcb'] > r['improvement'] for r in certified)} steps")
+    return lines
 
 
 def exact_comparison(rows: list[dict]) -> list[str]:

@@ -329,7 +329,8 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
             row.update(insample_estimates(passes, weights.policy, batch, scored.rewards, log_alpha,
                                           optimised.pi_k.logp, behaviour.dists, config.variance_eps, reward_range))
         if heldout is not None:
-            row.update(heldout_estimates(passes, weights.policy, heldout, config.variance_eps, reward_range))
+            row.update(heldout_estimates(passes, weights.policy, heldout, config.variance_eps, reward_range,
+                                         config.improvement_lcb_level))
         row.update(run.exact.after_update())
     evaluate_now = config.eval_steps and ((step + 1) % config.eval_steps == 0 or step + 1 == config.max_steps)
     if evaluate_now and weights.ranks.joins_rank0:

@@ -11,6 +11,13 @@ window around r' = pi_k/alpha: the importance weight pi_k/alpha is exact and nev
 A lower cap c (TRL's ``vllm_importance_sampling_clip_min``; with token_mask and [c, C] = [0.5, 5] it is IcePop's
 two-sided mask) truncates to clip(r', c, C) or masks to 1[c <= r' <= C] r'; c = 0 is none.
 
+M2PO (Zheng et al., arXiv 2510.01161; mode ``m2po``) drops the clip and the weight w altogether: it maximises
+keep(y) rho(y) A(y), where keep removes the samples with the largest (log w)^2 until the mean of (log w)^2 over
+the rest is at most a threshold tau (the paper's 0.04; ``second_moment_keep``). Its surrogate on a table is
+sum_y alpha(y) keep(y) (pi(y)/pi_k(y)) A(y): at pi = pi_k its gradient is E_alpha[keep grad log pi A], the policy
+gradient under alpha restricted to the kept responses, not under pi_k. The mask bounds the weights' second moment
+(so the variance); the staleness bias is not corrected.
+
 On a table (one response per sample, so token and sequence levels coincide) the expected objective over y ~ alpha
 is ``corrected_surrogate``. Three facts the tests pin:
 
@@ -30,8 +37,32 @@ import numpy as np
 
 from .core import as_policy, check_same_actions, clip_objective, whitened_advantage
 
-ImportanceSamplingMode = Literal["paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
-MODES = ("paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+ImportanceSamplingMode = Literal["paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "m2po"]
+MODES = ("paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "m2po")
+#: TRL's vllm_importance_sampling_mode values: a weight pi_k/alpha truncated or masked, times PPO's clip.
+TRL_MODES = MODES[1:5]
+#: M2PO's threshold on the mean of (log w)^2 over the kept samples (the paper's default).
+M2_THRESHOLD = 0.04
+
+
+def second_moment_keep(log_w, weight=None, threshold: float = M2_THRESHOLD) -> np.ndarray:
+    """M2PO's mask over samples with log-weights ``log_w`` (1-D; ``weight`` each sample's weight in the mean, 1 by
+    default, alpha's probabilities on a table): the samples are dropped in decreasing order of (log w)^2 (ties: the
+    earlier index first) until the ``weight``-mean of (log w)^2 over the kept ones is at most ``threshold``; the
+    fewest drops that achieve it. True where kept (none when even the smallest (log w)^2 exceeds the threshold)."""
+    m = np.asarray(log_w, dtype=np.float64) ** 2
+    wt = np.ones_like(m) if weight is None else np.asarray(weight, dtype=np.float64)
+    if m.ndim != 1 or wt.shape != m.shape:
+        raise ValueError("log_w and weight: one 1-D array of samples each, of one length")
+    order = np.argsort(-m, kind="stable")
+    # suffix sums: what remains after dropping the first j of the order
+    mass = np.concatenate([np.cumsum((wt * m)[order][::-1])[::-1], [0.0]])
+    total = np.concatenate([np.cumsum(wt[order][::-1])[::-1], [0.0]])
+    ok = (mass <= threshold * total * (1 + 1e-12)) & (total > 0)
+    first = int(np.argmax(ok)) if ok.any() else m.size
+    keep = np.zeros(m.size, dtype=bool)
+    keep[order[first:]] = True
+    return keep
 
 
 def corrected_weight(ratio_k, mode: ImportanceSamplingMode, cap: float, cap_min: float = 0.0) -> np.ndarray:
@@ -49,22 +80,28 @@ def corrected_weight(ratio_k, mode: ImportanceSamplingMode, cap: float, cap_min:
 
 
 def corrected_objective(ratio, ratio_k, adv, clip, mode: ImportanceSamplingMode = "paper", cap: float = 3.0,
-                        clip_high=None, delta: float = 0.0, cap_min: float = 0.0) -> np.ndarray:
+                        clip_high=None, delta: float = 0.0, cap_min: float = 0.0, keep=None) -> np.ndarray:
     """The per-sample objective of a mode, elementwise: paper: f_eps(r, r', A) (``core.clip_objective``); the TRL
     modes: corrected_weight(r') times PPO's clip of rho = r/r' to [1 - clip, 1 + clip_high] (``delta``: rho <=
-    delta in the unclipped branch). ``ratio`` = r = pi/alpha, ``ratio_k`` = r' = pi_k/alpha > 0."""
+    delta in the unclipped branch); m2po: keep x rho x A (``keep``: M2PO's mask, all kept when None).
+    ``ratio`` = r = pi/alpha, ``ratio_k`` = r' = pi_k/alpha > 0."""
     if mode == "paper":
         return clip_objective(ratio, ratio_k, adv, clip, clip_high, delta)
     ratio, ratio_k = np.asarray(ratio, dtype=np.float64), np.asarray(ratio_k, dtype=np.float64)
+    if mode == "m2po":  # no clip, no weight: keep x rho x A (``keep``: ``second_moment_keep``'s mask)
+        kept = np.ones(ratio.shape, dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
+        return np.where(kept, ratio / ratio_k * np.asarray(adv, dtype=np.float64), 0.0)
     g = clip_objective(ratio / ratio_k, np.ones_like(ratio_k), adv, clip, clip_high, delta)
     return corrected_weight(ratio_k, mode, cap, cap_min) * g
 
 
 def corrected_surrogate(pi, pi_k, alpha, r, eps, clip, mode: ImportanceSamplingMode = "paper", cap: float = 3.0,
-                        clip_high=None, delta: float = 0.0, cap_min: float = 0.0) -> np.ndarray:
+                        clip_high=None, delta: float = 0.0, cap_min: float = 0.0,
+                        m2_threshold: float = M2_THRESHOLD) -> np.ndarray:
     """E_{y ~ alpha} of ``corrected_objective`` with A = A_alpha (whitened with ``eps``): the objective each mode
     ascends, exact on a table. Shapes (..., n) -> (...). alpha and pi_k must be positive wherever pi or pi_k is.
-    With mode paper it is ``core.clipped_surrogate``."""
+    With mode paper it is ``core.clipped_surrogate``; with m2po the mask is ``second_moment_keep`` of the table's
+    log pi_k/alpha weighted by alpha (the limit of a batch's mask as the batch grows)."""
     pi, pi_k, alpha = as_policy(pi, "pi"), as_policy(pi_k, "pi_k"), as_policy(alpha, "alpha")
     check_same_actions(pi=pi, pi_k=pi_k, alpha=alpha)
     if np.any((alpha == 0) & ((pi > 0) | (pi_k > 0))) or np.any((pi_k == 0) & (pi > 0)):
@@ -72,5 +109,12 @@ def corrected_surrogate(pi, pi_k, alpha, r, eps, clip, mode: ImportanceSamplingM
     a = whitened_advantage(alpha, r, eps)
     live = (alpha > 0) & (pi_k > 0)
     safe_a, safe_k = np.where(live, alpha, 1.0), np.where(live, pi_k, 1.0)
-    f = corrected_objective(pi / safe_a, safe_k / safe_a, a, clip, mode, cap, clip_high, delta, cap_min)
+    keep = None
+    if mode == "m2po":
+        log_w = np.log(safe_k / safe_a)
+        keep = np.zeros(log_w.shape, dtype=bool)
+        for idx in np.ndindex(log_w.shape[:-1]):
+            live_i = live[idx]
+            keep[idx][live_i] = second_moment_keep(log_w[idx][live_i], alpha[idx][live_i], m2_threshold)
+    f = corrected_objective(pi / safe_a, safe_k / safe_a, a, clip, mode, cap, clip_high, delta, cap_min, keep)
     return np.sum(np.where(live, alpha * f, 0.0), axis=-1)

@@ -51,6 +51,9 @@ CORRECTIONS = {
     "sequence_truncate": dict(importance_sampling_mode="sequence_truncate"),
     "sequence_mask": dict(importance_sampling_mode="sequence_mask"),
     "sequence_normalised (GSPO)": dict(ratio_level="sequence_normalised", loss_type="grpo"),
+    "m2po": dict(importance_sampling_mode="m2po"),
+    "icepop (token_mask [0.5, 5])": dict(importance_sampling_mode="token_mask", importance_sampling_cap=5.0,
+                                         importance_sampling_cap_min=0.5),
 }
 CORRECTIONS_V = 4
 

@@ -171,12 +171,18 @@ class GRPOConfig:
     """Two-sided clip (TRL's name): for negative advantages the unclipped ratio is capped too, pi/pi_k <= delta
     (paper clip: pi/alpha <= r' + delta - 1). 0: off; else must exceed 1 + epsilon_high."""
     importance_sampling_mode: Literal["paper", "token_truncate", "token_mask", "sequence_truncate",
-                                      "sequence_mask"] = "paper"
+                                      "sequence_mask", "m2po"] = "paper"
     """How the loss corrects for alpha != pi_k (docs/theory.md, §6.1). paper: the clipped objective
     f_eps(pi/alpha, pi_k/alpha, A), whose clip window sits around pi_k/alpha; the weight is exact. The TRL modes
     (vllm_importance_sampling_mode): PPO's clip of pi/pi_k in [1 - epsilon, 1 + epsilon_high] times the weight
     w = pi_k/alpha per token (token_*) or per completion (sequence_*: exp of the summed log-weights), truncated at
-    importance_sampling_cap (*_truncate: min(w, cap)) or zeroed above it (*_mask)."""
+    importance_sampling_cap (*_truncate: min(w, cap)) or zeroed above it (*_mask). m2po: M2PO (arXiv 2510.01161;
+    AReaL's name) drops the clip and the weight and keeps in the loss the tokens left after removing those with the
+    largest (log pi_k/alpha)^2 until their mean is at most m2_threshold (the mask bounds the weights' second moment;
+    the gradient is alpha's, not pi_k's, on the kept tokens: §6.1)."""
+    m2_threshold: float = 0.04
+    """M2PO's threshold on the mean (log pi_k/alpha)^2 of the tokens kept in the loss (importance_sampling_mode m2po;
+    AReaL's name, the paper's default)."""
     importance_sampling_cap: float = 3.0
     """The cap C of the TRL importance-sampling modes (TRL's vllm_importance_sampling_clip_max, formerly
     vllm_importance_sampling_cap)."""
@@ -471,6 +477,9 @@ class GRPOConfig:
         require(self, self.delta == 0 or self.delta > 1 + self.clip_high, "delta",
                 f"must exceed 1 + epsilon_high = {1 + self.clip_high} (or be 0: off)")
         require(self, self.importance_sampling_cap > 0, "importance_sampling_cap", "must be > 0")
+        require(self, self.m2_threshold > 0, "m2_threshold", "must be > 0")
+        require(self, self.importance_sampling_mode != "m2po" or self.ratio_level == "token", "importance_sampling_mode",
+                "m2po masks tokens: it needs ratio_level token")
         require(self, 0 <= self.importance_sampling_cap_min < self.importance_sampling_cap,
                 "importance_sampling_cap_min", f"must lie in [0, importance_sampling_cap = {self.importance_sampling_cap})")
         require(self, self.ref_sync_steps >= 0, "ref_sync_steps", "must be >= 0")

@@ -10,7 +10,8 @@ Per completion token (or per sequence with ``ratio_level="sequence"``):
 With alpha = pi_k (v = 1) r' = 1 and this is on-policy GRPO/PPO clipping. r' is computed from the
 log-probabilities; it is never assumed to be 1. ``epsilon_high`` widens the window's top, ``delta`` caps the unclipped
 ratio of negative advantages, and ``importance_sampling_mode`` swaps in TRL's corrections (PPO's clip of pi/pi_k
-times a truncated or masked pi_k/alpha); each is ``grpo_theory.corrected_objective`` on a table (docs/theory.md, §6.1).
+times a truncated or masked pi_k/alpha, or M2PO's unclipped pi/pi_k on the tokens its second-moment mask keeps);
+each is ``grpo_theory.corrected_objective`` on a table (docs/theory.md, §6.1).
 
 The KL term (docs/theory.md, §8.4): k3 = e^d - d - 1 with d = log pi_ref - log pi has expectation
 KL(pi(.|x, y_<t) || pi_ref(.|x, y_<t)) over a token y_t drawn from pi given its prefix. The tokens here come from
@@ -40,7 +41,7 @@ import torch
 
 LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo"]
 RatioLevel = Literal["token", "sequence", "sequence_normalised"]
-ImportanceSamplingMode = Literal["paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+ImportanceSamplingMode = Literal["paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "m2po"]
 
 
 def clip_window_torch(ratio_k: torch.Tensor, clip: float,
@@ -91,6 +92,28 @@ def bounded_ratios(log_ratio: torch.Tensor, log_ratio_k: torch.Tensor, adv: torc
     cap = torch.where(adv >= 0, top, torch.full_like(top, LOG_RATIO_MAX))
     # where, not minimum: at a tie the gradient flows through log_ratio in full, as without the cap
     return torch.exp(torch.where(log_ratio > cap, cap, log_ratio)), torch.exp(log_ratio_k)
+
+
+def second_moment_keep_torch(log_w: torch.Tensor, weight: torch.Tensor, threshold: float) -> torch.Tensor:
+    """M2PO's mask over tokens with log-weights ``log_w`` = log pi_k/alpha (B, T), the mean of (log w)^2 weighted by
+    ``weight`` (B, T): the step's loss weights, so a token mean under dapo's normaliser, and alpha's probabilities
+    when the rows are a table's responses. The torch twin of ``grpo_theory.second_moment_keep`` (tested equal): True
+    where a token stays in the loss; tokens of weight 0 are not considered (False). Computed once over the whole
+    step's tokens (``llm.optim.update.optimise``), never per micro-batch."""
+    flat = weight.detach().double().reshape(-1)
+    on = flat > 0
+    m = (log_w.detach().double().reshape(-1)[on]) ** 2
+    wt = flat[on]
+    order = torch.sort(-m, stable=True).indices
+    mass = torch.cat([(wt * m)[order].flip(0).cumsum(0).flip(0), m.new_zeros(1)])
+    total = torch.cat([wt[order].flip(0).cumsum(0).flip(0), m.new_zeros(1)])
+    ok = (mass <= threshold * total * (1 + 1e-12)) & (total > 0)
+    first = int(torch.nonzero(ok)[0]) if bool(ok.any()) else m.numel()
+    kept = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
+    kept[order[first:]] = True
+    out = torch.zeros(on.shape, dtype=torch.bool, device=weight.device)
+    out[on] = kept
+    return out.reshape(weight.shape)
 
 
 def k3_kl(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
@@ -150,6 +173,7 @@ class Clip:
     importance_sampling_mode: ImportanceSamplingMode = "paper"
     importance_sampling_cap: float = 3.0
     importance_sampling_cap_min: float = 0.0  # the lower cap (TRL's clip_min, IcePop's band); 0: none
+    m2_threshold: float = 0.04  # M2PO's threshold on the kept tokens' mean (log w)^2 (mode m2po)
 
     @property
     def high(self) -> float:
@@ -205,6 +229,7 @@ def grpo_loss(
     logp_ref: torch.Tensor | None = None,
     use_bias_correction_kl: bool = True,
     policy_mask: torch.Tensor | None = None,
+    token_keep: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """Loss (to minimise) of one optimiser step, or of one micro-batch of it, and its statistics.
 
@@ -220,7 +245,8 @@ def grpo_loss(
     With a TRL importance-sampling mode the objective is ``grpo_theory.corrected_objective``: PPO's clip of
     rho = pi/pi_k at the ratio level, times w = pi_k/alpha per token or per sequence, truncated or masked at the cap
     (and at the lower cap, when one is set). ``policy_mask`` (B, T): multiplies the clipped objective per token, not
-    the KL term (``top_entropy_quantile``).
+    the KL term (``top_entropy_quantile``). ``token_keep`` (B, T) bool: M2PO's mask (mode m2po; all kept when None),
+    which also multiplies the objective only; the tokens it drops are counted in ``is_correction/frac_above_cap``.
     """
     spec = clip if isinstance(clip, Clip) else Clip(epsilon=clip)
     level = ratio_level or spec.ratio_level
@@ -236,6 +262,9 @@ def grpo_loss(
                                                                  level)
     if policy_mask is not None:
         per_token = per_token * policy_mask
+    if spec.importance_sampling_mode == "m2po" and token_keep is not None:
+        per_token = per_token * token_keep.to(per_token.dtype)
+        above = ~token_keep.bool()
     kl_sums = {}
     if beta > 0:
         k3 = k3_kl(logp, logp_ref.detach())
@@ -263,6 +292,9 @@ def clipped_objective(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torc
         per_token = -clip_objective_torch(ratio, ratio_k, adv, spec.epsilon, spec.high, spec.delta)
         return per_token, log_ratio, log_ratio_k, torch.zeros_like(real, dtype=torch.bool)
     log_ratio = level_log_ratio(logp - logp_k, real, level)  # rho = pi/pi_k
+    if mode == "m2po":  # no clip, no weight (the caller's token_keep masks): rho A, rho held below e^LOG_RATIO_MAX
+        rho = torch.exp(torch.where(log_ratio > LOG_RATIO_MAX, torch.full_like(log_ratio, LOG_RATIO_MAX), log_ratio))
+        return -rho * adv, log_ratio, token_log_w, torch.zeros_like(real, dtype=torch.bool)
     log_ratio_k = level_log_ratio(token_log_w, real, "token" if mode.startswith("token") else "sequence")
     rho, _ = bounded_ratios(log_ratio, torch.zeros_like(log_ratio), adv, spec.high)
     w = torch.exp(log_ratio_k.clamp(max=LOG_RATIO_MAX))
@@ -281,5 +313,7 @@ def loss_stats(loss: torch.Tensor, log_ratio: torch.Tensor, log_ratio_k: torch.T
     ratio_k = torch.exp(log_ratio_k)
     around = ratio_k if spec.importance_sampling_mode == "paper" else torch.ones_like(ratio_k)
     low, high = clip_flags_torch(torch.exp(log_ratio), around, adv, spec.epsilon, spec.high)
+    if spec.importance_sampling_mode == "m2po":  # nothing is clipped
+        low, high = torch.zeros_like(low), torch.zeros_like(high)
     return LossStats(loss=float(loss.detach()), tokens=float(on.sum()), clip_low=float((low & on).sum()),
                      clip_high=float((high & on).sum()), above_cap=float((above & on).sum()), kl=kl_sums)

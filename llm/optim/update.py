@@ -22,7 +22,7 @@ from runkit.host_memory import micro_batch_done, pass_end, pass_start
 from ..batch import Batch
 from ..distributed import Ranks, clip_gradients
 from ..logprobs import Forward, TokenDists, idle_passes
-from ..loss import Clip, LossStats, grpo_loss, loss_weights
+from ..loss import Clip, LossStats, grpo_loss, loss_weights, second_moment_keep_torch
 from ..passes import Passes
 
 
@@ -44,7 +44,7 @@ class Objective:
     @classmethod
     def from_config(cls, config) -> "Objective":
         clip = Clip(config.epsilon, config.clip_high, config.delta, config.ratio_level, config.importance_sampling_mode,
-                    config.importance_sampling_cap, config.importance_sampling_cap_min)
+                    config.importance_sampling_cap, config.importance_sampling_cap_min, config.m2_threshold)
         return cls(config.num_iterations, clip, config.beta,
                    config.use_bias_correction_kl, config.loss_type, config.max_completion_length, config.max_grad_norm,
                    config.tv_diagnostics, config.top_entropy_quantile, config.entropy_coef)
@@ -98,10 +98,16 @@ def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, opti
     if objective.entropy_coef:  # coef x the mean entropy over the step's loss tokens
         on = batch.completion_mask * seq_mask[:, None]
         bonus = objective.entropy_coef * on / on.sum().clamp(min=1.0)
+    token_keep = None
+    if objective.clip.importance_sampling_mode == "m2po":  # M2PO's mask from the whole step's log pi_k/alpha
+        logp_k = passes.logprobs(policy, batch).logp  # one pass more: pi_k on every micro-batch before the first loss
+        log_w = torch.zeros_like(logp_k) if logp_alpha is None else logp_k - logp_alpha
+        token_keep = second_moment_keep_torch(log_w, weights, objective.clip.m2_threshold)
     ranks, first, result = passes.ranks, [], Optimised(None, None, LossStats(), 0.0)
     for it in range(objective.num_iterations):
         optimizer.zero_grad(set_to_none=True)
-        stats = inner_step(passes, objective, policy, batch, parts, first, adv, weights, logp_alpha, logp_ref, bonus)
+        stats = inner_step(passes, objective, policy, batch, parts, first, adv, weights, logp_alpha, logp_ref, bonus,
+                           token_keep)
         if it == 0:  # pi_k's pass over the whole batch, before the update (the output layer is still pi_k's)
             result.pi_k = passes.whole_batch(Forward.assemble(batch, parts, first))
             if objective.keep_hidden:  # alpha's distributions None: alpha = pi_k (lag 0), whose chain TV is 0
@@ -147,10 +153,10 @@ def high_entropy_mask(entropy: torch.Tensor, on: torch.Tensor, quantile: float) 
 def inner_step(passes: Passes, objective: Objective, policy: torch.nn.Module, batch: Batch,
                parts: list[torch.Tensor], first: list[Forward], adv: torch.Tensor, weights: torch.Tensor,
                logp_alpha: torch.Tensor | None, logp_ref: torch.Tensor | None,
-               bonus: torch.Tensor | None = None) -> LossStats:
+               bonus: torch.Tensor | None = None, token_keep: torch.Tensor | None = None) -> LossStats:
     """One inner step's forward and backward passes over this rank's ``parts`` of the batch (the gradients add up
     in the parameters). The first inner step records each pass's pi_k forward in ``first``. ``bonus`` (B, T): the
-    entropy bonus's weight per token (its loss term is -sum bonus x H)."""
+    entropy bonus's weight per token (its loss term is -sum bonus x H); ``token_keep`` (B, T): M2PO's mask."""
     record = not first
     idle = passes.ranks.idle_passes(len(parts))  # a collective: before any pass's own gathers
     stats = LossStats()
@@ -173,7 +179,8 @@ def inner_step(passes: Passes, objective: Objective, policy: torch.nn.Module, ba
             fwd.logp, logp_k, logp_k if logp_alpha is None else cols(logp_alpha), adv[rows], w,
             clip=objective.clip, beta=objective.beta,
             logp_ref=None if logp_ref is None else cols(logp_ref),
-            use_bias_correction_kl=objective.use_bias_correction_kl, policy_mask=policy_mask)
+            use_bias_correction_kl=objective.use_bias_correction_kl, policy_mask=policy_mask,
+            token_keep=None if token_keep is None else cols(token_keep))
         if bonus is not None:
             loss = loss - (fwd.entropy * cols(bonus)).sum()
         stats = stats.merge(part)

@@ -3,9 +3,11 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import grpo_theory as gt
-from grpo_theory.corrections import MODES, corrected_surrogate
+from grpo_theory.corrections import MODES, corrected_surrogate, second_moment_keep
 from llm import GRPOConfig
 from llm.loss import (
     Clip,
@@ -16,6 +18,7 @@ from llm.loss import (
     grpo_loss,
     k3_kl,
     loss_weights,
+    second_moment_keep_torch,
 )
 
 B, T = 8, 5
@@ -268,13 +271,19 @@ def test_every_mode_on_one_token_rows_weighted_by_alpha_is_the_exact_tabular_obj
     r[:2] = 0.0, 1.0
     adv = gt.whitened_advantage(alpha, r, 1e-4)
     col = lambda x: torch.tensor(np.log(x))[:, None]  # noqa: E731
-    spec = Clip(0.2, extra.get("epsilon_high"), extra.get("delta", 0.0), "token", mode, 1.5, extra.get("cap_min", 0.0))
-    loss, stats = grpo_loss(col(pi), col(pi_k), col(alpha), torch.tensor(adv), torch.tensor(alpha)[:, None], clip=spec)
+    spec = Clip(0.2, extra.get("epsilon_high"), extra.get("delta", 0.0), "token", mode, 1.5, extra.get("cap_min", 0.0),
+                m2_threshold=0.04)
+    weights = torch.tensor(alpha)[:, None]
+    keep = second_moment_keep_torch(col(pi_k) - col(alpha), weights, 0.04) if mode == "m2po" else None
+    loss, stats = grpo_loss(col(pi), col(pi_k), col(alpha), torch.tensor(adv), weights, clip=spec, token_keep=keep)
     want = corrected_surrogate(pi, pi_k, alpha, r, 1e-4, 0.2, mode, 1.5, extra.get("epsilon_high"),
-                               extra.get("delta", 0.0), extra.get("cap_min", 0.0))
+                               extra.get("delta", 0.0), extra.get("cap_min", 0.0), m2_threshold=0.04)
     assert -float(loss) == pytest.approx(want, abs=1e-12)
     w = pi_k / alpha
     outside = np.mean((w > 1.5) | (w < extra.get("cap_min", 0.0)))
+    if mode == "m2po":  # the dropped tokens; the table's mask drops some here (mean (log w)^2 over 0.04)
+        outside = float(np.mean(~keep.numpy()))
+        assert outside > 0
     assert stats.metrics()["is_correction/frac_above_cap"] == pytest.approx(0.0 if mode == "paper" else outside)
 
 
@@ -309,3 +318,36 @@ def test_the_config_refuses_bad_corrections():
             GRPOConfig(**kw)
     assert GRPOConfig(delta=1.3, epsilon_high=0.28).clip_high == 0.28
     assert GRPOConfig().clip_high == 0.2
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from([0.01, 0.04, 0.3]), st.booleans())
+def test_the_m2po_mask_in_torch_is_grpo_theorys(seed, threshold, weighted):
+    """``second_moment_keep_torch`` over a (B, T) step (padding of weight 0, ties among equal weights) equals
+    ``grpo_theory.second_moment_keep`` on its tokens, token for token."""
+    g = np.random.default_rng(seed)
+    log_w = np.round(g.normal(scale=0.4, size=(6, 5)), 1)  # rounded: ties in (log w)^2
+    weight = g.random((6, 5)) if weighted else np.ones((6, 5))
+    weight[g.random((6, 5)) < 0.2] = 0.0
+    got = second_moment_keep_torch(torch.tensor(log_w), torch.tensor(weight), threshold).numpy()
+    on = weight > 0
+    want = np.zeros_like(on)
+    want[on] = second_moment_keep(log_w[on], weight[on], threshold)
+    assert (got == want).all()
+
+
+def test_m2po_leaves_the_dropped_tokens_out_and_does_not_clip():
+    """mode m2po: minus the loss is sum over kept tokens of weight x (pi/pi_k) A (no clip: a ratio far outside any
+    window counts in full), the dropped tokens count in is_correction/frac_above_cap, and no token is flagged clipped."""
+    logp, logp_k, logp_alpha, adv, mask = _inputs(4)
+    w_tok = loss_weights(mask, "dapo", T)
+    keep = second_moment_keep_torch(logp_k - logp_alpha, w_tok, 0.04)
+    on = w_tok > 0
+    assert 0 < keep[on].float().mean() < 1
+    loss, stats = grpo_loss(logp, logp_k, logp_alpha, adv, w_tok, clip=Clip(0.2, importance_sampling_mode="m2po"),
+                            token_keep=keep)
+    rho = torch.exp(logp - logp_k).detach().double()
+    want = -(keep.double() * rho * adv.double()[:, None] * w_tok.double()).sum()
+    assert float(loss.detach()) == pytest.approx(float(want), rel=1e-6)
+    m = stats.metrics()
+    assert m["is_correction/frac_above_cap"] == pytest.approx(1 - float(keep[on].float().mean()))
+    assert m["clip_ratio/region_mean"] == 0.0

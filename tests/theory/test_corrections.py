@@ -6,7 +6,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from grpo_theory import clip_objective, clipped_surrogate, softmax, whitened_advantage
-from grpo_theory.corrections import MODES, corrected_objective, corrected_surrogate, corrected_weight
+from grpo_theory.corrections import (
+    MODES,
+    TRL_MODES,
+    corrected_objective,
+    corrected_surrogate,
+    corrected_weight,
+    second_moment_keep,
+)
 
 EPS = 1e-4
 #: A clip width so wide that no ratio of these tables reaches its window: isolates the weight's effect.
@@ -24,7 +31,7 @@ def table(rng, n=6, spread=1.0):
     return pi, pi_k, alpha, r
 
 
-@given(tables, st.sampled_from(MODES[1:]))
+@given(tables, st.sampled_from(TRL_MODES))
 def test_an_infinite_cap_is_the_paper_objective_with_a_window_proportional_to_r_prime(rng, mode):
     pi, pi_k, alpha, r = table(rng)
     a = whitened_advantage(alpha, r, EPS)
@@ -35,10 +42,10 @@ def test_an_infinite_cap_is_the_paper_objective_with_a_window_proportional_to_r_
     assert got == pytest.approx(np.sum(alpha * f), abs=TOL)
 
 
-@given(tables, st.sampled_from(MODES))
+@given(tables, st.sampled_from(("paper", *TRL_MODES)))
 def test_every_mode_without_a_binding_cap_agrees_with_the_paper_at_pi_equal_pi_k(rng, mode):
-    """Value and gradient (in pi's logits) at pi = pi_k: E_{pi_k} A and the on-policy gradient, for all modes when
-    the cap exceeds every pi_k/alpha."""
+    """Value and gradient (in pi's logits) at pi = pi_k: E_{pi_k} A and the on-policy gradient, for the TRL modes when
+    the cap exceeds every pi_k/alpha (not M2PO, whose gradient there is alpha's: its own test below)."""
     _, pi_k, alpha, r = table(rng)
     cap = float(np.max(pi_k / alpha)) * 2
     theta = np.log(pi_k)
@@ -98,3 +105,35 @@ def test_weights_and_the_two_sided_clip_on_hand_cases():
     assert clip_objective(0.1, 1.0, -1.0, 0.2, clip_high=0.28) == pytest.approx(-0.8)
     # TRL mode: rho = r/r' = 2 clipped at 1 + 0.28, times w = min(r', C) = 2
     assert corrected_objective(4.0, 2.0, 1.0, 0.2, "token_truncate", 3.0, clip_high=0.28) == pytest.approx(2 * 1.28)
+
+
+@given(st.lists(st.floats(-3, 3), min_size=1, max_size=30), st.sampled_from([0.0, 0.01, 0.04, 0.5]))
+def test_the_m2po_mask_keeps_the_smallest_weights_within_the_threshold_with_fewest_drops(log_w, threshold):
+    """``second_moment_keep``: the kept mean of (log w)^2 is at most tau; every dropped sample's (log w)^2 is at least
+    every kept one's; and keeping also the smallest dropped one would break tau (the fewest drops)."""
+    x = np.array(log_w)
+    m = x**2
+    keep = second_moment_keep(x, threshold=threshold)
+    if keep.any():
+        assert m[keep].mean() <= threshold * (1 + 1e-9)
+    if keep.any() and (~keep).any():
+        assert m[~keep].min() >= m[keep].max()
+    if (~keep).any():
+        dropped = np.flatnonzero(~keep)
+        back = dropped[np.argmin(m[dropped])]
+        more = keep.copy()
+        more[back] = True
+        assert m[more].mean() > threshold
+
+
+@given(tables)
+def test_m2po_on_a_table_is_keep_times_the_unclipped_ratio_under_alpha(rng):
+    """corrected_surrogate(m2po) = sum_y alpha keep (pi/pi_k) A_alpha with keep the alpha-weighted mask of the table's
+    log pi_k/alpha; at pi = pi_k it is sum_y alpha keep A: alpha's expectation over the kept responses, not pi_k's."""
+    pi, pi_k, alpha, r = table(rng)
+    a = whitened_advantage(alpha, r, EPS)
+    keep = second_moment_keep(np.log(pi_k / alpha), alpha, 0.04)
+    want = np.sum(alpha * keep * pi / pi_k * a)
+    assert corrected_surrogate(pi, pi_k, alpha, r, EPS, 0.2, "m2po") == pytest.approx(want, abs=TOL)
+    at_k = corrected_surrogate(pi_k, pi_k, alpha, r, EPS, 0.2, "m2po")
+    assert at_k == pytest.approx(np.sum(alpha * keep * a), abs=TOL)

@@ -28,6 +28,7 @@ from runkit.runio import MetricsWriter, write_config
 from runkit.validation import require, require_finite
 
 from . import core
+from . import estimators as ge
 from .numerics import rounding_tolerance
 from .sync_policy import SyncPolicy
 from .validation import EPS_MAX
@@ -82,6 +83,12 @@ class SimConfig:
     """Step size of gradient ascent on the logits."""
     max_steps: int = 200
     """Number of steps k."""
+    heldout_prompts: int = 0
+    """Per step, this many extra prompts (drawn from the prompt distribution, G responses each from alpha, never
+    trained on) on which the improvement is estimated as the LLM trainer does (``heldout/improvement``, its standard
+    error and its lower confidence bound ``heldout/improvement_lcb``), beside the exact improvement. 0: off."""
+    improvement_lcb_level: float = 0.95
+    """Confidence level of ``heldout/improvement_lcb``."""
     seed: int = 0
     """Seed of the bandit and of sampling."""
     output_dir: str = ""
@@ -107,6 +114,8 @@ class SimConfig:
         require(self, 0 <= self.variance_eps <= EPS_MAX, "variance_eps", "must lie in [0, 3/4] (Theorem 1)")
         require(self, self.learning_rate > 0, "learning_rate", "must be > 0")
         require(self, self.max_steps >= 1, "max_steps", "must be >= 1")
+        require(self, self.heldout_prompts >= 0, "heldout_prompts", "must be >= 0")
+        require(self, 0.5 <= self.improvement_lcb_level < 1, "improvement_lcb_level", "must be in [0.5, 1)")
         require(self, self.seed >= 0, "seed", "must be >= 0 (numpy's generators take non-negative seeds)")
 
 
@@ -162,6 +171,24 @@ def sample_rollout(config: SimConfig, bandit: Bandit, alpha: np.ndarray, rng: np
     zero = np.ptp(r, axis=1) == 0
     keep = ~zero if config.mask_zero_std_groups else np.ones(B, bool)
     return Rollout(xs, keep, float(r.mean()), float(zero.mean()), ys=ys, adv=core.group_advantages(r, eps))
+
+
+def heldout_improvement(config: SimConfig, bandit: Bandit, pi_new, pi_k, alpha,
+                        rng: np.random.Generator) -> dict[str, float]:
+    """The LLM trainer's held-out improvement estimate on ``heldout_prompts`` fresh prompts (G responses each from
+    alpha, rewards observed as in training): the mean of ``estimators.improvement_estimate`` over the prompts, its
+    standard error and its lower confidence bound (``estimators.lower_confidence_bound``)."""
+    H, G, n = config.heldout_prompts, config.num_generations, config.n_actions
+    xs = rng.choice(len(bandit.rho), size=H, p=bandit.rho)
+    cum = np.cumsum(alpha[xs], axis=1)
+    ys = np.minimum((rng.random((H, G, 1)) > cum[:, None, :]).sum(-1), n - 1)
+    r_exp = bandit.table[xs[:, None], ys]
+    r = (rng.random((H, G)) < r_exp).astype(float) if config.stochastic_rewards else r_exp
+    a = alpha[xs[:, None], ys]
+    per = ge.improvement_estimate(r, pi_new[xs[:, None], ys] / a, pi_k[xs[:, None], ys] / a)
+    se = float(per.std(ddof=1) / np.sqrt(H)) if H > 1 else float("nan")
+    return {"heldout/improvement": float(per.mean()), "heldout/improvement_se": se,
+            "heldout/improvement_lcb": ge.lower_confidence_bound(per, config.improvement_lcb_level)}
 
 
 def kl_gradient(pi, ref):
@@ -239,6 +266,7 @@ def simulate(config: SimConfig, progress: bool = False) -> list[dict]:
     """Run Algorithm 1; returns the metric rows (also written to ``output_dir`` if set)."""
     bandit = make_bandit(config)
     rng = np.random.default_rng([config.seed, 1])
+    heldout_rng = np.random.default_rng([config.seed, 2])  # its own stream: the run is the same with or without
     writer = None
     if config.output_dir:
         write_config(config.output_dir, config)
@@ -278,6 +306,8 @@ def simulate(config: SimConfig, progress: bool = False) -> list[dict]:
                "sync/tv_estimate": tv_before, "reward": roll.reward, "frac_reward_zero_std": roll.frac_zero_std,
                "clip_ratio/low_mean": clip_low, "clip_ratio/high_mean": clip_high}
         row.update(exact_diagnostics(bandit, core.softmax(theta), pi_k, alpha, ref, config.variance_eps))
+        if config.heldout_prompts:
+            row.update(heldout_improvement(config, bandit, core.softmax(theta), pi_k, alpha, heldout_rng))
         row["time/elapsed"] = time.perf_counter() - t_start
         rows.append(row)
         if writer is not None:
@@ -330,6 +360,12 @@ def main(args: list[str] | None = None) -> int:
           f"bound > 0 on {np.mean([r['bound/lower'] > 0 for r in rows]):.1%} (paper) / "
           f"{np.mean([r['bound/lower_tight'] > 0 for r in rows]):.1%} (tight) of steps; "
           f"steps with bound > improvement: {viol} (paper), {viol_t} (tight)")
+    if config.heldout_prompts:
+        lcb = np.array([r["heldout/improvement_lcb"] for r in rows])
+        exact = np.array([r["improvement"] for r in rows])
+        print(f"improvement certificate ({config.heldout_prompts} held-out prompts, level "
+              f"{config.improvement_lcb_level:g}): positive on {np.mean(lcb > 0):.1%} of steps, above the exact "
+              f"improvement on {np.mean(lcb > exact):.1%}; exact improvement positive on {np.mean(exact > 0):.1%}")
     if config.output_dir:
         print(f"wrote {config.output_dir}/metrics.jsonl")
     return 1 if viol or viol_t else 0

@@ -46,20 +46,21 @@ def after_update(key: str) -> bool:
 EVERY = ("--save-steps", "1", "--eval-steps", "2")
 
 
-def _rank(rank: int, world: int, init_file: str, out: str, case: tuple, micro_batch: int, by_length: bool,
-          fsdp: bool = False) -> None:
+def _rank(rank: int, world: int, init_file: str, out: str, cases: list) -> None:
+    """One rank of every case below in one process group (one spawn for all: each spawn costs seconds of imports)."""
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         torch.set_num_threads(1)
-        result, grads = optimise_case(*case, micro_batch, by_length=by_length, ranks=Ranks(rank, world, fsdp))
-        shards = [g for g in grads[0] if isinstance(g, DTensor)]
-        sharded = len(shards)
-        held, whole = sum(g.to_local().numel() for g in shards), sum(g.numel() for g in shards)
-        grads = [[g.full_tensor() if isinstance(g, DTensor) else g for g in step] for step in grads]
-        torch.save({"grads": grads, "metrics": result.stats.metrics(), "grad_norm": result.grad_norm,
-                    "chain_tv_k": result.chain_tv_k, "logp_k": result.pi_k.logp, "entropy_k": result.pi_k.entropy,
-                    "sharded": sharded, "held": held, "whole": whole},
-                   f"{out}/rank{rank}.pt")
+        for index, (case, micro_batch, by_length, fsdp) in enumerate(cases):
+            result, grads = optimise_case(*case, micro_batch, by_length=by_length, ranks=Ranks(rank, world, fsdp))
+            shards = [g for g in grads[0] if isinstance(g, DTensor)]
+            sharded = len(shards)
+            held, whole = sum(g.to_local().numel() for g in shards), sum(g.numel() for g in shards)
+            grads = [[g.full_tensor() if isinstance(g, DTensor) else g for g in step] for step in grads]
+            torch.save({"grads": grads, "metrics": result.stats.metrics(), "grad_norm": result.grad_norm,
+                        "chain_tv_k": result.chain_tv_k, "logp_k": result.pi_k.logp, "entropy_k": result.pi_k.entropy,
+                        "sharded": sharded, "held": held, "whole": whole},
+                       f"{out}/case{index}_rank{rank}.pt")
     finally:
         torch.distributed.destroy_process_group()
 
@@ -72,20 +73,31 @@ TWO_RANK_CASES = [(case, micro_batch, by_length, False) for case in (CASES[0], C
 FSDP_CASES = [(CASES[0], 0, False, True), (CASES[3], 2, False, True), (CASES[5], 2, True, True)]
 
 
-@pytest.mark.parametrize("case,micro_batch,by_length,fsdp", TWO_RANK_CASES + FSDP_CASES, ids=[
-    f"{c[0][0]}-mb{c[1]}{'-by_length' if c[2] else ''}{'-fsdp' if c[3] else ''}" for c in TWO_RANK_CASES + FSDP_CASES])
-def test_two_ranks_compute_the_one_process_step(tmp_path, case, micro_batch, by_length, fsdp):
+ALL_TWO_RANK_CASES = TWO_RANK_CASES + FSDP_CASES
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(tmp_path_factory) -> Path:
+    """Every case's two ranks, run once in one spawn: <dir>/case<i>_rank<r>.pt."""
+    import torch.multiprocessing as mp
+
+    out = tmp_path_factory.mktemp("two_ranks")
+    mp.spawn(_rank, args=(2, str(out / "init"), str(out), ALL_TWO_RANK_CASES), nprocs=2)
+    return out
+
+
+@pytest.mark.parametrize("index", range(len(ALL_TWO_RANK_CASES)), ids=[
+    f"{c[0][0]}-mb{c[1]}{'-by_length' if c[2] else ''}{'-fsdp' if c[3] else ''}" for c in ALL_TWO_RANK_CASES])
+def test_two_ranks_compute_the_one_process_step(two_rank_results, index):
     """3 prompts x G = 3 over 2 ranks (1 and 2 prompts), i = 2 inner steps: on every rank the summed gradients of
     both inner steps, the loss statistics, the gradient norm and the whole-batch log pi_k and entropies equal one
     process's (float64, 1e-10); the chain-rule TV (summed in float32) to 1e-6. With FSDP (the blocks of the policy,
     alpha and pi_ref sharded, each rank running as many passes as the other) the same, with the blocks' gradients
     gathered whole."""
-    import torch.multiprocessing as mp
-
+    case, micro_batch, by_length, fsdp = ALL_TWO_RANK_CASES[index]
     whole, whole_grads = optimise_case(*case, micro_batch, by_length=by_length)
-    mp.spawn(_rank, args=(2, str(tmp_path / "init"), str(tmp_path), case, micro_batch, by_length, fsdp), nprocs=2)
     for rank in range(2):
-        got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        got = torch.load(two_rank_results / f"case{index}_rank{rank}.pt", weights_only=False)
         assert (got["sharded"] > 0) == fsdp  # FSDP: the blocks' gradients are shards
         assert whole.grad_norm > 1.0  # max_grad_norm = 1: the gradients compared were clipped
         for step_w, step_r in zip(whole_grads, got["grads"], strict=True):
@@ -101,7 +113,7 @@ def test_two_ranks_compute_the_one_process_step(tmp_path, case, micro_batch, by_
         assert torch.allclose(whole.pi_k.logp, got["logp_k"], rtol=RTOL64, atol=1e-12)
         assert torch.allclose(whole.pi_k.entropy, got["entropy_k"], rtol=RTOL64, atol=1e-12)
     if fsdp:  # each rank holds a part of every block's gradient (so of its weights and moments), together all of it
-        held = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False)["held"] for r in range(2)]
+        held = [torch.load(two_rank_results / f"case{index}_rank{r}.pt", weights_only=False)["held"] for r in range(2)]
         assert sum(held) == got["whole"] and max(held) < 0.6 * got["whole"], (held, got["whole"])
 
 

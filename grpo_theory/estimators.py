@@ -8,6 +8,7 @@ estimates and its bias are stated in its docstring and pinned by exact-expectati
 - ``tv_estimate``: mean_g (1 - w_g)^+, unbiased for TV(pi, alpha), always in [0, 1];
 - ``improvement_estimate``: mean_g (w_g - w_k,g)(r_g - rbar_{-g}), unbiased for J(pi) - J(pi_k), exactly 0 when the
   group's rewards are all equal (rbar_{-g}: the mean of the other G - 1 rewards, a leave-one-out baseline);
+- ``mean_and_standard_error``: the mean of independent estimates and its standard error (every ``*_se``);
 - ``lower_confidence_bound``: a one-sided Student-t lower confidence bound on the mean of independent per-prompt
   estimates (the improvement certificate: docs/theory.md, §8.6);
 - ``bound_estimates``: Theorem 1's surrogate, TV penalty, lag penalty and lower bound. The only non-linear
@@ -84,6 +85,15 @@ def improvement_estimate(r, w_new, w_k) -> np.ndarray:
     return np.mean((np.asarray(w_new) - np.asarray(w_k)) * (r - leave_one_out_mean(r)), axis=-1)
 
 
+def mean_and_standard_error(values) -> tuple[float, float]:
+    """The mean of independent estimates ``values`` and its standard error, the sample standard deviation (ddof 1)
+    over sqrt(n): nan for both when there are none, nan for the error below 2."""
+    x = np.asarray(values, dtype=np.float64).ravel()
+    if x.size == 0:
+        return float("nan"), float("nan")
+    return float(x.mean()), (float(x.std(ddof=1) / np.sqrt(x.size)) if x.size > 1 else float("nan"))
+
+
 def lower_confidence_bound(values, level: float = 0.95) -> float:
     """mean - t_{n-1}(level) sd / sqrt(n) of n independent estimates ``values`` (each unbiased for the same
     quantity, e.g. the per-prompt ``improvement_estimate`` of held-out prompts): a one-sided lower bound on their
@@ -93,10 +103,9 @@ def lower_confidence_bound(values, level: float = 0.95) -> float:
         raise ValueError(f"level: must be in [0.5, 1), got {level}")
     from scipy import stats
 
-    x = np.asarray(values, dtype=np.float64).ravel()
-    if x.size < 2:
-        return float("nan")
-    return float(x.mean() - stats.t.ppf(level, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size))
+    mean, se = mean_and_standard_error(values)
+    n = np.size(values)
+    return float("nan") if n < 2 else float(mean - stats.t.ppf(level, n - 1) * se)
 
 
 def kish_ess_fraction(w, axis=None) -> np.ndarray:

@@ -186,8 +186,8 @@ def heldout_improvement(config: SimConfig, bandit: Bandit, pi_new, pi_k, alpha,
     r = (rng.random((H, G)) < r_exp).astype(float) if config.stochastic_rewards else r_exp
     a = alpha[xs[:, None], ys]
     per = ge.improvement_estimate(r, pi_new[xs[:, None], ys] / a, pi_k[xs[:, None], ys] / a)
-    se = float(per.std(ddof=1) / np.sqrt(H)) if H > 1 else float("nan")
-    return {"heldout/improvement": float(per.mean()), "heldout/improvement_se": se,
+    mean, se = ge.mean_and_standard_error(per)
+    return {"heldout/improvement": mean, "heldout/improvement_se": se,
             "heldout/improvement_lcb": ge.lower_confidence_bound(per, config.improvement_lcb_level)}
 
 

@@ -198,14 +198,6 @@ def per_prompt_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np
     return out
 
 
-def _mean_and_se(values: np.ndarray) -> tuple[float, float]:
-    """Mean over prompts and its standard error (sample standard deviation / sqrt(n); nan below 2 prompts)."""
-    if values.size == 0:
-        return float("nan"), float("nan")
-    se = float(values.std(ddof=1) / np.sqrt(values.size)) if values.size > 1 else float("nan")
-    return float(values.mean()), se
-
-
 @_overflow_is_the_answer
 def bound_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndarray, eps: float,
                     reward_range: RewardRange = UNIT_RANGE, standard_errors: bool = False,
@@ -224,7 +216,7 @@ def bound_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndar
     means.update({f"{key}_nonzero_std": per[key][varied] for key in NONZERO_STD_TERMS})
     out = {}
     for key, values in means.items():
-        out[key], se = _mean_and_se(values)
+        out[key], se = ge.mean_and_standard_error(values)
         if standard_errors:
             out[f"{key}_se"] = se
     if lcb_level is not None:

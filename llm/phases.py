@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 import grpo_theory as gt
+from grpo_theory.estimators import mean_and_standard_error
 
 from . import diagnostics as dg
 from .batch import Batch, make_batch, padded
@@ -263,6 +264,5 @@ def heldout_estimates(passes: Passes, policy: torch.nn.Module, heldout: Heldout,
     est = dg.bound_estimates(heldout.rewards, log_w(heldout.logp_k), log_w(logp_new), eps, reward_range,
                              standard_errors=True, lcb_level=lcb_level)
     rewards = heldout.rewards.mean(axis=1)
-    est["reward"] = float(rewards.mean())
-    est["reward_se"] = float(rewards.std(ddof=1) / np.sqrt(P)) if P > 1 else float("nan")
+    est["reward"], est["reward_se"] = mean_and_standard_error(rewards)
     return dg.prefixed("heldout", est)

@@ -16,6 +16,8 @@ from typing import Annotated
 import numpy as np
 import tyro
 
+from grpo_theory.estimators import mean_and_standard_error
+
 from .metrics import PHASE_KEYS, step_seconds
 from .rundir import read_metrics
 
@@ -135,7 +137,7 @@ def exact_comparison(rows: list[dict]) -> list[str]:
     if "heldout/improvement_se" in rows[0]:
         diff = np.array([r["heldout/improvement"] for r in rows]) - exact
         se = np.array([r["heldout/improvement_se"] for r in rows])
-        spread = diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else float("nan")
+        _, spread = mean_and_standard_error(diff)
         lines.append(f"  heldout/improvement - exact: mean {diff.mean():+.5f} ± {spread:.5f} (standard error over the "
                      f"steps); within {SE_MULTIPLE:g} of its standard errors on {_share(np.abs(diff) <= SE_MULTIPLE * se)}"
                      " steps")

@@ -130,6 +130,8 @@ def test_the_lower_confidence_bound_is_the_t_bound_and_covers_the_exact_improvem
     x = np.array([0.1, -0.2, 0.4, 0.3])
     assert ge.lower_confidence_bound(x, 0.95) == pytest.approx(0.15 - 2.353363434801823 * x.std(ddof=1) / 2, abs=1e-12)
     assert np.isnan(ge.lower_confidence_bound([0.3], 0.95))
+    assert ge.mean_and_standard_error([1.0, 2.0, 3.0]) == pytest.approx((2.0, 1 / np.sqrt(3)), abs=1e-15)
+    assert np.isnan(ge.mean_and_standard_error([0.5])[1]) and all(np.isnan(ge.mean_and_standard_error([])))
     with pytest.raises(ValueError, match="level"):
         ge.lower_confidence_bound(x, 1.0)
     g = np.random.default_rng(7)

@@ -153,23 +153,31 @@ class Rollout:
     adv: np.ndarray | None = None  # (B, G) group advantages, or (P, n) exact A_alpha in population mode
 
 
+def sample_groups(config: SimConfig, bandit: Bandit, alpha: np.ndarray, rng: np.random.Generator,
+                  prompts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``prompts`` prompts drawn from the prompt distribution, G responses each from alpha (inverse CDF) and their
+    rewards (the table's value, or a Bernoulli draw of it): ``(xs, ys, r)``, shapes (B,), (B, G), (B, G)."""
+    xs = rng.choice(len(bandit.rho), size=prompts, p=bandit.rho)
+    cum = np.cumsum(alpha[xs], axis=1)
+    ys = np.minimum((rng.random((prompts, config.num_generations, 1)) > cum[:, None, :]).sum(-1),
+                    config.n_actions - 1)
+    r_exp = bandit.table[xs[:, None], ys]
+    r = (rng.random(r_exp.shape) < r_exp).astype(float) if config.stochastic_rewards else r_exp
+    return xs, ys, r
+
+
 def sample_rollout(config: SimConfig, bandit: Bandit, alpha: np.ndarray, rng: np.random.Generator) -> Rollout:
     """Rollout, score and advantages (Algorithm 1): G responses per prompt from alpha, or the G -> inf limit."""
     R, rho, eps = bandit.table, bandit.rho, config.variance_eps
-    P, n = R.shape
+    P = R.shape[0]
     if config.population:
         sigma = core.reward_std(alpha, R)
         keep = sigma > 0 if config.mask_zero_std_groups else np.ones(P, bool)
         return Rollout(np.arange(P), keep, float(np.sum(rho * core.expected_reward(alpha, R))),
                        float(np.sum(rho * (sigma == 0))), adv=core.whitened_advantage(alpha, R, eps))
-    B, G = config.prompts_per_step, config.num_generations
-    xs = rng.choice(P, size=B, p=rho)
-    cum = np.cumsum(alpha[xs], axis=1)
-    ys = np.minimum((rng.random((B, G, 1)) > cum[:, None, :]).sum(-1), n - 1)  # (B, G) inverse CDF
-    r_exp = R[xs[:, None], ys]
-    r = (rng.random((B, G)) < r_exp).astype(float) if config.stochastic_rewards else r_exp
+    xs, ys, r = sample_groups(config, bandit, alpha, rng, config.prompts_per_step)
     zero = np.ptp(r, axis=1) == 0
-    keep = ~zero if config.mask_zero_std_groups else np.ones(B, bool)
+    keep = ~zero if config.mask_zero_std_groups else np.ones(len(xs), bool)
     return Rollout(xs, keep, float(r.mean()), float(zero.mean()), ys=ys, adv=core.group_advantages(r, eps))
 
 
@@ -178,12 +186,7 @@ def heldout_improvement(config: SimConfig, bandit: Bandit, pi_new, pi_k, alpha,
     """The LLM trainer's held-out improvement estimate on ``heldout_prompts`` fresh prompts (G responses each from
     alpha, rewards observed as in training): the mean of ``estimators.improvement_estimate`` over the prompts, its
     standard error and its lower confidence bound (``estimators.lower_confidence_bound``)."""
-    H, G, n = config.heldout_prompts, config.num_generations, config.n_actions
-    xs = rng.choice(len(bandit.rho), size=H, p=bandit.rho)
-    cum = np.cumsum(alpha[xs], axis=1)
-    ys = np.minimum((rng.random((H, G, 1)) > cum[:, None, :]).sum(-1), n - 1)
-    r_exp = bandit.table[xs[:, None], ys]
-    r = (rng.random((H, G)) < r_exp).astype(float) if config.stochastic_rewards else r_exp
+    xs, ys, r = sample_groups(config, bandit, alpha, rng, config.heldout_prompts)
     a = alpha[xs[:, None], ys]
     per = ge.improvement_estimate(r, pi_new[xs[:, None], ys] / a, pi_k[xs[:, None], ys] / a)
     mean, se = ge.mean_and_standard_error(per)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from runkit.host_memory import micro_batch_done, pass_end, pass_start
+from runkit.host_memory import micro_batches
 
 from .batch import Batch
 from .distributed import SINGLE, Ranks
@@ -337,14 +337,10 @@ def completion_logprobs(model, batch: Batch, temperature: float, precision: Prec
     if not rows:  # a rank whose share is empty (fewer prompts than ranks): zeros, which the sum over ranks ignores
         zeros = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=batch.completion_ids.device)
         return Forward(zeros, zeros.clone() if entropy else None, None)
-    parts = []
-    pass_start()
-    for r in rows:
-        parts.append(forward_completions(model, batch.take(r), temperature, precision, chunk_tokens, entropy,
-                                         keep_hidden, share_prompts, token_filter))
-        micro_batch_done()
-    pass_end()
-    return Forward.assemble(batch, rows, parts)
+    return Forward.assemble(batch, rows, [forward_completions(model, batch.take(r), temperature, precision,
+                                                              chunk_tokens, entropy, keep_hidden, share_prompts,
+                                                              token_filter)
+                                          for r in micro_batches(rows)])
 
 
 def idle_passes(count: int, model, batch: Batch, temperature: float, precision: Precision = Precision(),

@@ -22,6 +22,8 @@ import ctypes
 import ctypes.util
 import functools
 import os
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 #: ``mallopt`` parameters (glibc's malloc.h).
 M_TRIM_THRESHOLD = -1
@@ -71,7 +73,7 @@ def resident_bytes() -> int:
 class FreedMemoryCeiling:
     """Kept freed memory, bounded by the pass: ``start`` (once, before the first step) switches the ceiling on;
     ``pass_start`` (before a pass's first micro-batch) takes the resident set as the pass's base;
-    ``micro_batch_done`` (after each micro-batch) notes that micro-batch's growth and releases the freed pages once
+    ``micro_batch_done`` (after each micro-batch; ``micro_batches`` makes the three calls around a pass's loop) notes that micro-batch's growth and releases the freed pages once
     the resident set is more than ``factor`` times the largest such growth (over the run) above the base; ``pass_end``
     releases them after a pass of more than one micro-batch. Within a pass the micro-batches reuse each other's
     freed blocks (the speed keeping freed memory is for); across passes of different shapes they could not, and the
@@ -113,21 +115,18 @@ class FreedMemoryCeiling:
         self.base = self.last = resident_bytes()
 
 
+T = TypeVar("T")
+
 #: The process's ceiling (one heap per process): the trainer starts it before its first step when it keeps freed
 #: memory.
 CEILING = FreedMemoryCeiling()
 
 
-def pass_start() -> None:
-    """The start of a pass over micro-batches: ``CEILING.pass_start``."""
+def micro_batches(items: Iterable[T]) -> Iterator[T]:
+    """The micro-batches of one pass, under the process's ceiling: ``CEILING.pass_start`` before the first,
+    ``micro_batch_done`` after each and ``pass_end`` after the last (``for mb in micro_batches(parts): ...``)."""
     CEILING.pass_start()
-
-
-def micro_batch_done() -> None:
-    """The end of one micro-batch of a pass: ``CEILING.micro_batch_done``."""
-    CEILING.micro_batch_done()
-
-
-def pass_end() -> None:
-    """The end of a pass over micro-batches: ``CEILING.pass_end``."""
+    for item in items:
+        yield item
+        CEILING.micro_batch_done()
     CEILING.pass_end()

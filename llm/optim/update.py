@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from runkit.host_memory import micro_batch_done, pass_end, pass_start
+from runkit.host_memory import micro_batches
 
 from ..batch import Batch
 from ..distributed import Ranks, clip_gradients
@@ -160,8 +160,7 @@ def inner_step(passes: Passes, objective: Objective, policy: torch.nn.Module, ba
     record = not first
     idle = passes.ranks.idle_passes(len(parts))  # a collective: before any pass's own gathers
     stats = LossStats()
-    pass_start()
-    for j, rows in enumerate(parts):
+    for j, rows in enumerate(micro_batches(parts)):
         mb = batch.take(rows)
         fwd = passes.forward(policy, mb, entropy=record or objective.entropy_every_pass,
                              keep_hidden=record and objective.keep_hidden, entropy_grad=bonus is not None)
@@ -188,8 +187,6 @@ def inner_step(passes: Passes, objective: Objective, policy: torch.nn.Module, ba
             loss.backward()
         elif passes.ranks.fsdp:  # the sharded blocks' backward needs every rank: a zero gradient from this one
             (fwd.logp.sum() * 0).backward()
-        micro_batch_done()
-    pass_end()
     idle_passes(idle, policy, batch, passes.temperature, passes.precision, passes.chunk_tokens, backward=True,
                 token_filter=passes.token_filter)
     return stats

@@ -20,7 +20,7 @@ import math
 import numpy as np
 import torch
 
-from runkit.host_memory import micro_batch_done, pass_end, pass_start
+from runkit.host_memory import micro_batches
 
 from ..model import copy_weights, frozen_copy
 from .base import Rollout
@@ -116,14 +116,11 @@ class TransformersSampler:
         was_training = self.model.training
         self.model.eval()
         try:
-            pass_start()
-            for start in range(0, len(rows), size):
+            for start in micro_batches(range(0, len(rows), size)):
                 c, lp = self._generate(rows[start:start + size], start, max_tokens, temperature, seed, greedy,
                                        token_filter)
                 comps += c
                 lps += lp
-                micro_batch_done()
-            pass_end()
         finally:
             self.model.train(was_training)
         return Rollout(comps, lps)

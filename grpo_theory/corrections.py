@@ -35,7 +35,7 @@ from typing import Literal
 
 import numpy as np
 
-from .core import as_policy, check_same_actions, clip_objective, whitened_advantage
+from .core import as_policy, check_same_actions, clip_flags, clip_objective, whitened_advantage
 
 ImportanceSamplingMode = Literal["paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "m2po"]
 MODES = ("paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "m2po")
@@ -93,6 +93,25 @@ def corrected_objective(ratio, ratio_k, adv, clip, mode: ImportanceSamplingMode 
         return np.where(kept, ratio / ratio_k * np.asarray(adv, dtype=np.float64), 0.0)
     g = clip_objective(ratio / ratio_k, np.ones_like(ratio_k), adv, clip, clip_high, delta)
     return corrected_weight(ratio_k, mode, cap, cap_min) * g
+
+
+def corrected_slope(ratio, ratio_k, adv, clip, mode: ImportanceSamplingMode = "paper", cap: float = 3.0,
+                    cap_min: float = 0.0, keep=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The derivative of ``corrected_objective`` in r = ``ratio`` (symmetric window, no ``delta``), elementwise, and
+    where a clip stops it: ``(slope, low, high)``. paper: A off the clipped branches of f_eps; the TRL modes:
+    corrected_weight(r') A / r' off PPO's clipped branches of rho = r/r'; m2po: keep A / r' (no clip). The gradient
+    of a sample's objective in the logits of a softmax policy is slope x r x (e_y - pi), since dr/dtheta = r (e_y - pi):
+    the bandit simulator ascends it (``grpo_theory.simulate``)."""
+    ratio, ratio_k, adv = (np.asarray(x, dtype=np.float64) for x in (ratio, ratio_k, adv))
+    if mode == "paper":
+        low, high = clip_flags(ratio, ratio_k, adv, clip)
+        return np.where(low | high, 0.0, adv), low, high
+    if mode == "m2po":
+        kept = np.ones(ratio.shape, dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
+        none = np.zeros(ratio.shape, dtype=bool)
+        return np.where(kept, adv / ratio_k, 0.0), none, none
+    low, high = clip_flags(ratio / ratio_k, np.ones_like(ratio_k), adv, clip)
+    return np.where(low | high, 0.0, corrected_weight(ratio_k, mode, cap, cap_min) * adv / ratio_k), low, high
 
 
 def corrected_surrogate(pi, pi_k, alpha, r, eps, clip, mode: ImportanceSamplingMode = "paper", cap: float = 3.0,

@@ -8,6 +8,11 @@
   (must be 0).
 - staleness: v in {1, 2, 4, 8, 16}, synchronous and with asynchronous generation (alpha one window older:
   lag v to 2v - 1): the same columns and the mean lag, to show what the extra staleness costs the guarantee.
+- frontier: the off-policy corrections (the paper's clip, TRL's truncated and masked weight, IcePop's two-sided mask,
+  M2PO's second-moment mask) at staleness v in {1, 4, 16, 64, 256, never}, synchronous and asynchronous: the exact
+  J gain, mean TV(pi_k, alpha), mean ESS of pi_k/alpha, the share of steps the held-out improvement certificate
+  (``heldout/improvement_lcb`` > 0) certifies, and whether the gain is within one standard deviation of the paper's
+  clip at v = 1 (synchronous).
 - syncpolicy: fixed v in {1, 4, 10} against the divergence policy (sync when the exact TV(pi_k, alpha) exceeds a
   budget, lag capped at ``SYNC_MAX_LAG``) at three budgets: final J, number of syncs, mean TV, mean lag.
 
@@ -40,6 +45,18 @@ ABLATION = {
 }
 V_SWEEP = (1, 2, 4, 8, 16, 32)
 STALENESS_V = (1, 2, 4, 8, 16)
+#: The staleness frontier: sync periods (None: never after the first step) and the corrections compared there.
+FRONTIER_V = (1, 4, 16, 64, 256, None)
+FRONTIER_CORRECTIONS = {
+    "paper clip": dict(importance_sampling_mode="paper"),
+    "TRL truncate (C=3)": dict(importance_sampling_mode="token_truncate", importance_sampling_cap=3.0),
+    "TRL mask (C=3)": dict(importance_sampling_mode="token_mask", importance_sampling_cap=3.0),
+    "IcePop [0.5, 5]": dict(importance_sampling_mode="token_mask", importance_sampling_cap=5.0,
+                            importance_sampling_cap_min=0.5),
+    "M2PO (tau=0.04)": dict(importance_sampling_mode="m2po", m2_threshold=0.04),
+}
+#: Held-out prompts per step in the frontier runs (the certificate's sample).
+FRONTIER_HELDOUT = 4
 #: The sync-policy comparison: fixed periods, and the divergence policy's TV budgets and lag cap.
 SYNC_FIXED_V = (1, 4, 10)
 SYNC_TV_BUDGETS = (0.005, 0.01, 0.02)
@@ -50,7 +67,7 @@ SYNC_MAX_LAG = 16
 class ExperimentConfig:
     """Run the bandit ablation and/or the sweep over the sync period v."""
 
-    experiment: Literal["ablation", "vsweep", "staleness", "syncpolicy", "all"] = "all"
+    experiment: Literal["ablation", "vsweep", "staleness", "frontier", "syncpolicy", "all"] = "all"
     """Which experiment to run."""
     seeds: int = 5
     """Number of seeds per configuration (mean ± std over them)."""
@@ -134,6 +151,31 @@ def staleness(cfg: ExperimentConfig) -> str:
     return "\n".join(lines)
 
 
+def frontier(cfg: ExperimentConfig) -> str:
+    """The corrections table at growing staleness (module docstring); the first row (paper clip, v = 1, sync) is the
+    reference of the last column."""
+    lines = ["| correction | v | generation | mean lag | J gain | mean TV(pi_k, alpha) | mean ESS(pi_k/alpha) | "
+             "certified steps | within 1 sd of v=1 |", "|---|---|---|---|---|---|---|---|---|"]
+    ref = None
+    for name, kw in FRONTIER_CORRECTIONS.items():
+        for v in FRONTIER_V:
+            for mode in ("sync", "async"):
+                runs = [_run(cfg, "frontier", f"{name}_v{v}_{mode}", seed, sync_period=v or cfg.max_steps + 1,
+                             async_generation=mode == "async", heldout_prompts=FRONTIER_HELDOUT, **kw)[1]
+                        for seed in range(cfg.seeds)]
+                gain = [final_j(rows) - rows[0]["j/pi_k"] for rows in runs]
+                if ref is None:
+                    ref = (float(np.mean(gain)), float(np.std(gain)))
+                within = "yes" if abs(np.mean(gain) - ref[0]) <= ref[1] else "no"
+                lines.append(
+                    f"| {name} | {v or 'never'} | {mode} | {np.mean([r['lag'] for rows in runs for r in rows]):.1f} | "
+                    f"{_pm(gain)} | {_pm([np.mean([r['tv/pi_k_alpha'] for r in rows]) for rows in runs])} | "
+                    f"{_pm([np.mean([r['ess/pi_k_alpha'] for r in rows]) for rows in runs])} | "
+                    f"{_pm([np.mean([r['heldout/improvement_lcb'] > 0 for r in rows]) for rows in runs])} | "
+                    f"{within} |")
+    return "\n".join(lines)
+
+
 def sync_policies() -> dict[str, dict]:
     """The sync-policy comparison's configurations, by name: fixed v, then the divergence policy's budgets."""
     out = {f"fixed v={v}": dict(sync_period=v) for v in SYNC_FIXED_V}
@@ -153,7 +195,8 @@ def syncpolicy(cfg: ExperimentConfig) -> str:
     return "\n".join(lines)
 
 
-EXPERIMENTS = {"ablation": ablation, "vsweep": vsweep, "staleness": staleness, "syncpolicy": syncpolicy}
+EXPERIMENTS = {"ablation": ablation, "vsweep": vsweep, "staleness": staleness, "frontier": frontier,
+               "syncpolicy": syncpolicy}
 
 
 def main(args: list[str] | None = None) -> int:

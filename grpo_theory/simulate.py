@@ -29,6 +29,7 @@ from runkit.validation import require, require_finite
 
 from . import core
 from . import estimators as ge
+from .corrections import M2_THRESHOLD, MODES, corrected_slope, second_moment_keep
 from .numerics import rounding_tolerance
 from .sync_policy import SyncPolicy
 from .validation import EPS_MAX
@@ -70,7 +71,20 @@ class SimConfig:
     at step k come from the weights synced at step k - v (the initial weights in the first two windows), so alpha
     lags by v to 2v - 1 steps instead of 0 to v - 1 (``lag`` logs the true age)."""
     epsilon: float = 0.2
-    """Clip width of f_eps."""
+    """Clip width of f_eps (and of PPO's clip in the TRL modes)."""
+    importance_sampling_mode: Literal["paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask",
+                                      "m2po"] = "paper"
+    """The off-policy correction, as the LLM trainer's option of this name (``grpo_theory.corrections``): paper:
+    f_eps(pi/alpha, pi_k/alpha, A); token_* / sequence_* (TRL's modes; on a table a response is one action, so the
+    two levels coincide): PPO's clip of pi/pi_k times w = pi_k/alpha truncated at importance_sampling_cap (or zeroed
+    outside [importance_sampling_cap_min, importance_sampling_cap]); m2po: M2PO's second-moment mask of the step's
+    samples (population mode: of every prompt's actions, weighted by rho alpha), no clip."""
+    importance_sampling_cap: float = 3.0
+    """The cap C of the TRL modes."""
+    importance_sampling_cap_min: float = 0.0
+    """The lower cap c of the TRL modes (0: none; token_mask with [0.5, 5] is IcePop's mask)."""
+    m2_threshold: float = M2_THRESHOLD
+    """M2PO's threshold on the mean (log pi_k/alpha)^2 of the kept samples."""
     beta: float = 0.0
     """KL(pi || pi_ref) weight."""
     ref_sync_steps: int = 0
@@ -109,6 +123,12 @@ class SimConfig:
                 "divergence decides each step's sync from the TV before it; asynchronous generation fixes the "
                 "windows in advance (use fixed)")
         require(self, self.epsilon >= 0, "epsilon", "must be >= 0")
+        require(self, self.importance_sampling_mode in MODES, "importance_sampling_mode",
+                f"expected one of {', '.join(MODES)}")
+        require(self, self.importance_sampling_cap > 0, "importance_sampling_cap", "must be > 0")
+        require(self, 0 <= self.importance_sampling_cap_min < self.importance_sampling_cap,
+                "importance_sampling_cap_min", f"must lie in [0, importance_sampling_cap = {self.importance_sampling_cap})")
+        require(self, self.m2_threshold > 0, "m2_threshold", "must be > 0")
         require(self, self.beta >= 0, "beta", "must be >= 0")
         require(self, self.ref_sync_steps >= 0, "ref_sync_steps", "must be >= 0")
         require(self, 0 <= self.variance_eps <= EPS_MAX, "variance_eps", "must lie in [0, 3/4] (Theorem 1)")
@@ -203,19 +223,27 @@ def kl_gradient(pi, ref):
 def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, pi_k, alpha, ref):
     """Gradient w.r.t. the logits ``theta`` of the step's objective, and the clip fractions.
 
-    The objective (docs/theory.md, §5-§7) is the mean over kept groups of f_eps(pi/alpha, pi_k/alpha, A)
+    The objective (docs/theory.md, §5-§7) is the mean over kept groups of f_eps(pi/alpha, pi_k/alpha, A), or of the
+    ``importance_sampling_mode``'s objective (``corrections.corrected_objective``; its slope in pi/alpha from
+    ``corrections.corrected_slope``)
     (sampled mode: over the G samples of each group; population mode: exact, rho-weighted, E_alpha),
     minus beta KL(pi || pi_ref) (exact) on the same kept prompts: the zero-variance mask applies to the
     whole objective, as in the LLM trainer. Returns ``(grad, clip_low, clip_high)``.
     """
     pi = core.softmax(theta)
     grad = np.zeros_like(theta)
-    clip = config.epsilon
+    mode = config.importance_sampling_mode
+    caps = dict(clip=config.epsilon, mode=mode, cap=config.importance_sampling_cap,
+                cap_min=config.importance_sampling_cap_min)
     if config.population:
         rho, adv = bandit.rho, roll.adv
         ratio, ratio_k = pi / alpha, pi_k / alpha
-        low, high = core.clip_flags(ratio, ratio_k, adv, clip)
-        g_y = pi * adv * ~(low | high)  # alpha * A * r * active, per action
+        m2 = None
+        if mode == "m2po":  # the batch's mask in the limit: every prompt's actions, weighted rho alpha (kept prompts)
+            weight = (rho * roll.keep)[:, None] * alpha
+            m2 = second_moment_keep(np.log(ratio_k).ravel(), weight.ravel(), config.m2_threshold).reshape(alpha.shape)
+        slope, low, high = corrected_slope(ratio, ratio_k, adv, keep=m2, **caps)
+        g_y = alpha * ratio * slope  # d/dr of the objective, times dr/dlogit's r, alpha-weighted, per action
         g = g_y - pi * g_y.sum(axis=1, keepdims=True)  # chain rule through softmax
         grad += (rho * roll.keep)[:, None] * g
         clip_low = float(np.sum(rho[:, None] * alpha * low))
@@ -225,8 +253,12 @@ def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, 
         B, G = ys.shape
         p_y, a_y, k_y = pi[xs[:, None], ys], alpha[xs[:, None], ys], pi_k[xs[:, None], ys]
         ratio, ratio_k = p_y / a_y, k_y / a_y
-        low, high = core.clip_flags(ratio, ratio_k, adv, clip)
-        coef = adv * ratio * ~(low | high) * keep[:, None] / max(int(keep.sum()) * G, 1)  # (B, G)
+        m2 = None
+        if mode == "m2po":  # over the step's samples in the loss (the zero-variance mask's groups)
+            weight = np.repeat(keep[:, None], G, axis=1).astype(np.float64)
+            m2 = second_moment_keep(np.log(ratio_k).ravel(), weight.ravel(), config.m2_threshold).reshape(B, G)
+        slope, low, high = corrected_slope(ratio, ratio_k, adv, keep=m2, **caps)
+        coef = slope * ratio * keep[:, None] / max(int(keep.sum()) * G, 1)  # (B, G)
         onehot_sum = np.zeros((B, theta.shape[1]))
         np.add.at(onehot_sum, (np.repeat(np.arange(B)[:, None], G, axis=1), ys), coef)
         g = onehot_sum - pi[xs] * coef.sum(axis=1, keepdims=True)
@@ -250,7 +282,10 @@ def exact_diagnostics(bandit: Bandit, pi_new, pi_k, alpha, ref, eps: float) -> d
            "improvement": float(np.sum(rho * improvement_x)),
            "kl": float(np.sum(rho * core.kl_divergence(pi_new, ref))),
            "tv/pi_new_alpha": float(np.sum(rho * core.tv_distance(pi_new, alpha))),
-           "tv/pi_k_alpha": float(np.sum(rho * core.tv_distance(pi_k, alpha)))}
+           "tv/pi_k_alpha": float(np.sum(rho * core.tv_distance(pi_k, alpha))),
+           # Kish's ESS fraction of the weights pi_k/alpha pooled over prompts and responses, in the limit of a large
+           # batch: (E w)^2 / E w^2 = 1 / E_{x, y ~ alpha}[w^2] (the LLM trainer's ess/pi_k_alpha estimates it)
+           "ess/pi_k_alpha": float(1.0 / np.sum(rho * np.sum(pi_k**2 / alpha, axis=1)))}
     for suffix, tight in (("", False), ("_tight", True)):
         t = core.bound_terms(pi_new, pi_k, alpha, R, eps, tight=tight)
         tol = rounding_tolerance(alpha, R, eps, t, tight)

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from grpo_theory import clip_objective, clipped_surrogate, softmax, whitened_advantage
@@ -10,6 +10,7 @@ from grpo_theory.corrections import (
     MODES,
     TRL_MODES,
     corrected_objective,
+    corrected_slope,
     corrected_surrogate,
     corrected_weight,
     second_moment_keep,
@@ -137,3 +138,19 @@ def test_m2po_on_a_table_is_keep_times_the_unclipped_ratio_under_alpha(rng):
     assert corrected_surrogate(pi, pi_k, alpha, r, EPS, 0.2, "m2po") == pytest.approx(want, abs=TOL)
     at_k = corrected_surrogate(pi_k, pi_k, alpha, r, EPS, 0.2, "m2po")
     assert at_k == pytest.approx(np.sum(alpha * keep * a), abs=TOL)
+
+
+@given(st.floats(0.05, 5.0), st.floats(0.05, 5.0), st.floats(-2.0, 2.0), st.sampled_from(MODES),
+       st.booleans())
+def test_the_slope_is_the_derivative_of_the_objective_in_r(ratio, ratio_k, adv, mode, kept):
+    """``corrected_slope`` against central differences of ``corrected_objective`` in r = pi/alpha, away from the
+    kinks (the edges of the paper's window r' +- eps, and of PPO's r/r' in 1 +- eps), for every mode; M2PO with the
+    sample kept and dropped; where a clip flag is set the slope is 0."""
+    clip, cap, cap_min, h = 0.2, 1.5, 0.6, 1e-6
+    edges = [ratio_k - clip, ratio_k + clip] if mode == "paper" else [ratio_k * (1 - clip), ratio_k * (1 + clip)]
+    assume(all(abs(ratio - e) > 1e-4 for e in edges))
+    keep = np.array(kept)
+    f = lambda r: float(corrected_objective(r, ratio_k, adv, clip, mode, cap, cap_min=cap_min, keep=keep))  # noqa
+    slope, low, high = corrected_slope(ratio, ratio_k, adv, clip, mode, cap, cap_min, keep)
+    assert float(slope) == pytest.approx((f(ratio + h) - f(ratio - h)) / (2 * h), rel=1e-5, abs=1e-7)
+    assert not (low | high) or float(slope) == 0.0

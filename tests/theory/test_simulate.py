@@ -188,3 +188,101 @@ def test_the_simulators_improvement_certificate_against_the_exact_improvement(v,
     certified = np.mean([r["heldout/improvement_lcb"] > 0 for r in rows])
     assert exceed <= 0.08, exceed
     assert certified > 0, certified  # the certificate is not vacuous here
+
+
+#: The corrections the simulator takes besides the paper's clip, with caps that bind on ``_policies``' tables
+#: (pi_k/alpha within about 10% of 1).
+CORRECTIONS = {
+    "truncate": dict(importance_sampling_mode="token_truncate", importance_sampling_cap=1.03),
+    "mask": dict(importance_sampling_mode="sequence_mask", importance_sampling_cap=1.03),
+    "icepop-like two-sided mask": dict(importance_sampling_mode="token_mask", importance_sampling_cap=1.03,
+                                       importance_sampling_cap_min=0.97),
+    "m2po": dict(importance_sampling_mode="m2po", m2_threshold=2e-4),
+}
+
+
+@pytest.mark.parametrize("name", list(CORRECTIONS))
+def test_population_gradient_of_each_correction_is_the_gradient_of_its_exact_surrogate(name):
+    """Population mode, one prompt: the simulator's gradient under a correction equals finite differences of
+    ``corrections.corrected_surrogate`` (written from the objective, not from its slope), and differs from the
+    paper clip's gradient (the caps bind)."""
+    from grpo_theory.corrections import corrected_surrogate
+
+    kw = CORRECTIONS[name]
+    cfg = SimConfig(n_prompts=1, n_actions=8, rewards="continuous", seed=5, population=True, **kw)
+    b = make_bandit(cfg)
+    theta, pi_k, alpha, ref = _policies(b, 2)
+    roll = sample_rollout(cfg, b, alpha, np.random.default_rng(0))
+    caps = dict(mode=kw["importance_sampling_mode"], cap=cfg.importance_sampling_cap,
+                cap_min=cfg.importance_sampling_cap_min, m2_threshold=cfg.m2_threshold)
+
+    def objective(th):
+        return float(corrected_surrogate(softmax(th), pi_k, alpha, b.table, cfg.variance_eps, cfg.epsilon, **caps)[0])
+
+    grad, _, _ = objective_gradient(cfg, b, roll, theta, pi_k, alpha, ref)
+    paper, _, _ = objective_gradient(SimConfig(n_prompts=1, n_actions=8, rewards="continuous", seed=5,
+                                               population=True), b, roll, theta, pi_k, alpha, ref)
+    assert np.allclose(grad, _finite_difference(objective, theta), atol=1e-7)
+    assert not np.allclose(grad, paper, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(CORRECTIONS))
+def test_sampled_gradient_of_each_correction_is_the_gradient_of_its_batch_objective(name):
+    """Sampled mode: the gradient equals finite differences of the mean over the kept groups' samples of
+    ``corrected_objective``; M2PO's mask is ``second_moment_keep`` of those samples' log pi_k/alpha."""
+    from grpo_theory.corrections import corrected_objective, second_moment_keep
+
+    kw = CORRECTIONS[name]
+    cfg = SimConfig(n_prompts=4, n_actions=5, rewards="continuous", seed=4, prompts_per_step=6, num_generations=4,
+                    **kw)
+    b = make_bandit(cfg)
+    theta, pi_k, alpha, ref = _policies(b, 1, scale=0.3)
+    roll = sample_rollout(cfg, b, alpha, np.random.default_rng(1))
+    roll.keep = np.array([True, True, False, True, False, True])
+    xs, ys, adv, keep = roll.xs, roll.ys, roll.adv, roll.keep
+    kept = np.flatnonzero(keep)
+    ratio_k = pi_k[xs[kept, None], ys[kept]] / alpha[xs[kept, None], ys[kept]]
+    m2 = second_moment_keep(np.log(ratio_k).ravel(), threshold=cfg.m2_threshold).reshape(ratio_k.shape)
+
+    def objective(th):
+        pi = softmax(th)
+        ratio = pi[xs[kept, None], ys[kept]] / alpha[xs[kept, None], ys[kept]]
+        f = corrected_objective(ratio, ratio_k, adv[kept], cfg.epsilon, kw["importance_sampling_mode"],
+                                cfg.importance_sampling_cap, cap_min=cfg.importance_sampling_cap_min, keep=m2)
+        return float(f.sum() / ratio.size)
+
+    grad, _, _ = objective_gradient(cfg, b, roll, theta, pi_k, alpha, ref)
+    assert np.allclose(grad, _finite_difference(objective, theta), atol=1e-6)
+    if name == "m2po":
+        assert 0 < m2.sum() < m2.size  # the mask drops some samples and keeps others
+
+
+def test_exact_ess_is_the_limit_of_kishs_fraction_over_a_large_sample():
+    """``ess/pi_k_alpha`` = 1 / E_{x ~ rho, y ~ alpha}[(pi_k/alpha)^2], against Kish's fraction (the LLM trainer's
+    estimator) over 400,000 draws of (x, y); 1 where pi_k = alpha."""
+    from grpo_theory.estimators import kish_ess_fraction
+    from grpo_theory.simulate import exact_diagnostics
+
+    b = make_bandit(SimConfig(n_prompts=6, n_actions=5, seed=2))
+    rng = np.random.default_rng(3)
+    pi_k, alpha = softmax(b.logits0 + 0.5 * rng.standard_normal(b.logits0.shape)), softmax(b.logits0)
+    exact = exact_diagnostics(b, pi_k, pi_k, alpha, alpha, 1e-4)["ess/pi_k_alpha"]
+    xs = rng.choice(len(b.rho), size=400_000, p=b.rho)
+    ys = (rng.random(xs.size)[:, None] > np.cumsum(alpha[xs], axis=1)).sum(axis=1)
+    sampled = kish_ess_fraction(pi_k[xs, ys] / alpha[xs, ys])
+    assert 0.3 < exact < 0.95 and sampled == pytest.approx(exact, rel=0.02)
+    assert exact_diagnostics(b, alpha, alpha, alpha, alpha, 1e-4)["ess/pi_k_alpha"] == pytest.approx(1.0, abs=1e-12)
+
+
+def test_the_frontier_table_has_every_correction_staleness_and_generation(tmp_path, capsys):
+    """``python -m grpo_theory.experiments --experiment frontier`` (a short version): one row per correction, sync
+    period and generation mode; its reference row (paper clip, v = 1, sync) is within one standard deviation of
+    itself."""
+    from grpo_theory.experiments import FRONTIER_CORRECTIONS, FRONTIER_V, main
+
+    assert main(["--experiment", "frontier", "--seeds", "2", "--max-steps", "6", "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "frontier" / "results.md").read_text()
+    rows = [ln for ln in table.splitlines() if ln.startswith("| ") and not ln.startswith("| correction")]
+    assert len(rows) == len(FRONTIER_CORRECTIONS) * len(FRONTIER_V) * 2
+    assert rows[0].startswith("| paper clip | 1 | sync |") and rows[0].endswith("| yes |")
+    assert any("| never | async |" in r for r in rows)

@@ -33,11 +33,13 @@ run: $(STAMP)
 	$(PY) -m grpo_theory.check
 	$(PY) -m llm.train --sync-period 4 $(LLM_RUN) --output-dir runs/arithmetic_v4
 
-# The whole test suite (hypothesis profile `ci` when CI is set, else the quicker `dev`), on TEST_WORKERS pytest-xdist
-# workers: one thread each, whole modules, the longest first (tests/conftest.py). TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 2
+# The whole test suite (hypothesis profile `ci` when CI is set, else the quicker `dev`), in one process.
+# TEST_WORKERS=2 runs it on two pytest-xdist workers, one thread each (tests/conftest.py): 935-996 s against 1,596 s on
+# 2 cores, but the test that runs torchrun against the vLLM server failed in 2 of 5 such runs (the server refused
+# connections mid-run; cause not found), so it is not the default.
+TEST_WORKERS ?= 0
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 # The trainer's CUDA path on a GPU machine (tests/gpu): every test is skipped, with the reason, where CUDA is absent.
 # GPU_PY=python3 uses a Python that already has torch, transformers and pytest (a GPU image) instead of .venv.

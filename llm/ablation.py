@@ -9,7 +9,12 @@
   exceeds a budget, lag capped at ``SYNC_MAX_LAG``) at three budgets: final test J and the number of syncs;
 - corrections: the paper's clip, TRL's four importance-sampling modes and the length-normalised sequence ratio
   (GSPO, with loss_type grpo), at v = 4 synchronously and with asynchronous generation: final test J, mean TV,
-  effective sample size, the share of steps with a positive held-out bound estimate, the share of tokens over the cap.
+  effective sample size, the share of steps with a positive held-out bound estimate, the share of tokens over the cap;
+- frontier: the same corrections at growing staleness (``frontier_v``: v in {1, 4, 16, 64, 256, never} by default,
+  synchronous and asynchronous): the columns of the corrections table, the share of steps the held-out improvement
+  certificate certifies (``heldout/improvement_lcb`` > 0) and whether the train J gain is within one standard
+  deviation of the paper clip's at v = 1, synchronous (the bandit's exact counterpart: ``grpo_theory.experiments
+  --experiment frontier``). ``frontier_v``, ``frontier_corrections`` and ``frontier_generation`` choose a sub-grid.
 
 Per configuration, mean ± std over seeds: final exact J on the test prompts (``eval/j``), the gain of the exact J on
 the training prompts, steps until the training J first reaches a target, weight syncs, the mean lag, mean
@@ -56,13 +61,16 @@ CORRECTIONS = {
                                          importance_sampling_cap_min=0.5),
 }
 CORRECTIONS_V = 4
+#: The frontier's sync periods (0: never after the first step) and generation modes, by default.
+FRONTIER_V = (1, 4, 16, 64, 256, 0)
+GENERATION = ("sync", "async")
 
 
 @dataclasses.dataclass(frozen=True)
 class AblationConfig:
     """Off-policy GRPO configurations on the built-in task, several seeds each, with exact J."""
 
-    experiment: Literal["ablation", "vsweep", "staleness", "syncpolicy", "corrections", "all"] = "all"
+    experiment: Literal["ablation", "vsweep", "staleness", "syncpolicy", "corrections", "frontier", "all"] = "all"
     """Which experiment to run."""
     seeds: int = 5
     """Seeds per configuration (mean ± std over them)."""
@@ -79,6 +87,12 @@ class AblationConfig:
     """Runs in parallel, each with one torch thread."""
     out: str = "runs/llm_ablation"
     """Directory for run directories and results tables."""
+    frontier_v: tuple[int, ...] = FRONTIER_V
+    """frontier: the sync periods v (0: never after the first step)."""
+    frontier_corrections: tuple[str, ...] = tuple(CORRECTIONS)
+    """frontier: the corrections, by their names in the corrections table."""
+    frontier_generation: tuple[Literal["sync", "async"], ...] = GENERATION
+    """frontier: synchronous and/or asynchronous generation."""
 
     def __post_init__(self):
         if self.seeds < 1:
@@ -89,6 +103,14 @@ class AblationConfig:
             raise ValueError(f"target_j: must lie in (0, 1], got {self.target_j}")
         if self.workers < 1:
             raise ValueError(f"workers: must be >= 1, got {self.workers}")
+        if not self.frontier_v or min(self.frontier_v) < 0:
+            raise ValueError(f"frontier_v: sync periods >= 1, or 0 for never; got {self.frontier_v}")
+        unknown = [c for c in self.frontier_corrections if c not in CORRECTIONS]
+        if unknown or not self.frontier_corrections:
+            raise ValueError(f"frontier_corrections: expected names among {', '.join(map(repr, CORRECTIONS))}; "
+                             f"got {', '.join(map(repr, unknown)) or 'none'}")
+        if not self.frontier_generation:
+            raise ValueError("frontier_generation: sync, async or both")
 
 
 #: The settings every configuration states (the GRPOConfig defaults of this tool), in run directory names.
@@ -118,6 +140,9 @@ def plan(cfg: AblationConfig) -> dict[str, dict[str, dict]]:
                           for b in SYNC_TV_BUDGETS}},
         "corrections": {f"{name}, {mode}": dict(sync_period=CORRECTIONS_V, async_generation=mode == "async", **kw)
                         for mode in ("sync", "async") for name, kw in CORRECTIONS.items()},
+        "frontier": {f"{name}, v={v or 'never'}, {mode}": dict(sync_period=v or cfg.max_steps + 1,
+                                                               async_generation=mode == "async", **CORRECTIONS[name])
+                     for name in cfg.frontier_corrections for v in cfg.frontier_v for mode in cfg.frontier_generation},
     }
     return {name: configs for name, configs in experiments.items() if cfg.experiment in (name, "all")}
 
@@ -149,6 +174,7 @@ def summarise(rows: list[dict], target: float) -> dict[str, float]:
     positive = [r["heldout/bound_est/frac_lower_tight_positive_nonzero_std"] for r in rows]
     return {
         "syncs": float(sum(bool(r.get("sync/reason")) for r in rows)),
+        "certified": float(np.mean([r["heldout/improvement_lcb"] > 0 for r in rows])),
         "ess": float(np.mean([r["ess/pi_k_alpha"] for r in rows])),
         "steps_bound_positive": float(np.mean(bound > 0)),
         "above_cap": float(np.nanmean([r.get("is_correction/frac_above_cap", 0.0) for r in rows])),
@@ -204,7 +230,26 @@ def corrections_table(cfg: AblationConfig, results: dict[str, list[dict]], syncs
     return "\n".join(lines)
 
 
-TABLES = {"syncpolicy": sync_table, "corrections": corrections_table}
+def frontier_table(cfg: AblationConfig, results: dict[str, list[dict]], syncs=None) -> str:
+    """The frontier table: the corrections table's columns at each staleness, the certified share, and the train J
+    gain against the paper clip's at v = 1, synchronous (n/a unless that configuration is in the grid, with two seeds
+    or more)."""
+    lines = ["| correction, v, generation | test J (final) | train J gain | mean lag | mean TV(pi_k, alpha) "
+             "| ESS of pi_k/alpha | certified steps | tokens over the cap | within 1 sd of v=1 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    ref = results.get("paper clip, v=1, sync")
+    # one seed has no spread to compare with
+    ref_gain = (np.mean([s["j_gain"] for s in ref]), np.std([s["j_gain"] for s in ref])) if ref and len(ref) > 1 else None
+    for name, runs in results.items():
+        col = lambda key, fmt=".3f": mean_std([s[key] for s in runs], fmt)  # noqa: E731
+        within = "n/a" if ref_gain is None else (
+            "yes" if abs(np.mean([s["j_gain"] for s in runs]) - ref_gain[0]) <= ref_gain[1] else "no")
+        lines.append(f"| {name} | {col('test_j')} | {col('j_gain')} | {col('lag', '.1f')} | {col('tv_k', '.4f')} "
+                     f"| {col('ess')} | {col('certified')} | {col('above_cap', '.4f')} | {within} |")
+    return "\n".join(lines)
+
+
+TABLES = {"syncpolicy": sync_table, "corrections": corrections_table, "frontier": frontier_table}
 
 
 def main(args: list[str] | None = None) -> int:

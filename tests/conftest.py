@@ -7,7 +7,7 @@ Select explicitly with HYPOTHESIS_PROFILE=dev|ci.
 import os
 import sys
 
-# Under pytest-xdist (`make test`: two workers on two cores) each worker and every process it starts computes on one
+# Under pytest-xdist (`make test TEST_WORKERS=2`: two workers on two cores) each worker and every process it starts computes on one
 # thread: two workers of two threads each on two cores run the compiled-model tests 4-5x slower than one thread each.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -25,25 +25,6 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 from llm.vml import resolve_vml_dispatch  # noqa: E402
 
 resolve_vml_dispatch()
-
-
-# ---- order: the longest modules first -----------------------------------------------------------
-
-#: The longest test modules, in the order they start (sequential times, `pytest --durations=0` on the 2-core AMD
-#: EPYC host this round: server 298 s, trainer 167, vllm_engine 98, model 85, rollout 64, distributed 230, faults 126,
-#: families 57). `make test` hands whole modules to two pytest-xdist workers (``--dist loadfile``: a module's
-#: expensive fixtures, such as the vLLM server, start once) in collection order. The two modules that keep both
-#: cores busy with processes of their own (the server's, torchrun's ranks) are placed so that one starts about when
-#: the other ends, with single-process modules beside each; started together, both ran 1.5-1.9x slower. Order only:
-#: every test runs.
-LONGEST_MODULES = ("tests/llm/test_server.py", "tests/llm/test_trainer.py", "tests/llm/test_vllm_engine.py",
-                   "tests/llm/test_model.py", "tests/llm/test_rollout.py", "tests/llm/test_distributed.py",
-                   "tests/contracts/test_faults.py", "tests/contracts/test_families.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: the rest as collected
 
 
 # ---- fixtures several test modules use --------------------------------------------------------------

@@ -35,6 +35,8 @@ from typing import Literal
 
 import numpy as np
 
+from runkit.validation import require
+
 from .core import as_policy, check_same_actions, clip_flags, clip_objective, whitened_advantage
 
 ImportanceSamplingMode = Literal["paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "m2po"]
@@ -43,6 +45,15 @@ MODES = ("paper", "token_truncate", "token_mask", "sequence_truncate", "sequence
 TRL_MODES = MODES[1:5]
 #: M2PO's threshold on the mean of (log w)^2 over the kept samples (the paper's default).
 M2_THRESHOLD = 0.04
+
+
+def require_correction_settings(config) -> None:
+    """The checks a config holding a correction's settings must pass (the LLM trainer's and the bandit simulator's
+    configs name them alike): a cap C > 0, a lower cap in [0, C), an M2PO threshold > 0; one-line errors."""
+    require(config, config.importance_sampling_cap > 0, "importance_sampling_cap", "must be > 0")
+    require(config, config.m2_threshold > 0, "m2_threshold", "must be > 0")
+    require(config, 0 <= config.importance_sampling_cap_min < config.importance_sampling_cap,
+            "importance_sampling_cap_min", f"must lie in [0, importance_sampling_cap = {config.importance_sampling_cap})")
 
 
 def second_moment_keep(log_w, weight=None, threshold: float = M2_THRESHOLD) -> np.ndarray:

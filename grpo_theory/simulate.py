@@ -29,7 +29,7 @@ from runkit.validation import require, require_finite
 
 from . import core
 from . import estimators as ge
-from .corrections import M2_THRESHOLD, MODES, corrected_slope, second_moment_keep
+from .corrections import M2_THRESHOLD, MODES, corrected_slope, require_correction_settings, second_moment_keep
 from .numerics import rounding_tolerance
 from .sync_policy import SyncPolicy
 from .validation import EPS_MAX
@@ -125,10 +125,7 @@ class SimConfig:
         require(self, self.epsilon >= 0, "epsilon", "must be >= 0")
         require(self, self.importance_sampling_mode in MODES, "importance_sampling_mode",
                 f"expected one of {', '.join(MODES)}")
-        require(self, self.importance_sampling_cap > 0, "importance_sampling_cap", "must be > 0")
-        require(self, 0 <= self.importance_sampling_cap_min < self.importance_sampling_cap,
-                "importance_sampling_cap_min", f"must lie in [0, importance_sampling_cap = {self.importance_sampling_cap})")
-        require(self, self.m2_threshold > 0, "m2_threshold", "must be > 0")
+        require_correction_settings(self)
         require(self, self.beta >= 0, "beta", "must be >= 0")
         require(self, self.ref_sync_steps >= 0, "ref_sync_steps", "must be >= 0")
         require(self, 0 <= self.variance_eps <= EPS_MAX, "variance_eps", "must lie in [0, 3/4] (Theorem 1)")

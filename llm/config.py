@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
+from grpo_theory.corrections import require_correction_settings
 from grpo_theory.truncation import TokenFilter
 from grpo_theory.validation import EPS_MAX
 from runkit.validation import require, require_finite
@@ -476,12 +477,9 @@ class GRPOConfig:
                 "must lie in [0, 10), or -1 for epsilon")
         require(self, self.delta == 0 or self.delta > 1 + self.clip_high, "delta",
                 f"must exceed 1 + epsilon_high = {1 + self.clip_high} (or be 0: off)")
-        require(self, self.importance_sampling_cap > 0, "importance_sampling_cap", "must be > 0")
-        require(self, self.m2_threshold > 0, "m2_threshold", "must be > 0")
+        require_correction_settings(self)
         require(self, self.importance_sampling_mode != "m2po" or self.ratio_level == "token", "importance_sampling_mode",
                 "m2po masks tokens: it needs ratio_level token")
-        require(self, 0 <= self.importance_sampling_cap_min < self.importance_sampling_cap,
-                "importance_sampling_cap_min", f"must lie in [0, importance_sampling_cap = {self.importance_sampling_cap})")
         require(self, self.ref_sync_steps >= 0, "ref_sync_steps", "must be >= 0")
         require(self, 0 < self.ref_model_mixup_alpha <= 1, "ref_model_mixup_alpha", "must lie in (0, 1]")
         require(self, 0 <= self.epsilon < 10, "epsilon", "the clip width must lie in [0, 10)")

@@ -6,6 +6,8 @@ These functions are the estimators, arrays of shape (..., G) in, one value per g
 estimates and its bias are stated in its docstring and pinned by exact-expectation tests (``tests/theory``):
 
 - ``tv_estimate``: mean_g (1 - w_g)^+, unbiased for TV(pi, alpha), always in [0, 1];
+- ``tv_between_estimate``: mean_g |w_g - w_k,g| / 2, unbiased for TV(pi, pi_k) where alpha covers both (one step's
+  drift, measured on alpha's samples);
 - ``improvement_estimate``: mean_g (w_g - w_k,g)(r_g - rbar_{-g}), unbiased for J(pi) - J(pi_k), exactly 0 when the
   group's rewards are all equal (rbar_{-g}: the mean of the other G - 1 rewards, a leave-one-out baseline);
 - ``mean_and_standard_error``: the mean of independent estimates and its standard error (every ``*_se``);
@@ -76,6 +78,14 @@ def tv_estimate(w) -> np.ndarray:
     alpha's support, which 1/2 mean |w - 1| misses), and in [0, 1] whatever the weights: heavy-tailed sequence weights
     enter only through min(w, 1)."""
     return np.mean(np.maximum(1.0 - np.asarray(w, dtype=np.float64), 0.0), axis=-1)
+
+
+def tv_between_estimate(w_a, w_b) -> np.ndarray:
+    """mean_g |w_a,g - w_b,g| / 2 for the weights of two policies a and b against the same alpha: unbiased for
+    TV(a, b) = sum_y |a(y) - b(y)| / 2 where alpha(y) > 0 on both supports (every softmax policy's case). Responses
+    off alpha's support (truncated sampling) are never drawn: there the estimate is biased low by exactly
+    sum_{y: alpha(y) = 0} |a(y) - b(y)| / 2. With w_b = 1 (b = alpha) it is |1 - w_a| / 2, whose mean is ``tv_estimate``'s on alpha's support."""
+    return 0.5 * np.mean(np.abs(np.asarray(w_a, dtype=np.float64) - np.asarray(w_b, dtype=np.float64)), axis=-1)
 
 
 def improvement_estimate(r, w_new, w_k) -> np.ndarray:

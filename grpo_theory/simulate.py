@@ -17,6 +17,7 @@ logged with the metric names the LLM trainer uses. All maths comes from ``grpo_t
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Literal
 
@@ -31,7 +32,7 @@ from . import core
 from . import estimators as ge
 from .corrections import M2_THRESHOLD, MODES, corrected_slope, require_correction_settings, second_moment_keep
 from .numerics import rounding_tolerance
-from .sync_policy import SyncPolicy
+from .sync_policy import SyncPolicy, projected_tv
 from .validation import EPS_MAX
 
 
@@ -69,7 +70,9 @@ class SimConfig:
     async_generation: bool = False
     """The server generates the next window while the trainer trains this one: the samples of the window starting
     at step k come from the weights synced at step k - v (the initial weights in the first two windows), so alpha
-    lags by v to 2v - 1 steps instead of 0 to v - 1 (``lag`` logs the true age)."""
+    lags by v to 2v - 1 steps instead of 0 to v - 1 (``lag`` logs the true age). With the divergence policy the
+    server runs one step ahead: step k + 1's samples come from the weights it holds after step k's decision, which
+    syncs when TV(pi_k, alpha) + TV(pi_k, pi_{k-1}) (``grpo_theory.sync_policy.projected_tv``) exceeds the budget."""
     epsilon: float = 0.2
     """Clip width of f_eps (and of PPO's clip in the TRL modes)."""
     importance_sampling_mode: Literal["paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask",
@@ -119,9 +122,8 @@ class SimConfig:
         require(self, self.sync_period >= 1, "sync_period", "v must be >= 1")
         require(self, self.tv_budget >= 0, "tv_budget", "must be >= 0")
         require(self, self.max_lag >= 0, "max_lag", "must be >= 0")
-        require(self, not (self.async_generation and self.sync_policy == "divergence"), "sync_policy",
-                "divergence decides each step's sync from the TV before it; asynchronous generation fixes the "
-                "windows in advance (use fixed)")
+        require(self, not (self.async_generation and self.sync_policy == "divergence" and self.max_lag < 1),
+                "max_lag", "must be >= 1 with asynchronous generation (a step's samples are at least one step old)")
         require(self, self.epsilon >= 0, "epsilon", "must be >= 0")
         require(self, self.importance_sampling_mode in MODES, "importance_sampling_mode",
                 f"expected one of {', '.join(MODES)}")
@@ -280,6 +282,7 @@ def exact_diagnostics(bandit: Bandit, pi_new, pi_k, alpha, ref, eps: float) -> d
            "kl": float(np.sum(rho * core.kl_divergence(pi_new, ref))),
            "tv/pi_new_alpha": float(np.sum(rho * core.tv_distance(pi_new, alpha))),
            "tv/pi_k_alpha": float(np.sum(rho * core.tv_distance(pi_k, alpha))),
+           "tv/pi_new_pi_k": float(np.sum(rho * core.tv_distance(pi_new, pi_k))),  # the step's drift
            # Kish's ESS fraction of the weights pi_k/alpha pooled over prompts and responses, in the limit of a large
            # batch: (E w)^2 / E w^2 = 1 / E_{x, y ~ alpha}[w^2] (the LLM trainer's ess/pi_k_alpha estimates it)
            "ess/pi_k_alpha": float(1.0 / np.sum(rho * np.sum(pi_k**2 / alpha, axis=1)))}
@@ -312,18 +315,33 @@ def simulate(config: SimConfig, progress: bool = False) -> list[dict]:
     rows = []
     last_sync = 0  # the step whose weights alpha holds
     pending = (theta.copy(), 0)  # async: the weights synced at the start of this window, served from the next one
+    theta_prev = None  # async divergence: the last step's weights (its drift TV(pi_k, pi_{k-1}))
     policy = SyncPolicy(config.sync_policy, config.sync_period, config.tv_budget, config.max_lag)
     bar = tqdm(total=config.max_steps, unit="step", disable=not progress)
     t_start = time.perf_counter()
     for step in range(config.max_steps):
         # ---- sync: the policy decides from the exact TV(pi_k, alpha) before the step (fixed: every v steps)
         tv_before = float(np.sum(bandit.rho * core.tv_distance(core.softmax(theta), core.softmax(theta_alpha))))
-        reason = policy.decide(step, last_sync, tv_before)
-        if config.async_generation and step % config.sync_period == 0:
+        if config.async_generation and policy.adaptive:
+            # one step ahead: this step's samples came from the weights the server held after the last decision;
+            # the decision now serves the next step, whose TV it bounds by this one's plus the last step's drift
+            (theta_alpha, last_sync) = pending
+            tv_served = float(np.sum(bandit.rho * core.tv_distance(core.softmax(theta), core.softmax(theta_alpha))))
+            drift = (math.nan if theta_prev is None else
+                     float(np.sum(bandit.rho * core.tv_distance(core.softmax(theta), core.softmax(theta_prev)))))
+            tv_before = projected_tv(tv_served, drift)
+            reason = policy.decide_ahead(step, last_sync, tv_before)
+            if reason:
+                pending = (theta.copy(), step)
+            theta_prev = theta.copy()
+        elif config.async_generation and step % config.sync_period == 0:
+            reason = policy.decide(step, last_sync, tv_before)
             # this window's samples were generated from the previous sync's weights
             (theta_alpha, last_sync), pending = pending, (theta.copy(), step)
-        elif reason:
-            theta_alpha, last_sync = theta.copy(), step
+        else:
+            reason = policy.decide(step, last_sync, tv_before)
+            if reason:
+                theta_alpha, last_sync = theta.copy(), step
         pi_k, alpha, ref = core.softmax(theta), core.softmax(theta_alpha), core.softmax(theta_ref)
         # ---- rollout + score + advantages
         roll = sample_rollout(config, bandit, alpha, rng)

@@ -11,6 +11,12 @@ estimate of it measured before the step's update (held-out prompts).
 
 Step 0 never syncs (the sampler starts with the initial weights). ``decide`` returns the reason of a sync, or
 "" for none; the reasons are the values of the logged ``sync/reason``.
+
+With asynchronous generation the sampler generates step k + 1's samples while step k trains, so the sync decided at
+step k serves step k + 1, whose TV is not measured yet. ``decide_ahead`` bounds it by the triangle inequality,
+TV(pi_{k+1}, W) <= TV(pi_k, W) + TV(pi_{k+1}, pi_k) for the weights W the sampler holds, with the next step's drift
+TV(pi_{k+1}, pi_k) taken to be the last one measured (``projected_tv``): the policy keeps W while that projection is
+within the budget and the lag step k + 1 would have within ``max_lag`` (docs/theory.md, §7.1).
 """
 
 from __future__ import annotations
@@ -56,7 +62,26 @@ class SyncPolicy:
             return BUDGET
         return NO_SYNC
 
+    def decide_ahead(self, step: int, served_step: int, projected: float = math.nan) -> str:
+        """Asynchronous generation: the reason to sync pi_step into the sampler before it generates step + 1's
+        samples, or "" to keep the weights of step ``served_step`` it holds. ``projected``: TV(pi_{step+1}, those
+        weights) as ``projected_tv`` bounds it (NaN: no estimate yet, which never triggers the budget). Step 0 never
+        syncs (the sampler holds pi_0 already)."""
+        if step <= 0:
+            return NO_SYNC
+        if self.kind == "fixed":
+            return PERIOD if step % self.period == 0 else NO_SYNC
+        return self.decide(step + 1, served_step, projected)
+
     @property
     def adaptive(self) -> bool:
         """True when a sync depends on measured divergence (the trainer then needs an estimate every step)."""
         return self.kind == "divergence"
+
+
+def projected_tv(tv_served: float, drift: float) -> float:
+    """TV(pi_{k+1}, W) <= TV(pi_k, W) + TV(pi_{k+1}, pi_k): the triangle inequality's bound on the TV the next step
+    would train at if the sampler keeps the weights W, with ``tv_served`` = TV(pi_k, W) and ``drift`` the next step's
+    TV(pi_{k+1}, pi_k) (in practice the last step's, measured). Exact as a bound when ``drift`` is; NaN in either
+    leaves it NaN (no budget sync)."""
+    return tv_served + drift

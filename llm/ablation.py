@@ -6,7 +6,8 @@
 - vsweep: v in {1, 2, 4, 8, 16} (mask on, i = 1);
 - staleness: v in {2, 4}, synchronous and with asynchronous generation (alpha one window older: lag v to 2v - 1);
 - syncpolicy: fixed v in {1, 4, 10} against the divergence policy (sync when the held-out TV(pi_k, alpha) estimate
-  exceeds a budget, lag capped at ``SYNC_MAX_LAG``) at three budgets: final test J and the number of syncs;
+  exceeds a budget, lag capped at ``SYNC_MAX_LAG``) at three budgets, and with asynchronous generation fixed v in
+  {1, 2, 4} against the divergence policy one step ahead at the same budgets: final test J and the number of syncs;
 - corrections: the paper's clip, TRL's four importance-sampling modes and the length-normalised sequence ratio
   (GSPO, with loss_type grpo), at v = 4 synchronously and with asynchronous generation: final test J, mean TV,
   effective sample size, the share of steps with a positive held-out bound estimate, the share of tokens over the cap;
@@ -48,6 +49,8 @@ STALENESS_V = (2, 4)
 SYNC_FIXED_V = (1, 4, 10)
 SYNC_TV_BUDGETS = (0.03, 0.05, 0.08)
 SYNC_MAX_LAG = 10
+#: Asynchronous generation's fixed v beside the divergence policy one step ahead (lag v .. 2v - 1 after the first window).
+SYNC_ASYNC_V = (1, 2, 4)
 #: The corrections compared, as GRPOConfig overrides (the sequence ratios need loss_type grpo).
 CORRECTIONS = {
     "paper clip": dict(),
@@ -137,6 +140,10 @@ def plan(cfg: AblationConfig) -> dict[str, dict[str, dict]]:
                       for v in STALENESS_V for mode in ("sync", "async")},
         "syncpolicy": {**{f"fixed v={v}": dict(sync_period=v) for v in SYNC_FIXED_V},
                        **{f"divergence TV > {b}": dict(sync_policy="divergence", tv_budget=b, max_lag=SYNC_MAX_LAG)
+                          for b in SYNC_TV_BUDGETS},
+                       **{f"fixed v={v}, async": dict(sync_period=v, async_generation=True) for v in SYNC_ASYNC_V},
+                       **{f"divergence TV > {b}, async": dict(sync_policy="divergence", tv_budget=b,
+                                                              max_lag=SYNC_MAX_LAG, async_generation=True)
                           for b in SYNC_TV_BUDGETS}},
         "corrections": {f"{name}, {mode}": dict(sync_period=CORRECTIONS_V, async_generation=mode == "async", **kw)
                         for mode in ("sync", "async") for name, kw in CORRECTIONS.items()},

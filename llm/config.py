@@ -111,8 +111,10 @@ class GRPOConfig:
     """fixed: sync every v = sync_period steps (Algorithm 1). divergence: sync at a step whose estimated
     TV(pi_k, alpha), measured on the held-out prompts before the step (the previous step's
     ``heldout/tv/pi_new_alpha``), exceeds ``tv_budget``, or whose lag would exceed ``max_lag``; it needs
-    --heldout-prompts, generates step by step and is not asynchronous (``grpo_theory.sync_policy``; the logged
-    ``sync/reason`` says why each sync happened)."""
+    --heldout-prompts and generates step by step. With --async-generation the sampler runs one step ahead and a
+    sync serves the next step, decided on the projected TV(pi_{k+1}, alpha): this one's plus the last step's drift
+    ``heldout/tv/pi_new_pi_k`` (``grpo_theory.sync_policy``; ``sync/reason`` says why each sync happened,
+    ``sync/tv_estimate`` what it was decided on)."""
     tv_budget: float = 0.05
     """divergence policy: the TV(pi_k, alpha) estimate above which the step syncs (Theorem 1's lag penalty is
     c times it)."""
@@ -470,9 +472,9 @@ class GRPOConfig:
         if self.sync_policy == "divergence":
             require(self, self.heldout_prompts > 0, "sync_policy",
                     "divergence decides from the held-out TV estimate; add --heldout-prompts (e.g. 8)")
-            require(self, not self.async_generation, "sync_policy",
-                    "divergence decides each step's sync from the TV before it, asynchronous generation fixes the "
-                    "windows in advance; drop --async-generation or use --sync-policy fixed")
+            require(self, not (self.async_generation and self.max_lag < 1), "max_lag",
+                    "must be >= 1 with --async-generation (the sampler runs a step ahead: every step's completions "
+                    "are at least one step old)")
         require(self, self.epsilon_high == -1.0 or 0 <= self.epsilon_high < 10, "epsilon_high",
                 "must lie in [0, 10), or -1 for epsilon")
         require(self, self.delta == 0 or self.delta > 1 + self.clip_high, "delta",

@@ -184,6 +184,7 @@ def per_prompt_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np
     out = {
         "tv/pi_k_alpha": ge.tv_estimate(w_k),
         "tv/pi_new_alpha": ge.tv_estimate(w_new),
+        "tv/pi_new_pi_k": ge.tv_between_estimate(w_new, w_k),
         "improvement": ge.improvement_estimate(r, w_new, w_k),
         "bound_est/surrogate": paper.surrogate,
         "bound_est/penalty_tv": paper.penalty_tv,

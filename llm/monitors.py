@@ -143,7 +143,10 @@ def arithmetic(config, n_params: int, n_trained: int, device, sampler_name: str,
         f"(per_device_train_batch_size {config.micro_batch_size}"
         f"{'; more, shorter passes where sequences of similar length save padding' if config.group_by_length else ''}"
         f"{', gradient checkpointing' if config.gradient_checkpointing else ''}); " + sync_line(config))
-    if config.async_generation:
+    if config.async_generation and config.sync_policy == "divergence":
+        lines.append("  asynchronous generation: each step is generated while the previous one trains; a sync serves "
+                     "the next step, when this step's TV estimate plus the last step's drift exceeds the budget")
+    elif config.async_generation:
         lines.append(f"  asynchronous generation: each window is generated while the previous one trains, from the "
                      f"weights synced one window earlier (alpha lags {v} to {2 * v - 1} steps after the first window)")
     return lines

@@ -378,6 +378,20 @@ def rollout(run: Run, tick: Tick, timer: PhaseTimer, row: dict) -> StepRollout:
         with timer("generate"):
             return weights.ranks.from_main(lambda: rollouts.get(tick.step))
 
+    if tick.ahead:  # the divergence policy, one step ahead: this step's completions come from alpha's successor
+        if resumed:
+            weights.serve(weights.alpha_next)  # (the restore sent alpha's)
+        step_rollout = completions()
+        if tick.starts_window and not tick.syncs and tick.step > 0:
+            weights.advance()  # the weights synced at the last step generated this one (a sync now does it too)
+        if tick.syncs:
+            with timer("sync"):
+                weights.sync()
+            row.update(sync_metrics(weights.sampler, timer.seconds["time/sync"]))
+        if weights.ranks.main:
+            rollouts.prefetch(tick.step + 1)
+        row.update(rollouts.call_metrics())
+        return step_rollout
     if asynchronous:
         if resumed and tick.starts_window:
             weights.serve(weights.alpha_next)  # this window's weights (the restore sent alpha's)

@@ -102,6 +102,11 @@ class Weights:
         elif self.alpha is not getattr(self.sampler, "model", None):
             copy_weights(self.alpha, self.policy)
 
+    def advance(self) -> None:
+        """alpha <- alpha's successor, without a sync: the divergence policy one step ahead, at the first step the
+        weights synced at the previous step generated."""
+        copy_weights(self.alpha, self.alpha_next)
+
     @contextlib.contextmanager
     def policy_in_sampler(self, engine: bool, swap: bool = True):
         """For the duration, a vLLM engine or server (``engine``) holds the policy's weights (``swap``: False when it

@@ -312,7 +312,7 @@ def test_the_config_refuses_bad_corrections():
     for kw, field in [(dict(delta=1.1), "delta"), (dict(epsilon_high=-0.5), "epsilon_high"),
                       (dict(importance_sampling_cap=0.0), "importance_sampling_cap"),
                       (dict(sync_policy="divergence"), "sync_policy"),
-                      (dict(sync_policy="divergence", heldout_prompts=4, async_generation=True), "sync_policy"),
+                      (dict(sync_policy="divergence", heldout_prompts=4, async_generation=True, max_lag=0), "max_lag"),
                       (dict(max_staleness=-2), "max_staleness"), (dict(ratio_level="sequence_normalised"), "ratio_level")]:
         with pytest.raises(ValueError, match=field):
             GRPOConfig(**kw)

@@ -83,6 +83,49 @@ def test_a_resumed_divergence_run_continues_its_clock(tmp_path):
         assert a["reward"] == b["reward"] and a["loss"] == pytest.approx(b["loss"], abs=1e-5)
 
 
+def test_asynchronous_divergence_syncs_one_step_ahead_on_the_projected_tv(tmp_path, monkeypatch):
+    """--async-generation with the divergence policy: step k + 1's completions are generated while step k trains,
+    from the weights the sampler holds after step k's decision. The decision reads the projected TV of step k + 1:
+    TV(pi_k, W) (the last step's held-out TV(pi_new, alpha), or its drift when W was synced there) plus the last
+    step's drift ``heldout/tv/pi_new_pi_k``; a sync makes the next step's lag 1, keeping adds one. Each step's samples
+    came from pi_{k - lag}, the sampler agrees with the trainer's copy of them at every lag-1 step, and a run stopped
+    after step 4 and resumed logs the uninterrupted run's lags, syncs and rewards."""
+    generated = tag_generations(monkeypatch)
+    policies = PolicyFingerprints()
+    budget, cap = 0.06, 4
+    kw = dict(max_steps=10, sync_policy="divergence", async_generation=True, tv_budget=budget, max_lag=cap)
+    rows = read_metrics(train(_config(tmp_path, "full", **kw), log=lambda *a: None, callbacks=[policies]))
+    reasons = [r["sync/reason"] for r in rows]
+    assert "budget" in reasons and "" in reasons[1:]  # both branches ran: the checks below bite
+    assert rows[0]["lag"] == 0 and reasons[0] == ""
+    for prev, r in zip(rows, rows[1:]):
+        drift = prev["heldout/tv/pi_new_pi_k"]
+        served = drift if r["lag"] == 1 else prev["heldout/tv/pi_new_alpha"]
+        assert r["sync/tv_estimate"] == pytest.approx(served + drift, abs=1e-12)
+        assert r["lag"] == (1 if prev["sync/reason"] else prev["lag"] + 1) <= cap
+        if r["sync/reason"] == "budget":
+            assert r["sync/tv_estimate"] > budget
+        elif r["sync/reason"] == "":
+            assert r["sync/tv_estimate"] <= budget and r["lag"] + 1 <= cap
+    for r in rows:
+        k = r["step"]
+        assert generated[step_seed(0, k)] == policies.before[k - r["lag"]], k
+        if r["lag"] == 1:
+            assert r["sampling/logp_diff_max"] <= 1e-4, k
+
+    def ctrl_c_after_step_4(step, row):
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    cfg = _config(tmp_path, "resumed", **kw)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, log=lambda *a: None, callbacks=[ctrl_c_after_step_4])
+    resumed = read_metrics(train(cfg, log=lambda *a: None))
+    assert [(r["lag"], r["sync/reason"]) for r in resumed] == [(r["lag"], r["sync/reason"]) for r in rows]
+    for a, b in zip(rows, resumed):
+        assert a["reward"] == b["reward"] and a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+
+
 def test_max_staleness_drops_the_steps_older_than_it(tmp_path):
     """v = 4, max_staleness 1: the steps at lag 2 and 3 make no update (exact J unchanged), the others do. A dropped
     step has no loss tokens: its clip shares read nan (not 0: nothing was measured), while the importance weights

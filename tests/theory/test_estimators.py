@@ -53,6 +53,19 @@ def test_tv_estimate_is_unbiased_and_never_above_one(seed, G, gap):
 
 
 @given(st.integers(0, 2**32 - 1), st.sampled_from([2, 3, 4]), st.booleans())
+@example(seed=0, G=3, gap=True)
+def test_tv_between_estimate_is_unbiased_where_alpha_covers_both(seed, G, gap):
+    """E mean_g |w_g - w_k,g| / 2 = TV(pi, pi_k) (the drift the asynchronous divergence policy projects with); where
+    alpha never samples action 0 it is low by exactly |pi(0) - pi_k(0)| / 2."""
+    pi, pi_k, alpha, r = policies_and_rewards(seed, gap=gap)
+    est = expectation(lambda r_, w, wk: ge.tv_between_estimate(w, wk), pi, pi_k, alpha, r, G)
+    missed = abs(pi[0] - pi_k[0]) / 2 if gap else 0.0
+    assert est == pytest.approx(float(gt.tv_distance(pi, pi_k)) - missed, abs=EXACT)
+    if gap:
+        assert est < float(gt.tv_distance(pi, pi_k)) or missed == 0
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from([2, 3, 4]), st.booleans())
 def test_improvement_estimate_is_unbiased_and_zero_on_equal_rewards(seed, G, binary):
     pi, pi_k, alpha, r = policies_and_rewards(seed, binary=binary)
     est = expectation(lambda r_, w, wk: ge.improvement_estimate(r_, w, wk), pi, pi_k, alpha, r, G)

@@ -14,7 +14,8 @@
   (``heldout/improvement_lcb`` > 0) certifies, and whether the gain is within one standard deviation of the paper's
   clip at v = 1 (synchronous).
 - syncpolicy: fixed v in {1, 4, 10} against the divergence policy (sync when the exact TV(pi_k, alpha) exceeds a
-  budget, lag capped at ``SYNC_MAX_LAG``) at three budgets: final J, number of syncs, mean TV, mean lag.
+  budget, lag capped at ``SYNC_MAX_LAG``) at three budgets, synchronous and asynchronous (one step ahead, on the
+  projected TV): final J, number of syncs, mean TV, mean lag.
 
 Each run writes a run directory under ``<out>/<experiment>/<name>/seed<k>``; the table is printed
 and written to ``<out>/<experiment>/results.md``. The figures in ``figures/`` read these directories.
@@ -177,10 +178,14 @@ def frontier(cfg: ExperimentConfig) -> str:
 
 
 def sync_policies() -> dict[str, dict]:
-    """The sync-policy comparison's configurations, by name: fixed v, then the divergence policy's budgets."""
+    """The sync-policy comparison's configurations, by name: fixed v, then the divergence policy's budgets;
+    synchronous, then with asynchronous generation (the divergence policy then decides one step ahead)."""
     out = {f"fixed v={v}": dict(sync_period=v) for v in SYNC_FIXED_V}
     out.update({f"divergence TV > {b}": dict(sync_policy="divergence", tv_budget=b, max_lag=SYNC_MAX_LAG)
                 for b in SYNC_TV_BUDGETS})
+    out.update({f"fixed v={v}, async": dict(sync_period=v, async_generation=True) for v in SYNC_FIXED_V})
+    out.update({f"divergence TV > {b}, async": dict(sync_policy="divergence", tv_budget=b, max_lag=SYNC_MAX_LAG,
+                                                    async_generation=True) for b in SYNC_TV_BUDGETS})
     return out
 
 

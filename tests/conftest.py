@@ -7,7 +7,7 @@ Select explicitly with HYPOTHESIS_PROFILE=dev|ci.
 import os
 import sys
 
-# Under pytest-xdist (`make test TEST_WORKERS=2`: two workers on two cores) each worker and every process it starts computes on one
+# Under pytest-xdist (`make test`: two workers on two cores) each worker and every process it starts computes on one
 # thread: two workers of two threads each on two cores run the compiled-model tests 4-5x slower than one thread each.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -25,6 +25,47 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 from llm.vml import resolve_vml_dispatch  # noqa: E402
 
 resolve_vml_dispatch()
+
+
+# ---- two workers: whole modules, the multi-process ones together, the longest first ------------------------
+
+#: Modules whose tests keep both cores busy with processes of their own (a vLLM server, torchrun's two ranks): under
+#: `make test`'s two pytest-xdist workers they form one work unit, run one after the other by a single worker while
+#: the other worker runs single-process modules (started together they ran 1.5-1.9x slower; and in 2 of 5 parallel
+#: runs that let them overlap, the server test under torchrun found the server gone, cause not found).
+MULTIPROCESS_MODULES = ("tests/llm/test_server.py", "tests/llm/test_distributed.py")
+#: The next longest modules, longest first (sequential seconds, `pytest --durations=0`, 2-core AMD EPYC, this
+#: round: model 150-200, trainer 144, faults 126, vllm_engine 98, logprobs 90, diagnostics 64, evaluation 60,
+#: rollout 60, families 58, real_model 53, train 52, sync_policy 49). Order only: every test runs.
+LONGEST_MODULES = (*MULTIPROCESS_MODULES, "tests/llm/test_model.py", "tests/llm/test_trainer.py",
+                   "tests/contracts/test_faults.py", "tests/llm/test_vllm_engine.py", "tests/llm/test_logprobs.py",
+                   "tests/llm/test_diagnostics.py", "tests/llm/test_evaluation.py", "tests/llm/test_rollout.py",
+                   "tests/contracts/test_families.py", "tests/contracts/test_real_model.py",
+                   "tests/llm/test_train.py", "tests/llm/test_sync_policy.py")
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
+    items.sort(key=lambda item: rank.get(_module(item.nodeid), len(rank)))  # stable: the rest as collected
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`: whole modules per worker (a module's server or engine fixture starts once), with
+    ``MULTIPROCESS_MODULES`` as one unit."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = _module(nodeid)
+            return "multiprocess" if module in MULTIPROCESS_MODULES else module
+
+    return Scheduling(config, log)
 
 
 # ---- fixtures several test modules use --------------------------------------------------------------

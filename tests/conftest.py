@@ -49,6 +49,8 @@ def _module(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # one process: the order as collected
+        return
     rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
     items.sort(key=lambda item: rank.get(_module(item.nodeid), len(rank)))  # stable: the rest as collected
 

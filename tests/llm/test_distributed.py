@@ -142,8 +142,10 @@ def test_torchrun_with_two_ranks_logs_the_one_process_metrics(tmp_path):
     first = {k: v for k, v in a[0].items() if not k.startswith("time/")}
     assert first.keys() == {k for k in b[0] if not k.startswith("time/")}
     for key, value in first.items():
-        rtol = AFTER_UPDATE_RTOL if after_update(key) else STEP0_RTOL
-        assert same(b[0][key], value, rtol, 1e-6), (key, value, b[0][key])
+        # the updated policy's terms: relative, and a standard error over two held-out prompts (a difference of two
+        # estimates) as FSDP_ATOL absolute: measured 6.2e-6 on 5.9e-5 for the drift TV(pi_new, pi_k)'s
+        rtol, atol = (AFTER_UPDATE_RTOL, FSDP_ATOL) if after_update(key) else (STEP0_RTOL, 1e-6)
+        assert same(b[0][key], value, rtol, atol), (key, value, b[0][key])
     assert torch.load(tmp_path / "two" / "checkpoint.pt", weights_only=True)["world_size"] == 2
 
 

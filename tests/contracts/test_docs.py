@@ -63,13 +63,17 @@ def cited_files(text: str) -> list[tuple[str, str]]:
 
 
 def broken_citations(paths) -> list[str]:
-    """Each citation in ``paths`` whose file does not exist, or whose function or class that file does not define."""
+    """Each citation in ``paths`` whose file does not exist, or whose function or class that file does not define,
+    or (``file.py:123``, as pytest prints) whose line the file does not have."""
     broken = []
     for path in paths:
         for file, name in cited_files(path.read_text()):
             target = ROOT / file
             if not target.is_file():
                 broken.append(f"{path.relative_to(ROOT)}: {file} (no such file)")
+            elif name.isdigit():
+                if int(name) > len(target.read_text().splitlines()):
+                    broken.append(f"{path.relative_to(ROOT)}: {file}:{name} (no such line)")
             elif name and not re.search(rf"^\s*(?:async )?(?:def|class) {name}\b", target.read_text(), flags=re.M):
                 broken.append(f"{path.relative_to(ROOT)}: {file}:{name} (no such function)")
     return broken
@@ -88,10 +92,12 @@ def test_the_citation_check_fails_on_a_missing_file_or_function(tmp_path):
     page = ROOT / "docs" / "_citations_probe.md"
     try:
         page.write_text("see `tests/test_theorem1.py` and `tests/theory/test_theorem1.py:test_no_such_thing` and "
-                        "`tests/theory/test_theorem1.py:test_surrogate_identity`")
+                        "`tests/theory/test_theorem1.py:test_surrogate_identity`, lines `tests/theory/test_theorem1.py:2` "
+                        "and `tests/theory/test_theorem1.py:99999`")
         assert broken_citations([page]) == [
             "docs/_citations_probe.md: tests/test_theorem1.py (no such file)",
-            "docs/_citations_probe.md: tests/theory/test_theorem1.py:test_no_such_thing (no such function)"]
+            "docs/_citations_probe.md: tests/theory/test_theorem1.py:test_no_such_thing (no such function)",
+            "docs/_citations_probe.md: tests/theory/test_theorem1.py:99999 (no such line)"]
     finally:
         page.unlink()
 

@@ -318,6 +318,14 @@ def gather_into(dst: torch.nn.Module | None, src: torch.nn.Module) -> None:
             params[name].copy_(value)
 
 
+#: A process group was initialised in this process (``init_ranks``): ``llm.train`` then leaves with ``os._exit``.
+_grouped: list[bool] = []
+
+
+def ran_in_a_group() -> bool:
+    return bool(_grouped)
+
+
 def under_torchrun() -> bool:
     """This process is a worker torchrun started (torchrun sets TORCHELASTIC_RUN_ID, with RANK and MASTER_ADDR)."""
     return "TORCHELASTIC_RUN_ID" in os.environ and "MASTER_ADDR" in os.environ
@@ -329,13 +337,14 @@ def process_group_backend(device: torch.device) -> str:
     return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
 
 
-def init_ranks(device: torch.device, fsdp: bool = False) -> Ranks:
-    """The ranks torchrun started (WORLD_SIZE, RANK in the environment), with the process group initialised:
-    gloo on CPU, NCCL and gloo on CUDA (``process_group_backend``; each rank on cuda:LOCAL_RANK); ``torchrun --nproc-per-node 1`` too, a group of one
-    whose collectives run (so one GPU exercises NCCL and FSDP). Without torchrun: ``SINGLE``; ``fsdp`` without
-    torchrun is refused."""
+def init_ranks(device: torch.device, fsdp: bool = False, group_of_one: bool = True) -> Ranks:
+    """The ranks torchrun started (WORLD_SIZE, RANK in the environment), with the process group initialised: gloo on
+    CPU, NCCL and gloo on CUDA (``process_group_backend``; each rank on cuda:LOCAL_RANK). ``torchrun
+    --nproc-per-node 1`` makes a group of one whose collectives run (so one GPU exercises NCCL and FSDP), unless
+    ``group_of_one`` is False and ``fsdp`` off (the in-process vLLM engine, which sets up torch.distributed itself:
+    one process runs as without torchrun). Without torchrun: ``SINGLE``; ``fsdp`` without torchrun is refused."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1 and not under_torchrun():
+    if world <= 1 and not (under_torchrun() and (group_of_one or fsdp)):
         if fsdp:
             raise ValueError("fsdp: shards the model over torchrun's trainer processes; start the run with "
                              "torchrun --nproc-per-node N -m llm.train ..., or drop --fsdp")
@@ -350,6 +359,7 @@ def init_ranks(device: torch.device, fsdp: bool = False) -> Ranks:
         torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
                                              device_id=device_id)
     ranks = Ranks(rank, world, fsdp, grouped=True, backend=backend)
+    _grouped.append(True)
     if threading.current_thread() is threading.main_thread():
         _previous_sigterm.append(signal.signal(signal.SIGTERM, ranks.terminated))
     return ranks

@@ -33,9 +33,9 @@ def main(args: list[str] | None = None) -> int:
         from .report import summarise
 
         print(summarise(run_dir))
-    from .distributed import under_torchrun
+    from .distributed import ran_in_a_group
 
-    if under_torchrun():
+    if ran_in_a_group():
         # A torchrun rank whose run is finished and written leaves now: at the interpreter's teardown gloo's worker
         # threads could still free tensors and abort the process ("terminate called without an active exception",
         # a few runs in a hundred under --fsdp, after every file was written), which fails the job.

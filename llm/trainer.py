@@ -72,7 +72,8 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
     after the trackers of ``config.report_to``; a callback with an ``on_setup(weights)`` method is also handed the
     run's ``llm.weights.Weights`` (policy, alpha, pi_ref, the sampler) before step 0.
     """
-    ranks = init_ranks(resolve_device(config.device), config.fsdp)  # torchrun: this process's rank; else one process
+    # torchrun: this process's rank (one rank with the in-process engine runs as one process); else one process
+    ranks = init_ranks(resolve_device(config.device), config.fsdp, group_of_one=resolved_sampler(config) != "vllm")
     finished = False
     try:
         path = train_main(config, ranks, log, callbacks) if ranks.main else train_rank(config, ranks)

@@ -229,6 +229,19 @@ def test_the_in_process_vllm_engine_is_refused_under_torchrun(tmp_path):
     assert ours and all("sampler: the in-process vLLM engine" in ln for ln in ours), res.stderr[-2000:]
 
 
+@pytest.mark.vllm
+def test_one_torchrun_rank_with_the_in_process_engine_runs_as_one_process(tmp_path):
+    """torchrun --nproc-per-node 1 with the in-process engine (the default sampler where vLLM imports): no process
+    group of one (the engine sets up torch.distributed itself); the run trains as without torchrun."""
+    pytest.importorskip("vllm")
+    res = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "1", "-m", "llm.train", "--sampler", "vllm",
+                          "--max-steps", "1", "--no-progress", "--output-dir", str(tmp_path / "run")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "trainer processes:" not in res.stdout
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [0]
+
+
 def _torchrun(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "2", *args], cwd=ROOT, capture_output=True,

@@ -3,7 +3,9 @@
 
 Two parts, each in a fresh process so that one's memory does not hide in the other's:
 
-1. **The engine, stage by stage** (resident set size after each): the policy loaded; a vLLM engine started on it with
+1. **The engine, stage by stage** (resident set size after each): the policy loaded, then read once (its weights are
+   mapped from the safetensors file and become resident at their first read, which in the trainer is the first
+   forward pass; without this stage the first sync reads them and seems to cost their size); a vLLM engine started with
    the trainer's settings for a window (``llm.sampling.vllm_settings``: v = 4 x (8 + 4 held-out) prompts x G = 8,
    completions of up to 24 tokens); the first window generated; the first weight sync; a second window and sync.
 2. **Two training steps of llm.train** with ``--sampler vllm`` and ``--sampler transformers`` (the real-model
@@ -55,6 +57,9 @@ def stages(model_dir: str) -> None:
     mark("python with torch")
     policy, tok = load_policy(model_dir, torch.device("cpu"))
     mark("policy loaded", weights_gb=round(sum(p.numel() * 4 for p in policy.parameters()) / 2**30, 3))
+    with torch.no_grad():  # the weights are mapped from the safetensors file: resident once read (the first forward)
+        sum(float(p.sum()) for p in policy.parameters())
+    mark("policy read once")
     w = WINDOW
     sequences = w["v"] * (w["prompts"] + w["heldout"]) * w["G"]
     prompt = tok.apply_chat_template([{"role": "user", "content": "Calculate 3 + 4.\nReply with the final answer "

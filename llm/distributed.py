@@ -63,14 +63,13 @@ class Ranks:
     world: int = 1
     fsdp: bool = False
     """The transformer blocks are sharded over the ranks (``shard_blocks``)."""
-    grouped: bool = False
-    """A process group is initialised (torchrun): collectives run even with one rank (``--nproc-per-node 1``)."""
     backend: str = ""
-    """The process group's backend (``process_group_backend``)."""
+    """The backend of the process group ``init_ranks`` made (``process_group_backend``), '' without one; with one,
+    collectives run even with one rank (``--nproc-per-node 1``)."""
 
     @property
     def active(self) -> bool:
-        return self.world > 1 or self.grouped
+        return self.world > 1 or bool(self.backend)
 
     @property
     def main(self) -> bool:
@@ -358,7 +357,7 @@ def init_ranks(device: torch.device, fsdp: bool = False, group_of_one: bool = Tr
             torch.cuda.set_device(device_id)
         torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
                                              device_id=device_id)
-    ranks = Ranks(rank, world, fsdp, grouped=True, backend=backend)
+    ranks = Ranks(rank, world, fsdp, backend=backend)
     _grouped.append(True)
     if threading.current_thread() is threading.main_thread():
         _previous_sigterm.append(signal.signal(signal.SIGTERM, ranks.terminated))

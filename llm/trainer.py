@@ -138,15 +138,15 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
         keep_freed_memory()
     torch.manual_seed(config.seed)
     device = resolve_device(config.device)
-    if ranks.active and device.type == "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())
     if ranks.active:
+        if device.type == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
         log(f"trainer processes: {ranks.world} ({ranks.backend}{', FSDP' if ranks.fsdp else ''}), "
             f"this one on {device}")
-    if ranks.active and resolved_sampler(config) == "vllm":
-        raise ValueError("sampler: the in-process vLLM engine sets up torch.distributed for itself and cannot share "
-                         "torchrun's process group; under torchrun use --sampler server (vLLM in its own process) or "
-                         "--sampler transformers")
+        if resolved_sampler(config) == "vllm":
+            raise ValueError("sampler: the in-process vLLM engine sets up torch.distributed for itself and cannot "
+                             "share torchrun's process group; under torchrun use --sampler server (vLLM in its own "
+                             "process) or --sampler transformers")
     task = load_task(config.dataset, config.reward_fn, config.eval_dataset, config.reward_funcs, config.reward_weights,
                      config.answer_check, GeneratorSpec.from_config(config), RewardContext.from_config(config))
     if not ranks.main:

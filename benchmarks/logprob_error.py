@@ -12,29 +12,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from llm.batch import make_batch  # noqa: E402
-from llm.logprobs import forward_completions  # noqa: E402
-from llm.model import load_policy  # noqa: E402
-from llm.tiny import tiny_model_dir  # noqa: E402
-from tests.helpers import sequences  # noqa: E402
+from tests.helpers import chunked_logprobs_and_gradients  # noqa: E402
 
 
 def main() -> None:
-    torch.backends.cuda.matmul.allow_tf32 = False
-    runs = [("cpu32", "cpu", torch.float32), ("cpu64", "cpu", torch.float64)]
-    if torch.cuda.is_available():
-        runs.insert(0, ("cuda32", "cuda", torch.float32))
-    res = {}
+    runs = [("cuda32", "cuda", torch.float32)] if torch.cuda.is_available() else []
+    runs.append(("cpu32", "cpu", torch.float32))
+    want, ref = chunked_logprobs_and_gradients("cpu", torch.float64)
     for name, device, dtype in runs:
-        model, tok = load_policy(str(tiny_model_dir()), torch.device(device))
-        model.to(dtype)
-        prompts, comps = sequences(tok, 12)
-        out = forward_completions(model, make_batch(prompts, comps, tok.pad_token_id, device), 0.7, chunk_tokens=3)
-        model.zero_grad(set_to_none=True)
-        out.logp.sum().backward()
-        res[name] = (out.logp.detach().cpu().double(), [p.grad.cpu().double() for p in model.parameters()])
-    want, ref = res.pop("cpu64")
-    for name, (logp, grads) in res.items():
+        logp, grads = chunked_logprobs_and_gradients(device, dtype)
         err = float((logp - want).abs().max())
         grad = max(float((g - r).norm() / r.norm()) for g, r in zip(grads, ref, strict=True))
         print(f"{name}: max |logp - float64| {err:.3g} nats, worst gradient relative error {grad:.3g}")

@@ -47,6 +47,22 @@ def sequences(tok, n: int, seed: int = 0):
     return prompts, comps
 
 
+def chunked_logprobs_and_gradients(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The built-in tiny model in ``dtype`` on ``device``, 12 ``sequences``, the output layer in chunks of 3 tokens at
+    temperature 0.7, forward and backward: the completion log-probs and every parameter's gradient, as float64 on the
+    CPU (tests/gpu against float64; benchmarks/logprob_error.py)."""
+    from llm.logprobs import forward_completions
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model, tok = load_policy(str(tiny_model_dir()), torch.device(device))
+    model.to(dtype)
+    prompts, comps = sequences(tok, 12)
+    out = forward_completions(model, make_batch(prompts, comps, tok.pad_token_id, device), 0.7, chunk_tokens=3)
+    model.zero_grad(set_to_none=True)
+    out.logp.sum().backward()
+    return out.logp.detach().cpu().double(), [p.grad.cpu().double() for p in model.parameters()]
+
+
 def same_gradient(a: torch.Tensor, b: torch.Tensor, rtol: float = RTOL) -> bool:
     """Equal up to summation order: ||a - b|| <= rtol ||b|| (elementwise tests fail on entries that are sums of
     cancelling terms)."""

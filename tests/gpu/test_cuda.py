@@ -1,7 +1,8 @@
 """The trainer's CUDA path, executed on a GPU (``make test-gpu``): learning in float32 and bfloat16, micro-batches
 against the unsplit step, the chunked log-probs against a float64 CPU recomputation, the NaN-proof loss under bf16,
-LoRA, ``--compile``, ``torchrun`` with NCCL (one rank, data parallel and FSDP; two ranks need two GPUs), and a checkpoint written on CUDA resumed on a
-CPU. Every test is skipped, with the reason, where CUDA is absent: CI (no GPU) runs none of them."""
+LoRA, ``--compile``, ``torchrun`` with NCCL (one rank, data parallel and FSDP; two ranks need two GPUs), and a
+checkpoint written on CUDA resumed on a CPU. Every test is skipped, with the reason, where CUDA is absent: CI (no
+GPU) runs none of them."""
 
 import math
 import os
@@ -19,7 +20,7 @@ from llm.loss import grpo_loss, loss_weights
 from llm.model import Precision, load_policy
 from llm.rundir import read_metrics
 from llm.tiny import tiny_model_dir
-from tests.helpers import LEARNING_MARGIN, ROOT, same, same_gradient, sequences
+from tests.helpers import LEARNING_MARGIN, ROOT, chunked_logprobs_and_gradients, same, same_gradient, sequences
 from tests.llm.test_distributed import AFTER_UPDATE_RTOL, STEP0_RTOL
 from tests.llm.test_update import RUN_ATOL, RUN_RTOL
 
@@ -72,25 +73,12 @@ def test_chunked_logprobs_on_cuda_equal_a_float64_cpu_recomputation():
     """The output layer in chunks of 3 tokens with its own backward, on the GPU in float32 (TF32 off), against the
     model in float64 on the CPU: the log-probs' largest error within CUDA_LOGP_ERROR_FACTOR x the CPU's float32
     error, the gradients to 1e-3 relative."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    prompts, comps = None, None
-    results = {}
-    for name, device, dtype in (("cuda", "cuda", torch.float32), ("cpu32", "cpu", torch.float32),
-                                ("cpu64", "cpu", torch.float64)):
-        model, tok = load_policy(str(tiny_model_dir()), torch.device(device))
-        model.to(dtype)
-        if prompts is None:
-            prompts, comps = sequences(tok, 12)
-        batch = make_batch(prompts, comps, tok.pad_token_id, device)
-        out = forward_completions(model, batch, 0.7, chunk_tokens=3)
-        model.zero_grad(set_to_none=True)
-        out.logp.sum().backward()
-        results[name] = (out.logp.detach().cpu().double(), [p.grad.cpu().double() for p in model.parameters()])
-    want, ref_grads = results["cpu64"]
-    cuda_err = float((results["cuda"][0] - want).abs().max())
-    cpu_err = float((results["cpu32"][0] - want).abs().max())
+    got, grads = chunked_logprobs_and_gradients("cuda", torch.float32)
+    cpu32, _ = chunked_logprobs_and_gradients("cpu", torch.float32)
+    want, ref_grads = chunked_logprobs_and_gradients("cpu", torch.float64)
+    cuda_err, cpu_err = float((got - want).abs().max()), float((cpu32 - want).abs().max())
     assert cuda_err <= CUDA_LOGP_ERROR_FACTOR * cpu_err, (cuda_err, cpu_err)
-    for g, r in zip(results["cuda"][1], ref_grads, strict=True):
+    for g, r in zip(grads, ref_grads, strict=True):
         assert same_gradient(g, r, 1e-3), float((g - r).norm() / r.norm())
 
 
@@ -136,23 +124,29 @@ def _train_cli(out, steps: int, *extra: str) -> list[str]:
             "--output-dir", str(out), *extra]
 
 
+def _one_process_and_torchrun(tmp_path, ranks: int, fsdp: bool) -> tuple[list[dict], list[dict], str]:
+    """Three steps of ``_train_cli`` in one process and under ``torchrun --nproc-per-node ranks`` (``--fsdp``): the
+    rows of both runs and torchrun's standard output."""
+    one = subprocess.run([sys.executable, *_train_cli(tmp_path / "one", 3)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=900)
+    assert one.returncode == 0, one.stderr[-3000:]
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    res = subprocess.run([torchrun, "--standalone", "--nproc-per-node", str(ranks),
+                          *_train_cli(tmp_path / "ranked", 3, *(["--fsdp"] if fsdp else []))],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return read_metrics(tmp_path / "one"), read_metrics(tmp_path / "ranked"), res.stdout
+
+
 @pytest.mark.parametrize("fsdp", [False, True], ids=["data_parallel", "fsdp"])
 def test_torchrun_with_one_nccl_rank_logs_the_one_process_metrics(tmp_path, fsdp):
     """torchrun --nproc-per-node 1 on the GPU: a process group of one whose collectives run (CUDA tensors over NCCL,
     the CPU's float64 scalars over gloo), data parallel or FSDP2 over a one-rank mesh; the same rewards at every step
     as one process without torchrun, the first step's loss and gradient norm to STEP0_RTOL and the later steps' to
     AFTER_UPDATE_RTOL (tests/llm/test_distributed.py)."""
-    one = subprocess.run([sys.executable, *_train_cli(tmp_path / "one", 3)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=900)
-    assert one.returncode == 0, one.stderr[-3000:]
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    res = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "1",
-                          *_train_cli(tmp_path / "ranked", 3, *(["--fsdp"] if fsdp else []))],
-                         cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert f"trainer processes: 1 (cpu:gloo,cuda:nccl{', FSDP' if fsdp else ''}), this one on cuda:0" in res.stdout, \
-        res.stdout[-2000:]
-    a, b = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "ranked")
+    a, b, out = _one_process_and_torchrun(tmp_path, 1, fsdp)
+    want = f"trainer processes: 1 (cpu:gloo,cuda:nccl{', FSDP' if fsdp else ''}), this one on cuda:0"
+    assert want in out, out[-2000:]
     assert [r["reward"] for r in a] == [r["reward"] for r in b]
     for x, y in zip(a, b, strict=True):
         for key in ("loss", "grad_norm"):
@@ -165,15 +159,7 @@ def test_torchrun_with_one_nccl_rank_logs_the_one_process_metrics(tmp_path, fsdp
 def test_torchrun_with_two_nccl_ranks_logs_the_one_process_metrics(tmp_path, fsdp):
     """Two ranks on two GPUs over NCCL, data parallel or FSDP: the same rewards at every step as one process, and
     the first step's loss and gradient norm to float32 rounding."""
-    one = subprocess.run([sys.executable, *_train_cli(tmp_path / "one", 3)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=900)
-    assert one.returncode == 0, one.stderr[-3000:]
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    two = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2",
-                          *_train_cli(tmp_path / "two", 3, *(["--fsdp"] if fsdp else []))],
-                         cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert two.returncode == 0, two.stderr[-3000:]
-    a, b = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    a, b, _ = _one_process_and_torchrun(tmp_path, 2, fsdp)
     assert [r["reward"] for r in a] == [r["reward"] for r in b]
     for key in ("loss", "grad_norm"):
         assert b[0][key] == pytest.approx(a[0][key], rel=1e-4), key

@@ -24,8 +24,10 @@ positive, the share of steps where the held-out estimate of the tight bound exce
 than 3 of its standard errors), and the share of steps whose held-out improvement lies within 3 standard errors of
 the exact one.
 
-Runs are ordinary run directories under ``<out>/v<v>_i<i>_<mask|nomask>/seed<k>``: a finished one is read back,
-an interrupted one resumes. The table is printed and written to ``<out>/<experiment>/results.md``.
+Runs are ordinary run directories under ``<out>/v<v>_i<i>_<mask|nomask>/seed<k>``: a finished one is read back
+(its metrics.jsonl with every step is enough: runs made on another machine can be copied in without their
+checkpoints), an interrupted one resumes; the runs go seed by seed. The table is printed and written to
+``<out>/<experiment>/results.md``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import multiprocessing
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -96,6 +99,11 @@ class AblationConfig:
     """frontier: the corrections, by their names in the corrections table."""
     frontier_generation: tuple[Literal["sync", "async"], ...] = GENERATION
     """frontier: synchronous and/or asynchronous generation."""
+    learning_rate: float | None = None
+    """Every run's learning rate (unset: GRPOConfig's default, 3e-4). A set one is part of the run directories'
+    names, so runs at different rates never mix."""
+    device: str = "auto"
+    """Every run's device (GRPOConfig.device: auto, cpu or cuda[:n]); on a GPU machine the workers share the GPU."""
 
     def __post_init__(self):
         if self.seeds < 1:
@@ -114,6 +122,10 @@ class AblationConfig:
                              f"got {', '.join(map(repr, unknown)) or 'none'}")
         if not self.frontier_generation:
             raise ValueError("frontier_generation: sync, async or both")
+        if self.learning_rate is not None and not self.learning_rate > 0:
+            raise ValueError(f"learning_rate: must be > 0, got {self.learning_rate}")
+        if not (self.device in ("auto", "cpu") or re.fullmatch(r"cuda(:\d+)?", self.device)):
+            raise ValueError(f"device: expected auto, cpu or cuda[:n], got {self.device!r}")
 
 
 #: The settings every configuration states (the GRPOConfig defaults of this tool), in run directory names.
@@ -147,22 +159,43 @@ def plan(cfg: AblationConfig) -> dict[str, dict[str, dict]]:
                           for b in SYNC_TV_BUDGETS}},
         "corrections": {f"{name}, {mode}": dict(sync_period=CORRECTIONS_V, async_generation=mode == "async", **kw)
                         for mode in ("sync", "async") for name, kw in CORRECTIONS.items()},
-        "frontier": {f"{name}, v={v or 'never'}, {mode}": dict(sync_period=v or cfg.max_steps + 1,
-                                                               async_generation=mode == "async", **CORRECTIONS[name])
+        "frontier": {f"{name}, v={v or 'never'}, {mode}": {**staleness(v, mode, cfg.max_steps), **CORRECTIONS[name]}
                      for name in cfg.frontier_corrections for v in cfg.frontier_v for mode in cfg.frontier_generation},
     }
-    # "all": every experiment but the frontier, whose default grid alone is 480 runs of 80 steps
+    # "all": every experiment but the frontier, whose default grid alone is 360 distinct runs of 80 steps
     chosen = [n for n in experiments if n != "frontier"] if cfg.experiment == "all" else [cfg.experiment]
     return {name: experiments[name] for name in chosen}
+
+
+def staleness(v: int, mode: str, max_steps: int) -> dict:
+    """A frontier cell's sync settings. A run that never syncs after step 0 (v = 0, or v >= max_steps) samples
+    from the initial weights throughout, with synchronous or asynchronous generation alike: all such cells are one
+    configuration (sync_period = max_steps + 1, synchronous), run once per seed."""
+    if v == 0 or v >= max_steps:
+        return dict(sync_period=max_steps + 1, async_generation=False)
+    return dict(sync_period=v, async_generation=mode == "async")
 
 
 def run_config(cfg: AblationConfig, seed: int, overrides: dict):
     from .config import GRPOConfig
 
+    if cfg.learning_rate is not None:
+        overrides = {**overrides, "learning_rate": cfg.learning_rate}
     return GRPOConfig(output_dir=str(Path(cfg.out) / run_name(overrides) / f"seed{seed}"), seed=seed,
                       max_steps=cfg.max_steps, heldout_prompts=cfg.heldout_prompts, eval_steps=cfg.max_steps,
                       sampler=cfg.sampler, progress=False, save_steps=0, tv_diagnostics=False,
-                      num_threads=1 if cfg.workers > 1 else 0, **overrides)
+                      num_threads=1 if cfg.workers > 1 else 0, device=cfg.device, **overrides)
+
+
+def finished(config) -> bool:
+    """Whether the run's metrics hold its last step: such a run is read back without loading a model, also from a
+    run directory that holds only config.json and metrics.jsonl (copied from another machine without its
+    checkpoint)."""
+    from .rundir import read_metrics
+
+    path = Path(config.output_dir) / "metrics.jsonl"
+    rows = read_metrics(config.output_dir) if path.exists() else []
+    return bool(rows) and rows[-1]["step"] >= config.max_steps - 1
 
 
 def _train(config) -> str:
@@ -184,6 +217,8 @@ def summarise(rows: list[dict], target: float) -> dict[str, float]:
     return {
         "syncs": float(sum(bool(r.get("sync/reason")) for r in rows)),
         "certified": float(np.mean([r["heldout/improvement_lcb"] > 0 for r in rows])),
+        # the certificate's misses: a lower confidence bound at level q exceeds the exact improvement on ~1 - q
+        "lcb_above_exact": float(np.mean([r["heldout/improvement_lcb"] > r["improvement"] for r in rows])),
         "ess": float(np.mean([r["ess/pi_k_alpha"] for r in rows])),
         "steps_bound_positive": float(np.mean(bound > 0)),
         "above_cap": float(np.nanmean([r.get("is_correction/frac_above_cap", 0.0) for r in rows])),
@@ -239,22 +274,60 @@ def corrections_table(cfg: AblationConfig, results: dict[str, list[dict]], syncs
     return "\n".join(lines)
 
 
+def reference_gain(results: dict[str, list[dict]]) -> tuple[float, float] | None:
+    """Mean and (population) standard deviation of the paper clip's train J gain at v = 1, synchronous: None
+    without that configuration or with one seed, which has no spread to compare with."""
+    gains = [s["j_gain"] for s in results.get("paper clip, v=1, sync", [])]
+    return (float(np.mean(gains)), float(np.std(gains))) if len(gains) > 1 else None
+
+
 def frontier_table(cfg: AblationConfig, results: dict[str, list[dict]], syncs=None) -> str:
-    """The frontier table: the corrections table's columns at each staleness, the certified share, and the train J
-    gain against the paper clip's at v = 1, synchronous (n/a unless that configuration is in the grid, with two seeds
-    or more)."""
+    """The frontier table: the corrections table's columns at each staleness, the certified share and the
+    certificate's misses, and the train J gain against the paper clip's at v = 1, synchronous (n/a unless that
+    configuration is in the grid, with two seeds or more); below it, the certificate's miss rate over every run."""
+    from .config import GRPOConfig
+
     lines = ["| correction, v, generation | test J (final) | train J gain | mean lag | mean TV(pi_k, alpha) "
-             "| ESS of pi_k/alpha | certified steps | tokens over the cap | within 1 sd of v=1 |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    ref = results.get("paper clip, v=1, sync")
-    # one seed has no spread to compare with
-    ref_gain = (np.mean([s["j_gain"] for s in ref]), np.std([s["j_gain"] for s in ref])) if ref and len(ref) > 1 else None
+             "| ESS of pi_k/alpha | certified steps | certificate above exact | tokens over the cap "
+             "| within 1 sd of v=1 |", "|---|---|---|---|---|---|---|---|---|---|"]
+    ref_gain = reference_gain(results)
     for name, runs in results.items():
         col = lambda key, fmt=".3f": mean_std([s[key] for s in runs], fmt)  # noqa: E731
         within = "n/a" if ref_gain is None else (
             "yes" if abs(np.mean([s["j_gain"] for s in runs]) - ref_gain[0]) <= ref_gain[1] else "no")
         lines.append(f"| {name} | {col('test_j')} | {col('j_gain')} | {col('lag', '.1f')} | {col('tv_k', '.4f')} "
-                     f"| {col('ess')} | {col('certified')} | {col('above_cap', '.4f')} | {within} |")
+                     f"| {col('ess')} | {col('certified')} | {col('lcb_above_exact')} | {col('above_cap', '.4f')} "
+                     f"| {within} |")
+    # every distinct run once (cells that coincide share runs): the certificate's miss rate over all their steps
+    distinct = {id(s): s for runs in results.values() for s in runs}.values()
+    misses = np.mean([s["lcb_above_exact"] for s in distinct])
+    level = GRPOConfig.__dataclass_fields__["improvement_lcb_level"].default  # the runs' level: not an option here
+    lines.append(f"\nOver the {len(distinct)} distinct runs, the improvement certificate (level {level}) exceeds the "
+                 f"exact improvement on {misses:.1%} of steps ({1 - level:.0%} expected if its standard error is "
+                 "right).")
+    return "\n".join(lines)
+
+
+def frontier_pivot(cfg: AblationConfig, results: dict[str, list[dict]]) -> str:
+    """The frontier at a glance: train J gain by correction (rows) and sync setting (columns, one per distinct
+    setting: every cell that never syncs after step 0 is the column "never"), a cell marked * when its mean lies
+    more than one standard deviation from the paper clip's at v = 1, synchronous."""
+    ref_gain = reference_gain(results)
+    cols = {}
+    for v in cfg.frontier_v:
+        for mode in cfg.frontier_generation:
+            setting = staleness(v, mode, cfg.max_steps)
+            never = setting["sync_period"] > cfg.max_steps
+            label = "never" if never else f"v={v} {mode}"
+            cols.setdefault(tuple(setting.values()), (f"v={v or 'never'}, {mode}", label))
+    lines = ["| correction | " + " | ".join(label for _, label in cols.values()) + " |", "|---|" + "---|" * len(cols)]
+    for name in cfg.frontier_corrections:
+        cells = []
+        for cell, _ in cols.values():
+            gains = [s["j_gain"] for s in results.get(f"{name}, {cell}", [])]
+            far = ref_gain is not None and gains and abs(np.mean(gains) - ref_gain[0]) > ref_gain[1]
+            cells.append(mean_std(gains) + (" *" if far else "") if gains else "")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -271,10 +344,13 @@ def main(args: list[str] | None = None) -> int:
     jobs = {(exp, name, seed): run_config(cfg, seed, kw)
             for exp, configs in todo.items() for name, kw in configs.items() for seed in range(cfg.seeds)}
     unique = {c.output_dir: c for c in jobs.values()}
-    print(f"{len(unique)} runs of {cfg.max_steps} steps ({cfg.workers} at a time) under {cfg.out}")
+    # seed by seed: a grid stopped part way has its first seeds of every configuration
+    pending = [c for c in sorted(unique.values(), key=lambda c: c.seed) if not finished(c)]
+    print(f"{len(unique)} runs of {cfg.max_steps} steps under {cfg.out}: {len(unique) - len(pending)} finished, "
+          f"{len(pending)} to run ({cfg.workers} at a time)")
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter per worker: no torch state shared
     with cf.ProcessPoolExecutor(cfg.workers, mp_context=ctx) as pool:
-        futures = [pool.submit(_train, c) for c in unique.values()]
+        futures = [pool.submit(_train, c) for c in pending]
         for fut in tqdm(cf.as_completed(futures), total=len(futures), unit="run"):
             fut.result()
     summaries = {d: summarise(read_metrics(d), cfg.target_j) for d in unique}  # each run's metrics read once
@@ -288,6 +364,9 @@ def main(args: list[str] | None = None) -> int:
         results = {name: [summaries[jobs[exp, name, s].output_dir] for s in range(cfg.seeds)] for name in configs}
         syncs = {name: jobs[exp, name, 0].num_syncs for name in configs}
         text = f"{header}\n\n{TABLES.get(exp, table)(cfg, results, syncs)}\n"
+        if exp == "frontier":
+            text += f"\nTrain J gain (* more than one standard deviation from the paper clip's at v = 1, sync):\n\n" \
+                    f"{frontier_pivot(cfg, results)}\n"
         path = Path(cfg.out) / exp / "results.md"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)

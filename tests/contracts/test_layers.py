@@ -26,7 +26,8 @@ LAYERS = [
     ["llm.optim.schedule", "llm.optim.update", "llm.optim", "llm.phases", "llm.weights", "llm.rundir", "llm.trackers",
      "llm.monitors"],  # the trainer's parts
     ["llm.trainer"],
-    ["llm", "llm.train", "llm.serve", "llm.report", "llm.ablation", "llm.options"],  # entry points
+    ["llm", "llm.train", "llm.serve", "llm.report", "llm.ablation", "llm.options", "llm.analysis.warning",
+     "llm.analysis"],  # entry points
 ]
 
 

@@ -190,10 +190,11 @@ def test_training_against_the_server_raises_exact_j_and_every_sync_is_exact(serv
                 assert row["sync/mb"] > 1 and row["time/sync_mb_per_s"] > 0 and row["time/sync"] > 0
 
 
-@pytest.mark.slow
-def test_two_torchrun_ranks_against_the_server_learn(server, tmp_path):
-    """torchrun with 2 ranks and the server (rank 0 generates and syncs), v = 4 for 80 steps: exact J rises by the
-    learning margin and every sync leaves the server with the trainer's weights."""
+def test_two_torchrun_ranks_against_the_server_sync_it_exactly(server, tmp_path):
+    """torchrun with 2 ranks and the server (rank 0 generates and syncs), v = 4 for 12 steps: every step is logged
+    once and each of the 3 syncs leaves the server with the trainer's weights. (That two ranks compute one
+    process's numbers is tests/llm/test_distributed.py's; that training against the server learns is
+    test_training_against_the_server_raises_exact_j_and_every_sync_is_exact's.)"""
     import subprocess
     import sys
     from pathlib import Path
@@ -201,14 +202,16 @@ def test_two_torchrun_ranks_against_the_server_learn(server, tmp_path):
     out = tmp_path / "two_ranks"
     torchrun = str(Path(sys.executable).parent / "torchrun")
     res = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "llm.train", "--sampler", "server",
-                          "--server-url", server.url, "--sync-period", "4", "--max-steps", "80", "--num-threads", "1",
+                          "--server-url", server.url, "--sync-period", "4", "--max-steps", "12", "--num-threads", "1",
                           "--no-progress", "--output-dir", str(out)], capture_output=True, text=True,
                          cwd=ROOT)
     assert res.returncode == 0, [ln for ln in res.stderr.splitlines() if "error" in ln.lower()]
     rows = read_metrics(out)
-    assert [r["step"] for r in rows] == list(range(80))
-    assert rows[-1]["j/pi_new"] - rows[0]["j/pi_k"] >= LEARNING_MARGIN, (rows[0]["j/pi_k"], rows[-1]["j/pi_new"])
-    assert all(r["sampling/logp_diff_max"] <= 10 * SYNC_ATOL for r in rows if r["lag"] == 0)
+    assert [r["step"] for r in rows] == list(range(12))
+    synced = [r for r in rows if r["lag"] == 0]
+    assert [r["step"] for r in synced] == [0, 4, 8]
+    assert all(r["sampling/logp_diff_max"] <= 10 * SYNC_ATOL for r in synced)
+    assert all(r["sync/mb"] > 1 for r in synced[1:])
 
 
 def test_asynchronous_generation_against_the_server(server, tmp_path):

@@ -103,10 +103,12 @@ def test_a_short_frontier_runs_end_to_end(tmp_path, capsys):
                  "--frontier-v", "1", "0", "--frontier-corrections", "paper clip", "--frontier-generation", "sync",
                  "--workers", "1", "--out", str(tmp_path)]) == 0
     table = (tmp_path / "frontier" / "results.md").read_text()
-    rows = [ln for ln in table.splitlines() if ln.startswith("| ") and "correction, v" not in ln]
+    rows = [ln for ln in table.splitlines() if ln.startswith("| ") and ", v=" in ln]  # the full table's rows
     assert [r.split("|")[1].strip() for r in rows] == ["paper clip, v=1, sync", "paper clip, v=never, sync"]
     assert rows[1].split("|")[4].strip() == "0.5 ± 0.0"  # never syncs after step 0: lags 0 and 1
     assert all(r.rstrip(" |").endswith("n/a") for r in rows)
+    assert "| correction | v=1 sync | never |" in table  # the pivot below it (no stars from one seed)
+    assert "Over the 2 distinct runs, the improvement certificate (level 0.95)" in table
     # the runs' metrics alone (no checkpoint, no model: copied from another machine) give the same table untrained
     runs = sorted(p.parent for p in tmp_path.glob("*/seed0/metrics.jsonl"))
     assert len(runs) == 2

@@ -281,6 +281,11 @@ def reference_gain(results: dict[str, list[dict]]) -> tuple[float, float] | None
     return (float(np.mean(gains)), float(np.std(gains))) if len(gains) > 1 else None
 
 
+def far_from(ref_gain: tuple[float, float], gains) -> bool:
+    """Whether the mean gain lies more than one standard deviation of the reference from the reference's mean."""
+    return bool(abs(np.mean(gains) - ref_gain[0]) > ref_gain[1])
+
+
 def frontier_table(cfg: AblationConfig, results: dict[str, list[dict]], syncs=None) -> str:
     """The frontier table: the corrections table's columns at each staleness, the certified share and the
     certificate's misses, and the train J gain against the paper clip's at v = 1, synchronous (n/a unless that
@@ -293,8 +298,7 @@ def frontier_table(cfg: AblationConfig, results: dict[str, list[dict]], syncs=No
     ref_gain = reference_gain(results)
     for name, runs in results.items():
         col = lambda key, fmt=".3f": mean_std([s[key] for s in runs], fmt)  # noqa: E731
-        within = "n/a" if ref_gain is None else (
-            "yes" if abs(np.mean([s["j_gain"] for s in runs]) - ref_gain[0]) <= ref_gain[1] else "no")
+        within = "n/a" if ref_gain is None else ("no" if far_from(ref_gain, [s["j_gain"] for s in runs]) else "yes")
         lines.append(f"| {name} | {col('test_j')} | {col('j_gain')} | {col('lag', '.1f')} | {col('tv_k', '.4f')} "
                      f"| {col('ess')} | {col('certified')} | {col('lcb_above_exact')} | {col('above_cap', '.4f')} "
                      f"| {within} |")
@@ -325,7 +329,7 @@ def frontier_pivot(cfg: AblationConfig, results: dict[str, list[dict]]) -> str:
         cells = []
         for cell, _ in cols.values():
             gains = [s["j_gain"] for s in results.get(f"{name}, {cell}", [])]
-            far = ref_gain is not None and gains and abs(np.mean(gains) - ref_gain[0]) > ref_gain[1]
+            far = ref_gain is not None and gains and far_from(ref_gain, gains)
             cells.append(mean_std(gains) + (" *" if far else "") if gains else "")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -33,11 +33,10 @@ run: $(STAMP)
 	$(PY) -m grpo_theory.check
 	$(PY) -m llm.train --sync-period 4 $(LLM_RUN) --output-dir runs/arithmetic_v4
 
-# The whole test suite (hypothesis profile `ci` when CI is set, else the quicker `dev`), in one process.
-# TEST_WORKERS=2 runs it on two pytest-xdist workers, one thread each, whole modules, the modules that start processes
-# of their own (vLLM server, torchrun) as one unit on one worker (tests/conftest.py): 1,115 s against 1,707-1,947 s in one
-# process on this round's 2 cores, so not under 15 minutes either, and not the default.
-TEST_WORKERS ?= 0
+# The whole test suite (hypothesis profile `ci` when CI is set, else the quicker `dev`) on two pytest-xdist workers,
+# one thread each, whole modules, the modules that start processes of their own (vLLM server, torchrun) as one unit on
+# one worker (tests/conftest.py). TEST_WORKERS=0 runs it in one process (times in the README's Tests section).
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) $(if $(filter-out 0,$(TEST_WORKERS)),--dist loadfile --no-loadscope-reorder)
 

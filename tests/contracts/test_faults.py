@@ -57,15 +57,15 @@ def _check_consistent(out: Path) -> int:
 
 
 @pytest.mark.slow
-def test_sigkill_at_five_random_points_then_resume_gives_the_uninterrupted_run(tmp_path):
-    """Five SIGKILLs: during start-up, at random moments of the steps, and while checkpoint.pt.tmp is being written.
+def test_sigkill_at_three_random_points_then_resume_gives_the_uninterrupted_run(tmp_path):
+    """Three SIGKILLs: during start-up, at a random moment of a step, and while checkpoint.pt.tmp is being written.
     After each, the checkpoint loads and the metric rows are unique and contiguous; the run resumed to the end
     logs the same rows as an uninterrupted run (same rewards, losses to 1e-5)."""
     ref_dir, out = tmp_path / "uninterrupted", tmp_path / "killed"
     ref = subprocess.run([*CLI, "--output-dir", str(ref_dir)], cwd=ROOT, capture_output=True, text=True)
     assert ref.returncode == 0, ref.stderr[-2000:]
     rng = random.Random(0)
-    kinds = ["start-up", "step", "checkpoint write", "step", "checkpoint write"]
+    kinds = ["start-up", "step", "checkpoint write"]
     during_write = 0
     for trial, kind in enumerate(kinds):
         before = len(_rows_on_disk(out))
@@ -84,7 +84,7 @@ def test_sigkill_at_five_random_points_then_resume_gives_the_uninterrupted_run(t
         _kill(proc)
         during_write += kind == "checkpoint write" and (out / "checkpoint.pt.tmp").exists()
         _check_consistent(out)
-    assert during_write >= 2, during_write  # killed with a half-written checkpoint.pt.tmp on disk
+    assert during_write >= 1, during_write  # killed with a half-written checkpoint.pt.tmp on disk
     final = subprocess.run([*CLI, "--output-dir", str(out)], cwd=ROOT, capture_output=True, text=True)
     assert final.returncode == 0, final.stderr[-2000:]
     got, want = read_metrics(out), read_metrics(ref_dir)

@@ -2,6 +2,7 @@
 
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -123,19 +124,27 @@ def _cli(out: Path, steps: int) -> list[str]:
             "100", "--tv-diagnostics", "--insample-diagnostics", "--output-dir", str(out)]
 
 
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> list[dict]:
+    """The rows of a one-process run of ``_cli``'s settings, 3 steps (the torchrun runs below are compared with it;
+    a shorter run's rows are its first rows: constant learning rate, nothing that depends on the run's length)."""
+    out = tmp_path_factory.mktemp("one_process") / "run"
+    one = subprocess.run([sys.executable, *_cli(out, 3)], cwd=ROOT, capture_output=True, text=True)
+    assert one.returncode == 0, one.stderr[-2000:]
+    return read_metrics(out)
+
+
 @pytest.mark.slow
-def test_torchrun_with_two_ranks_logs_the_one_process_metrics(tmp_path):
+def test_torchrun_with_two_ranks_logs_the_one_process_metrics(tmp_path, one_process):
     """torchrun --nproc-per-node 2: one metrics.jsonl (rank 0 writes; every row once), the same completions and
     rewards at every step, every metric of the first step equal to a one-process run's to STEP0_RTOL (after it the
     runs drift apart by float32 rounding of the split gradient sums, amplified by Adam), and a checkpoint that records
     two ranks."""
-    one = subprocess.run([sys.executable, *_cli(tmp_path / "one", 3)], cwd=ROOT, capture_output=True, text=True)
-    assert one.returncode == 0, one.stderr[-2000:]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     two = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "2", *_cli(tmp_path / "two", 3)], cwd=ROOT,
                          capture_output=True, text=True, env=env)
     assert two.returncode == 0, two.stderr[-3000:]
-    a, b = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    a, b = one_process, read_metrics(tmp_path / "two")
     assert [r["step"] for r in b] == [0, 1, 2]
     for x, y in zip(a, b):
         assert (x["reward"], x["lag"], x["heldout/reward"]) == (y["reward"], y["lag"], y["heldout/reward"])
@@ -150,17 +159,15 @@ def test_torchrun_with_two_ranks_logs_the_one_process_metrics(tmp_path):
 
 
 @pytest.mark.slow
-def test_torchrun_with_one_rank_and_fsdp_runs_a_group_of_one(tmp_path):
+def test_torchrun_with_one_rank_and_fsdp_runs_a_group_of_one(tmp_path, one_process):
     """torchrun --nproc-per-node 1 --fsdp: a process group of one (gloo here, NCCL on a GPU: tests/gpu) whose
     collectives run and whose blocks are FSDP2 modules over a one-rank mesh; it logs a one-process run's rewards
     and every metric of its first step to STEP0_RTOL (AFTER_UPDATE_RTOL for the updated policy's terms)."""
-    one = subprocess.run([sys.executable, *_cli(tmp_path / "one", 2)], cwd=ROOT, capture_output=True, text=True)
-    assert one.returncode == 0, one.stderr[-2000:]
     res = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "1", *_cli(tmp_path / "ranked", 2), "--fsdp"],
                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
     assert "trainer processes: 1 (gloo, FSDP), this one on cpu" in res.stdout, res.stdout[-2000:]
-    a, b = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "ranked")
+    a, b = one_process[:2], read_metrics(tmp_path / "ranked")
     assert [r["reward"] for r in a] == [r["reward"] for r in b]
     for key, value in a[0].items():
         if not key.startswith("time/"):
@@ -192,7 +199,7 @@ def test_a_rank_that_dies_ends_the_run_in_one_line_and_it_resumes(tmp_path, fsdp
     import time
 
     out = tmp_path / "killed"
-    cli = [*_cli(out, 20), "--save-steps", "1", *(["--fsdp"] if fsdp else [])]
+    cli = [*_cli(out, 10), "--save-steps", "1", *(["--fsdp"] if fsdp else [])]
     proc = subprocess.Popen([TORCHRUN, "--standalone", "--nproc-per-node", "2", *cli], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
@@ -216,7 +223,7 @@ def test_a_rank_that_dies_ends_the_run_in_one_line_and_it_resumes(tmp_path, fsdp
                          text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "the checkpoint was written by 2 trainer process(es), this run has 1" in res.stdout
-    assert [r["step"] for r in read_metrics(out)] == list(range(20))
+    assert [r["step"] for r in read_metrics(out)] == list(range(10))
 
 
 def test_the_in_process_vllm_engine_is_refused_under_torchrun(tmp_path):
@@ -261,7 +268,12 @@ def test_fsdp_under_torchrun_logs_the_one_process_metrics_and_its_checkpoints_re
     1 is resumed by FSDP for steps 2-3. Every metric of every step equals the one-process run's to FSDP_RTOL (so
     FSDP computes every step, from scratch and from either checkpoint); the FSDP checkpoint holds whole tensors in
     the one-process layout (the same keys and shapes, the Adam moments included). Evaluation every 2 steps (under
-    FSDP on rank 0's gathered copy) is among the metrics compared."""
+    FSDP on rank 0's gathered copy) is among the metrics compared. (The one-process run of 4 steps is the 2-step
+    run's copy resumed: a resumed run logs the uninterrupted run's rows, tests/contracts/test_faults.py.)"""
+    first = subprocess.run([sys.executable, *_cli(tmp_path / "to_fsdp", 2), *EVERY], cwd=ROOT, capture_output=True,
+                           text=True)
+    assert first.returncode == 0, first.stderr[-2000:]
+    shutil.copytree(tmp_path / "to_fsdp", tmp_path / "one")
     one = subprocess.run([sys.executable, *_cli(tmp_path / "one", 4), *EVERY], cwd=ROOT, capture_output=True,
                          text=True)
     assert one.returncode == 0, one.stderr[-2000:]
@@ -277,9 +289,6 @@ def test_fsdp_under_torchrun_logs_the_one_process_metrics_and_its_checkpoints_re
     resumed = subprocess.run([sys.executable, *_cli(tmp_path / "to_one", 4), *EVERY], cwd=ROOT, capture_output=True,
                              text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    first = subprocess.run([sys.executable, *_cli(tmp_path / "to_fsdp", 2), *EVERY], cwd=ROOT, capture_output=True,
-                           text=True)
-    assert first.returncode == 0, first.stderr[-2000:]
     then = _torchrun(*_cli(tmp_path / "to_fsdp", 4), *EVERY, "--fsdp")
     assert then.returncode == 0, _errors(then)
     want = read_metrics(tmp_path / "one")

@@ -17,8 +17,9 @@ from tests.helpers import RTOL, same_gradient, sequences
 peft = pytest.importorskip("peft")
 
 
-#: LoRA learning test: exact J over the training prompts must rise by this much in 80 steps at learning rate 1e-3
-#: (from 0.213; measured: seeds 0-2 at v = 1 rose by 0.070-0.072, seeds 0-1 at v = 4 by 0.055-0.058; see the README).
+#: LoRA learning test: exact J over the training prompts must rise by this much in 50 steps at learning rate 1e-3
+#: (measured on the 2-core AMD host, seed 0: +0.066 in 50 steps, +0.093 in 80; on an earlier built-in model, 80
+#: steps: seeds 0-2 at v = 1 rose by 0.070-0.072, seeds 0-1 at v = 4 by 0.055-0.058).
 LORA_LEARNING_MARGIN = 0.04
 
 
@@ -99,7 +100,7 @@ def test_the_vllm_sampler_receives_merged_weights(tmp_path):
 @pytest.mark.slow
 def test_lora_exact_j_rises(tmp_path):
     """Training the adapters alone raises the exact J over the training prompts by the margin."""
-    rows = read_metrics(train(GRPOConfig(output_dir=str(tmp_path / "run"), sampler="transformers", max_steps=80,
+    rows = read_metrics(train(GRPOConfig(output_dir=str(tmp_path / "run"), sampler="transformers", max_steps=50,
                                          progress=False, logging_steps=1000, use_peft=True, learning_rate=1e-3),
                               log=lambda *a: None))
     j0, j1 = rows[0]["j/pi_k"], rows[-1]["j/pi_new"]

@@ -11,8 +11,9 @@ from llm.rundir import read_metrics
 from llm.sampling import TransformersSampler
 from tests.seams import PolicyFingerprints, tag_generations
 
-#: Learning test: exact J over the training prompts must rise by this much in 80 steps with asynchronous generation
-#: at v = 2 (from 0.213; measured, 80 steps: +0.083, +0.093 for seeds 0-1 at v = 2; +0.083, +0.086 at v = 4).
+#: Learning test: exact J over the training prompts must rise by this much in 60 steps with asynchronous generation
+#: at v = 2 (measured on the 2-core AMD host, seed 0: +0.089 in 60 steps, +0.099 in 80; on an earlier built-in
+#: model, 80 steps: +0.083, +0.093 for seeds 0-1 at v = 2).
 ASYNC_LEARNING_MARGIN = 0.05
 
 
@@ -69,7 +70,7 @@ def test_a_run_resumed_anywhere_in_a_window_logs_the_uninterrupted_rows(tmp_path
 
 @pytest.mark.slow
 def test_exact_j_rises_with_asynchronous_generation(tmp_path):
-    rows = read_metrics(train(_config(tmp_path, "learn", max_steps=80, sync_period=2, prompts_per_step=32),
+    rows = read_metrics(train(_config(tmp_path, "learn", max_steps=60, sync_period=2, prompts_per_step=32),
                               log=lambda *a: None))
     j0, j1 = rows[0]["j/pi_k"], rows[-1]["j/pi_new"]
     assert j1 - j0 >= ASYNC_LEARNING_MARGIN, (j0, j1)

@@ -29,25 +29,25 @@ def _config(tmp_path, name, **kw):
     return GRPOConfig(**base)
 
 
-#: The test prompts' exact J must rise by this much in 160 steps (from 0.1225). Measured on an Intel Xeon host, seeds
-#: 0-3 at v = 1 and 4: +0.022 to +0.083 in 160 steps; in 80 steps -0.001 to +0.039 (too few to show it), while the
-#: training prompts' J rose +0.10 to +0.12 in 80.
+#: The test prompts' exact J must rise by this much in 80 steps (from 0.176; measured on the 2-core AMD host, seed 0:
+#: +0.065 (two workers, one thread each) to +0.070 (one process) at v = 1, +0.088 at v = 4. An earlier built-in model
+#: started at 0.1225 and needed 160 steps to show it).
 GENERALISATION_MARGIN = 0.01
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("v,steps", [(1, 80), (4, 160)])
-def test_exact_j_rises(tmp_path, v, steps):
+@pytest.mark.parametrize("v", [1, 4])
+def test_exact_j_rises(tmp_path, v):
     """The expected reward itself (exact J over the training prompts, no sampling noise) rises by the margin in 80
-    steps; off-policy (v = 4), run to 160 steps, the test prompts' exact J rises too (the policy learnt the task, not
-    its 160 training prompts; 80 steps are too few to show it, see GENERALISATION_MARGIN)."""
-    rows = read_metrics(train(_config(tmp_path, f"v{v}", max_steps=steps, sync_period=v, eval_steps=160),
+    steps, on policy and off (v = 4); the test prompts' exact J rises too (the policy learnt the task, not its 160
+    training prompts)."""
+    rows = read_metrics(train(_config(tmp_path, f"v{v}", max_steps=80, sync_period=v, eval_steps=80),
                               log=lambda *a: None))
-    assert len(rows) == steps
-    j0, j1 = rows[0]["j/pi_k"], rows[79]["j/pi_new"]  # the learning margin's 80 steps
+    assert len(rows) == 80
+    j0, j1 = rows[0]["j/pi_k"], rows[-1]["j/pi_new"]
     assert j1 - j0 >= LEARNING_MARGIN, (j0, j1)
-    if steps >= 160:
-        assert rows[-1]["eval/j"] - rows[0]["eval_initial/j"] >= GENERALISATION_MARGIN
+    assert rows[-1]["eval/j"] - rows[0]["eval_initial/j"] >= GENERALISATION_MARGIN, (rows[0]["eval_initial/j"],
+                                                                                    rows[-1]["eval/j"])
 
 
 @pytest.mark.slow

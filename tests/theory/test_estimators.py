@@ -16,15 +16,12 @@ EXACT = 1e-10
 
 
 def expectation(estimator, pi, pi_k, alpha, r, G):
-    """E over G responses drawn from alpha of ``estimator(rewards, w_new, w_k)`` (each (1, G)), by enumeration."""
-    total = 0.0
-    for ys in itertools.product(range(len(alpha)), repeat=G):
-        prob = np.prod(alpha[list(ys)])
-        if prob == 0:
-            continue
-        ys = np.array(ys)
-        total += prob * float(estimator(r[ys][None], (pi[ys] / alpha[ys])[None], (pi_k[ys] / alpha[ys])[None])[0])
-    return total
+    """E over G responses drawn from alpha of ``estimator(rewards, w_new, w_k)``, by enumeration: every one of the
+    K^G outcomes with alpha-probability > 0 is a row (a group) of one call, weighted by its probability."""
+    ys = np.array(list(itertools.product(range(len(alpha)), repeat=G)))
+    prob = np.prod(alpha[ys], axis=1)
+    ys, prob = ys[prob > 0], prob[prob > 0]
+    return float(prob @ np.asarray(estimator(r[ys], pi[ys] / alpha[ys], pi_k[ys] / alpha[ys]), dtype=np.float64))
 
 
 def policies_and_rewards(seed, K=4, binary=True, gap=False):

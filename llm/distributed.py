@@ -105,6 +105,8 @@ class Ranks:
         """A collective operation; its failure (another rank died or timed out) becomes one line."""
         try:
             yield
+        except RunError:  # already this rank's one line (torchrun's SIGTERM arrived during the collective)
+            raise
         except RuntimeError as exc:
             raise self.fault(exc) from None
 

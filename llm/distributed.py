@@ -105,13 +105,14 @@ class Ranks:
         """A collective operation; its failure (another rank died or timed out) becomes one line."""
         try:
             yield
-        except RunError:  # already this rank's one line (torchrun's SIGTERM arrived during the collective)
-            raise
         except RuntimeError as exc:
             raise self.fault(exc) from None
 
     def fault(self, exc: BaseException) -> RunError:
-        """The one line a rank stops with when a collective failed (FSDP's own gathers included)."""
+        """The one line a rank stops with when a collective failed (FSDP's own gathers included); a RunError is
+        already one (torchrun's SIGTERM raised it during the collective) and stays as it is."""
+        if isinstance(exc, RunError):
+            return exc
         return RunError(f"rank {self.rank} of {self.world}: another trainer process stopped or stalled "
                         f"({type(exc).__name__}: {first_line(exc, 160)}); this run ends; the last checkpoint in "
                         "output_dir is intact and the same command resumes from it")

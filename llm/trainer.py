@@ -80,7 +80,7 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
         finished = True
         return path
     except RuntimeError as exc:  # FSDP's gathers and reduce-scatters are not wrapped in Ranks.collective()
-        if isinstance(exc, RunError) or not (ranks.active and collective_failure(exc)):  # a RunError is one line
+        if not (ranks.active and collective_failure(exc)):
             raise
         raise ranks.fault(exc) from None
     finally:

@@ -302,3 +302,15 @@ def test_fsdp_under_torchrun_logs_the_one_process_metrics_and_its_checkpoints_re
                 elif not key.startswith("time/"):
                     rtol = AFTER_UPDATE_RTOL if x["step"] == 0 and after_update(key) else FSDP_RTOL
                     assert same(y[key], value, rtol, FSDP_ATOL), (name, x["step"], key)
+
+
+def test_a_ranks_one_line_is_not_wrapped_in_itself():
+    """torchrun's SIGTERM can raise a rank's RunError inside a collective: fault() keeps it as it is (a suite run
+    once printed 'rank 0 of 2: another trainer process stopped ... (RunError: rank 0 of 2: ended by torchrun ...)');
+    any other failure becomes the one line."""
+    from runkit.cli import RunError
+
+    ranks = Ranks(0, 2, False)
+    ended = RunError("rank 0 of 2: ended by torchrun")
+    assert ranks.fault(ended) is ended
+    assert str(ranks.fault(RuntimeError("gloo: connection closed"))).startswith("rank 0 of 2: another trainer process")

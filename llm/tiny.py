@@ -1,9 +1,12 @@
-"""The built-in tiny model: a small Qwen2 with a character-level tokenizer, built locally.
+"""The built-in tiny model: a small Qwen2 with a character-level tokenizer, shipped with the package.
 
-Nothing is downloaded. ``tiny_model_dir()`` builds the model once, warms it up with supervised
-training on the arithmetic task's training prompts until its sampled accuracy (temperature 1) enters the band
-[WARMUP_TARGET, 0.6], saves it as a normal model directory (config, safetensors, tokenizer) that
-transformers and vLLM both load, and caches it keyed by every setting that affects it.
+``tiny_model_dir()`` returns ``llm/builtin_model/``: the same weights on every host, checked against
+``SHA256SUMS`` beside them at first use in a process. They were made once by ``build_tiny_model`` (``python -m
+llm.tiny --out DIR``): supervised warm-up on the arithmetic task's training prompts until sampled accuracy
+(temperature 1) enters the band [WARMUP_TARGET, 0.6], saved as a normal model directory (config, safetensors,
+tokenizer) that transformers and vLLM both load. Rebuilding gives a model of the same recipe but not the same bits
+on another CPU (kernels differ in the last bits and the warm-up amplifies them), which is why the weights are
+shipped rather than built at first use. A spec other than the default is built and cached as before.
 """
 
 from __future__ import annotations
@@ -125,13 +128,39 @@ def cache_root() -> Path:
     return Path(os.environ.get("OFFPOLICY_GRPO_CACHE", Path.home() / ".cache" / "offpolicy_grpo"))
 
 
-def tiny_model_dir(spec: TinySpec = TinySpec(), log=print) -> Path:
-    """Path of the warmed-up tiny model directory, building it on first use (about 20-60 s)."""
-    key = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:12]
-    final = cache_root() / f"tiny-qwen2-arith-{key}"
-    if (final / "warmup.json").is_file():
-        return final
-    log(f"building the built-in tiny model (cached afterwards in {final})")
+#: The shipped built-in model (TinySpec() built by ``build_tiny_model``) and the file of its checksums.
+BUILTIN_DIR = Path(__file__).resolve().parent / "builtin_model"
+CHECKSUMS = "SHA256SUMS"
+_verified: set[Path] = set()
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_checksums(path: Path) -> None:
+    """``SHA256SUMS`` in ``path``: one ``<sha256>  <file>`` line per file of the model directory."""
+    files = sorted(f for f in path.iterdir() if f.is_file() and f.name != CHECKSUMS)
+    (path / CHECKSUMS).write_text("".join(f"{_sha256(f)}  {f.name}\n" for f in files))
+
+
+def verify_checksums(path: Path) -> None:
+    """Raise RuntimeError, naming the file, unless every file listed in ``path/SHA256SUMS`` has its checksum."""
+    sums = path / CHECKSUMS
+    if not sums.is_file():
+        raise RuntimeError(f"the built-in model is incomplete: {sums} is missing (restore llm/builtin_model/ from "
+                           "the repository)")
+    for line in sums.read_text().splitlines():
+        digest, name = line.split(maxsplit=1)
+        f = path / name
+        if not f.is_file() or _sha256(f) != digest:
+            raise RuntimeError(f"the built-in model's {name} does not match its checksum in {sums} (a changed or "
+                               "missing file: restore llm/builtin_model/ from the repository, or rebuild it with "
+                               "`python -m llm.tiny --ship`)")
+
+
+def build_tiny_model(spec: TinySpec, dest: Path, log=print) -> Path:
+    """Build, warm up and save the tiny model of ``spec`` into ``dest`` (replaced atomically; about 15-60 s)."""
     torch.manual_seed(spec.seed)
     tokenizer = build_tokenizer()
     model = build_model(spec, len(tokenizer))
@@ -140,18 +169,44 @@ def tiny_model_dir(spec: TinySpec = TinySpec(), log=print) -> Path:
     acc = warm_up(model, tokenizer, task, spec, log=log)
     if not WARMUP_BAND[0] <= acc <= WARMUP_BAND[1]:
         raise RuntimeError(f"tiny model warm-up ended at sampled accuracy {acc:.1%}, outside {WARMUP_BAND}")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".building-"))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".building-"))
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     (tmp / "warmup.json").write_text(json.dumps({"spec": asdict(spec), "sampled_accuracy": acc,
                                                   "parameters": n_params}, indent=1))
-    try:
-        tmp.rename(final)
-    except OSError:  # built concurrently by another process: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
+    for f in tmp.iterdir():
+        f.chmod(0o644)
     log(f"tiny model: {n_params / 1e6:.2f}M parameters, sampled accuracy after warm-up {acc:.1%}")
-    return final
+    return _move_into_place(tmp, dest)
+
+
+def _move_into_place(tmp: Path, dest: Path) -> Path:
+    if dest.exists() and (dest / "warmup.json").is_file() and dest.parent == cache_root():
+        shutil.rmtree(tmp, ignore_errors=True)  # built concurrently by another process: keep theirs
+        return dest
+    old = dest.with_name(dest.name + ".old")
+    if dest.exists():
+        dest.rename(old)
+    tmp.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
+    return dest
+
+
+def tiny_model_dir(spec: TinySpec = TinySpec(), log=print) -> Path:
+    """Path of the built-in tiny model: the shipped directory for the default spec (its checksums verified once per
+    process), else a model of ``spec`` built on first use and cached."""
+    if spec == TinySpec():
+        if BUILTIN_DIR not in _verified:
+            verify_checksums(BUILTIN_DIR)
+            _verified.add(BUILTIN_DIR)
+        return BUILTIN_DIR
+    key = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:12]
+    final = cache_root() / f"tiny-qwen2-arith-{key}"
+    if (final / "warmup.json").is_file():
+        return final
+    log(f"building a tiny model of {spec} (cached afterwards in {final})")
+    return build_tiny_model(spec, final, log=log)
 
 
 #: Tiny random models of the families users train with GRPO, for the sync tests: 2 layers, hidden 128, 2 heads of
@@ -199,3 +254,40 @@ def build_family_model(family: str, path: Path, seed: int = 0) -> Path:
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+@dataclass
+class BuildArgs:
+    """Build the default tiny model (TinySpec()) with its checksums. The shipped one in llm/builtin_model/ was made
+    this way; rebuilding it on another CPU gives other bits, so after --ship re-measure every margin the tests and
+    docs rest on."""
+
+    out: Path | None = None
+    """A directory for the new model (replaced if it exists)."""
+    ship: bool = False
+    """Rebuild llm/builtin_model/ itself instead."""
+
+    def __post_init__(self):
+        from runkit.validation import require
+
+        require(self, (self.out is None) == self.ship, "out", "give exactly one of --out DIR and --ship")
+
+
+PROG = "python -m llm.tiny"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from runkit.cli import parse
+
+    args = parse(BuildArgs, argv, prog=PROG, description=BuildArgs.__doc__)
+    dest = BUILTIN_DIR if args.ship else args.out.resolve()
+    build_tiny_model(TinySpec(), dest)
+    write_checksums(dest)
+    print(dest)
+    return 0
+
+
+if __name__ == "__main__":
+    from runkit.cli import run_main
+
+    run_main(main, prog=PROG)

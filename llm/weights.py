@@ -19,18 +19,12 @@ from dataclasses import dataclass
 
 import torch
 
+from .diagnostics import SYNC_CHECKS
 from .distributed import (Ranks, gather_into, load_whole_optimizer_state, load_whole_state_dict, shard_blocks,
                           whole_optimizer_state, whole_state_dict)
 from .model import Precision, copy_weights, frozen_copy
 from .optim.schedule import make_optimizer
 from .sampling import Sampler, TransformersSampler, make_sampler, probe_sync
-
-#: Warn when sampler and trainer log-probs of the same tokens differ by more than this (worst token of
-#: the batch) right after a sync. float32 engines agree to ~5e-6 per token at the median and up to
-#: ~7e-5 on rare tokens (log-prob < -10) over batches of ~1,500 tokens; bfloat16 ones differ by
-#: rounding (~2e-2). A stale engine is off by more than 1 nat.
-SYNC_LOGP_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25}
-
 
 @dataclass
 class Weights:
@@ -54,7 +48,7 @@ class Weights:
         sampler = make_sampler(config, policy, tokenizer, model_path, longest_prompt) if ranks.main else None
         if sampler is not None and config.verify_sync and sampler.name in ("vllm", "server"):
             probe_sync(sampler, policy, probe_prompts, tokenizer.pad_token_id, config.temperature,
-                       Precision.from_config(config), SYNC_LOGP_TOLERANCE[config.dtype],
+                       Precision.from_config(config), SYNC_CHECKS[config.dtype],
                        config.token_filter)  # ends with the policy's
         elif sampler is not None and sampler.name == "server":  # a server's weights may be anyone's
             sampler.load_weights(policy)

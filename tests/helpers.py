@@ -236,6 +236,45 @@ def first_tokens_match_reported_probabilities(sampler, policy, tok, prompt: str,
     assert stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > P_REJECT, (obs, exp)
 
 
+#: Theorem 1's estimated lower bounds and the terms each is the difference of.
+BOUND_TERMS = {"lower": ("surrogate", "penalty_tv", "penalty_lag"),
+               "lower_tight": ("surrogate", "penalty_tv_tight", "penalty_lag_tight")}
+
+
+def metric_atol(row: dict, key: str, rtol: float, atol: float, heldout_prompts: int, level: float = 0.95) -> float:
+    """The absolute tolerance of the logged metric ``key`` of ``row`` when two runs (micro-batched and not, FSDP and
+    one process) compute every per-prompt value to a relative ``rtol`` of itself: a plain mean agrees to rtol of
+    itself (``atol`` beside it), but a metric that is a difference of such values carries their size, not its own:
+
+    - an estimated lower bound (surrogate - penalty_tv - penalty_lag): rtol times the sum of its terms' magnitudes;
+    - a standard error ``X_se`` over n <= ``heldout_prompts`` values x_i (each within rtol |x_i|): the deviations
+      x_i - mean move by at most 2 rtol max|x_i|, and max|x_i| <= |mean| + se sqrt(n (n - 1)), so the error moves by
+      at most 2 rtol (|mean| + sqrt(n) se) for every n in [2, heldout_prompts];
+    - a lower confidence bound mean - t se: rtol |mean| plus t_{n - 1}(level) times the standard error's tolerance
+      (t at n = 2, the largest)."""
+    from scipy import stats
+
+    value = row[key]
+    if isinstance(value, str) or not math.isfinite(value):
+        return atol
+    prefix, _, name = key.rpartition("bound_est/")
+    if prefix and name in BOUND_TERMS:
+        return atol + rtol * sum(abs(row[f"{prefix}bound_est/{t}"]) for t in BOUND_TERMS[name])
+    if key.endswith("_se") and key[:-3] in row:
+        return atol + 2 * rtol * (abs(row[key[:-3]]) + math.sqrt(heldout_prompts) * value)
+    if key.endswith("_lcb"):
+        mean, se = key[:-4], key[:-4] + "_se"
+        if mean in row and se in row and math.isfinite(row[se]):
+            return (atol + rtol * abs(row[mean]) + stats.t.ppf(level, 1) *
+                    metric_atol(row, se, rtol, 0.0, heldout_prompts, level))
+    return atol + rtol * abs(value)
+
+
+def same_metric(want: dict, got: dict, key: str, rtol: float, atol: float, heldout_prompts: int) -> bool:
+    """``got[key]`` agrees with ``want[key]`` to ``metric_atol`` (strings equal; both nan counts as equal)."""
+    return same(want[key], got[key], 0.0, metric_atol(want, key, rtol, atol, heldout_prompts))
+
+
 def same(a: float, b: float, rel: float, abs_: float) -> bool:
     """Two logged values agree: strings (``sync/reason``) equal; numbers within the tolerances, or both nan (a
     standard error of fewer than 2 prompts)."""

@@ -90,10 +90,11 @@ PROBE_NOISE = 0.05
 
 
 def probe_sync(sampler: Sampler, policy: torch.nn.Module, prompts: list[list[int]], pad_token_id: int,
-               temperature: float, precision, tolerance: float, token_filter: TokenFilter = NO_FILTER) -> float:
+               temperature: float, precision, check, token_filter: TokenFilter = NO_FILTER) -> float:
     """Prove at start-up that weights reach the sampler for this model's architecture: sync a perturbed copy
     of the policy, sample, compare the sampler's log-probs with the copy's, then sync the policy back.
-    Returns the worst gap; raises ``ValueError`` (one line, naming the architecture) above ``tolerance``."""
+    Returns the gap that ``check`` (``llm.diagnostics.SyncCheck``) reads; raises ``ValueError`` (one line, naming
+    the architecture) above its tolerance."""
     from ..batch import make_batch, padded
     from ..logprobs import completion_logprobs
     from ..model import frozen_copy
@@ -112,14 +113,14 @@ def probe_sync(sampler: Sampler, policy: torch.nn.Module, prompts: list[list[int
         batch = make_batch([p for p in prompts for _ in range(2)], roll.completion_ids, pad_token_id, device)
         with torch.no_grad():
             logp = completion_logprobs(probe, batch, temperature, precision, token_filter=token_filter).logp
-        gap = float(((padded(roll.logprobs, logp.shape[1], device) - logp).abs() * batch.completion_mask).max())
+        gap = check.gap(padded(roll.logprobs, logp.shape[1], device), logp, batch.completion_mask)
     finally:
         sampler.load_weights(policy)
-    if not gap <= tolerance:
+    if not gap <= check.tolerance:
         arch = architecture(policy)
         raise ValueError(f"sampler: weights synced into the {sampler.name} sampler do not reach its forward pass for "
-                         f"{arch} (log-prob gap {gap:.2e} > {tolerance:g} after a sync); this architecture cannot "
-                         "be trained with it: use --sampler transformers")
+                         f"{arch} (log-prob gap {gap:.2e} > {check.tolerance:g} after a sync, {check.metric}); this "
+                         "architecture cannot be trained with it: use --sampler transformers")
     return gap
 
 

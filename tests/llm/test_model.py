@@ -173,6 +173,13 @@ def test_a_model_without_decoder_blocks_is_refused_in_one_line():
         GRPOConfig(compile=True, fsdp=True)
 
 
+#: Absolute tolerances of a compiled run against the eager one. The loss is a token mean of ratio x advantage whose
+#: terms cancel (here -0.0087 from advantages of size ~1), so its rounding is absolute: at most the per-token
+#: log-prob agreement of compiled and eager blocks (1e-5, the test above) times mean |A| <= 1; measured 1.5e-6 on an
+#: AVX-512 host, where a relative 1e-4 of the loss (8.7e-7) failed.
+COMPILED_ATOL = {"loss": 1e-5, "grad_norm": 1e-6, "tv/pi_k_alpha": 1e-6, "is_weight/max": 1e-6, "entropy": 1e-6}
+
+
 @pytest.mark.vllm
 def test_a_compiled_run_computes_the_eager_runs_numbers(tmp_path):
     """Two steps at v = 2 with the in-process vLLM engine, with and without --compile, from the same seed: the same
@@ -187,7 +194,7 @@ def test_a_compiled_run_computes_the_eager_runs_numbers(tmp_path):
     for eager, compiled in zip(*runs, strict=True):
         assert compiled["reward"] == eager["reward"]  # the same samples
         for key in ("loss", "grad_norm", "tv/pi_k_alpha", "is_weight/max", "entropy"):
-            assert compiled[key] == pytest.approx(eager[key], rel=1e-4, abs=1e-6), key
+            assert compiled[key] == pytest.approx(eager[key], rel=1e-4, abs=COMPILED_ATOL[key]), key
     assert runs[1][0]["sampling/logp_diff_max"] < 1e-4
 
 

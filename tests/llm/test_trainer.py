@@ -10,11 +10,11 @@ import torch
 
 from llm import GRPOConfig, train
 from llm.batch import make_batch
+from llm.diagnostics import SYNC_CHECKS
 from llm.logprobs import completion_logprobs
 from llm.model import load_policy
 from llm.rundir import read_metrics
 from llm.tiny import tiny_model_dir
-from llm.weights import SYNC_LOGP_TOLERANCE
 from tests.helpers import LEARNING_MARGIN
 from tests.seams import SkipSyncs, TrainerPasses
 
@@ -29,25 +29,27 @@ def _config(tmp_path, name, **kw):
     return GRPOConfig(**base)
 
 
-#: The test prompts' exact J must rise by this much in 80 steps (from 0.176; measured on the 2-core AMD host, seed 0:
-#: +0.065 (two workers, one thread each) to +0.070 (one process) at v = 1, +0.088 at v = 4. An earlier built-in model
-#: started at 0.1225 and needed 160 steps to show it).
-GENERALISATION_MARGIN = 0.01
+#: On policy (v = 1) the test prompts' exact J must rise by this much in 80 steps. Measured on the shipped built-in
+#: model (test J 0.158 at the start), seed 0, on an AVX-512 host under its own and the AVX2 kernels, one and two
+#: threads: +0.041 to +0.051. At v = 4 the same runs gave +0.004 to +0.024: within the spread that float rounding
+#: gives one trajectory, so v = 4 is held to the training prompts' margin only.
+GENERALISATION_MARGIN = 0.02
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("v", [1, 4])
 def test_exact_j_rises(tmp_path, v):
     """The expected reward itself (exact J over the training prompts, no sampling noise) rises by the margin in 80
-    steps, on policy and off (v = 4); the test prompts' exact J rises too (the policy learnt the task, not its 160
-    training prompts)."""
+    steps, on policy and off (v = 4; measured +0.115 to +0.130 over the four settings above); on policy the test
+    prompts' exact J rises too (the policy learnt the task, not its 160 training prompts)."""
     rows = read_metrics(train(_config(tmp_path, f"v{v}", max_steps=80, sync_period=v, eval_steps=80),
                               log=lambda *a: None))
     assert len(rows) == 80
     j0, j1 = rows[0]["j/pi_k"], rows[-1]["j/pi_new"]
     assert j1 - j0 >= LEARNING_MARGIN, (j0, j1)
-    assert rows[-1]["eval/j"] - rows[0]["eval_initial/j"] >= GENERALISATION_MARGIN, (rows[0]["eval_initial/j"],
-                                                                                    rows[-1]["eval/j"])
+    if v == 1:
+        assert rows[-1]["eval/j"] - rows[0]["eval_initial/j"] >= GENERALISATION_MARGIN, (
+            rows[0]["eval_initial/j"], rows[-1]["eval/j"])
 
 
 @pytest.mark.slow
@@ -104,15 +106,19 @@ def test_lag0_check_reuses_the_pi_k_forward_and_still_catches_a_skipped_sync(tmp
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_sync_check_tells_a_skipped_sync_from_rounding(tmp_path, capsys, dtype):
-    """At the trainer's threshold for the dtype: every step after a real sync stays below it (bfloat16 rounding:
-    measured worst tokens 0.02-0.08 nats against 0.25), and with the sync skipped every later step is above it and
-    warned about (measured: 1.1 nats or more after one step of the built-in model)."""
-    tol = SYNC_LOGP_TOLERANCE[dtype]
+    """The dtype's sync check (``llm.diagnostics.SYNC_CHECKS``): every step after a real sync stays below its
+    tolerance, and with the sync skipped every later step is above it and warned about. Measured on an AVX-512 host
+    under both kernel sets: float32 worst token 0 after syncs, 0.73-1.4 nats skipped; bfloat16 token mean
+    0.003-0.007 after syncs (worst tokens up to 0.57, which is why bfloat16 reads the mean), 0.041-0.10 skipped,
+    against 0.02."""
+    check = SYNC_CHECKS[dtype]
     rows = read_metrics(train(_config(tmp_path, "synced", max_steps=4, beta=0.0, dtype=dtype), log=lambda *a: None))
-    assert all(r["sampling/logp_diff_max"] < tol for r in rows)
+    assert all(check.stale(r) is None for r in rows), [r[check.metric] for r in rows]
+    assert "may hold stale weights" not in capsys.readouterr().out
     rows = read_metrics(train(_config(tmp_path, "skipped", max_steps=4, beta=0.0, dtype=dtype), log=lambda *a: None,
                               callbacks=[SkipSyncs()]))
-    assert rows[0]["sampling/logp_diff_max"] < tol and all(r["sampling/logp_diff_max"] > tol for r in rows[1:])
+    assert check.stale(rows[0]) is None and all(check.stale(r) is not None for r in rows[1:]), [
+        r[check.metric] for r in rows]
     assert capsys.readouterr().out.count("may hold stale weights") == 3
 
 
@@ -132,13 +138,16 @@ def test_insample_diagnostics_off_skips_only_the_insample_estimates(tmp_path):
                     "improvement", "sampling/logp_diff_max"):
             assert key in rows[0], key
     assert all(a > b for a, b in zip(passes[True], passes[False]))  # a pass of pi_{k+1} more at every step
-    every3 = TrainerPasses("policy", grad=False)
-    rows = read_metrics(train(_config(tmp_path, "insample_every3", max_steps=5, beta=0.0, heldout_prompts=4,
-                                      insample_diagnostics=True, insample_diagnostics_steps=3, tv_diagnostics=True),
-                              log=lambda *a: None, callbacks=[every3]))
-    assert [r["step"] for r in rows if "insample/improvement" in r] == [0, 3]
-    baseline = passes[False][1]  # a step without the in-sample pass
-    assert [n > baseline for n in every3.per_step] == [True, False, False, True, False]
+    counted = {}
+    for name, on in (("every3", True), ("never", False)):  # the same samples: the in-sample pass draws nothing
+        counted[name] = TrainerPasses("policy", grad=False)
+        rows = read_metrics(train(_config(tmp_path, f"insample_{name}", max_steps=5, beta=0.0, heldout_prompts=4,
+                                          insample_diagnostics=on, insample_diagnostics_steps=3, tv_diagnostics=True),
+                                  log=lambda *a: None, callbacks=[counted[name]]))
+        assert [r["step"] for r in rows if "insample/improvement" in r] == ([0, 3] if on else [])
+    # step by step against the run without it (how many passes a step makes depends on its completions' lengths)
+    assert [a > b for a, b in zip(counted["every3"].per_step, counted["never"].per_step)] == [
+        True, False, False, True, False]
 
 
 @pytest.mark.slow

@@ -11,12 +11,22 @@ window around r' = pi_k/alpha: the importance weight pi_k/alpha is exact and nev
 A lower cap c (TRL's ``vllm_importance_sampling_clip_min``; with token_mask and [c, C] = [0.5, 5] it is IcePop's
 two-sided mask) truncates to clip(r', c, C) or masks to 1[c <= r' <= C] r'; c = 0 is none.
 
-M2PO (Zheng et al., arXiv 2510.01161; mode ``m2po``) drops the clip and the weight w altogether: it maximises
-keep(y) rho(y) A(y), where keep removes the samples with the largest (log w)^2 until the mean of (log w)^2 over
-the rest is at most a threshold tau (the paper's 0.04; ``second_moment_keep``). Its surrogate on a table is
-sum_y alpha(y) keep(y) (pi(y)/pi_k(y)) A(y): at pi = pi_k its gradient is E_alpha[keep grad log pi A], the policy
-gradient under alpha restricted to the kept responses, not under pi_k. The mask bounds the weights' second moment
-(so the variance); the staleness bias is not corrected.
+M2PO (Zheng et al., arXiv 2510.01161, the objective J_M2PO of its method section; mode ``m2po``) keeps the
+importance ratio against the behaviour policy, r = pi/alpha, unclipped, and masks samples: it maximises
+keep(y) r(y) A(y), where keep removes the samples with the largest M_2 = (log pi_k/alpha)^2 until the plain mean of
+M_2 over the rest is below a threshold tau (the paper's 0.04; ``second_moment_keep``). The edges follow AReaL's
+implementation (areal/trainer/ppo/actor.py: ``_apply_m2po_masking`` and ``_get_m2po_loss_mask``): the mean must be
+strictly below tau, and when even the smallest M_2 is not, the one sample with the smallest M_2 is kept. Its surrogate
+on a table is sum_y alpha(y) keep(y) (pi(y)/alpha(y)) A(y), and at pi = pi_k its gradient is
+E_alpha[keep (pi_k/alpha) grad log pi A]: the policy gradient under pi_k over the kept responses, the importance
+weight exact where the mask keeps. The mask bounds the second moment of the log-weights (so the weights' variance);
+what it drops is a bias.
+
+The references differ, and this module follows the paper's objective with AReaL's mask: AReaL applies the mask to its
+decoupled PPO loss (the behaviour weight pi_k/alpha times PPO's clip of pi/pi_k; ``actor.use_decoupled_loss``), and
+the authors' own verl-based code (Infini-AI-Lab/M2PO, verl/trainer/ppo/core_algos.py: ``compute_m2po_policy_loss``)
+does not mask at all: it turns the M_2 budget into a PPO clip range on the tokens the clip would act on. AReaL
+computes the mask per micro-batch; here it is the step's (the paper's batch of N tokens).
 
 On a table (one response per sample, so token and sequence levels coincide) the expected objective over y ~ alpha
 is ``corrected_surrogate``. Three facts the tests pin:
@@ -57,21 +67,26 @@ def require_correction_settings(config) -> None:
 
 
 def second_moment_keep(log_w, weight=None, threshold: float = M2_THRESHOLD) -> np.ndarray:
-    """M2PO's mask over samples with log-weights ``log_w`` (1-D; ``weight`` each sample's weight in the mean, 1 by
-    default, alpha's probabilities on a table): the samples are dropped in decreasing order of (log w)^2 (ties: the
-    earlier index first) until the ``weight``-mean of (log w)^2 over the kept ones is at most ``threshold``; the
-    fewest drops that achieve it. True where kept (none when even the smallest (log w)^2 exceeds the threshold)."""
+    """M2PO's mask over samples with log-weights ``log_w`` = log pi_k/alpha (1-D; ``weight`` each sample's weight in
+    the mean, 1 by default: the plain token mean of a batch; alpha's probabilities on a table, the batch's limit): the
+    samples are dropped in decreasing order of (log w)^2 (ties: the earlier index first) until the ``weight``-mean of
+    (log w)^2 over the kept ones is strictly below ``threshold``: the fewest drops that achieve it. When even the last
+    sample alone is not below it, that one sample (the smallest (log w)^2) is kept (AReaL's rule). True where kept;
+    samples of weight 0 are never kept."""
     m = np.asarray(log_w, dtype=np.float64) ** 2
     wt = np.ones_like(m) if weight is None else np.asarray(weight, dtype=np.float64)
     if m.ndim != 1 or wt.shape != m.shape:
         raise ValueError("log_w and weight: one 1-D array of samples each, of one length")
-    order = np.argsort(-m, kind="stable")
-    # suffix sums: what remains after dropping the first j of the order
-    mass = np.concatenate([np.cumsum((wt * m)[order][::-1])[::-1], [0.0]])
-    total = np.concatenate([np.cumsum(wt[order][::-1])[::-1], [0.0]])
-    ok = (mass <= threshold * total * (1 + 1e-12)) & (total > 0)
-    first = int(np.argmax(ok)) if ok.any() else m.size
+    on = np.flatnonzero(wt > 0)
     keep = np.zeros(m.size, dtype=bool)
+    if on.size == 0:
+        return keep
+    order = on[np.argsort(-m[on], kind="stable")]
+    # suffix sums: what remains after dropping the first j of the order
+    mass = np.cumsum((wt * m)[order][::-1])[::-1]
+    total = np.cumsum(wt[order][::-1])[::-1]
+    below = mass < threshold * total
+    first = int(np.argmax(below)) if below.any() else order.size - 1
     keep[order[first:]] = True
     return keep
 
@@ -94,14 +109,14 @@ def corrected_objective(ratio, ratio_k, adv, clip, mode: ImportanceSamplingMode 
                         clip_high=None, delta: float = 0.0, cap_min: float = 0.0, keep=None) -> np.ndarray:
     """The per-sample objective of a mode, elementwise: paper: f_eps(r, r', A) (``core.clip_objective``); the TRL
     modes: corrected_weight(r') times PPO's clip of rho = r/r' to [1 - clip, 1 + clip_high] (``delta``: rho <=
-    delta in the unclipped branch); m2po: keep x rho x A (``keep``: M2PO's mask, all kept when None).
+    delta in the unclipped branch); m2po: keep x r x A (``keep``: M2PO's mask, all kept when None).
     ``ratio`` = r = pi/alpha, ``ratio_k`` = r' = pi_k/alpha > 0."""
     if mode == "paper":
         return clip_objective(ratio, ratio_k, adv, clip, clip_high, delta)
     ratio, ratio_k = np.asarray(ratio, dtype=np.float64), np.asarray(ratio_k, dtype=np.float64)
-    if mode == "m2po":  # no clip, no weight: keep x rho x A (``keep``: ``second_moment_keep``'s mask)
+    if mode == "m2po":  # no clip: keep x r x A, r = pi/alpha (``keep``: ``second_moment_keep``'s mask)
         kept = np.ones(ratio.shape, dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
-        return np.where(kept, ratio / ratio_k * np.asarray(adv, dtype=np.float64), 0.0)
+        return np.where(kept, ratio * np.asarray(adv, dtype=np.float64), 0.0)
     g = clip_objective(ratio / ratio_k, np.ones_like(ratio_k), adv, clip, clip_high, delta)
     return corrected_weight(ratio_k, mode, cap, cap_min) * g
 
@@ -110,7 +125,7 @@ def corrected_slope(ratio, ratio_k, adv, clip, mode: ImportanceSamplingMode = "p
                     cap_min: float = 0.0, keep=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The derivative of ``corrected_objective`` in r = ``ratio`` (symmetric window, no ``delta``), elementwise, and
     where a clip stops it: ``(slope, low, high)``. paper: A off the clipped branches of f_eps; the TRL modes:
-    corrected_weight(r') A / r' off PPO's clipped branches of rho = r/r'; m2po: keep A / r' (no clip). The gradient
+    corrected_weight(r') A / r' off PPO's clipped branches of rho = r/r'; m2po: keep A (no clip). The gradient
     of a sample's objective in the logits of a softmax policy is slope x r x (e_y - pi), since dr/dtheta = r (e_y - pi):
     the bandit simulator ascends it (``grpo_theory.simulate``)."""
     ratio, ratio_k, adv = (np.asarray(x, dtype=np.float64) for x in (ratio, ratio_k, adv))
@@ -120,7 +135,7 @@ def corrected_slope(ratio, ratio_k, adv, clip, mode: ImportanceSamplingMode = "p
     if mode == "m2po":
         kept = np.ones(ratio.shape, dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
         none = np.zeros(ratio.shape, dtype=bool)
-        return np.where(kept, adv / ratio_k, 0.0), none, none
+        return np.where(kept, adv, 0.0), none, none
     low, high = clip_flags(ratio / ratio_k, np.ones_like(ratio_k), adv, clip)
     return np.where(low | high, 0.0, corrected_weight(ratio_k, mode, cap, cap_min) * adv / ratio_k), low, high
 

@@ -80,8 +80,9 @@ class SimConfig:
     """The off-policy correction, as the LLM trainer's option of this name (``grpo_theory.corrections``): paper:
     f_eps(pi/alpha, pi_k/alpha, A); token_* / sequence_* (TRL's modes; on a table a response is one action, so the
     two levels coincide): PPO's clip of pi/pi_k times w = pi_k/alpha truncated at importance_sampling_cap (or zeroed
-    outside [importance_sampling_cap_min, importance_sampling_cap]); m2po: M2PO's second-moment mask of the step's
-    samples (population mode: of every prompt's actions, weighted by rho alpha), no clip."""
+    outside [importance_sampling_cap_min, importance_sampling_cap]); m2po: M2PO as published, keep x (pi/alpha) x A
+    with the second-moment mask of all the step's samples (population mode: of every prompt's actions, weighted by
+    rho alpha), no clip."""
     importance_sampling_cap: float = 3.0
     """The cap C of the TRL modes."""
     importance_sampling_cap_min: float = 0.0
@@ -238,8 +239,8 @@ def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, 
         rho, adv = bandit.rho, roll.adv
         ratio, ratio_k = pi / alpha, pi_k / alpha
         m2 = None
-        if mode == "m2po":  # the batch's mask in the limit: every prompt's actions, weighted rho alpha (kept prompts)
-            weight = (rho * roll.keep)[:, None] * alpha
+        if mode == "m2po":  # the batch's mask in the limit: every prompt's actions, weighted rho alpha
+            weight = rho[:, None] * alpha
             m2 = second_moment_keep(np.log(ratio_k).ravel(), weight.ravel(), config.m2_threshold).reshape(alpha.shape)
         slope, low, high = corrected_slope(ratio, ratio_k, adv, keep=m2, **caps)
         g_y = alpha * ratio * slope  # d/dr of the objective, times dr/dlogit's r, alpha-weighted, per action
@@ -253,9 +254,9 @@ def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, 
         p_y, a_y, k_y = pi[xs[:, None], ys], alpha[xs[:, None], ys], pi_k[xs[:, None], ys]
         ratio, ratio_k = p_y / a_y, k_y / a_y
         m2 = None
-        if mode == "m2po":  # over the step's samples in the loss (the zero-variance mask's groups)
-            weight = np.repeat(keep[:, None], G, axis=1).astype(np.float64)
-            m2 = second_moment_keep(np.log(ratio_k).ravel(), weight.ravel(), config.m2_threshold).reshape(B, G)
+        if mode == "m2po":  # the plain mean over every sample of the step (the paper's batch; AReaL's loss mask
+            # keeps zero-advantage groups), whatever the zero-variance mask then keeps in the objective
+            m2 = second_moment_keep(np.log(ratio_k).ravel(), None, config.m2_threshold).reshape(B, G)
         slope, low, high = corrected_slope(ratio, ratio_k, adv, keep=m2, **caps)
         coef = slope * ratio * keep[:, None] / max(int(keep.sum()) * G, 1)  # (B, G)
         onehot_sum = np.zeros((B, theta.shape[1]))

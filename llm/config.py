@@ -179,13 +179,12 @@ class GRPOConfig:
     f_eps(pi/alpha, pi_k/alpha, A), whose clip window sits around pi_k/alpha; the weight is exact. The TRL modes
     (vllm_importance_sampling_mode): PPO's clip of pi/pi_k in [1 - epsilon, 1 + epsilon_high] times the weight
     w = pi_k/alpha per token (token_*) or per completion (sequence_*: exp of the summed log-weights), truncated at
-    importance_sampling_cap (*_truncate: min(w, cap)) or zeroed above it (*_mask). m2po: M2PO (arXiv 2510.01161;
-    AReaL's name) drops the clip and the weight and keeps in the loss the tokens left after removing those with the
-    largest (log pi_k/alpha)^2 until their mean is at most m2_threshold (the mask bounds the weights' second moment;
-    the gradient is alpha's, not pi_k's, on the kept tokens: §6.1)."""
+    importance_sampling_cap (*_truncate: min(w, cap)) or zeroed above it (*_mask). m2po: M2PO as published (arXiv
+    2510.01161; AReaL's mask): the unclipped ratio pi/alpha on the tokens left after removing those with the largest
+    (log pi_k/alpha)^2 until the plain mean over the rest is below m2_threshold (§6.1)."""
     m2_threshold: float = 0.04
-    """M2PO's threshold on the mean (log pi_k/alpha)^2 of the tokens kept in the loss (importance_sampling_mode m2po;
-    AReaL's name, the paper's default)."""
+    """M2PO's threshold on the plain mean (log pi_k/alpha)^2 over the step's completion tokens it keeps
+    (importance_sampling_mode m2po; AReaL's name, the paper's default)."""
     importance_sampling_cap: float = 3.0
     """The cap C of the TRL importance-sampling modes (TRL's vllm_importance_sampling_clip_max, formerly
     vllm_importance_sampling_cap)."""

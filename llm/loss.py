@@ -10,7 +10,7 @@ Per completion token (or per sequence with ``ratio_level="sequence"``):
 With alpha = pi_k (v = 1) r' = 1 and this is on-policy GRPO/PPO clipping. r' is computed from the
 log-probabilities; it is never assumed to be 1. ``epsilon_high`` widens the window's top, ``delta`` caps the unclipped
 ratio of negative advantages, and ``importance_sampling_mode`` swaps in TRL's corrections (PPO's clip of pi/pi_k
-times a truncated or masked pi_k/alpha, or M2PO's unclipped pi/pi_k on the tokens its second-moment mask keeps);
+times a truncated or masked pi_k/alpha, or M2PO's unclipped pi/alpha on the tokens its second-moment mask keeps);
 each is ``grpo_theory.corrected_objective`` on a table (docs/theory.md, §6.1).
 
 The KL term (docs/theory.md, §8.4): k3 = e^d - d - 1 with d = log pi_ref - log pi has expectation
@@ -96,22 +96,25 @@ def bounded_ratios(log_ratio: torch.Tensor, log_ratio_k: torch.Tensor, adv: torc
 
 def second_moment_keep_torch(log_w: torch.Tensor, weight: torch.Tensor, threshold: float) -> torch.Tensor:
     """M2PO's mask over tokens with log-weights ``log_w`` = log pi_k/alpha (B, T), the mean of (log w)^2 weighted by
-    ``weight`` (B, T): the step's loss weights, so a token mean under dapo's normaliser, and alpha's probabilities
-    when the rows are a table's responses. The torch twin of ``grpo_theory.second_moment_keep`` (tested equal): True
-    where a token stays in the loss; tokens of weight 0 are not considered (False). Computed once over the whole
-    step's tokens (``llm.optim.update.optimise``), never per micro-batch."""
+    ``weight`` (B, T): the step's completion tokens (1 each: the paper's plain token mean over the batch), or alpha's
+    probabilities when the rows are a table's responses. The torch twin of ``grpo_theory.second_moment_keep`` (tested
+    equal, AReaL's edges included: strictly below the threshold; the smallest alone when nothing is): True where a
+    token stays in the loss; tokens of weight 0 are not considered (False). Computed once over the whole step's
+    tokens (``llm.optim.update.optimise``), never per micro-batch."""
     flat = weight.detach().double().reshape(-1)
     on = flat > 0
+    out = torch.zeros(on.shape, dtype=torch.bool, device=weight.device)
     m = (log_w.detach().double().reshape(-1)[on]) ** 2
+    if m.numel() == 0:
+        return out.reshape(weight.shape)
     wt = flat[on]
     order = torch.sort(-m, stable=True).indices
-    mass = torch.cat([(wt * m)[order].flip(0).cumsum(0).flip(0), m.new_zeros(1)])
-    total = torch.cat([wt[order].flip(0).cumsum(0).flip(0), m.new_zeros(1)])
-    ok = (mass <= threshold * total * (1 + 1e-12)) & (total > 0)
-    first = int(torch.nonzero(ok)[0]) if bool(ok.any()) else m.numel()
+    mass = (wt * m)[order].flip(0).cumsum(0).flip(0)
+    total = wt[order].flip(0).cumsum(0).flip(0)
+    below = mass < threshold * total
+    first = int(torch.nonzero(below)[0]) if bool(below.any()) else m.numel() - 1
     kept = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
     kept[order[first:]] = True
-    out = torch.zeros(on.shape, dtype=torch.bool, device=weight.device)
     out[on] = kept
     return out.reshape(weight.shape)
 
@@ -291,10 +294,11 @@ def clipped_objective(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torc
         ratio, ratio_k = bounded_ratios(log_ratio, log_ratio_k, adv, spec.high)
         per_token = -clip_objective_torch(ratio, ratio_k, adv, spec.epsilon, spec.high, spec.delta)
         return per_token, log_ratio, log_ratio_k, torch.zeros_like(real, dtype=torch.bool)
+    if mode == "m2po":  # no clip (the caller's token_keep masks): r A, r = pi/alpha held below e^LOG_RATIO_MAX
+        log_ratio = logp - logp_alpha
+        r = torch.exp(torch.where(log_ratio > LOG_RATIO_MAX, torch.full_like(log_ratio, LOG_RATIO_MAX), log_ratio))
+        return -r * adv, log_ratio, token_log_w, torch.zeros_like(real, dtype=torch.bool)
     log_ratio = level_log_ratio(logp - logp_k, real, level)  # rho = pi/pi_k
-    if mode == "m2po":  # no clip, no weight (the caller's token_keep masks): rho A, rho held below e^LOG_RATIO_MAX
-        rho = torch.exp(torch.where(log_ratio > LOG_RATIO_MAX, torch.full_like(log_ratio, LOG_RATIO_MAX), log_ratio))
-        return -rho * adv, log_ratio, token_log_w, torch.zeros_like(real, dtype=torch.bool)
     log_ratio_k = level_log_ratio(token_log_w, real, "token" if mode.startswith("token") else "sequence")
     rho, _ = bounded_ratios(log_ratio, torch.zeros_like(log_ratio), adv, spec.high)
     w = torch.exp(log_ratio_k.clamp(max=LOG_RATIO_MAX))

@@ -101,7 +101,9 @@ def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, opti
     token_keep = None  # M2PO at lag 0 (alpha = pi_k, every log w = 0) keeps every token: no mask, no extra pass
     if objective.clip.importance_sampling_mode == "m2po" and logp_alpha is not None:
         logp_k = passes.logprobs(policy, batch).logp  # one pass more: pi_k on every micro-batch before the first loss
-        token_keep = second_moment_keep_torch(logp_k - logp_alpha, weights, objective.clip.m2_threshold)
+        tokens = batch.completion_mask * (1.0 if sequence_keep is None else torch.tensor(  # the paper's N tokens: every
+            np.asarray(sequence_keep, dtype=np.float32), device=device)[:, None])  # completion's, zero-variance or not
+        token_keep = second_moment_keep_torch(logp_k - logp_alpha, tokens, objective.clip.m2_threshold)
     ranks, first, result = passes.ranks, [], Optimised(None, None, LossStats(), 0.0)
     for it in range(objective.num_iterations):
         optimizer.zero_grad(set_to_none=True)

@@ -336,18 +336,49 @@ def test_the_m2po_mask_in_torch_is_grpo_theorys(seed, threshold, weighted):
 
 
 def test_m2po_leaves_the_dropped_tokens_out_and_does_not_clip():
-    """mode m2po: minus the loss is sum over kept tokens of weight x (pi/pi_k) A (no clip: a ratio far outside any
-    window counts in full), the dropped tokens count in is_correction/frac_above_cap, and no token is flagged clipped."""
+    """mode m2po: minus the loss is sum over kept tokens of weight x (pi/alpha) A (no clip: a ratio far outside any
+    window counts in full), the dropped tokens count in is_correction/frac_above_cap, and no token is flagged clipped.
+    The mask is the plain token mean's over the step's completion tokens."""
     logp, logp_k, logp_alpha, adv, mask = _inputs(4)
     w_tok = loss_weights(mask, "dapo", T)
-    keep = second_moment_keep_torch(logp_k - logp_alpha, w_tok, 0.04)
+    keep = second_moment_keep_torch(logp_k - logp_alpha, mask, 0.04)
     on = w_tok > 0
     assert 0 < keep[on].float().mean() < 1
     loss, stats = grpo_loss(logp, logp_k, logp_alpha, adv, w_tok, clip=Clip(0.2, importance_sampling_mode="m2po"),
                             token_keep=keep)
-    rho = torch.exp(logp - logp_k).detach().double()
-    want = -(keep.double() * rho * adv.double()[:, None] * w_tok.double()).sum()
+    r = torch.exp(logp - logp_alpha).detach().double()
+    want = -(keep.double() * r * adv.double()[:, None] * w_tok.double()).sum()
     assert float(loss.detach()) == pytest.approx(float(want), rel=1e-6)
     m = stats.metrics()
     assert m["is_correction/frac_above_cap"] == pytest.approx(1 - float(keep[on].float().mean()))
     assert m["clip_ratio/region_mean"] == 0.0
+
+
+@pytest.mark.parametrize("threshold", [0.04, 1e9])
+@pytest.mark.parametrize("seed", range(3))
+def test_m2po_gradient_is_the_published_objectives(threshold, seed):
+    """On a table (one-token rows weighted by alpha) at pi = pi_k, with the mask on (tau = 0.04 drops responses) and off:
+    the loss's gradient in the logits is the gradient of M2PO's published objective sum_y keep(y) pi(y) A(y)
+    (arXiv 2510.01161: the mask times pi/alpha under alpha), pi (keep A - sum_y keep pi A); the importance weight
+    pi_k/alpha is in it, so it is pi_k's policy gradient over the kept responses, not alpha's."""
+    rng = np.random.default_rng(seed)
+    n = 7
+    alpha = gt.softmax(rng.normal(size=n))
+    theta = torch.tensor(np.log(alpha) + 0.6 * rng.normal(size=n), requires_grad=True)
+    pi_k = torch.softmax(theta, 0).detach().numpy()
+    r = (rng.random(n) < 0.5).astype(float)
+    r[:2] = 0.0, 1.0
+    adv = gt.whitened_advantage(alpha, r, 1e-4)
+    col = lambda x: torch.as_tensor(x)[:, None]  # noqa: E731
+    logp = torch.log_softmax(theta, 0)[:, None]
+    weights = col(alpha)
+    keep = second_moment_keep_torch(col(np.log(pi_k / alpha)), weights, threshold)
+    assert (0 < keep.sum() < n) if threshold < 1 else bool(keep.all())
+    loss, _ = grpo_loss(logp, col(np.log(pi_k)), col(np.log(alpha)), torch.tensor(adv), weights,
+                        clip=Clip(0.2, importance_sampling_mode="m2po"), token_keep=keep)
+    (-loss).backward()
+    k = keep.numpy()[:, 0].astype(float)
+    published = pi_k * (k * adv - np.sum(k * pi_k * adv))
+    assert np.allclose(theta.grad.numpy(), published, atol=1e-12)
+    variant = alpha * k * adv - pi_k * np.sum(alpha * k * adv)  # keep (pi/pi_k) A, the weight dropped: alpha's
+    assert not np.allclose(published, variant, atol=1e-3)

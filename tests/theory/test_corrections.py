@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from grpo_theory import clip_objective, clipped_surrogate, softmax, whitened_advantage
@@ -109,35 +109,51 @@ def test_weights_and_the_two_sided_clip_on_hand_cases():
 
 
 @given(st.lists(st.floats(-3, 3), min_size=1, max_size=30), st.sampled_from([0.0, 0.01, 0.04, 0.5]))
-def test_the_m2po_mask_keeps_the_smallest_weights_within_the_threshold_with_fewest_drops(log_w, threshold):
-    """``second_moment_keep``: the kept mean of (log w)^2 is at most tau; every dropped sample's (log w)^2 is at least
-    every kept one's; and keeping also the smallest dropped one would break tau (the fewest drops)."""
+@example([0.2, 0.2], 0.04)  # a mean exactly at tau: not below it, so one more drop (AReaL's strict test)
+@example([0.3, 0.4, 0.5], 0.01)  # every sample above tau: the smallest alone is kept (AReaL's rule)
+def test_the_m2po_mask_keeps_the_smallest_weights_below_the_threshold_with_fewest_drops(log_w, threshold):
+    """``second_moment_keep``: the kept mean of (log w)^2 is strictly below tau, or one sample is kept (the smallest
+    (log w)^2) when no set is; every dropped sample's (log w)^2 is at least every kept one's; and keeping also the
+    smallest dropped one would not be below tau (the fewest drops). Never empty."""
     x = np.array(log_w)
     m = x**2
     keep = second_moment_keep(x, threshold=threshold)
-    if keep.any():
-        assert m[keep].mean() <= threshold * (1 + 1e-9)
-    if keep.any() and (~keep).any():
-        assert m[~keep].min() >= m[keep].max()
+    assert keep.sum() >= 1
+    if m[keep].mean() >= threshold:
+        assert keep.sum() == 1 and m[keep][0] == m.min()
     if (~keep).any():
+        assert m[~keep].min() >= m[keep].max()
         dropped = np.flatnonzero(~keep)
         back = dropped[np.argmin(m[dropped])]
         more = keep.copy()
         more[back] = True
-        assert m[more].mean() > threshold
+        assert m[more].mean() >= threshold
+
+
+def test_the_m2po_mask_follows_areals_edges():
+    """The reference's edges (areal/trainer/ppo/actor.py, ``_get_m2po_loss_mask``), by hand: the mean must be strictly
+    below tau; a set at exactly tau drops one more; all above keeps the smallest; a sample of weight 0 is never kept."""
+    assert second_moment_keep([0.1, 0.1, 0.1], threshold=0.02).all()  # mean 0.01 < 0.02
+    assert second_moment_keep([0.2, 0.2], threshold=0.04).tolist() == [False, True]  # at tau: drop the earlier one
+    assert second_moment_keep([0.5, 0.3, 0.4], threshold=0.01).tolist() == [False, True, False]
+    assert second_moment_keep([0.0, 1.0], [0.0, 1.0], threshold=0.04).tolist() == [False, True]
 
 
 @given(tables)
-def test_m2po_on_a_table_is_keep_times_the_unclipped_ratio_under_alpha(rng):
-    """corrected_surrogate(m2po) = sum_y alpha keep (pi/pi_k) A_alpha with keep the alpha-weighted mask of the table's
-    log pi_k/alpha; at pi = pi_k it is sum_y alpha keep A: alpha's expectation over the kept responses, not pi_k's."""
+def test_m2po_on_a_table_is_the_published_objective(rng):
+    """corrected_surrogate(m2po) = sum_y alpha keep (pi/alpha) A_alpha = sum_y keep pi A_alpha (arXiv 2510.01161: the
+    mask times the unclipped ratio against the behaviour policy), keep the alpha-weighted mask of the table's
+    log pi_k/alpha; at pi = pi_k it is sum_y keep pi_k A: pi_k's expectation over the kept responses. With nothing
+    dropped (a threshold above every M_2) it is the importance-sampled surrogate sum_y pi A, exact."""
     pi, pi_k, alpha, r = table(rng)
     a = whitened_advantage(alpha, r, EPS)
     keep = second_moment_keep(np.log(pi_k / alpha), alpha, 0.04)
-    want = np.sum(alpha * keep * pi / pi_k * a)
+    want = np.sum(alpha * keep * (pi / alpha) * a)
     assert corrected_surrogate(pi, pi_k, alpha, r, EPS, 0.2, "m2po") == pytest.approx(want, abs=TOL)
     at_k = corrected_surrogate(pi_k, pi_k, alpha, r, EPS, 0.2, "m2po")
-    assert at_k == pytest.approx(np.sum(alpha * keep * a), abs=TOL)
+    assert at_k == pytest.approx(np.sum(keep * pi_k * a), abs=TOL)
+    unmasked = corrected_surrogate(pi, pi_k, alpha, r, EPS, 0.2, "m2po", m2_threshold=1e9)
+    assert unmasked == pytest.approx(np.sum(pi * a), abs=TOL)
 
 
 @given(st.floats(0.05, 5.0), st.floats(0.05, 5.0), st.floats(-2.0, 2.0), st.sampled_from(MODES),

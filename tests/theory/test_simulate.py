@@ -229,7 +229,8 @@ def test_population_gradient_of_each_correction_is_the_gradient_of_its_exact_sur
 @pytest.mark.parametrize("name", list(CORRECTIONS))
 def test_sampled_gradient_of_each_correction_is_the_gradient_of_its_batch_objective(name):
     """Sampled mode: the gradient equals finite differences of the mean over the kept groups' samples of
-    ``corrected_objective``; M2PO's mask is ``second_moment_keep`` of those samples' log pi_k/alpha."""
+    ``corrected_objective``; M2PO's mask is ``second_moment_keep`` of every sample's log pi_k/alpha (the kept groups'
+    and the masked ones': the paper's batch)."""
     from grpo_theory.corrections import corrected_objective, second_moment_keep
 
     kw = CORRECTIONS[name]
@@ -242,7 +243,8 @@ def test_sampled_gradient_of_each_correction_is_the_gradient_of_its_batch_object
     xs, ys, adv, keep = roll.xs, roll.ys, roll.adv, roll.keep
     kept = np.flatnonzero(keep)
     ratio_k = pi_k[xs[kept, None], ys[kept]] / alpha[xs[kept, None], ys[kept]]
-    m2 = second_moment_keep(np.log(ratio_k).ravel(), threshold=cfg.m2_threshold).reshape(ratio_k.shape)
+    every_k = pi_k[xs[:, None], ys] / alpha[xs[:, None], ys]
+    m2 = second_moment_keep(np.log(every_k).ravel(), threshold=cfg.m2_threshold).reshape(every_k.shape)[kept]
 
     def objective(th):
         pi = softmax(th)

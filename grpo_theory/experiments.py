@@ -33,6 +33,7 @@ import numpy as np
 from runkit.cli import parse, run_main
 from runkit.tables import mean_std as _pm
 
+from .estimators import CERTIFICATE_MIN_PROMPTS
 from .simulate import SimConfig, bound_violations, final_j, simulate, steps_to_target
 
 #: The paper's four GRPO configurations (its GSM8K ablation), as settings that the bandit simulator and the language
@@ -56,8 +57,8 @@ FRONTIER_CORRECTIONS = {
                             importance_sampling_cap_min=0.5),
     "M2PO (tau=0.04)": dict(importance_sampling_mode="m2po", m2_threshold=0.04),
 }
-#: Held-out prompts per step in the frontier runs (the certificate's sample).
-FRONTIER_HELDOUT = 4
+#: Held-out prompts per step in the frontier runs (the certificate's sample: its fewest, below which it abstains).
+FRONTIER_HELDOUT = CERTIFICATE_MIN_PROMPTS
 #: The sync-policy comparison: fixed periods, and the divergence policy's TV budgets and lag cap.
 SYNC_FIXED_V = (1, 4, 10)
 SYNC_TV_BUDGETS = (0.005, 0.01, 0.02)

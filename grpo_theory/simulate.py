@@ -107,6 +107,8 @@ class SimConfig:
     error and its lower confidence bound ``heldout/improvement_lcb``), beside the exact improvement. 0: off."""
     improvement_lcb_level: float = 0.95
     """Confidence level of ``heldout/improvement_lcb``."""
+    improvement_lcb_method: Literal["cantelli", "t"] = "cantelli"
+    """The certificate's bound (``estimators.lower_confidence_bound``; nan below its fewest prompts)."""
     seed: int = 0
     """Seed of the bandit and of sampling."""
     output_dir: str = ""
@@ -211,7 +213,8 @@ def heldout_improvement(config: SimConfig, bandit: Bandit, pi_new, pi_k, alpha,
     per = ge.improvement_estimate(r, pi_new[xs[:, None], ys] / a, pi_k[xs[:, None], ys] / a)
     mean, se = ge.mean_and_standard_error(per)
     return {"heldout/improvement": mean, "heldout/improvement_se": se,
-            "heldout/improvement_lcb": ge.lower_confidence_bound(per, config.improvement_lcb_level)}
+            "heldout/improvement_lcb": ge.lower_confidence_bound(per, config.improvement_lcb_level,
+                                                                 method=config.improvement_lcb_method)}
 
 
 def kl_gradient(pi, ref):
@@ -415,6 +418,8 @@ def main(args: list[str] | None = None) -> int:
           f"{np.mean([r['bound/lower_tight'] > 0 for r in rows]):.1%} (tight) of steps; "
           f"steps with bound > improvement: {viol} (paper), {viol_t} (tight)")
     if config.heldout_prompts:
+        if (why := ge.certificate_abstains(config.heldout_prompts)) is not None:
+            print(f"certificate: {why}")
         lcb = np.array([r["heldout/improvement_lcb"] for r in rows])
         exact = np.array([r["improvement"] for r in rows])
         print(f"improvement certificate ({config.heldout_prompts} held-out prompts, level "

@@ -161,8 +161,12 @@ class GRPOConfig:
     surrogate and the bound carry a stated bias of their 1/s~ (docs/theory.md, §8.2 and §8.5). 0: off."""
     improvement_lcb_level: float = 0.95
     """Confidence level of ``heldout/improvement_lcb``, the one-sided lower confidence bound on the step's improvement
-    J(pi_{k+1}) - J(pi_k) from the held-out prompts' estimates (Student t over the prompts): a positive value
-    certifies the step improved J at this level, without Theorem 1 (docs/theory.md, §8.6)."""
+    J(pi_{k+1}) - J(pi_k) from the held-out prompts' estimates: a positive value certifies the step improved J at this
+    level, without Theorem 1. nan (abstains) below 16 held-out prompts (docs/theory.md, §8.6)."""
+    improvement_lcb_method: Literal["cantelli", "t"] = "cantelli"
+    """The certificate's bound (docs/theory.md, §8.6): cantelli, mean - sqrt(level/(1 - level)) x its standard error,
+    which kept its level on every per-prompt distribution measured, skewed ones included; t, mean - t_{P-1}(level) x
+    its standard error, far more powerful but above its level on left-skewed estimates (15-19% at level 0.95)."""
 
     # ---- objective -------------------------------------------------------------------------
     epsilon: float = 0.2

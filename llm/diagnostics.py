@@ -24,7 +24,8 @@ terms are assembled by ``grpo_theory.combine_bound``. What the average is taken 
   training prompts of the step), whose completions never entered the loss. pi_k and pi_{k+1} do not depend on
   them, so the TV, improvement and lag-penalty estimates are unbiased for the expectation over the prompt
   distribution, and the surrogate, the TV penalty and the lower bound carry only the 1/s~ bias above.
-- ``tv/pi_k_alpha`` on the training batch is unbiased: pi_k depends on no sample of its own step.
+- ``tv/pi_k_alpha`` on the training batch is unbiased: pi_k depends on no sample of its own step (except under
+  dynamic sampling, whose kept groups are chosen by their rewards: docs/theory.md, §6.2).
 
 Rewards outside [0, 1] (reward functions may return any finite number): Theorem 1 holds for rewards in a known
 range [lo, hi] through r' = (r - lo)/(hi - lo), which lies in [0, 1]: every term is computed for r' (its sigma,
@@ -230,15 +231,15 @@ def per_prompt_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np
 @_overflow_is_the_answer
 def bound_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndarray, eps: float,
                     reward_range: RewardRange = UNIT_RANGE, standard_errors: bool = False,
-                    lcb_level: float | None = None) -> dict[str, float]:
+                    lcb_level: float | None = None, lcb_method: str = "cantelli") -> dict[str, float]:
     """The prompt means of ``per_prompt_estimates`` (callers prefix them with ``insample/`` or ``heldout/``, which
     decides the bias: module docstring), the same over the prompts with varied rewards (``*_nonzero_std``), the
     share of those whose estimated tight bound is positive, and the Kish effective sample size of each weight
     (``ess/*``, a fraction of the completions). ``standard_errors``: also ``<key>_se`` for every mean (prompts are
     independent draws, so the standard error of a mean over them is their sample standard deviation over
     sqrt(P)). ``lcb_level``: also ``improvement_lcb``, the one-sided lower confidence bound on the improvement at
-    that level (``grpo_theory.estimators.lower_confidence_bound``; meaningful on held-out prompts only, whose
-    per-prompt estimates are independent and unbiased)."""
+    that level by ``lcb_method`` (``grpo_theory.estimators.lower_confidence_bound``, nan below its fewest prompts;
+    meaningful on held-out prompts only, whose per-prompt estimates are independent and unbiased)."""
     per = per_prompt_estimates(rewards, log_w_k, log_w_new, eps, reward_range)
     varied = np.ptp(np.asarray(rewards, np.float64), axis=1) > 0  # the prompts the zero-variance mask keeps
     means = {key: v for key, v in per.items()}
@@ -249,7 +250,7 @@ def bound_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndar
         if standard_errors:
             out[f"{key}_se"] = se
     if lcb_level is not None:
-        out["improvement_lcb"] = ge.lower_confidence_bound(per["improvement"], lcb_level)
+        out["improvement_lcb"] = ge.lower_confidence_bound(per["improvement"], lcb_level, method=lcb_method)
     tight = per["bound_est/lower_tight"][varied]
     out["bound_est/frac_lower_tight_positive_nonzero_std"] = float(np.mean(tight > 0)) if tight.size else float("nan")
     out["ess/pi_k_alpha"] = float(ge.kish_ess_fraction(np.exp(np.asarray(log_w_k, np.float64))))

@@ -20,3 +20,22 @@ def step_seconds(row: dict, exclude: tuple[str, ...] = ()) -> float:
 def deterministic(row: dict) -> dict:
     """The row without its wall-clock keys (``time/*``): what two runs of one command must log alike."""
     return {k: v for k, v in row.items() if not k.startswith("time/")}
+
+
+def certificate_shares(rows: list[dict]) -> dict[str, float]:
+    """How the improvement certificate (``heldout/improvement_lcb``) went over the steps that logged it, one
+    convention for every reader: ``certified``, the share with a positive bound; ``abstained``, the share where it
+    abstained (nan: too few held-out prompts, docs/theory.md §8.6), which counts as not certified; ``above_exact``,
+    where the exact improvement is logged, the share whose bound exceeded it (an abstention never does); ``steps``,
+    how many steps logged it (0: every share nan)."""
+    import math
+
+    logged = [r for r in rows if "heldout/improvement_lcb" in r]
+    n = len(logged)
+    share = (lambda hits: sum(hits) / n) if n else (lambda hits: float("nan"))  # noqa: E731
+    lcb = [r["heldout/improvement_lcb"] for r in logged]
+    out = {"steps": float(n), "certified": share([x > 0 for x in lcb]),
+           "abstained": share([not math.isfinite(x) for x in lcb])}
+    if logged and all("improvement" in r for r in logged):
+        out["above_exact"] = share([x > r["improvement"] for x, r in zip(lcb, logged)])
+    return out

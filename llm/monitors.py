@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from grpo_theory.estimators import certificate_abstains
+
 from . import diagnostics as dg
 from .diagnostics import SYNC_CHECKS
 from .evaluation import mean_exact_j
@@ -138,6 +140,11 @@ def arithmetic(config, n_params: int, n_trained: int, device, sampler_name: str,
     if config.heldout_prompts:
         lines.append(f"  held-out: {config.heldout_prompts} extra prompts x G={G} per step, drawn independently, "
                      "never in the loss: estimates free of in-sample bias (heldout/*)")
+        if config.heldout_prompts == 1:
+            lines.append("  held-out: 1 prompt gives the estimates but no standard errors (heldout/*_se need 2) and no "
+                         "certificate (heldout/improvement_lcb needs 16): they are nan")
+        elif (why := certificate_abstains(config.heldout_prompts)) is not None:
+            lines.append(f"  certificate: {why}")
     lines.append(
         f"  per step: {P} prompts x G={G} = {config.completions_per_step} completions, "
         f"<= {config.completions_per_step * config.max_completion_length} generated tokens, "

@@ -50,8 +50,10 @@ def score(task: TokenizedTask, prompt_idx: list[int], roll: Rollout, G: int, ran
 class VariedGroups:
     """Dynamic sampling (DAPO; verl's ``filter_groups``): the groups whose rewards vary, gathered over generation
     rounds until there are ``want`` of them. ``take`` adds a round; ``result`` gives the first ``want`` kept groups
-    as one rollout and its scores, and ``metrics`` the rounds, the kept share and the reward over every group drawn
-    (an unbiased estimate of J(alpha), unlike the kept groups' reward)."""
+    as one rollout and its scores, and ``metrics`` the rounds, the kept share, and the reward and all-equal share of
+    the first round's groups. The first round is drawn whatever the rewards, so its reward is unbiased for J(alpha);
+    the later rounds are drawn only when the earlier ones fell short, so the reward pooled over every round is a
+    ratio with a random denominator, biased (tests/llm/test_rollout.py measures both)."""
 
     want: int
     G: int
@@ -92,11 +94,11 @@ class VariedGroups:
         return self.prompt_idx, Rollout(self.completion_ids, self.logprobs), Scored(rewards, self.texts, parts)
 
     def metrics(self) -> dict[str, float]:
-        drawn = np.concatenate(self.drawn)
+        drawn, first = np.concatenate(self.drawn), self.drawn[0]
         return {"sampling/gen_rounds": float(self.rounds),
                 "sampling/kept_group_share": len(self.prompt_idx) / max(len(drawn), 1),
-                "sampling/reward_drawn": float(drawn.mean()),
-                "sampling/frac_reward_zero_std_drawn": float(np.mean(np.ptp(drawn, axis=1) == 0))}
+                "sampling/reward_drawn": float(first.mean()),
+                "sampling/frac_reward_zero_std_drawn": float(np.mean(np.ptp(first, axis=1) == 0))}
 
 
 def group_batch(task: TokenizedTask, prompt_idx: list[int], roll: Rollout, G: int, device) -> Batch:
@@ -251,18 +253,19 @@ def heldout_before_update(passes: Passes, policy: torch.nn.Module, alpha: torch.
 
 
 def heldout_estimates(passes: Passes, policy: torch.nn.Module, heldout: Heldout, eps: float,
-                      reward_range: dg.RewardRange, lcb_level: float = 0.95) -> dict[str, float]:
+                      reward_range: dg.RewardRange, lcb_level: float = 0.95,
+                      lcb_method: str = "cantelli") -> dict[str, float]:
     """``heldout/*``: the bound's terms, TV distances and improvement estimated on prompts drawn independently of the
     training prompts, whose completions never entered the loss (docs/theory.md, §8.2), each with its standard error:
     the TV, improvement and lag-penalty estimates are unbiased over the prompt distribution; the surrogate, the TV
     penalty and the lower bound carry the bias of their 1/s~ (docs/theory.md, §8.5). ``improvement_lcb``: the
-    improvement's lower confidence bound at ``lcb_level`` (the certificate, §8.6)."""
+    improvement's lower confidence bound at ``lcb_level`` by ``lcb_method`` (the certificate, §8.6)."""
     logp_new = passes.logprobs(policy, heldout.batch).logp
     cm = heldout.batch.completion_mask
     P, G = heldout.rewards.shape
     log_w = lambda logp: dg.sequence_log_ratio(logp, heldout.logp_alpha, cm, P, G)  # noqa: E731
     est = dg.bound_estimates(heldout.rewards, log_w(heldout.logp_k), log_w(logp_new), eps, reward_range,
-                             standard_errors=True, lcb_level=lcb_level)
+                             standard_errors=True, lcb_level=lcb_level, lcb_method=lcb_method)
     rewards = heldout.rewards.mean(axis=1)
     est["reward"], est["reward_se"] = mean_and_standard_error(rewards)
     return dg.prefixed("heldout", est)

@@ -18,7 +18,7 @@ import tyro
 
 from grpo_theory.estimators import mean_and_standard_error
 
-from .metrics import PHASE_KEYS, step_seconds
+from .metrics import PHASE_KEYS, certificate_shares, step_seconds
 from .rundir import read_metrics
 
 COLUMNS = ["reward", "j/pi_new", "improvement", "heldout/improvement", "insample/improvement",
@@ -107,17 +107,21 @@ def summarise(run_dir: str | Path, window: int = 10) -> str:
 
 def certificate_lines(rows: list[dict]) -> list[str]:
     """How often the improvement certificate (``heldout/improvement_lcb`` > 0) and Theorem 1's held-out estimate
-    (``heldout/bound_est/lower_tight`` > 0) say a step improved J; with the exact improvement, how often the lower
-    confidence bound exceeded it (at level L, about 1 - L of the steps when the t-interval is right)."""
-    certified = [r for r in rows if np.isfinite(r.get("heldout/improvement_lcb", float("nan")))]
-    if not certified:
+    (``heldout/bound_est/lower_tight`` > 0) say a step improved J, over every step that logged the certificate (an
+    abstention counts as not certified: ``llm.metrics.certificate_shares``); with the exact improvement, how often
+    the lower confidence bound exceeded it (at level L, at most about 1 - L of the steps when it keeps its level)."""
+    shares = certificate_shares(rows)
+    logged = [r for r in rows if "heldout/improvement_lcb" in r]
+    if not logged:
         return []
-    lines = [f"  improvement certificate (heldout/improvement_lcb > 0): {_share(r['heldout/improvement_lcb'] > 0 for r in certified)}"
-             f" steps; Theorem 1's held-out estimate (heldout/bound_est/lower_tight > 0): "
-             f"{_share(r.get('heldout/bound_est/lower_tight', float('nan')) > 0 for r in certified)}"]
-    if "improvement" in certified[0]:
-        lines.append(f"  heldout/improvement_lcb above the exact improvement on "
-                     f"{_share(r['heldout/improvement_lcb'] > r['improvement'] for r in certified)} steps")
+    abstained = (f" (it abstained on {shares['abstained']:.0%}: too few held-out prompts)" if shares["abstained"]
+                 else "")
+    lines = [f"  improvement certificate (heldout/improvement_lcb > 0): {shares['certified']:.0%} of {len(logged)}"
+             f" steps{abstained}; Theorem 1's held-out estimate (heldout/bound_est/lower_tight > 0): "
+             f"{_share(r.get('heldout/bound_est/lower_tight', float('nan')) > 0 for r in logged)}"]
+    if "above_exact" in shares:
+        lines.append(f"  heldout/improvement_lcb above the exact improvement on {shares['above_exact']:.0%} of "
+                     f"{len(logged)} steps")
     return lines
 
 

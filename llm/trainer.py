@@ -334,7 +334,7 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
                                           optimised.pi_k.logp, behaviour.dists, config.variance_eps, reward_range))
         if heldout is not None:
             row.update(heldout_estimates(passes, weights.policy, heldout, config.variance_eps, reward_range,
-                                         config.improvement_lcb_level))
+                                         config.improvement_lcb_level, config.improvement_lcb_method))
         row.update(run.exact.after_update())
     evaluate_now = config.eval_steps and ((step + 1) % config.eval_steps == 0 or step + 1 == config.max_steps)
     if evaluate_now and weights.ranks.joins_rank0:

@@ -13,7 +13,8 @@ LAYERS = [
     ["grpo_theory.validation", "grpo_theory.numerics", "grpo_theory.core", "grpo_theory.estimators",
      "grpo_theory.amplification", "grpo_theory.instances", "grpo_theory.symbolic", "grpo_theory.corrections",
      "grpo_theory.sync_policy", "grpo_theory.truncation", "grpo_theory"],
-    ["grpo_theory.simulate", "grpo_theory.check", "grpo_theory.sigma_bias", "grpo_theory.experiments"],
+    ["grpo_theory.simulate", "grpo_theory.check", "grpo_theory.sigma_bias", "grpo_theory.experiments",
+     "grpo_theory.certificate"],
     ["llm.config", "llm.metrics", "llm.clock"],  # settings and conventions, no torch
     ["llm.data", "llm.rewards.functions", "llm.rewards.overlong", "llm.rewards.model", "llm.rewards", "llm.tasks",
      "llm.procedural", "llm.sources"],  # tasks and rewards

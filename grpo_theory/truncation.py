@@ -8,16 +8,19 @@ of two filtered distributions, exact, and Theorem 1 (which holds for any three p
 the filtered policy, the one that is deployed.
 
 The kept set, in vLLM's order (``vllm/v1/sample/sampler.py``: temperature, then the min-p processor, then top-k, then
-top-p), for logits z already divided by T:
+top-p, ``vllm/v1/sample/ops/topk_topp_sampler.py``: ``apply_top_k_top_p_pytorch``), for logits z already divided by T:
 
     min_p  keep z_i with p_i >= min_p max_j p_j                      (p = softmax(z))
     top_k  keep the k largest of what is left (every token tied with the k-th)
-    top_p  sort what is left ascending, renormalise, take the cumulative sums c; drop the tokens with c <= 1 - top_p,
-           never the largest
+    top_p  sort what is left ascending, renormalise, take the cumulative sums c; drop the positions with
+           c <= 1 - top_p, never the last
 
-Each step keeps an upper set of z, so the kept set is {i : z_i >= tau} for one threshold tau per row
-(``kept_threshold``); the filtered log-probability is z_i - logsumexp_{z_j >= tau} z_j on the set and -inf off it.
-The neutral values (top_k 0, top_p 1, min_p 0) keep every token: the plain softmax.
+top-p cuts by position, so it can split a tie at the boundary: the kept set is {z > tau} and {z = tau, column >= c}
+for a boundary value tau and a first kept column c per row (``kept_boundary``; ties ordered by column). The samplers'
+own sorts order ties otherwise, which changes which tied tokens are kept but never how many, so never the
+normaliser: the filtered log-probability of a kept token is z_i - logsumexp over the kept set, -inf off it. The
+neutral values (top_k 0, top_p 1, min_p 0) keep every token: the plain softmax. On a GPU vLLM cuts with its own
+kernels, which differ at ties (docs/theory.md, §1.1).
 """
 
 from __future__ import annotations
@@ -54,35 +57,48 @@ class TokenFilter:
 NO_FILTER = TokenFilter()
 
 
-def kept_threshold(z, token_filter: TokenFilter) -> np.ndarray:
-    """tau per row of ``z`` (..., V), logits already divided by the temperature: the kept set is {z >= tau}
-    (-inf: every token). Float64, vLLM's order of the three filters (module docstring)."""
-    z = np.asarray(z, dtype=np.float64)
-    tau = np.full(z.shape[:-1], -np.inf)
+def _softmax(z: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        e = np.exp(z - z.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+
+def kept_boundary(z, token_filter: TokenFilter) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``z`` (..., V), logits already divided by the temperature: the boundary value tau and the first kept
+    column c among the tokens equal to it; the kept set is {z > tau} and {z = tau, column >= c} (``kept_mask``).
+    Float64, vLLM's three filters in its order (module docstring): tau is the smallest kept value (the smallest
+    finite one when nothing is dropped), c is 0 unless top-p's cut splits a tie (ties ordered by column)."""
+    masked = np.asarray(z, dtype=np.float64)
     if token_filter.min_p > 0:
-        zmax = z.max(axis=-1)
-        tau = np.maximum(tau, zmax + np.log(token_filter.min_p))  # p_i >= min_p p_max  <=>  z_i >= z_max + log min_p
-    if token_filter.top_k > 0 and token_filter.top_k < z.shape[-1]:
-        kth = -np.sort(-z, axis=-1)[..., token_filter.top_k - 1]
-        tau = np.maximum(tau, kth)
+        p = _softmax(masked)
+        masked = np.where(p < token_filter.min_p * p.max(axis=-1, keepdims=True), -np.inf, masked)
+    if 0 < token_filter.top_k < masked.shape[-1]:
+        kth = -np.sort(-masked, axis=-1)[..., token_filter.top_k - 1:token_filter.top_k]
+        masked = np.where(masked < kth, -np.inf, masked)
     if token_filter.top_p < 1.0:
-        masked = np.where(z >= tau[..., None], z, -np.inf)
-        srt = np.sort(masked, axis=-1)  # ascending
-        p = np.exp(srt - srt[..., -1:])
-        c = np.cumsum(p / p.sum(axis=-1, keepdims=True), axis=-1)
-        drop = c <= 1.0 - token_filter.top_p
+        idx = np.argsort(masked, axis=-1, kind="stable")  # ascending; ties in column order
+        srt = np.take_along_axis(masked, idx, axis=-1)
+        drop = np.cumsum(_softmax(srt), axis=-1) <= 1.0 - token_filter.top_p
         drop[..., -1] = False
-        first_kept = np.argmin(drop, axis=-1)  # drop is True on a prefix: its first False
-        tau = np.maximum(tau, np.take_along_axis(srt, first_kept[..., None], axis=-1)[..., 0])
-    return tau
+        first = np.argmin(drop, axis=-1)[..., None]  # drop is True on a prefix: its first False
+        return np.take_along_axis(srt, first, axis=-1)[..., 0], np.take_along_axis(idx, first, axis=-1)[..., 0]
+    tau = np.where(np.isneginf(masked), np.inf, masked).min(axis=-1)
+    return tau, np.zeros(masked.shape[:-1], dtype=np.int64)
+
+
+def kept_mask(z, token_filter: TokenFilter) -> np.ndarray:
+    """The kept set (..., V) bool of every row of ``z``: {z > tau} and {z = tau, column >= c} (``kept_boundary``)."""
+    z = np.asarray(z, dtype=np.float64)
+    tau, first = kept_boundary(z, token_filter)
+    col = np.arange(z.shape[-1])
+    return (z > tau[..., None]) | ((z == tau[..., None]) & (col >= first[..., None]))
 
 
 def filtered_log_softmax(z, token_filter: TokenFilter = NO_FILTER) -> np.ndarray:
     """log of the filtered distribution of ``z`` (..., V) (logits divided by T): z_i - logsumexp over the kept set
     on it, -inf off it."""
     z = np.asarray(z, dtype=np.float64)
-    kept = z >= kept_threshold(z, token_filter)[..., None]
-    masked = np.where(kept, z, -np.inf)
+    masked = np.where(kept_mask(z, token_filter), z, -np.inf)
     top = masked.max(axis=-1, keepdims=True)
     return masked - (top + np.log(np.exp(masked - top).sum(axis=-1, keepdims=True)))
 

@@ -27,7 +27,7 @@ from runkit.host_memory import micro_batches
 from .batch import Batch
 from .distributed import SINGLE, Ranks
 from .model import Precision, architecture
-from .sampling.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, filtered_log_softmax, kept_threshold
+from .sampling.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, filtered_log_softmax, kept_boundary, kept_from
 
 #: Default size of one chunk of float32 logits: chunk_tokens = LOGIT_CHUNK_BYTES / (4 V) rows (441 rows for a
 #: 151,936-token vocabulary; the whole completion batch of the built-in 99-token model in one chunk).
@@ -106,20 +106,25 @@ class _ScaledHeadLogprobs(torch.autograd.Function):
         filtered = token_filter.active
         with torch.autocast(device, enabled=False):
             w = weight.to(compute)
-            logp, lse, ent, taus, kept = [], [], [], [], None
+            logp, lse, ent, taus, firsts, on, kept = [], [], [], [], [], [], None
             for s in range(0, hidden.shape[0], rows):
                 z = _wide_logits(hidden[s:s + rows], w, compute, wide, scale)
                 t = targets[s:s + rows, None]
-                if filtered:
-                    taus.append(kept_threshold(z, token_filter))
-                    z.masked_fill_(z < taus[-1][:, None], -math.inf)
+                if filtered:  # the kept set by the sampler's rule; a target tied at its boundary counts as kept
+                    tau, first = kept_boundary(z, token_filter)
+                    taus.append(tau)
+                    firsts.append(first)
+                    z_t = z.gather(-1, t).squeeze(-1)
+                    on.append(z_t >= tau)
+                    z.masked_fill_(~kept_from(z, tau, first), -math.inf)
                 logq = torch.log_softmax(z, dim=-1)  # one kernel: 50 ms a SmolLM2 chunk against logsumexp's 65
-                logp.append(logq.gather(-1, t).squeeze(-1))
                 if filtered:  # the row's largest logit is always kept: the log-normaliser from it
                     top = z.amax(dim=-1, keepdim=True)
                     lse.append((top - logq.gather(-1, z.argmax(dim=-1, keepdim=True))).squeeze(-1))
+                    logp.append(z_t - lse[-1])  # off the kept set replaced below; a NaN stays NaN
                     logq.clamp_(min=OFF_SET_LOGP)  # exp of it is 0; finite for the entropy's products
                 else:
+                    logp.append(logq.gather(-1, t).squeeze(-1))
                     lse.append(z.gather(-1, t).squeeze(-1) - logp[-1])  # the row's log-normaliser, for the backward
                 if entropy or single:
                     p = logq.exp() if entropy else logq.exp_()
@@ -128,12 +133,13 @@ class _ScaledHeadLogprobs(torch.autograd.Function):
                     kept = p if single else None
         lse = torch.cat(lse)
         out = torch.cat(logp)
-        target_kept = ~torch.isneginf(out)  # a NaN (a broken pass) stays NaN: the trainer skips such an update
-        if filtered:
-            out = torch.where(target_kept, out, torch.full_like(out, OFF_SET_LOGP))
+        target_kept = torch.cat(on) if filtered else ~torch.isneginf(out)  # NaN (a broken pass) stays NaN
+        if filtered:  # a NaN (a broken pass) stays NaN: the trainer skips such an update
+            out = torch.where(target_kept | torch.isnan(out), out, torch.full_like(out, OFF_SET_LOGP))
         ent = torch.cat(ent) if entropy else out.new_zeros(0)
         tau = torch.cat(taus) if filtered else torch.empty(0)
-        ctx.save_for_backward(hidden, weight, targets, lse, kept if kept is not None else torch.empty(0), tau,
+        first = torch.cat(firsts) if filtered else torch.empty(0, dtype=torch.long)
+        ctx.save_for_backward(hidden, weight, targets, lse, kept if kept is not None else torch.empty(0), tau, first,
                               target_kept, ent)
         ctx.meta = (compute, wide, scale, rows, kept is not None, filtered)
         if not entropy:
@@ -142,7 +148,7 @@ class _ScaledHeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
-        hidden, weight, targets, lse, kept, tau, target_kept, ent = ctx.saved_tensors
+        hidden, weight, targets, lse, kept, tau, first, target_kept, ent = ctx.saved_tensors
         compute, wide, scale, rows, have_p, filtered = ctx.meta
         need_h, need_w = ctx.needs_input_grad[:2]
         grad_h = torch.empty_like(hidden) if need_h else None
@@ -158,7 +164,7 @@ class _ScaledHeadLogprobs(torch.autograd.Function):
             else:
                 z = _wide_logits(h, w, compute, wide, scale)
                 if filtered:
-                    z.masked_fill_(z < tau[s:s + rows, None], -math.inf)
+                    z.masked_fill_(~kept_from(z, tau[s:s + rows], first[s:s + rows]), -math.inf)
                 logq = z.sub_(lse[s:s + rows, None])
                 if with_entropy:  # dH/dz = -p (log p + H), with p = 0 (and so no term) off the kept set
                     g_h = grad_entropy[s:s + rows].to(wide)[:, None]

@@ -44,6 +44,16 @@ def after_update(key: str) -> bool:
                                         "bound_est/frac", "insample/", "eval/"))
 
 
+def same_first_step(want: dict, got: dict, key: str) -> bool:
+    """One metric of a ranked run's first step against one process's: the sync check is float rounding itself (a
+    few 1e-6 nats, so no relative tolerance), held within the float32 sync check's tolerance; the updated policy's
+    terms to AFTER_UPDATE_RTOL of what they are made of (``tests.helpers.metric_atol``), the rest to STEP0_RTOL."""
+    if key.startswith("sampling/logp_diff"):
+        return got[key] <= SYNC_CHECKS["float32"].tolerance
+    rtol, atol = (AFTER_UPDATE_RTOL, FSDP_ATOL) if after_update(key) else (STEP0_RTOL, 1e-6)
+    return same_metric(want, got, key, rtol, atol, HELDOUT)
+
+
 #: The FSDP test's runs: a checkpoint after every step, evaluation every 2 steps.
 EVERY = ("--save-steps", "1", "--eval-steps", "2")
 
@@ -162,10 +172,7 @@ def test_torchrun_with_two_ranks_logs_the_one_process_metrics(tmp_path, one_proc
     first = {k: v for k, v in a[0].items() if not k.startswith("time/")}
     assert first.keys() == {k for k in b[0] if not k.startswith("time/")}
     for key, value in first.items():
-        # the updated policy's terms: relative, and a standard error over two held-out prompts (a difference of two
-        # estimates) as FSDP_ATOL absolute: measured 6.2e-6 on 5.9e-5 for the drift TV(pi_new, pi_k)'s
-        rtol, atol = (AFTER_UPDATE_RTOL, FSDP_ATOL) if after_update(key) else (STEP0_RTOL, 1e-6)
-        assert same_metric(a[0], b[0], key, rtol, atol, HELDOUT), (key, value, b[0][key])
+        assert same_first_step(a[0], b[0], key), (key, value, b[0][key])
     assert torch.load(tmp_path / "two" / "checkpoint.pt", weights_only=True)["world_size"] == 2
 
 
@@ -182,8 +189,7 @@ def test_torchrun_with_one_rank_and_fsdp_runs_a_group_of_one(tmp_path, one_proce
     assert [r["reward"] for r in a] == [r["reward"] for r in b]
     for key, value in a[0].items():
         if not key.startswith("time/"):
-            rtol, atol = (AFTER_UPDATE_RTOL, FSDP_ATOL) if after_update(key) else (STEP0_RTOL, 1e-6)
-            assert same_metric(a[0], b[0], key, rtol, atol, HELDOUT), (key, value, b[0][key])
+            assert same_first_step(a[0], b[0], key), (key, value, b[0][key])
     ckpt = torch.load(tmp_path / "ranked" / "checkpoint.pt", weights_only=True)
     assert ckpt["fsdp"] and ckpt["world_size"] == 1
 

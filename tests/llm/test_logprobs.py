@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from grpo_theory.truncation import filtered_log_softmax
-from grpo_theory.truncation import kept_threshold as gt_kept_threshold
+from grpo_theory.truncation import kept_boundary as gt_kept_boundary
 from llm.batch import make_batch
 from llm.logprobs import LogitHead, check_head, forward_completions
 from llm.model import compile_blocks, load_policy
 from llm.passes import Passes
-from llm.sampling.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, kept_threshold
+from llm.sampling.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, kept_boundary
 from llm.sampling.token_filter import filtered_log_softmax as torch_filtered_log_softmax
 from llm.tiny import FAMILIES, build_family_model, tiny_model_dir
 from tests.helpers import ATOL, RTOL, RTOL64, SHARED_GRAD_RTOL, plain_logprobs, same_gradient, sequences
@@ -220,7 +220,8 @@ def test_the_torch_filter_keeps_grpo_theorys_set(seed):
     g = torch.Generator().manual_seed(seed)
     z = 2 * torch.randn(50, 300, dtype=torch.float64, generator=g)
     for f in (TokenFilter(top_p=0.7), TokenFilter(top_k=7), TokenFilter(min_p=0.1), TokenFilter(5, 0.9, 0.05)):
-        assert torch.equal(torch.from_numpy(gt_kept_threshold(z.numpy(), f)), kept_threshold(z, f))
+        for a, b in zip(gt_kept_boundary(z.numpy(), f), kept_boundary(z, f), strict=True):
+            assert torch.equal(torch.from_numpy(a), b)
         want = torch.from_numpy(filtered_log_softmax(z.numpy(), f)).clamp(min=OFF_SET_LOGP)
         assert torch.allclose(torch_filtered_log_softmax(z, f), want, rtol=1e-12, atol=1e-12)
 

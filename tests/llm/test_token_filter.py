@@ -120,3 +120,97 @@ def test_sampled_estimates_match_the_exact_values_and_the_full_softmax_ratio_doe
         full_k = np.exp(seq_logp(policy, tok, [p] * n, roll.completion_ids, NO_FILTER) - la)
         tv_full = tv_estimate(full_k.reshape(-1, G))
         assert abs(tv_full.mean() - exact["tv"]) > 8 * tv_full.std(ddof=1) / np.sqrt(tv_full.size)
+
+
+# ---- ties at the boundary: the samplers' own functions on bf16 logits ----------------------------------------------
+
+#: Filters of the ties test, each in vLLM's order (min-p, top-k, top-p).
+TIE_FILTERS = [TokenFilter(top_p=0.9), TokenFilter(top_p=0.5), TokenFilter(top_k=20), TokenFilter(top_k=50, top_p=0.8),
+               TokenFilter(min_p=0.05), TokenFilter(top_k=40, top_p=0.95, min_p=0.02)]
+
+
+def _bf16_rows(n: int = 1000, vocab: int = 8192, seed: int = 0) -> torch.Tensor:
+    """Logits rounded to bfloat16 (then held in float32, as both samplers compute): ties are common."""
+    g = torch.Generator().manual_seed(seed)
+    return (2.5 * torch.randn(n, vocab, generator=g)).bfloat16().float()
+
+
+def vllms_kept(z: torch.Tensor, f: TokenFilter) -> torch.Tensor:
+    """vLLM's own functions: its min-p logits processor's ``apply`` and ``apply_top_k_top_p_pytorch`` (the CPU path)."""
+    from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+    z = z.clone()
+    n = z.shape[0]
+    if f.min_p > 0:
+        proc = MinPLogitsProcessor.__new__(MinPLogitsProcessor)
+        proc.min_p_count, proc.min_p = n, torch.full((n, 1), f.min_p, dtype=torch.float32)
+        z = proc.apply(z)
+    k = torch.full((n,), f.top_k, dtype=torch.long) if f.top_k else None
+    p = torch.full((n,), f.top_p, dtype=torch.float32) if f.top_p < 1 else None
+    return torch.isfinite(apply_top_k_top_p_pytorch(z, k, p, allow_cpu_sync=True))
+
+
+def transformers_kept(z: torch.Tensor, f: TokenFilter) -> torch.Tensor:
+    """transformers' own warpers, in vLLM's order: MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper."""
+    from transformers import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    ids = torch.zeros(z.shape[0], 1, dtype=torch.long)
+    for on, warper in ((f.min_p > 0, lambda: MinPLogitsWarper(f.min_p)), (f.top_k > 0, lambda: TopKLogitsWarper(f.top_k)),
+                       (f.top_p < 1, lambda: TopPLogitsWarper(f.top_p))):
+        if on:
+            z = warper()(ids, z)
+    return torch.isfinite(z)
+
+
+def _same_up_to_boundary_ties(ours: torch.Tensor, theirs: torch.Tensor, z: torch.Tensor, f: TokenFilter) -> None:
+    """The same number of kept tokens in every row, and the same tokens above and below the boundary value: only
+    which of the tokens tied at the boundary are kept may differ (the samplers' sorts order ties arbitrarily), which
+    changes no probability of a kept token."""
+    from llm.sampling.token_filter import kept_boundary
+
+    tau = kept_boundary(z, f)[0][:, None]
+    assert torch.equal(ours.sum(-1), theirs.sum(-1))
+    assert torch.equal(ours & (z != tau), theirs & (z != tau))
+
+
+@pytest.mark.parametrize("token_filter", TIE_FILTERS)
+def test_the_kept_sets_are_vllms_and_transformers_on_bf16_logits_with_ties(token_filter):
+    """1,000 rows of 8,192 bf16-rounded logits: the kept set is vLLM's and transformers' own, row for row, up to which
+    tied tokens at the boundary (the count, so the normaliser, equal); with top-p some rows split a tie there, where
+    the earlier rule ({z >= tau}, the whole tie) kept more tokens than the samplers."""
+    from llm.sampling.token_filter import kept_boundary, kept_mask
+
+    z = _bf16_rows()
+    ours = kept_mask(z, token_filter)
+    for theirs in (vllms_kept(z, token_filter), transformers_kept(z, token_filter)):
+        _same_up_to_boundary_ties(ours, theirs, z, token_filter)
+    whole_tie = z >= kept_boundary(z, token_filter)[0][:, None]
+    split = (whole_tie.sum(-1) > ours.sum(-1)).float().mean()
+    if token_filter.top_p < 1:
+        assert split > 0.05, split  # the case matters: many rows split a tie
+    else:
+        assert split == 0  # top-k and min-p keep ties whole, as the samplers do
+
+
+def test_log_probs_of_vllms_samples_equal_vllms_on_bf16_logits():
+    """Tokens sampled from vLLM's filtered distribution (top-p 0.9 on bf16 rows of 2,048 logits): the trainer's
+    log-probability of each (``llm.logprobs``' chunked head, the logits fed through an identity output layer; a target
+    tied at the boundary counts as kept) equals vLLM's processed log-probability to float32 rounding, so log
+    pi_k/alpha at lag 0 has no bias from the rule; the earlier rule's normaliser (the whole tie at the boundary) put it
+    below vLLM's, on average by more than 1e-4 nats a token here."""
+    from llm.logprobs import _ScaledHeadLogprobs
+    from llm.sampling.token_filter import kept_boundary
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+    f = TokenFilter(top_p=0.9)
+    z = _bf16_rows(400, vocab=2048)
+    n = z.shape[0]
+    logq = apply_top_k_top_p_pytorch(z.clone(), None, torch.full((n,), 0.9), allow_cpu_sync=True).log_softmax(dim=-1)
+    y = torch.multinomial(logq.exp(), 1, generator=torch.Generator().manual_seed(1))[:, 0]
+    vllm_logp = logq.gather(-1, y[:, None])[:, 0]
+    got, _ = _ScaledHeadLogprobs.apply(z, torch.eye(z.shape[1]), y, 1.0, 64, False, f)
+    assert torch.allclose(got, vllm_logp, atol=1e-5), (got - vllm_logp).abs().max()
+    tau = kept_boundary(z, f)[0][:, None]
+    whole_tie = z.masked_fill(z < tau, -float("inf")).log_softmax(dim=-1).gather(-1, y[:, None])[:, 0]
+    assert float((whole_tie - vllm_logp).mean()) < -1e-4

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import grpo_theory as gt
 from grpo_theory.estimators import improvement_estimate, tv_estimate
-from grpo_theory.truncation import NO_FILTER, TokenFilter, filtered_log_softmax, filtered_policy, kept_threshold
+from grpo_theory.truncation import NO_FILTER, TokenFilter, filtered_log_softmax, filtered_policy, kept_mask
 
 filters = st.builds(TokenFilter, top_k=st.sampled_from([0, 1, 2, 3, 5]), top_p=st.sampled_from([1.0, 0.95, 0.8, 0.5, 0.1]),
                     min_p=st.sampled_from([0.0, 0.05, 0.2]))
@@ -18,9 +18,8 @@ logits = st.integers(2, 9).flatmap(lambda n: st.lists(st.floats(-4, 4), min_size
 
 def literal_kept(z: np.ndarray, f: TokenFilter) -> np.ndarray:
     """The kept set read off vLLM's steps one by one, with Python loops: min-p on the softmax, then the top-k values
-    (ties with the k-th kept), then top-p: in descending order a token is kept while the renormalised mass of the
-    tokens ranked above it is below top_p, and so is every token tied with a kept one (vLLM's sort may split a tie at
-    the boundary: an event of probability zero for real-valued logits; the project keeps ties whole)."""
+    (ties with the k-th kept), then top-p by position: walking the survivors in ascending order (ties by column), a
+    position is dropped while the renormalised mass up to and including it is at most 1 - top_p, never the last."""
     keep = np.ones(len(z), bool)
     p = np.exp(z - z.max())
     p /= p.sum()
@@ -30,23 +29,34 @@ def literal_kept(z: np.ndarray, f: TokenFilter) -> np.ndarray:
         kth = sorted(z[keep], reverse=True)[min(f.top_k, keep.sum()) - 1]
         keep &= z >= kth
     if f.top_p < 1:
-        q = np.where(keep, p, 0.0) / np.where(keep, p, 0.0).sum()
-        above = 0.0
-        kept_p = np.zeros(len(z), bool)
-        for i in np.argsort(-z, kind="stable"):
-            if not keep[i]:
-                continue
-            kept_p[i] = above < f.top_p
-            above += q[i]
-        keep &= kept_p | (keep & (z >= z[kept_p].min()))  # a token tied with a kept one is kept too
+        order = [int(i) for i in np.argsort(z, kind="stable") if keep[i]]
+        q = np.exp(z[order] - z[order].max())
+        q /= q.sum()
+        total = 0.0
+        for pos, i in enumerate(order[:-1]):
+            total += q[pos]
+            if total > 1.0 - f.top_p:
+                break
+            keep[i] = False
     return keep
 
 
 @given(logits, filters)
 @example(np.array([1.0, 1.0, 0.0]), TokenFilter(top_k=1))  # a tie at the k-th value: both kept
 @example(np.array([3.0, 0.0, -1.0]), TokenFilter(top_p=0.1))  # the top token alone
+@example(np.array([0.0, 0.0, 0.0, 0.0]), TokenFilter(top_p=0.5))  # a tie split by top-p: the last two columns kept
 def test_the_kept_set_is_vllms_three_filters_in_order(z, f):
-    assert np.array_equal(z >= kept_threshold(z, f), literal_kept(z, f))
+    assert np.array_equal(kept_mask(z, f), literal_kept(z, f))
+
+
+def test_top_p_splits_a_tie_by_position_as_the_samplers_do():
+    """Four equal logits at top-p 0.5: the cumulative sums are 0.25, 0.5, 0.75, 1; vLLM and transformers drop the
+    positions with sum <= 0.5, so two of the four tied tokens are kept (the project keeps the higher columns), and the
+    filtered log-probability of a kept one is log(1/2), not log(1/4)."""
+    z = np.zeros(4)
+    f = TokenFilter(top_p=0.5)
+    assert kept_mask(z, f).tolist() == [False, False, True, True]
+    assert filtered_log_softmax(z, f)[2:] == pytest.approx(np.log([0.5, 0.5]))
 
 
 @given(logits, filters, st.sampled_from([0.5, 1.0, 1.7]))

@@ -214,11 +214,12 @@ class GRPOConfig:
     masking); their rewards still count in the group statistics. The loss then averages over the completions alpha
     finishes (docs/theory.md, §6.2)."""
     top_entropy_quantile: float = 1.0
-    """Keep in the policy term only the tokens whose entropy is in this top share of each micro-batch's loss tokens
-    (TRL's name; 1: all)."""
+    """Keep in the policy term only the tokens whose entropy is in this top share of each micro-batch's completion
+    tokens (TRL's name and pool: zero-variance groups included; 1: all)."""
     entropy_coef: float = 0.0
-    """Subtract this times the mean next-token entropy of the loss tokens from the loss (an entropy bonus, TRL's
-    name, verl's entropy_coeff). The entropy is that of the (filtered) policy the trainer optimises."""
+    """Subtract this times the mean next-token entropy of the completion tokens from the loss (an entropy bonus,
+    TRL's name, verl's entropy_coeff; with top_entropy_quantile < 1, of the tokens its mask keeps, as TRL). The
+    entropy is that of the (filtered) policy the trainer optimises."""
     variance_eps: float = 1e-4
     """eps of sigma_{alpha,eps} = sqrt(var + eps) in the advantage and the bound (Theorem 1 needs <= 3/4)."""
     mask_zero_std_groups: bool = True

@@ -4,9 +4,10 @@
 Beside the objective, TRL's token-level knobs act here: ``loss_type="bnpo"`` normalises each micro-batch by its own
 loss tokens (TRL's local normaliser: the step's gradient then depends on how it is split, unlike every other loss
 type here), ``top_entropy_quantile`` keeps in the policy term only the tokens whose entropy (of the pass's policy)
-is in the top share of the micro-batch's loss tokens (TRL's quantile, per pass), and ``entropy_coef`` subtracts
-coef x the mean entropy of the loss tokens (over the whole step, so it does not depend on the split; TRL means it
-per micro-batch) with its gradient."""
+is in the top share of the pass's completion tokens (TRL's quantile over TRL's tokens: zero-variance groups in the
+pool), and ``entropy_coef`` subtracts coef x the mean entropy (``EntropyTerms``: over the whole step's completion
+tokens, so it does not depend on the split, where TRL means it per micro-batch; with the quantile mask on, TRL's own
+per-pass mean over the tokens the mask keeps) with its gradient."""
 
 from __future__ import annotations
 
@@ -94,21 +95,22 @@ def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, opti
     parts = batch.passes(passes.micro_batch, passes.by_length, passes.rows(batch))
     if objective.loss_type == "bnpo":  # each pass's loss tokens are its own normaliser (TRL's local batch)
         weights = bnpo_weights(batch.completion_mask * seq_mask[:, None], parts, passes.ranks)
-    bonus = None
-    if objective.entropy_coef:  # coef x the mean entropy over the step's loss tokens
-        on = batch.completion_mask * seq_mask[:, None]
-        bonus = objective.entropy_coef * on / on.sum().clamp(min=1.0)
+    # every completion token but those truncation masking drops, zero-variance groups included: TRL's completion
+    # mask, the tokens of its entropy bonus and entropy quantile, and M2PO's N tokens of the batch
+    tokens = batch.completion_mask * (1.0 if sequence_keep is None else torch.tensor(
+        np.asarray(sequence_keep, dtype=np.float32), device=device)[:, None])
+    entropy = EntropyTerms(objective.top_entropy_quantile, objective.entropy_coef, tokens)
+    if objective.entropy_coef and objective.top_entropy_quantile < 1.0:  # TRL: a mean per pass over the accumulation
+        entropy.passes = passes.ranks.sum_float(float(len(parts)))
     token_keep = None  # M2PO at lag 0 (alpha = pi_k, every log w = 0) keeps every token: no mask, no extra pass
     if objective.clip.importance_sampling_mode == "m2po" and logp_alpha is not None:
         logp_k = passes.logprobs(policy, batch).logp  # one pass more: pi_k on every micro-batch before the first loss
-        tokens = batch.completion_mask * (1.0 if sequence_keep is None else torch.tensor(  # the paper's N tokens: every
-            np.asarray(sequence_keep, dtype=np.float32), device=device)[:, None])  # completion's, zero-variance or not
         token_keep = second_moment_keep_torch(logp_k - logp_alpha, tokens, objective.clip.m2_threshold)
     ranks, first, result = passes.ranks, [], Optimised(None, None, LossStats(), 0.0)
     for it in range(objective.num_iterations):
         optimizer.zero_grad(set_to_none=True)
-        stats = inner_step(passes, objective, policy, batch, parts, first, adv, weights, logp_alpha, logp_ref, bonus,
-                           token_keep)
+        stats = inner_step(passes, objective, policy, batch, parts, first, adv, weights, logp_alpha, logp_ref,
+                           entropy, token_keep)
         if it == 0:  # pi_k's pass over the whole batch, before the update (the output layer is still pi_k's)
             result.pi_k = passes.whole_batch(Forward.assemble(batch, parts, first))
             if objective.keep_hidden:  # alpha's distributions None: alpha = pi_k (lag 0), whose chain TV is 0
@@ -141,30 +143,59 @@ def bnpo_weights(on: torch.Tensor, parts: list[torch.Tensor], ranks: Ranks) -> t
     return weights / max(ranks.sum_float(float(len(parts))), 1.0)
 
 
-def high_entropy_mask(entropy: torch.Tensor, on: torch.Tensor, quantile: float) -> torch.Tensor:
-    """TRL's ``top_entropy_quantile``: the loss tokens (``on`` (B, T) bool) whose entropy is at least the
-    (1 - quantile)-quantile of the loss tokens' entropies, as a float mask (B, T)."""
-    values = entropy[on].float()
+def high_entropy_mask(entropy: torch.Tensor, pool: torch.Tensor, quantile: float) -> torch.Tensor:
+    """TRL's ``top_entropy_quantile``: the tokens of ``pool`` (B, T) bool whose entropy is at least the
+    (1 - quantile)-quantile of the pool's entropies, as a float mask (B, T)."""
+    values = entropy[pool].float()
     if values.numel() == 0:
         return torch.zeros_like(entropy)
     threshold = torch.quantile(values, 1.0 - quantile)
-    return ((entropy >= threshold) & on).to(entropy.dtype)
+    return ((entropy >= threshold) & pool).to(entropy.dtype)
+
+
+@dataclass
+class EntropyTerms:
+    """TRL's entropy knobs over TRL's tokens (``tokens`` (B, T): every completion token but those truncation masking
+    drops, zero-variance groups included): the quantile mask of each pass's tokens (``top_entropy_quantile``), and the
+    bonus ``coef`` x the mean entropy, over the whole step's tokens when every token is kept (so the gradient does not
+    depend on the split; TRL means it per pass), else, as TRL, over each pass's tokens the mask keeps, per pass and
+    divided by the step's number of passes (``passes``, over every rank)."""
+
+    quantile: float
+    coef: float
+    tokens: torch.Tensor
+    passes: float = 1.0
+
+    def mask(self, entropy: torch.Tensor, rows, t: int) -> torch.Tensor | None:
+        """The pass's quantile mask (B, T) float, or None without one."""
+        if self.quantile >= 1.0:
+            return None
+        return high_entropy_mask(entropy.detach(), self.tokens[rows, :t] > 0, self.quantile)
+
+    def bonus(self, rows, t: int, mask: torch.Tensor | None) -> torch.Tensor | None:
+        """The pass's bonus weight per token (its loss term is -sum weight x H), or None without a bonus."""
+        if not self.coef:
+            return None
+        if mask is None:
+            return self.coef * self.tokens[rows, :t] / self.tokens.sum().clamp(min=1.0)
+        return self.coef * mask / mask.sum().clamp(min=1.0) / max(self.passes, 1.0)
 
 
 def inner_step(passes: Passes, objective: Objective, policy: torch.nn.Module, batch: Batch,
                parts: list[torch.Tensor], first: list[Forward], adv: torch.Tensor, weights: torch.Tensor,
                logp_alpha: torch.Tensor | None, logp_ref: torch.Tensor | None,
-               bonus: torch.Tensor | None = None, token_keep: torch.Tensor | None = None) -> LossStats:
+               entropy: "EntropyTerms | None" = None, token_keep: torch.Tensor | None = None) -> LossStats:
     """One inner step's forward and backward passes over this rank's ``parts`` of the batch (the gradients add up
-    in the parameters). The first inner step records each pass's pi_k forward in ``first``. ``bonus`` (B, T): the
-    entropy bonus's weight per token (its loss term is -sum bonus x H); ``token_keep`` (B, T): M2PO's mask."""
+    in the parameters). The first inner step records each pass's pi_k forward in ``first``. ``entropy``: TRL's
+    entropy mask and bonus; ``token_keep`` (B, T): M2PO's mask."""
+    entropy = entropy or EntropyTerms(1.0, 0.0, batch.completion_mask)
     record = not first
     idle = passes.ranks.idle_passes(len(parts))  # a collective: before any pass's own gathers
     stats = LossStats()
     for j, rows in enumerate(micro_batches(parts)):
         mb = batch.take(rows)
         fwd = passes.forward(policy, mb, entropy=record or objective.entropy_every_pass,
-                             keep_hidden=record and objective.keep_hidden, entropy_grad=bonus is not None)
+                             keep_hidden=record and objective.keep_hidden, entropy_grad=bool(entropy.coef))
         if record:
             first.append(Forward(fwd.logp.detach(), None if fwd.entropy is None else fwd.entropy.detach(),
                                  fwd.hidden))
@@ -172,9 +203,8 @@ def inner_step(passes: Passes, objective: Objective, policy: torch.nn.Module, ba
         t = mb.completion_ids.shape[1]
         cols = lambda x: x[rows, :t]  # noqa: E731  (B, T) -> this pass's rows and columns
         w = cols(weights)
-        policy_mask = None
-        if objective.top_entropy_quantile < 1.0:
-            policy_mask = high_entropy_mask(fwd.entropy.detach(), w > 0, objective.top_entropy_quantile)
+        policy_mask = entropy.mask(fwd.entropy, rows, t)
+        bonus = entropy.bonus(rows, t, policy_mask)
         loss, part = grpo_loss(
             fwd.logp, logp_k, logp_k if logp_alpha is None else cols(logp_alpha), adv[rows], w,
             clip=objective.clip, beta=objective.beta,
@@ -182,7 +212,7 @@ def inner_step(passes: Passes, objective: Objective, policy: torch.nn.Module, ba
             use_bias_correction_kl=objective.use_bias_correction_kl, policy_mask=policy_mask,
             token_keep=None if token_keep is None else cols(token_keep))
         if bonus is not None:
-            loss = loss - (fwd.entropy * cols(bonus)).sum()
+            loss = loss - (fwd.entropy * bonus).sum()
         stats = stats.merge(part)
         if part.tokens:
             loss.backward()

@@ -101,9 +101,10 @@ def _grad(policy, batch, adv, keep, **objective):
     from llm.passes import Passes
 
     passes = Passes(1.0, Precision(), micro_batch=objective.pop("micro_batch", 0), group_size=3, share_prompts=False)
+    groups = objective.pop("groups", np.ones(2, bool))
     opt = torch.optim.SGD(policy.parameters(), lr=0.0)
     optimise(passes, Objective(max_grad_norm=0.0, max_completion_length=6, **objective), policy, opt, batch, adv,
-             np.ones(2, bool), None, None, sequence_keep=keep)
+             groups, None, None, sequence_keep=keep)
     return torch.cat([p.grad.flatten() for p in policy.parameters()])
 
 
@@ -146,6 +147,42 @@ def test_the_entropy_bonus_adds_minus_coef_times_the_gradient_of_the_mean_entrop
     ((-(full.exp() * full).sum(-1) * m).sum() / m.sum()).backward()
     entropy_grad = torch.cat([p.grad.flatten() for p in policy.parameters()])
     assert same_gradient(with_bonus, plain - 0.3 * entropy_grad, SHARED_GRAD_RTOL)  # float32 RMSNorm variance
+
+
+def _entropy_gradient(policy, batch, tokens: torch.Tensor) -> torch.Tensor:
+    """The gradient of the mean next-token entropy over ``tokens`` (B, T), through the model's own logits."""
+    from tests.helpers import plain_full
+
+    policy.zero_grad(set_to_none=True)
+    full = plain_full(policy, batch)
+    m = tokens.double()
+    ((-(full.exp() * full).sum(-1) * m).sum() / m.sum()).backward()
+    return torch.cat([p.grad.flatten() for p in policy.parameters()])
+
+
+def test_the_entropy_bonus_and_quantile_act_on_trls_tokens():
+    """As TRL 1.16 (``GRPOTrainer._compute_loss``): the bonus is over every completion token, a masked zero-variance
+    group's included (TRL has no such mask); with top_entropy_quantile < 1 the quantile is over the same tokens and the
+    bonus acts only on the tokens the entropy mask keeps (``effective_mask``), the policy term too."""
+    import numpy as np
+
+    from llm.optim.update import high_entropy_mask
+    from tests.helpers import plain_full
+
+    policy, batch, adv = _tiny_step(1)
+    groups = np.array([True, False])  # the second group leaves the policy term (the zero-variance mask)
+    plain = _grad(policy, batch, adv, None, groups=groups)
+    every = batch.completion_mask
+    got = _grad(policy, batch, adv, None, groups=groups, entropy_coef=0.3)
+    assert same_gradient(got, plain - 0.3 * _entropy_gradient(policy, batch, every), SHARED_GRAD_RTOL)
+    with torch.no_grad():
+        full = plain_full(policy, batch)
+        ent = -(full.exp() * full).sum(-1)
+    emask = high_entropy_mask(ent, every > 0, 0.5)
+    assert 0 < emask.sum() < every.sum()
+    masked_plain = _grad(policy, batch, adv, None, groups=groups, top_entropy_quantile=0.5)
+    got = _grad(policy, batch, adv, None, groups=groups, top_entropy_quantile=0.5, entropy_coef=0.3)
+    assert same_gradient(got, masked_plain - 0.3 * _entropy_gradient(policy, batch, emask), SHARED_GRAD_RTOL)
 
 
 def test_truncated_completions_leave_the_loss_but_count_in_their_groups_advantages():

@@ -308,8 +308,8 @@ def frontier_table(cfg: AblationConfig, results: dict[str, list[dict]], syncs=No
     misses = np.mean([s["lcb_above_exact"] for s in distinct])
     level = GRPOConfig.__dataclass_fields__["improvement_lcb_level"].default  # the runs' level: not an option here
     lines.append(f"\nOver the {len(distinct)} distinct runs, the improvement certificate (level {level}) exceeds the "
-                 f"exact improvement on {misses:.1%} of steps ({1 - level:.0%} expected if its standard error is "
-                 "right).")
+                 f"exact improvement on {misses:.1%} of steps (at most about {1 - level:.0%} where it keeps its level)"
+                 ".")
     return "\n".join(lines)
 
 

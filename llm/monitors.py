@@ -109,15 +109,18 @@ class Warnings:
 
     def __init__(self, dtype: str):
         self.check = SYNC_CHECKS[dtype]
+        self.floor: float | None = None  # the first synced step's gap: the rounding floor (``SyncCheck``)
         self.low_ess = False
 
     def see(self, row: dict, synced: bool, write) -> None:
-        gap = self.check.stale(row)
+        if synced and self.floor is None and row.get(self.check.metric) is not None and self.check.floor_factor:
+            self.floor = row[self.check.metric]
+        gap = self.check.stale(row, self.floor)
         if synced and gap is not None:
             how = "by up to" if self.check.metric.endswith("_max") else "on average by"
             write(f"WARNING step {row['step']}: sampler and trainer log-probs differ {how} {gap:.2e} right after "
-                  f"a weight sync (> {self.check.tolerance:g}, {self.check.metric}): the sampler may hold stale "
-                  "weights")
+                  f"a weight sync (> {self.check.threshold(self.floor):.3g}, {self.check.metric}): the sampler may "
+                  "hold stale weights")
         low = {k: v for k, v in row.items() if "ess/" in k and not k.endswith("_se") and v < ESS_WARN_FRACTION}
         if low and not self.low_ess:
             worst = min(low, key=low.get)

@@ -93,7 +93,8 @@ def probe_sync(sampler: Sampler, policy: torch.nn.Module, prompts: list[list[int
     """Prove at start-up that weights reach the sampler for this model's architecture: sync a perturbed copy
     of the policy, sample, compare the sampler's log-probs with the copy's, then sync the policy back.
     Returns the gap that ``check`` (``llm.diagnostics.SyncCheck``) reads; raises ``ValueError`` (one line, naming
-    the architecture) above its tolerance."""
+    the architecture) above its tolerance, or, for a check calibrated on the rounding floor (bfloat16), unless the
+    sampler is ``PROBE_SEPARATION`` times closer to the perturbed weights than to the unperturbed ones."""
     from ..batch import make_batch, padded
     from ..logprobs import completion_logprobs
     from ..model import frozen_copy
@@ -112,14 +113,21 @@ def probe_sync(sampler: Sampler, policy: torch.nn.Module, prompts: list[list[int
         batch = make_batch([p for p in prompts for _ in range(2)], roll.completion_ids, pad_token_id, device)
         with torch.no_grad():
             logp = completion_logprobs(probe, batch, temperature, precision, token_filter=token_filter).logp
-        gap = check.gap(padded(roll.logprobs, logp.shape[1], device), logp, batch.completion_mask)
+            unsynced = (completion_logprobs(policy, batch, temperature, precision, token_filter=token_filter).logp
+                        if check.floor_factor else None)
+        reported = padded(roll.logprobs, logp.shape[1], device)
+        gap = check.gap(reported, logp, batch.completion_mask)
     finally:
         sampler.load_weights(policy)
-    if not gap <= check.tolerance:
+    from ..diagnostics import PROBE_SEPARATION
+
+    apart = check.gap(reported, unsynced, batch.completion_mask) if unsynced is not None else None
+    if not (gap <= check.tolerance or (apart is not None and PROBE_SEPARATION * gap <= apart)):
         arch = architecture(policy)
         raise ValueError(f"sampler: weights synced into the {sampler.name} sampler do not reach its forward pass for "
-                         f"{arch} (log-prob gap {gap:.2e} > {check.tolerance:g} after a sync, {check.metric}); this "
-                         "architecture cannot be trained with it: use --sampler transformers")
+                         f"{arch} (log-prob gap {gap:.2e} > {check.tolerance:g} after a sync, {check.metric}"
+                         f"{'' if apart is None else f'; {apart:.2e} to the weights before it'}); this architecture "
+                         "cannot be trained with it: use --sampler transformers")
     return gap
 
 

@@ -170,3 +170,19 @@ def test_the_weight_metrics_cover_every_completion_token_whatever_the_loss_keeps
     assert got["sampling/mismatch_kl"] == pytest.approx(float((w - 1 - w.log()).mean()), rel=1e-5)
     empty = dg.weight_metrics(logp_k, logp_alpha, torch.zeros(6, 4))
     assert all(np.isnan(v) for v in empty.values())
+
+
+def test_the_sync_checks_mean_leaves_off_set_tokens_out_and_its_floor_calibrates_bf16():
+    """``sampler_gap``: a token that one side's filter drops (-10^4) shows in the worst token, not in the token mean;
+    ``SyncCheck``: bfloat16's threshold is max(0.02, twice the run's first gap), float32's the absolute 1e-3."""
+    from llm.diagnostics import SYNC_CHECKS, sampler_gap
+
+    a = torch.tensor([[-1.0, -2.0, -1.0e4, -3.0]])
+    b = torch.tensor([[-1.1, -2.1, -5.0, -3.1]])
+    gap = sampler_gap(a, b, torch.ones(1, 4))
+    assert gap["sampling/logp_diff_mean"] == pytest.approx(0.1) and gap["sampling/logp_diff_max"] > 9000
+    bf16, fp32 = SYNC_CHECKS["bfloat16"], SYNC_CHECKS["float32"]
+    assert bf16.threshold() == 0.02 and bf16.threshold(0.005) == 0.02 and bf16.threshold(0.04) == pytest.approx(0.08)
+    assert bf16.stale({"sampling/logp_diff_mean": 0.05}, 0.04) is None
+    assert bf16.stale({"sampling/logp_diff_mean": 0.1}, 0.04) == 0.1
+    assert fp32.threshold(0.5) == 1e-3 and fp32.stale({"sampling/logp_diff_max": 2e-3}) == 2e-3

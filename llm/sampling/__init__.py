@@ -15,7 +15,7 @@ import torch
 from ..model import architecture
 from .base import Rollout, Sampler
 from .hf_generate import TransformersSampler
-from .token_filter import NO_FILTER, TokenFilter
+from ..token_filter import NO_FILTER, TokenFilter
 from .vllm_settings import quiet_vllm
 
 quiet_vllm()  # before any import of vllm

@@ -14,7 +14,7 @@ from .amplification import (
     success_map,
     success_map_derivative,
 )
-from .corrections import corrected_objective, corrected_surrogate, corrected_weight
+from .corrections import REGISTRY, Correction, corrected_objective, corrected_surrogate, corrected_weight, correction
 from .core import (
     PAPER_CONSTANT,
     BoundTerms,
@@ -61,6 +61,9 @@ __all__ = [
     "corrected_objective",
     "corrected_surrogate",
     "corrected_weight",
+    "correction",
+    "Correction",
+    "REGISTRY",
     "expected_reward",
     "filtered_log_softmax",
     "filtered_policy",

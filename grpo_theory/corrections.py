@@ -41,7 +41,8 @@ is ``corrected_surrogate``. Three facts the tests pin:
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -49,12 +50,16 @@ from runkit.validation import require
 
 from .core import as_policy, check_same_actions, clip_flags, clip_objective, whitened_advantage
 
+#: The importance-sampling modes, declared once: the LLM trainer's config, the loss and the bandit simulator take their
+#: type from here, and ``REGISTRY`` (below) holds one object per name.
 ImportanceSamplingMode = Literal["paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "m2po"]
-MODES = ("paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "m2po")
-#: TRL's vllm_importance_sampling_mode values: a weight pi_k/alpha truncated or masked, times PPO's clip.
-TRL_MODES = MODES[1:5]
+MODES: tuple[str, ...] = get_args(ImportanceSamplingMode)
 #: M2PO's threshold on the mean of (log w)^2 over the kept samples (the paper's default).
 M2_THRESHOLD = 0.04
+#: IcePop's two-sided mask as a preset of the TRL modes: a token kept when 0.5 <= pi_k/alpha <= 5. The bandit's and the
+#: language model's frontier tables both take it from here, under this label.
+ICEPOP_LABEL = "icepop (token_mask [0.5, 5])"
+ICEPOP = {"importance_sampling_mode": "token_mask", "importance_sampling_cap": 5.0, "importance_sampling_cap_min": 0.5}
 
 
 def require_correction_settings(config) -> None:
@@ -91,53 +96,101 @@ def second_moment_keep(log_w, weight=None, threshold: float = M2_THRESHOLD) -> n
     return keep
 
 
-def corrected_weight(ratio_k, mode: ImportanceSamplingMode, cap: float, cap_min: float = 0.0) -> np.ndarray:
-    """The weight a mode multiplies the clipped ratio by: clip(w, c, C) (truncate), w 1[c <= w <= C] (mask), for
-    w = ``ratio_k`` = pi_k/alpha (per token or per sequence: the caller passes the level's w), C = ``cap``,
-    c = ``cap_min`` (0: no lower cap). paper: none (1)."""
-    w = np.asarray(ratio_k, dtype=np.float64)
-    if mode == "paper":
-        return np.ones_like(w)
-    if mode.endswith("_truncate"):
-        return np.clip(w, cap_min, cap)
-    if mode.endswith("_mask"):
+@dataclass(frozen=True)
+class Correction:
+    """One importance-sampling mode, everything that varies between modes in one object (docs/theory.md, §6.1):
+    its weight on the clipped ratio, its objective and that objective's slope in r = pi/alpha, whether PPO's clip of
+    rho = pi/pi_k acts (``trl``) or the paper's window around pi_k/alpha, and whether the step masks samples by
+    their second moment (``step_mask``, M2PO). ``REGISTRY`` holds one per name; the torch loss registers its twin
+    under the same name (``llm.loss``)."""
+
+    name: str
+    trl: bool = False
+    truncate: bool = False
+    level: Literal["token", "sequence"] = "token"
+    step_mask: bool = False
+
+    def weight(self, ratio_k, cap: float, cap_min: float = 0.0) -> np.ndarray:
+        """The weight on the clipped ratio: clip(w, c, C) (truncate) or w 1[c <= w <= C] (mask) for w = ``ratio_k`` =
+        pi_k/alpha at the mode's level, C = ``cap``, c = ``cap_min`` (0: no lower cap); 1 for the others."""
+        w = np.asarray(ratio_k, dtype=np.float64)
+        if not self.trl:
+            return np.ones_like(w)
+        if self.truncate:
+            return np.clip(w, cap_min, cap)
         return np.where((w <= cap) & (w >= cap_min), w, 0.0)
-    raise ValueError(f"importance_sampling_mode: expected one of {', '.join(MODES)}, got {mode!r}")
+
+    def objective(self, ratio, ratio_k, adv, clip, cap: float = 3.0, clip_high=None, delta: float = 0.0,
+                  cap_min: float = 0.0, keep=None) -> np.ndarray:
+        """The per-sample objective, elementwise: paper: f_eps(r, r', A) (``core.clip_objective``); the TRL modes:
+        the weight times PPO's clip of rho = r/r' to [1 - clip, 1 + clip_high] (``delta``: rho <= delta in the
+        unclipped branch); m2po: keep x r x A (``keep``: M2PO's mask, all kept when None). ``ratio`` = r = pi/alpha,
+        ``ratio_k`` = r' = pi_k/alpha > 0."""
+        if self.step_mask:  # no clip: keep x r x A, r = pi/alpha (``keep``: ``second_moment_keep``'s mask)
+            ratio = np.asarray(ratio, dtype=np.float64)
+            kept = np.ones(ratio.shape, dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
+            return np.where(kept, ratio * np.asarray(adv, dtype=np.float64), 0.0)
+        if not self.trl:
+            return clip_objective(ratio, ratio_k, adv, clip, clip_high, delta)
+        ratio, ratio_k = np.asarray(ratio, dtype=np.float64), np.asarray(ratio_k, dtype=np.float64)
+        g = clip_objective(ratio / ratio_k, np.ones_like(ratio_k), adv, clip, clip_high, delta)
+        return self.weight(ratio_k, cap, cap_min) * g
+
+    def slope(self, ratio, ratio_k, adv, clip, cap: float = 3.0, cap_min: float = 0.0,
+              keep=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The derivative of ``objective`` in r (symmetric window, no ``delta``), elementwise, and where a clip stops
+        it: ``(slope, low, high)``. paper: A off the clipped branches of f_eps; the TRL modes: weight x A / r' off
+        PPO's clipped branches of rho = r/r'; m2po: keep A (no clip). The gradient of a sample's objective in the
+        logits of a softmax policy is slope x r x (e_y - pi), since dr/dtheta = r (e_y - pi): the bandit simulator
+        ascends it (``grpo_theory.simulate``)."""
+        ratio, ratio_k, adv = (np.asarray(x, dtype=np.float64) for x in (ratio, ratio_k, adv))
+        if self.step_mask:
+            kept = np.ones(ratio.shape, dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
+            none = np.zeros(ratio.shape, dtype=bool)
+            return np.where(kept, adv, 0.0), none, none
+        if not self.trl:
+            low, high = clip_flags(ratio, ratio_k, adv, clip)
+            return np.where(low | high, 0.0, adv), low, high
+        low, high = clip_flags(ratio / ratio_k, np.ones_like(ratio_k), adv, clip)
+        return np.where(low | high, 0.0, self.weight(ratio_k, cap, cap_min) * adv / ratio_k), low, high
+
+
+#: One object per importance-sampling mode, by name.
+REGISTRY: dict[str, Correction] = {c.name: c for c in (
+    Correction("paper"),
+    Correction("token_truncate", trl=True, truncate=True, level="token"),
+    Correction("token_mask", trl=True, level="token"),
+    Correction("sequence_truncate", trl=True, truncate=True, level="sequence"),
+    Correction("sequence_mask", trl=True, level="sequence"),
+    Correction("m2po", step_mask=True),
+)}
+assert tuple(REGISTRY) == MODES
+#: TRL's vllm_importance_sampling_mode values: a weight pi_k/alpha truncated or masked, times PPO's clip.
+TRL_MODES = tuple(name for name, c in REGISTRY.items() if c.trl)
+
+
+def correction(mode: str) -> Correction:
+    """The registered mode ``mode``; ValueError naming the modes otherwise."""
+    if mode not in REGISTRY:
+        raise ValueError(f"importance_sampling_mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    return REGISTRY[mode]
+
+
+def corrected_weight(ratio_k, mode: ImportanceSamplingMode, cap: float, cap_min: float = 0.0) -> np.ndarray:
+    """``correction(mode).weight``: the weight a mode multiplies the clipped ratio by."""
+    return correction(mode).weight(ratio_k, cap, cap_min)
 
 
 def corrected_objective(ratio, ratio_k, adv, clip, mode: ImportanceSamplingMode = "paper", cap: float = 3.0,
                         clip_high=None, delta: float = 0.0, cap_min: float = 0.0, keep=None) -> np.ndarray:
-    """The per-sample objective of a mode, elementwise: paper: f_eps(r, r', A) (``core.clip_objective``); the TRL
-    modes: corrected_weight(r') times PPO's clip of rho = r/r' to [1 - clip, 1 + clip_high] (``delta``: rho <=
-    delta in the unclipped branch); m2po: keep x r x A (``keep``: M2PO's mask, all kept when None).
-    ``ratio`` = r = pi/alpha, ``ratio_k`` = r' = pi_k/alpha > 0."""
-    if mode == "paper":
-        return clip_objective(ratio, ratio_k, adv, clip, clip_high, delta)
-    ratio, ratio_k = np.asarray(ratio, dtype=np.float64), np.asarray(ratio_k, dtype=np.float64)
-    if mode == "m2po":  # no clip: keep x r x A, r = pi/alpha (``keep``: ``second_moment_keep``'s mask)
-        kept = np.ones(ratio.shape, dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
-        return np.where(kept, ratio * np.asarray(adv, dtype=np.float64), 0.0)
-    g = clip_objective(ratio / ratio_k, np.ones_like(ratio_k), adv, clip, clip_high, delta)
-    return corrected_weight(ratio_k, mode, cap, cap_min) * g
+    """``correction(mode).objective``: the per-sample objective of a mode, elementwise."""
+    return correction(mode).objective(ratio, ratio_k, adv, clip, cap, clip_high, delta, cap_min, keep)
 
 
 def corrected_slope(ratio, ratio_k, adv, clip, mode: ImportanceSamplingMode = "paper", cap: float = 3.0,
                     cap_min: float = 0.0, keep=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The derivative of ``corrected_objective`` in r = ``ratio`` (symmetric window, no ``delta``), elementwise, and
-    where a clip stops it: ``(slope, low, high)``. paper: A off the clipped branches of f_eps; the TRL modes:
-    corrected_weight(r') A / r' off PPO's clipped branches of rho = r/r'; m2po: keep A (no clip). The gradient
-    of a sample's objective in the logits of a softmax policy is slope x r x (e_y - pi), since dr/dtheta = r (e_y - pi):
-    the bandit simulator ascends it (``grpo_theory.simulate``)."""
-    ratio, ratio_k, adv = (np.asarray(x, dtype=np.float64) for x in (ratio, ratio_k, adv))
-    if mode == "paper":
-        low, high = clip_flags(ratio, ratio_k, adv, clip)
-        return np.where(low | high, 0.0, adv), low, high
-    if mode == "m2po":
-        kept = np.ones(ratio.shape, dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
-        none = np.zeros(ratio.shape, dtype=bool)
-        return np.where(kept, adv, 0.0), none, none
-    low, high = clip_flags(ratio / ratio_k, np.ones_like(ratio_k), adv, clip)
-    return np.where(low | high, 0.0, corrected_weight(ratio_k, mode, cap, cap_min) * adv / ratio_k), low, high
+    """``correction(mode).slope``: the objective's derivative in r and where a clip stops it."""
+    return correction(mode).slope(ratio, ratio_k, adv, clip, cap, cap_min, keep)
 
 
 def corrected_surrogate(pi, pi_k, alpha, r, eps, clip, mode: ImportanceSamplingMode = "paper", cap: float = 3.0,
@@ -155,7 +208,7 @@ def corrected_surrogate(pi, pi_k, alpha, r, eps, clip, mode: ImportanceSamplingM
     live = (alpha > 0) & (pi_k > 0)
     safe_a, safe_k = np.where(live, alpha, 1.0), np.where(live, pi_k, 1.0)
     keep = None
-    if mode == "m2po":
+    if correction(mode).step_mask:
         log_w = np.log(safe_k / safe_a)
         keep = np.zeros(log_w.shape, dtype=bool)
         for idx in np.ndindex(log_w.shape[:-1]):

@@ -33,6 +33,7 @@ import numpy as np
 from runkit.cli import parse, run_main
 from runkit.tables import mean_std as _pm
 
+from .corrections import ICEPOP, ICEPOP_LABEL
 from .estimators import CERTIFICATE_MIN_PROMPTS
 from .simulate import SimConfig, bound_violations, final_j, simulate, steps_to_target
 
@@ -53,8 +54,7 @@ FRONTIER_CORRECTIONS = {
     "paper clip": dict(importance_sampling_mode="paper"),
     "TRL truncate (C=3)": dict(importance_sampling_mode="token_truncate", importance_sampling_cap=3.0),
     "TRL mask (C=3)": dict(importance_sampling_mode="token_mask", importance_sampling_cap=3.0),
-    "IcePop [0.5, 5]": dict(importance_sampling_mode="token_mask", importance_sampling_cap=5.0,
-                            importance_sampling_cap_min=0.5),
+    ICEPOP_LABEL: dict(ICEPOP),
     "M2PO (tau=0.04)": dict(importance_sampling_mode="m2po", m2_threshold=0.04),
 }
 #: Held-out prompts per step in the frontier runs (the certificate's sample: its fewest, below which it abstains).

@@ -30,7 +30,8 @@ from runkit.validation import require, require_finite
 
 from . import core
 from . import estimators as ge
-from .corrections import M2_THRESHOLD, MODES, corrected_slope, require_correction_settings, second_moment_keep
+from .corrections import (M2_THRESHOLD, MODES, ImportanceSamplingMode, correction, require_correction_settings,
+                          second_moment_keep)
 from .numerics import rounding_tolerance
 from .sync_policy import SyncPolicy, projected_tv
 from .validation import EPS_MAX
@@ -75,8 +76,7 @@ class SimConfig:
     syncs when TV(pi_k, alpha) + TV(pi_k, pi_{k-1}) (``grpo_theory.sync_policy.projected_tv``) exceeds the budget."""
     epsilon: float = 0.2
     """Clip width of f_eps (and of PPO's clip in the TRL modes)."""
-    importance_sampling_mode: Literal["paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask",
-                                      "m2po"] = "paper"
+    importance_sampling_mode: ImportanceSamplingMode = "paper"
     """The off-policy correction, as the LLM trainer's option of this name (``grpo_theory.corrections``): paper:
     f_eps(pi/alpha, pi_k/alpha, A); token_* / sequence_* (TRL's modes; on a table a response is one action, so the
     two levels coincide): PPO's clip of pi/pi_k times w = pi_k/alpha truncated at importance_sampling_cap (or zeroed
@@ -235,17 +235,16 @@ def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, 
     """
     pi = core.softmax(theta)
     grad = np.zeros_like(theta)
-    mode = config.importance_sampling_mode
-    caps = dict(clip=config.epsilon, mode=mode, cap=config.importance_sampling_cap,
-                cap_min=config.importance_sampling_cap_min)
+    mode = correction(config.importance_sampling_mode)
+    caps = dict(clip=config.epsilon, cap=config.importance_sampling_cap, cap_min=config.importance_sampling_cap_min)
     if config.population:
         rho, adv = bandit.rho, roll.adv
         ratio, ratio_k = pi / alpha, pi_k / alpha
         m2 = None
-        if mode == "m2po":  # the batch's mask in the limit: every prompt's actions, weighted rho alpha
+        if mode.step_mask:  # the batch's mask in the limit: every prompt's actions, weighted rho alpha
             weight = rho[:, None] * alpha
             m2 = second_moment_keep(np.log(ratio_k).ravel(), weight.ravel(), config.m2_threshold).reshape(alpha.shape)
-        slope, low, high = corrected_slope(ratio, ratio_k, adv, keep=m2, **caps)
+        slope, low, high = mode.slope(ratio, ratio_k, adv, keep=m2, **caps)
         g_y = alpha * ratio * slope  # d/dr of the objective, times dr/dlogit's r, alpha-weighted, per action
         g = g_y - pi * g_y.sum(axis=1, keepdims=True)  # chain rule through softmax
         grad += (rho * roll.keep)[:, None] * g
@@ -257,10 +256,10 @@ def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, 
         p_y, a_y, k_y = pi[xs[:, None], ys], alpha[xs[:, None], ys], pi_k[xs[:, None], ys]
         ratio, ratio_k = p_y / a_y, k_y / a_y
         m2 = None
-        if mode == "m2po":  # the plain mean over every sample of the step (the paper's batch; AReaL's loss mask
+        if mode.step_mask:  # the plain mean over every sample of the step (the paper's batch; AReaL's loss mask
             # keeps zero-advantage groups), whatever the zero-variance mask then keeps in the objective
             m2 = second_moment_keep(np.log(ratio_k).ravel(), None, config.m2_threshold).reshape(B, G)
-        slope, low, high = corrected_slope(ratio, ratio_k, adv, keep=m2, **caps)
+        slope, low, high = mode.slope(ratio, ratio_k, adv, keep=m2, **caps)
         coef = slope * ratio * keep[:, None] / max(int(keep.sum()) * G, 1)  # (B, G)
         onehot_sum = np.zeros((B, theta.shape[1]))
         np.add.at(onehot_sum, (np.repeat(np.arange(B)[:, None], G, axis=1), ys), coef)

@@ -41,6 +41,7 @@ from typing import Literal
 
 import numpy as np
 
+from grpo_theory.corrections import ICEPOP, ICEPOP_LABEL
 from grpo_theory.experiments import ABLATION
 from runkit.cli import parse, run_main
 from runkit.tables import mean_std
@@ -63,8 +64,7 @@ CORRECTIONS = {
     "sequence_mask": dict(importance_sampling_mode="sequence_mask"),
     "sequence_normalised (GSPO)": dict(ratio_level="sequence_normalised", loss_type="grpo"),
     "m2po": dict(importance_sampling_mode="m2po"),
-    "icepop (token_mask [0.5, 5])": dict(importance_sampling_mode="token_mask", importance_sampling_cap=5.0,
-                                         importance_sampling_cap_min=0.5),
+    ICEPOP_LABEL: dict(ICEPOP),
 }
 CORRECTIONS_V = 4
 #: The frontier's sync periods (0: never after the first step) and generation modes, by default.

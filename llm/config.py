@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from grpo_theory.corrections import require_correction_settings
+from grpo_theory.corrections import ImportanceSamplingMode, correction, require_correction_settings
 from grpo_theory.truncation import TokenFilter
 from grpo_theory.validation import EPS_MAX
 from runkit.validation import require, require_finite
@@ -177,8 +177,7 @@ class GRPOConfig:
     delta: float = 0.0
     """Two-sided clip (TRL's name): for negative advantages the unclipped ratio is capped too, pi/pi_k <= delta
     (paper clip: pi/alpha <= r' + delta - 1). 0: off; else must exceed 1 + epsilon_high."""
-    importance_sampling_mode: Literal["paper", "token_truncate", "token_mask", "sequence_truncate",
-                                      "sequence_mask", "m2po"] = "paper"
+    importance_sampling_mode: ImportanceSamplingMode = "paper"
     """How the loss corrects for alpha != pi_k (docs/theory.md, §6.1). paper: the clipped objective
     f_eps(pi/alpha, pi_k/alpha, A), whose clip window sits around pi_k/alpha; the weight is exact. The TRL modes
     (vllm_importance_sampling_mode): PPO's clip of pi/pi_k in [1 - epsilon, 1 + epsilon_high] times the weight
@@ -289,10 +288,9 @@ class GRPOConfig:
     completions per pass, padded to the step's longest."""
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
     """The trainer's attention kernel (transformers' name; the sampler's is the engine's own). auto: transformers'
-    choice (sdpa where the family has it). On the benchmark model on a CPU, eager made a bfloat16 forward and
-    backward 22% faster than sdpa (whose bf16 backward is slow there) and changed nothing in float32; eager keeps
-    a (length x length) score matrix per head, so prefer sdpa for long sequences. flash_attention_2 needs a CUDA
-    device and the flash-attn package."""
+    choice (sdpa where the family has it). eager keeps a (length x length) score matrix per head, so prefer sdpa for
+    long sequences; on a CPU eager can be the faster in bfloat16 (docs/benchmarks.md). flash_attention_2 needs a
+    CUDA device and the flash-attn package."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (transformers'
     gradient checkpointing): activation memory of a micro-batch drops from about one layer's worth per layer
@@ -300,11 +298,9 @@ class GRPOConfig:
     compile: bool = False
     """Compile each decoder block with torch.compile (inductor, dynamic shapes), fusing its norms, rotary
     embeddings, activations and autocast's casts around the matmuls: the same log-probs and gradients up to float
-    rounding. The first passes compile (each block once per kind of pass): 2-5 minutes on SmolLM2-135M on 2 CPU
-    cores. There (docs/benchmarks.md) one batch's forward and backward ran 1.11x (float32) and 1.42x (bfloat16)
-    faster on an Intel host with AMX (1.04x and 1.08x on an AMD one), the trainer's steps 1.10x and 1.13x, so it
-    pays in runs of more than about 100 steps; the output layer, outside the blocks, is not compiled. Untested on
-    a GPU; not with --fsdp."""
+    rounding. The first passes compile (each block once per kind of pass), which takes minutes, so it pays in long
+    runs (docs/benchmarks.md has the measured speed-ups); the output layer, outside the blocks, is not compiled.
+    Untested on a GPU; not with --fsdp."""
     share_prompts: bool = True
     """Run each distinct prompt of a pass through the decoder once and its G completions on its cached keys and values
     (gradients flow back into the prompt's pass), instead of every completion with its own copy of the prompt: the
@@ -393,9 +389,8 @@ class GRPOConfig:
     keep_freed_memory: bool = True
     """Keep freed host memory in the process for the next pass (glibc's malloc with no ``mmap`` per large block and
     no trim at ``free``; ``runkit.host_memory``) instead of handing every large block back to the system when it is
-    freed, which makes each step fault its large tensors in anew. On SmolLM2-135M-Instruct on 2 CPU cores it made
-    the optimise phase 1.09x faster in float32 and 1.38x in bfloat16 (docs/models.md). Off: the resident set
-    follows the live tensors more closely, at that cost. It applies to the whole process from the run's start; the
+    freed, which makes each step fault its large tensors in anew (its speed-up: docs/models.md). Off: the resident
+    set follows the live tensors more closely, at that cost. It applies to the whole process from the run's start; the
     run's freed memory goes back to the system when it ends."""
     freed_memory_ceiling: float = 1.0
     """With ``keep_freed_memory`` and micro-batches (``per_device_train_batch_size`` > 0: memory is what they are
@@ -403,8 +398,7 @@ class GRPOConfig:
     once the resident set has grown since its start by more than this many times the largest growth of one
     micro-batch, so that the heap's fragmentation does not grow with the batch (``runkit.host_memory.
     FreedMemoryCeiling``). Without micro-batches freed memory is kept until the run ends: a release there costs
-    the next pass its page faults (measured in docs/memory.md: 1.22x slower steps on the real model). 0: no
-    ceiling."""
+    the next pass its page faults (docs/memory.md). 0: no ceiling."""
     report_to: tuple[Literal["none", "tensorboard", "wandb", "trackio"], ...] = ("none",)
     """Experiment trackers that get every metrics.jsonl row under the same names, step for step (TRL's name;
     several allowed: ``--report-to tensorboard wandb``). Each needs its package (an optional install); TensorBoard
@@ -484,7 +478,8 @@ class GRPOConfig:
         require(self, self.delta == 0 or self.delta > 1 + self.clip_high, "delta",
                 f"must exceed 1 + epsilon_high = {1 + self.clip_high} (or be 0: off)")
         require_correction_settings(self)
-        require(self, self.importance_sampling_mode != "m2po" or self.ratio_level == "token", "importance_sampling_mode",
+        require(self, not correction(self.importance_sampling_mode).step_mask or self.ratio_level == "token",
+                "importance_sampling_mode",
                 "m2po masks tokens: it needs ratio_level token")
         require(self, self.ref_sync_steps >= 0, "ref_sync_steps", "must be >= 0")
         require(self, 0 < self.ref_model_mixup_alpha <= 1, "ref_model_mixup_alpha", "must lie in (0, 1]")
@@ -545,6 +540,11 @@ class GRPOConfig:
         """One sampler call per sync window (``window_generation``), unless the divergence policy decides the
         windows step by step."""
         return self.window_generation and self.sync_policy == "fixed"
+
+    @property
+    def steps_per_call(self) -> int:
+        """Steps whose completions one sampler call generates: v with window generation, else 1."""
+        return self.sync_period if self.generates_windows else 1
 
     @property
     def prompts_shared(self) -> bool:

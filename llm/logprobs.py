@@ -27,7 +27,7 @@ from runkit.host_memory import micro_batches
 from .batch import Batch
 from .distributed import SINGLE, Ranks
 from .model import Precision, architecture
-from .sampling.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, filtered_log_softmax, kept_boundary, kept_from
+from .token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, filtered_log_softmax, kept_boundary, kept_from
 
 #: Default size of one chunk of float32 logits: chunk_tokens = LOGIT_CHUNK_BYTES / (4 V) rows (441 rows for a
 #: 151,936-token vocabulary; the whole completion batch of the built-in 99-token model in one chunk).
@@ -49,7 +49,7 @@ class LogitHead:
     known here: Granite's ``logits_scaling`` (logits divided by it) and Gemma's ``final_logit_softcapping``
     (cap * tanh(logits / cap)). ``check_head`` refuses a model whose own logits differ (an output transform
     this class does not know), so a wrong head never goes unnoticed. ``token_filter``: the distribution is the
-    filtered one (top-k, top-p, min-p of the logits / T; ``llm.sampling.token_filter``)."""
+    filtered one (top-k, top-p, min-p of the logits / T; ``llm.token_filter``)."""
 
     def __init__(self, model: torch.nn.Module, temperature: float, token_filter: TokenFilter = NO_FILTER):
         self.layer = model.get_output_embeddings()

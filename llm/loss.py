@@ -39,9 +39,10 @@ from typing import Literal
 
 import torch
 
+from grpo_theory.corrections import MODES, REGISTRY, Correction, ImportanceSamplingMode
+
 LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo"]
 RatioLevel = Literal["token", "sequence", "sequence_normalised"]
-ImportanceSamplingMode = Literal["paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "m2po"]
 
 
 def clip_window_torch(ratio_k: torch.Tensor, clip: float,
@@ -182,6 +183,16 @@ class Clip:
     def high(self) -> float:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
+    @property
+    def correction(self) -> Correction:
+        """The mode's object (``grpo_theory.corrections.REGISTRY``)."""
+        return REGISTRY[self.importance_sampling_mode]
+
+    @property
+    def loss(self) -> "CorrectionLoss":
+        """The mode's torch twin (``LOSSES``)."""
+        return LOSSES[self.importance_sampling_mode]
+
 
 @dataclass
 class LossStats:
@@ -265,7 +276,7 @@ def grpo_loss(
                                                                  level)
     if policy_mask is not None:
         per_token = per_token * policy_mask
-    if spec.importance_sampling_mode == "m2po" and token_keep is not None:
+    if spec.correction.step_mask and token_keep is not None:
         per_token = per_token * token_keep.to(per_token.dtype)
         above = ~token_keep.bool()
     kl_sums = {}
@@ -280,44 +291,91 @@ def grpo_loss(
     return loss, loss_stats(loss, log_ratio, log_ratio_k, adv, spec, on, above, kl_sums)
 
 
-def clipped_objective(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torch.Tensor, adv: torch.Tensor,
-                      real: torch.Tensor, spec: Clip, level: str):
-    """Minus the clipped objective per token, (B, T), for the paper's clip or a TRL mode (``grpo_theory.
-    corrected_objective``), with the log-ratios its statistics read (r and r', or rho and w) and the tokens whose
-    weight was over the cap. ``real``: the loss tokens (B, T) bool."""
-    real = real.to(logp.dtype)
-    token_log_w = logp_k - logp_alpha
-    mode = spec.importance_sampling_mode
-    if mode == "paper":
+class CorrectionLoss:
+    """The torch twin of an importance-sampling mode (``grpo_theory.corrections.Correction``, registered under the
+    same name in ``LOSSES``): minus its clipped objective per token, with the log-ratios its statistics read and the
+    tokens whose weight was out of the band, and where a clip stopped the gradient."""
+
+    def __init__(self, twin: Correction):
+        self.twin = twin
+        self.name = twin.name
+
+    def per_token(self, logp, logp_k, logp_alpha, adv, real, spec: "Clip", level: str):
+        """(minus the objective per token (B, T), log r or log rho, log r' or log w, out-of-band tokens)."""
+        raise NotImplementedError
+
+    def flags(self, log_ratio, log_ratio_k, adv, spec: "Clip"):
+        """Where the clip stops the gradient, ``(low, high)``."""
+        raise NotImplementedError
+
+
+class PaperClipLoss(CorrectionLoss):
+    """f_eps(pi/alpha, pi_k/alpha, A): the window around r' = pi_k/alpha; the weight is exact."""
+
+    def per_token(self, logp, logp_k, logp_alpha, adv, real, spec, level):
         log_ratio = level_log_ratio(logp - logp_alpha, real, level)
-        log_ratio_k = level_log_ratio(token_log_w, real, level)
+        log_ratio_k = level_log_ratio(logp_k - logp_alpha, real, level)
         ratio, ratio_k = bounded_ratios(log_ratio, log_ratio_k, adv, spec.high)
         per_token = -clip_objective_torch(ratio, ratio_k, adv, spec.epsilon, spec.high, spec.delta)
         return per_token, log_ratio, log_ratio_k, torch.zeros_like(real, dtype=torch.bool)
-    if mode == "m2po":  # no clip (the caller's token_keep masks): r A, r = pi/alpha held below e^LOG_RATIO_MAX
+
+    def flags(self, log_ratio, log_ratio_k, adv, spec):
+        return clip_flags_torch(torch.exp(log_ratio), torch.exp(log_ratio_k), adv, spec.epsilon, spec.high)
+
+
+class TRLWeightLoss(CorrectionLoss):
+    """PPO's clip of rho = pi/pi_k at the ratio level, times w = pi_k/alpha per token or per sequence, truncated or
+    masked at the cap (and at the lower cap, when one is set)."""
+
+    def per_token(self, logp, logp_k, logp_alpha, adv, real, spec, level):
+        log_ratio = level_log_ratio(logp - logp_k, real, level)  # rho = pi/pi_k
+        log_ratio_k = level_log_ratio(logp_k - logp_alpha, real, self.twin.level)
+        rho, _ = bounded_ratios(log_ratio, torch.zeros_like(log_ratio), adv, spec.high)
+        w = torch.exp(log_ratio_k.clamp(max=LOG_RATIO_MAX))
+        lo, hi = spec.importance_sampling_cap_min, spec.importance_sampling_cap
+        above = (log_ratio_k > math.log(hi)) | (w < lo)  # outside the band [lo, hi]
+        w = torch.clamp(w, min=lo, max=hi) if self.twin.truncate else torch.where(above, torch.zeros_like(w), w)
+        per_token = -w * clip_objective_torch(rho, torch.ones_like(rho), adv, spec.epsilon, spec.high, spec.delta)
+        return per_token, log_ratio, log_ratio_k, above
+
+    def flags(self, log_ratio, log_ratio_k, adv, spec):
+        return clip_flags_torch(torch.exp(log_ratio), torch.ones_like(log_ratio), adv, spec.epsilon, spec.high)
+
+
+class M2POLoss(CorrectionLoss):
+    """M2PO as published: r A with r = pi/alpha, unclipped, on the tokens the step's second-moment mask keeps (the
+    caller's ``token_keep``, ``second_moment_keep_torch``); r held below e^LOG_RATIO_MAX."""
+
+    def per_token(self, logp, logp_k, logp_alpha, adv, real, spec, level):
         log_ratio = logp - logp_alpha
         r = torch.exp(torch.where(log_ratio > LOG_RATIO_MAX, torch.full_like(log_ratio, LOG_RATIO_MAX), log_ratio))
-        return -r * adv, log_ratio, token_log_w, torch.zeros_like(real, dtype=torch.bool)
-    log_ratio = level_log_ratio(logp - logp_k, real, level)  # rho = pi/pi_k
-    log_ratio_k = level_log_ratio(token_log_w, real, "token" if mode.startswith("token") else "sequence")
-    rho, _ = bounded_ratios(log_ratio, torch.zeros_like(log_ratio), adv, spec.high)
-    w = torch.exp(log_ratio_k.clamp(max=LOG_RATIO_MAX))
-    lo, hi = spec.importance_sampling_cap_min, spec.importance_sampling_cap
-    above = (log_ratio_k > math.log(hi)) | (w < lo)  # outside the band [lo, hi]
-    w = torch.clamp(w, min=lo, max=hi) if mode.endswith("_truncate") else torch.where(above, torch.zeros_like(w), w)
-    per_token = -w * clip_objective_torch(rho, torch.ones_like(rho), adv, spec.epsilon, spec.high, spec.delta)
-    return per_token, log_ratio, log_ratio_k, above
+        return -r * adv, log_ratio, logp_k - logp_alpha, torch.zeros_like(real, dtype=torch.bool)
+
+    def flags(self, log_ratio, log_ratio_k, adv, spec):
+        none = torch.zeros_like(log_ratio, dtype=torch.bool)  # nothing is clipped
+        return none, none
+
+
+#: The torch twin of every registered mode, by the same name.
+LOSSES: dict[str, CorrectionLoss] = {name: (M2POLoss if c.step_mask else TRLWeightLoss if c.trl else PaperClipLoss)(c)
+                                     for name, c in REGISTRY.items()}
+assert tuple(LOSSES) == MODES
+
+
+def clipped_objective(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torch.Tensor, adv: torch.Tensor,
+                      real: torch.Tensor, spec: Clip, level: str):
+    """Minus the clipped objective per token, (B, T), of the mode ``spec`` names (``LOSSES``; ``grpo_theory.
+    corrected_objective`` on a table), with the log-ratios its statistics read (r and r', or rho and w) and the
+    tokens whose weight was out of the band. ``real``: the loss tokens (B, T) bool."""
+    return spec.loss.per_token(logp, logp_k.detach(), logp_alpha.detach(), adv, real.to(logp.dtype), spec, level)
 
 
 @torch.no_grad()
 def loss_stats(loss: torch.Tensor, log_ratio: torch.Tensor, log_ratio_k: torch.Tensor, adv: torch.Tensor, spec: Clip,
                on: torch.Tensor, above: torch.Tensor, kl_sums: dict) -> LossStats:
     """The statistics of a loss over its tokens ``on``: of the unbounded ratios (inf where they overflow). The clip
-    flags are the paper's window around r' (paper mode) or PPO's around 1 for rho = pi/pi_k (TRL modes)."""
-    ratio_k = torch.exp(log_ratio_k)
-    around = ratio_k if spec.importance_sampling_mode == "paper" else torch.ones_like(ratio_k)
-    low, high = clip_flags_torch(torch.exp(log_ratio), around, adv, spec.epsilon, spec.high)
-    if spec.importance_sampling_mode == "m2po":  # nothing is clipped
-        low, high = torch.zeros_like(low), torch.zeros_like(high)
+    flags are the mode's (``CorrectionLoss.flags``: the paper's window around r', PPO's around 1 for rho = pi/pi_k,
+    none for M2PO)."""
+    low, high = spec.loss.flags(log_ratio, log_ratio_k, adv, spec)
     return LossStats(loss=float(loss.detach()), tokens=float(on.sum()), clip_low=float((low & on).sum()),
                      clip_high=float((high & on).sum()), above_cap=float((above & on).sum()), kl=kl_sums)

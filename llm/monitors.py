@@ -20,7 +20,7 @@ from .evaluation import mean_exact_j
 from .metrics import PHASES
 from .model import Precision
 from .rundir import RunDir, read_metrics
-from .sampling.token_filter import NO_FILTER, TokenFilter
+from .token_filter import NO_FILTER, TokenFilter
 from .tasks import TokenizedTask
 
 StepCallback = Callable[[int, dict], None]

@@ -15,7 +15,7 @@ from .batch import Batch
 from .distributed import SINGLE, Ranks
 from .logprobs import Forward, LogitHead, TokenDists, completion_logprobs, forward_completions
 from .model import Precision
-from .sampling.token_filter import NO_FILTER, TokenFilter
+from .token_filter import NO_FILTER, TokenFilter
 
 
 @dataclass(frozen=True)

@@ -44,9 +44,10 @@ class RolloutWindow:
     """Completions for each step, generated per window (or per step) and handed out step by step; with
     ``prefetch`` a window is generated in a background thread (asynchronous generation)."""
 
-    def __init__(self, config: GRPOConfig, task: Task, prompt_tokens: list[list[int]], sampler: Sampler):
+    def __init__(self, config: GRPOConfig, task: Task, prompt_tokens: list[list[int]], sampler: Sampler,
+                 clock: SyncClock):
         self.config, self.task, self.prompt_tokens, self.sampler = config, task, prompt_tokens, sampler
-        self.clock = SyncClock.from_config(config)
+        self.clock = clock  # the run's own (``llm.trainer.start_run``), never a second one
         self._ready: dict[int, StepRollout] = {}
         self._pending: dict[int, Future] = {}  # window start -> its completions, being generated
         self._pool: ThreadPoolExecutor | None = None
@@ -116,8 +117,8 @@ class RolloutWindow:
         generation); the completions of steps from ``first`` on. A window always starts at its first step (also
         when resuming inside it), so a resumed run draws exactly the completions the interrupted one did."""
         cfg = self.config
-        v, G = cfg.sync_period, cfg.num_generations
-        steps = list(range(w0, min(w0 + v, cfg.max_steps))) if cfg.generates_windows else [w0]
+        G = cfg.num_generations
+        steps = list(range(w0, min(w0 + cfg.steps_per_call, cfg.max_steps)))
         prompts = {s: self.prompts_of(s) for s in steps}
         idx = [i for s in steps for part in prompts[s] for i in part]
         t0 = time.perf_counter()

@@ -268,7 +268,7 @@ def start_run(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_p
     exact = ExactJ(config.exact_j and ranks.joins_rank0, weights.policy, task, config.temperature,
                    task.tokenizer.pad_token_id, passes.precision, config.token_filter)
     ranges = RangeTracker(bool(task.task.reward_funcs), output.kept_rows() if start else [], output.log)
-    rollouts = RolloutWindow(config, task.task, task.prompt_ids, weights.sampler)
+    rollouts = RolloutWindow(config, task.task, task.prompt_ids, weights.sampler, clock)
     return Run(config, weights, task, clock, passes, Objective.from_config(config), rollouts,
                exact, ranges, Warnings(config.dtype), output, start, next(iter(params)).device, schedule)
 

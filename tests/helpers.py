@@ -17,7 +17,7 @@ from llm.evaluation import exact_j
 from llm.logprobs import LogitHead, completion_logprobs
 from llm.model import Precision, frozen_copy, load_policy
 from llm.passes import Passes
-from llm.sampling.token_filter import NO_FILTER
+from llm.token_filter import NO_FILTER
 from llm.phases import advantages
 from llm.tasks import TokenizedTask, arithmetic_task
 from llm.tiny import tiny_model_dir

@@ -15,7 +15,7 @@ import torch
 from ..batch import make_batch
 from ..logprobs import completion_logprobs
 from ..model import Precision
-from ..sampling.token_filter import NO_FILTER, TokenFilter
+from ..token_filter import NO_FILTER, TokenFilter
 from ..tasks import TokenizedTask
 
 #: Sequences per forward pass of the exact-J computation.

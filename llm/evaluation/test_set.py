@@ -8,7 +8,7 @@ import numpy as np
 
 from ..model import Precision
 from ..sampling import TransformersSampler
-from ..sampling.token_filter import NO_FILTER, TokenFilter
+from ..token_filter import NO_FILTER, TokenFilter
 from ..rewards import parse_number
 from ..tasks import TokenizedTask
 from .exact import prompt_exact_j

@@ -103,7 +103,7 @@ def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, opti
     if objective.entropy_coef and objective.top_entropy_quantile < 1.0:  # TRL: a mean per pass over the accumulation
         entropy.passes = passes.ranks.sum_float(float(len(parts)))
     token_keep = None  # M2PO at lag 0 (alpha = pi_k, every log w = 0) keeps every token: no mask, no extra pass
-    if objective.clip.importance_sampling_mode == "m2po" and logp_alpha is not None:
+    if objective.clip.correction.step_mask and logp_alpha is not None:
         logp_k = passes.logprobs(policy, batch).logp  # one pass more: pi_k on every micro-batch before the first loss
         token_keep = second_moment_keep_torch(logp_k - logp_alpha, tokens, objective.clip.m2_threshold)
     ranks, first, result = passes.ranks, [], Optimised(None, None, LossStats(), 0.0)

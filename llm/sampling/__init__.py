@@ -15,7 +15,7 @@ import torch
 from ..model import architecture
 from .base import Rollout, Sampler
 from .hf_generate import TransformersSampler
-from .token_filter import NO_FILTER, TokenFilter
+from ..token_filter import NO_FILTER, TokenFilter
 from .vllm_settings import quiet_vllm
 
 quiet_vllm()  # before any import of vllm
@@ -69,8 +69,7 @@ def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, ma
 
 def window_completions(config) -> int:
     """Completions of one generation call: a window's (or a step's) training and held-out prompts, G each."""
-    steps = config.sync_period if config.generates_windows else 1
-    return steps * (config.prompts_per_step + config.heldout_prompts) * config.num_generations
+    return config.steps_per_call * (config.prompts_per_step + config.heldout_prompts) * config.num_generations
 
 
 def max_model_len(model: torch.nn.Module, config, max_prompt_tokens: int) -> int:

@@ -25,7 +25,7 @@ import torch
 from runkit.cli import RunError
 
 from .base import Rollout
-from .token_filter import NO_FILTER, TokenFilter
+from ..token_filter import NO_FILTER, TokenFilter
 
 #: Parallel HTTP requests per generation call (the server batches whatever is in flight).
 MAX_CONCURRENT_REQUESTS = 64

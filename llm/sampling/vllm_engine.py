@@ -25,7 +25,7 @@ from runkit.host_memory import release_freed_memory
 from runkit.quiet import filtered_native_output
 
 from .base import Rollout
-from .token_filter import NO_FILTER, TokenFilter
+from ..token_filter import NO_FILTER, TokenFilter
 
 
 def vllm_available() -> bool:

@@ -17,6 +17,7 @@ import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from grpo_theory.corrections import ImportanceSamplingMode
 from grpo_theory.simulate import SimConfig
 from llm import GRPOConfig
 from llm.model import load_policy
@@ -69,7 +70,8 @@ INTS = st.one_of(st.integers(1, 8).map(str), st.integers(-3, 40).map(str), st.sa
 def _option(field: dataclasses.Field, strings: dict) -> st.SearchStrategy:
     """(args, invalid) for one field: ``invalid`` True when the value is certainly not acceptable."""
     flag = "--" + field.name.replace("_", "-")
-    tp = field.type if not isinstance(field.type, str) else eval(field.type, vars(typing))  # noqa: S307
+    names = {**vars(typing), "ImportanceSamplingMode": ImportanceSamplingMode}  # the one alias the configs share
+    tp = field.type if not isinstance(field.type, str) else eval(field.type, names)  # noqa: S307
     if field.name in strings:
         return strings[field.name].map(lambda v: ([flag, v], False))
     if tp is bool:
@@ -129,7 +131,7 @@ def test_fuzzed_trainer_command_lines_are_accepted_or_refused_in_one_line(files,
     argv, invalid = data.draw(_args(GRPOConfig, strings))
     argv = ["--output-dir", f"{d}/run", "--no-progress", *argv]
 
-    train_cli = importlib.import_module("llm.train")  # the module (``llm.train`` may name the function)
+    train_cli = importlib.import_module("llm.commands.train")
 
     with mock.patch("llm.pretrained.resolve_model_path", side_effect=ReachedModelLoading):
         try:
@@ -184,11 +186,11 @@ def test_fuzzed_server_launcher_command_lines_are_checked_before_starting(data):
 
 
 def _typed_fields(cls, tp) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)
-            if (f.type if not isinstance(f.type, str) else eval(f.type, vars(typing))) is tp]  # noqa: S307
+    hints = typing.get_type_hints(cls)
+    return [f.name for f in dataclasses.fields(cls) if hints[f.name] is tp]
 
 
-CLIS = {"trainer": (GRPOConfig, "llm.train", "python -m llm.train"),
+CLIS = {"trainer": (GRPOConfig, "llm.commands.train", "python -m llm.train"),
         "simulator": (SimConfig, "grpo_theory.simulate", "python -m grpo_theory.simulate"),
         "server": (ServeConfig, "llm.serve", "python -m llm.serve")}
 

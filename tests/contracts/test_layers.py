@@ -18,16 +18,17 @@ LAYERS = [
     ["llm.config", "llm.metrics", "llm.clock"],  # settings and conventions, no torch
     ["llm.data", "llm.rewards.functions", "llm.rewards.overlong", "llm.rewards.model", "llm.rewards", "llm.tasks",
      "llm.procedural", "llm.sources"],  # tasks and rewards
-    ["llm.distributed", "llm.model", "llm.vml", "llm.sampling.token_filter"],  # torch: processes and models
+    ["llm.distributed", "llm.model", "llm.vml", "llm.token_filter"],  # torch: processes and models
     ["llm.batch", "llm.logprobs", "llm.loss", "llm.diagnostics"],  # tensors of a step
-    ["llm.sampling.base", "llm.sampling.vllm_settings", "llm.sampling.weight_transfer", "llm.sampling.hf_generate",
+    ["llm.sampling.token_filter", "llm.sampling.base", "llm.sampling.vllm_settings", "llm.sampling.weight_transfer",
+     "llm.sampling.hf_generate",
      "llm.sampling.vllm_engine", "llm.sampling.server", "llm.sampling"],  # who holds alpha
     ["llm.evaluation.exact", "llm.evaluation.passk", "llm.evaluation.test_set", "llm.evaluation", "llm.tiny",
      "llm.pretrained", "llm.rollout", "llm.passes"],
     ["llm.optim.schedule", "llm.optim.update", "llm.optim", "llm.phases", "llm.weights", "llm.rundir", "llm.trackers",
      "llm.monitors"],  # the trainer's parts
     ["llm.trainer"],
-    ["llm", "llm.train", "llm.serve", "llm.report", "llm.ablation", "llm.options", "llm.analysis.warning",
+    ["llm", "llm.commands", "llm.commands.train", "llm.train", "llm.serve", "llm.report", "llm.ablation", "llm.options", "llm.analysis.warning",
      "llm.analysis"],  # entry points
 ]
 

@@ -49,9 +49,10 @@ def test_two_steps_on_smollm2_with_a_window_over_4096_prompt_tokens(smollm2, tmp
 
 
 def _prompts_of(cfg, task, step):
+    from llm.clock import SyncClock
     from llm.rollout import RolloutWindow
 
-    return RolloutWindow(cfg, task.task, task.prompt_ids, None).prompts_of(step)[0]
+    return RolloutWindow(cfg, task.task, task.prompt_ids, None, SyncClock.from_config(cfg)).prompts_of(step)[0]
 
 
 def test_the_real_model_benchmark_gives_trl_the_prompt_tokens_ours_trains_on(smollm2):

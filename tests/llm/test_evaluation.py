@@ -8,7 +8,7 @@ from llm.evaluation import EvalSpec, evaluate, exact_pass_at_k, maj_at_k, pass_a
 from llm.evaluation.passk import ks_up_to
 from llm.model import load_policy
 from llm.sampling import TransformersSampler
-from llm.sampling.token_filter import TokenFilter
+from llm.token_filter import TokenFilter
 from llm.tasks import arithmetic_task
 from llm.tiny import tiny_model_dir
 from tests.helpers import (

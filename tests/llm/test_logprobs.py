@@ -11,8 +11,8 @@ from llm.batch import make_batch
 from llm.logprobs import LogitHead, check_head, forward_completions
 from llm.model import compile_blocks, load_policy
 from llm.passes import Passes
-from llm.sampling.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, kept_boundary
-from llm.sampling.token_filter import filtered_log_softmax as torch_filtered_log_softmax
+from llm.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, kept_boundary
+from llm.token_filter import filtered_log_softmax as torch_filtered_log_softmax
 from llm.tiny import FAMILIES, build_family_model, tiny_model_dir
 from tests.helpers import ATOL, RTOL, RTOL64, SHARED_GRAD_RTOL, plain_logprobs, same_gradient, sequences
 

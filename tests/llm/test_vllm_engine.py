@@ -11,7 +11,7 @@ import torch
 from llm.batch import make_batch, padded
 from llm.logprobs import completion_logprobs
 from llm.model import load_policy
-from llm.sampling.token_filter import TokenFilter
+from llm.token_filter import TokenFilter
 from llm.sampling.vllm_engine import vllm_available
 from llm.tasks import arithmetic_task
 from llm.tiny import tiny_model_dir

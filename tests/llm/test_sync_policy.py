@@ -74,7 +74,7 @@ def test_divergence_with_a_budget_that_never_binds_is_fixed_v(tmp_path):
     assert [r["sync/reason"] for r in div] == ["", "", "", "max_lag", "", "", "max_lag"]
     strip = lambda r: {k: v for k, v in deterministic(r).items() if not k.startswith("sync/")}  # noqa: E731
     for a, b in zip(fixed, div):
-        assert strip(a) == pytest.approx(strip(b), abs=1e-6)
+        assert strip(a) == pytest.approx(strip(b), abs=1e-6, nan_ok=True)  # nan: the certificate abstains
 
 
 @pytest.mark.slow

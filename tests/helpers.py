@@ -168,8 +168,10 @@ def perturb(model, seed):
             p.add_(0.02 * torch.randn(p.shape, generator=g))
 
 
-#: Learning test: the exact J over the training prompts must rise by this much in 80 steps (from ~0.21;
-#: runs of seeds 0-2 with v = 1 and v = 4 rose by 0.086-0.097).
+#: Learning test: the exact J over the training prompts must rise by this much (from 0.2431, the shipped built-in
+#: model). Measured, seed 0, under the host's and the AVX2 kernels of an AVX-512 host: the trainer +0.115 to +0.130 in
+#: 80 steps (v = 1 and 4, one and two threads), asynchronous generation +0.090, TRL's default correction +0.088,
+#: vLLM's server +0.101 (all one thread a test, as under make test).
 LEARNING_MARGIN = 0.05
 
 

@@ -167,13 +167,18 @@ def test_stored_generation_config_does_not_change_what_is_sampled(tmp_path):
         sampler.close()
 
 
+#: The DAPO recipe's learning margin over 80 steps: on the shipped built-in model, seed 0, it rose +0.0607 under the host's
+#: and the AVX2 kernels of an AVX-512 host (one thread each); on the earlier host-built models +0.069 and +0.060 (seeds
+#: 0 and 1). The other learning tests rise by +0.078 to +0.12 against 0.04-0.05.
+DAPO_LEARNING_MARGIN = 0.04
+
+
 @pytest.mark.slow
 def test_a_dapo_style_recipe_in_trls_names_trains_with_vllm_and_keeps_sync_exact(tmp_path):
     """A DAPO-style recipe given with TRL's names (``from_trl``: use_vllm, clip-higher, truncation masking, dynamic
     sampling, cosine with warm-up, top-p 0.9 and top-k 20, batch scaling, no KL), v = 4, 16 prompts a step, 80 steps:
-    the exact J of the filtered policy over the training prompts rises by the margin (measured +0.069 and +0.060,
-    seeds 0 and 1), every sync leaves the engine with the trainer's filtered log-probs (to 1e-5 mean, 1e-4 worst), and
-    the logged rate is the schedule's."""
+    the exact J of the filtered policy over the training prompts rises by DAPO_LEARNING_MARGIN, every sync leaves the
+    engine with the trainer's filtered log-probs (to 1e-5 mean, 1e-4 worst), and the logged rate is the schedule's."""
     from llm import train
     from llm.config import from_trl
     from llm.optim import Schedule
@@ -185,7 +190,7 @@ def test_a_dapo_style_recipe_in_trls_names_trains_with_vllm_and_keeps_sync_exact
                    scale_rewards="batch", prompts_per_step=16, progress=False, logging_steps=1000)
     assert (cfg.sampler, cfg.token_filter.top_p, cfg.token_filter.top_k) == ("vllm", 0.9, 20)
     rows = read_metrics(train(cfg, log=lambda *a: None))
-    assert rows[-1]["j/pi_new"] - rows[0]["j/pi_k"] >= LEARNING_MARGIN, (rows[0]["j/pi_k"], rows[-1]["j/pi_new"])
+    assert rows[-1]["j/pi_new"] - rows[0]["j/pi_k"] >= DAPO_LEARNING_MARGIN, (rows[0]["j/pi_k"], rows[-1]["j/pi_new"])
     for row in rows:
         if row["lag"] == 0:  # every sync of the run: the engine holds exactly the trainer's weights
             assert row["sampling/logp_diff_mean"] <= 1e-5

@@ -1,0 +1,218 @@
+"""Other frameworks' off-policy corrections, exact on a table (docs/theory.md, §6.1).
+
+The paper's clipped objective f_eps(r, r', A) (``core.clip_objective``) uses r = pi/alpha and clips it to a
+window around r' = pi_k/alpha: the importance weight pi_k/alpha is exact and never capped. TRL's
+``vllm_importance_sampling_mode`` instead splits the ratio in two: PPO's clip of rho = pi/pi_k = r/r' to
+[1 - eps, 1 + eps_high], multiplied by a weight w = pi_k/alpha = r' that is truncated or masked at a cap C:
+
+    g(rho, A) = min(rho A, clip(rho, 1 - eps, 1 + eps_high) A)                (``delta``: rho <= delta in the first)
+    truncate:  min(r', C) g(r/r', A)        mask:  1[r' <= C] r' g(r/r', A)
+
+A lower cap c (TRL's ``vllm_importance_sampling_clip_min``; with token_mask and [c, C] = [0.5, 5] it is IcePop's
+two-sided mask) truncates to clip(r', c, C) or masks to 1[c <= r' <= C] r'; c = 0 is none.
+
+M2PO (Zheng et al., arXiv 2510.01161, the objective J_M2PO of its method section; mode ``m2po``) keeps the
+importance ratio against the behaviour policy, r = pi/alpha, unclipped, and masks samples: it maximises
+keep(y) r(y) A(y), where keep removes the samples with the largest M_2 = (log pi_k/alpha)^2 until the plain mean of
+M_2 over the rest is below a threshold tau (the paper's 0.04; ``second_moment_keep``). The edges follow AReaL's
+implementation (areal/trainer/ppo/actor.py: ``_apply_m2po_masking`` and ``_get_m2po_loss_mask``): the mean must be
+strictly below tau, and when even the smallest M_2 is not, the one sample with the smallest M_2 is kept. Its surrogate
+on a table is sum_y alpha(y) keep(y) (pi(y)/alpha(y)) A(y), and at pi = pi_k its gradient is
+E_alpha[keep (pi_k/alpha) grad log pi A]: the policy gradient under pi_k over the kept responses, the importance
+weight exact where the mask keeps. The mask bounds the second moment of the log-weights (so the weights' variance);
+what it drops is a bias.
+
+The references differ, and this module follows the paper's objective with AReaL's mask: AReaL applies the mask to its
+decoupled PPO loss (the behaviour weight pi_k/alpha times PPO's clip of pi/pi_k; ``actor.use_decoupled_loss``), and
+the authors' own verl-based code (Infini-AI-Lab/M2PO, verl/trainer/ppo/core_algos.py: ``compute_m2po_policy_loss``)
+does not mask at all: it turns the M_2 budget into a PPO clip range on the tokens the clip would act on. AReaL
+computes the mask per micro-batch; here it is the step's (the paper's batch of N tokens).
+
+On a table (one response per sample, so token and sequence levels coincide) the expected objective over y ~ alpha
+is ``corrected_surrogate``. Three facts the tests pin:
+
+- C -> inf: r' g(r/r', A) = min(r A, clip(r, r'(1 - eps), r'(1 + eps_high)) A): the paper's objective with a window
+  proportional to r' instead of of width eps; the two agree in value and gradient at pi = pi_k.
+- truncate, no clip binding: sum_y min(pi_k(y), C alpha(y)) (pi(y)/pi_k(y)) A(y): at pi = pi_k it is
+  sum_y min(pi_k, C alpha) A, not E_{pi_k} A; the truncation biases the surrogate's value and its gradient.
+- mask, no clip binding: sum_{y: pi_k(y) <= C alpha(y)} pi(y) A(y): an expectation over the responses where
+  pi_k/alpha <= C only; the mask changes the distribution the expectation is over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import numpy as np
+
+from runkit.validation import require
+
+from .core import as_policy, check_same_actions, clip_flags, clip_objective, whitened_advantage
+
+#: The importance-sampling modes, declared once: the LLM trainer's config, the loss and the bandit simulator take their
+#: type from here, and ``REGISTRY`` (below) holds one object per name.
+ImportanceSamplingMode = Literal["paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "m2po"]
+MODES: tuple[str, ...] = get_args(ImportanceSamplingMode)
+#: M2PO's threshold on the mean of (log w)^2 over the kept samples (the paper's default).
+M2_THRESHOLD = 0.04
+#: IcePop's two-sided mask as a preset of the TRL modes: a token kept when 0.5 <= pi_k/alpha <= 5. The bandit's and the
+#: language model's frontier tables both take it from here, under this label.
+ICEPOP_LABEL = "icepop (token_mask [0.5, 5])"
+ICEPOP = {"importance_sampling_mode": "token_mask", "importance_sampling_cap": 5.0, "importance_sampling_cap_min": 0.5}
+
+
+def require_correction_settings(config) -> None:
+    """The checks a config holding a correction's settings must pass (the LLM trainer's and the bandit simulator's
+    configs name them alike): a cap C > 0, a lower cap in [0, C), an M2PO threshold > 0; one-line errors."""
+    require(config, config.importance_sampling_cap > 0, "importance_sampling_cap", "must be > 0")
+    require(config, config.m2_threshold > 0, "m2_threshold", "must be > 0")
+    require(config, 0 <= config.importance_sampling_cap_min < config.importance_sampling_cap,
+            "importance_sampling_cap_min", f"must lie in [0, importance_sampling_cap = {config.importance_sampling_cap})")
+
+
+def second_moment_keep(log_w, weight=None, threshold: float = M2_THRESHOLD) -> np.ndarray:
+    """M2PO's mask over samples with log-weights ``log_w`` = log pi_k/alpha (1-D; ``weight`` each sample's weight in
+    the mean, 1 by default: the plain token mean of a batch; alpha's probabilities on a table, the batch's limit): the
+    samples are dropped in decreasing order of (log w)^2 (ties: the earlier index first) until the ``weight``-mean of
+    (log w)^2 over the kept ones is strictly below ``threshold``: the fewest drops that achieve it. When even the last
+    sample alone is not below it, that one sample (the smallest (log w)^2) is kept (AReaL's rule). True where kept;
+    samples of weight 0 are never kept."""
+    m = np.asarray(log_w, dtype=np.float64) ** 2
+    wt = np.ones_like(m) if weight is None else np.asarray(weight, dtype=np.float64)
+    if m.ndim != 1 or wt.shape != m.shape:
+        raise ValueError("log_w and weight: one 1-D array of samples each, of one length")
+    on = np.flatnonzero(wt > 0)
+    keep = np.zeros(m.size, dtype=bool)
+    if on.size == 0:
+        return keep
+    order = on[np.argsort(-m[on], kind="stable")]
+    # suffix sums: what remains after dropping the first j of the order
+    mass = np.cumsum((wt * m)[order][::-1])[::-1]
+    total = np.cumsum(wt[order][::-1])[::-1]
+    below = mass < threshold * total
+    first = int(np.argmax(below)) if below.any() else order.size - 1
+    keep[order[first:]] = True
+    return keep
+
+
+@dataclass(frozen=True)
+class Correction:
+    """One importance-sampling mode, everything that varies between modes in one object (docs/theory.md, §6.1):
+    its weight on the clipped ratio, its objective and that objective's slope in r = pi/alpha, whether PPO's clip of
+    rho = pi/pi_k acts (``trl``) or the paper's window around pi_k/alpha, and whether the step masks samples by
+    their second moment (``step_mask``, M2PO). ``REGISTRY`` holds one per name; the torch loss registers its twin
+    under the same name (``llm.loss``)."""
+
+    name: str
+    trl: bool = False
+    truncate: bool = False
+    level: Literal["token", "sequence"] = "token"
+    step_mask: bool = False
+
+    def weight(self, ratio_k, cap: float, cap_min: float = 0.0) -> np.ndarray:
+        """The weight on the clipped ratio: clip(w, c, C) (truncate) or w 1[c <= w <= C] (mask) for w = ``ratio_k`` =
+        pi_k/alpha at the mode's level, C = ``cap``, c = ``cap_min`` (0: no lower cap); 1 for the others."""
+        w = np.asarray(ratio_k, dtype=np.float64)
+        if not self.trl:
+            return np.ones_like(w)
+        if self.truncate:
+            return np.clip(w, cap_min, cap)
+        return np.where((w <= cap) & (w >= cap_min), w, 0.0)
+
+    def objective(self, ratio, ratio_k, adv, clip, cap: float = 3.0, clip_high=None, delta: float = 0.0,
+                  cap_min: float = 0.0, keep=None) -> np.ndarray:
+        """The per-sample objective, elementwise: paper: f_eps(r, r', A) (``core.clip_objective``); the TRL modes:
+        the weight times PPO's clip of rho = r/r' to [1 - clip, 1 + clip_high] (``delta``: rho <= delta in the
+        unclipped branch); m2po: keep x r x A (``keep``: M2PO's mask, all kept when None). ``ratio`` = r = pi/alpha,
+        ``ratio_k`` = r' = pi_k/alpha > 0."""
+        if self.step_mask:  # no clip: keep x r x A, r = pi/alpha (``keep``: ``second_moment_keep``'s mask)
+            ratio = np.asarray(ratio, dtype=np.float64)
+            kept = np.ones(ratio.shape, dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
+            return np.where(kept, ratio * np.asarray(adv, dtype=np.float64), 0.0)
+        if not self.trl:
+            return clip_objective(ratio, ratio_k, adv, clip, clip_high, delta)
+        ratio, ratio_k = np.asarray(ratio, dtype=np.float64), np.asarray(ratio_k, dtype=np.float64)
+        g = clip_objective(ratio / ratio_k, np.ones_like(ratio_k), adv, clip, clip_high, delta)
+        return self.weight(ratio_k, cap, cap_min) * g
+
+    def slope(self, ratio, ratio_k, adv, clip, cap: float = 3.0, cap_min: float = 0.0,
+              keep=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The derivative of ``objective`` in r (symmetric window, no ``delta``), elementwise, and where a clip stops
+        it: ``(slope, low, high)``. paper: A off the clipped branches of f_eps; the TRL modes: weight x A / r' off
+        PPO's clipped branches of rho = r/r'; m2po: keep A (no clip). The gradient of a sample's objective in the
+        logits of a softmax policy is slope x r x (e_y - pi), since dr/dtheta = r (e_y - pi): the bandit simulator
+        ascends it (``grpo_theory.simulate``)."""
+        ratio, ratio_k, adv = (np.asarray(x, dtype=np.float64) for x in (ratio, ratio_k, adv))
+        if self.step_mask:
+            kept = np.ones(ratio.shape, dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
+            none = np.zeros(ratio.shape, dtype=bool)
+            return np.where(kept, adv, 0.0), none, none
+        if not self.trl:
+            low, high = clip_flags(ratio, ratio_k, adv, clip)
+            return np.where(low | high, 0.0, adv), low, high
+        low, high = clip_flags(ratio / ratio_k, np.ones_like(ratio_k), adv, clip)
+        return np.where(low | high, 0.0, self.weight(ratio_k, cap, cap_min) * adv / ratio_k), low, high
+
+
+#: One object per importance-sampling mode, by name.
+REGISTRY: dict[str, Correction] = {c.name: c for c in (
+    Correction("paper"),
+    Correction("token_truncate", trl=True, truncate=True, level="token"),
+    Correction("token_mask", trl=True, level="token"),
+    Correction("sequence_truncate", trl=True, truncate=True, level="sequence"),
+    Correction("sequence_mask", trl=True, level="sequence"),
+    Correction("m2po", step_mask=True),
+)}
+assert tuple(REGISTRY) == MODES
+#: TRL's vllm_importance_sampling_mode values: a weight pi_k/alpha truncated or masked, times PPO's clip.
+TRL_MODES = tuple(name for name, c in REGISTRY.items() if c.trl)
+
+
+def correction(mode: str) -> Correction:
+    """The registered mode ``mode``; ValueError naming the modes otherwise."""
+    if mode not in REGISTRY:
+        raise ValueError(f"importance_sampling_mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    return REGISTRY[mode]
+
+
+def corrected_weight(ratio_k, mode: ImportanceSamplingMode, cap: float, cap_min: float = 0.0) -> np.ndarray:
+    """``correction(mode).weight``: the weight a mode multiplies the clipped ratio by."""
+    return correction(mode).weight(ratio_k, cap, cap_min)
+
+
+def corrected_objective(ratio, ratio_k, adv, clip, mode: ImportanceSamplingMode = "paper", cap: float = 3.0,
+                        clip_high=None, delta: float = 0.0, cap_min: float = 0.0, keep=None) -> np.ndarray:
+    """``correction(mode).objective``: the per-sample objective of a mode, elementwise."""
+    return correction(mode).objective(ratio, ratio_k, adv, clip, cap, clip_high, delta, cap_min, keep)
+
+
+def corrected_slope(ratio, ratio_k, adv, clip, mode: ImportanceSamplingMode = "paper", cap: float = 3.0,
+                    cap_min: float = 0.0, keep=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``correction(mode).slope``: the objective's derivative in r and where a clip stops it."""
+    return correction(mode).slope(ratio, ratio_k, adv, clip, cap, cap_min, keep)
+
+
+def corrected_surrogate(pi, pi_k, alpha, r, eps, clip, mode: ImportanceSamplingMode = "paper", cap: float = 3.0,
+                        clip_high=None, delta: float = 0.0, cap_min: float = 0.0,
+                        m2_threshold: float = M2_THRESHOLD) -> np.ndarray:
+    """E_{y ~ alpha} of ``corrected_objective`` with A = A_alpha (whitened with ``eps``): the objective each mode
+    ascends, exact on a table. Shapes (..., n) -> (...). alpha and pi_k must be positive wherever pi or pi_k is.
+    With mode paper it is ``core.clipped_surrogate``; with m2po the mask is ``second_moment_keep`` of the table's
+    log pi_k/alpha weighted by alpha (the limit of a batch's mask as the batch grows)."""
+    pi, pi_k, alpha = as_policy(pi, "pi"), as_policy(pi_k, "pi_k"), as_policy(alpha, "alpha")
+    check_same_actions(pi=pi, pi_k=pi_k, alpha=alpha)
+    if np.any((alpha == 0) & ((pi > 0) | (pi_k > 0))) or np.any((pi_k == 0) & (pi > 0)):
+        raise ValueError("alpha and pi_k: must be positive wherever pi (or pi_k) is (ratios undefined)")
+    a = whitened_advantage(alpha, r, eps)
+    live = (alpha > 0) & (pi_k > 0)
+    safe_a, safe_k = np.where(live, alpha, 1.0), np.where(live, pi_k, 1.0)
+    keep = None
+    if correction(mode).step_mask:
+        log_w = np.log(safe_k / safe_a)
+        keep = np.zeros(log_w.shape, dtype=bool)
+        for idx in np.ndindex(log_w.shape[:-1]):
+            live_i = live[idx]
+            keep[idx][live_i] = second_moment_keep(log_w[idx][live_i], alpha[idx][live_i], m2_threshold)
+    f = corrected_objective(pi / safe_a, safe_k / safe_a, a, clip, mode, cap, clip_high, delta, cap_min, keep)
+    return np.sum(np.where(live, alpha * f, 0.0), axis=-1)

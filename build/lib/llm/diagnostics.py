@@ -1,0 +1,306 @@
+"""Per-step estimates of the TV distances and of every term of Theorem 1 on a language model (docs/theory.md, §8).
+
+Every estimate is computed on completions sampled from alpha: per prompt a group of G completions y_g with rewards
+r_g and sequence weights w_g = pi(y_g|x)/alpha(y_g|x) (the product of the token ratios) and w_k,g for pi_k. The
+estimators are ``grpo_theory.estimators``'s, per prompt:
+
+- TV(pi, alpha)         ->  mean_g (1 - w_g)^+                                  unbiased; in [0, 1]
+- J(pi) - J(pi_k)       ->  mean_g (w_g - w_k,g)(r_g - rbar_{-g})                unbiased (leave-one-out baseline)
+- L_alpha(pi)           ->  mean_g (w_g - 1)(r_g - rbar_{-g}) / s~_{-g}           biased through 1/s~
+- the TV penalty        ->  c mean_g (1 - w_g)^+ (1/s~_{-g} - 1)                  biased through 1/s~
+- the lag penalty       ->  c mean_g (1 - w_k,g)^+                                unbiased
+
+rbar_{-g} is the mean of the group's other G - 1 rewards and s~_{-g} the standard deviation of those rewards
+shrunk towards 1/2 by 0.3 pseudo-rewards at 0 and at 1 (never 0, at most 1/2): each response's 1/s~ is independent
+of its weight, so the surrogate's, the TV penalty's and the lower bound's expectations are their formulas with
+E[1/s~] in place of 1/s, a bias docs/theory.md §8.5 tabulates (E[1/s~]/(1/s) from 0.17 to 1.18 at G = 8). The bound
+terms are assembled by ``grpo_theory.combine_bound``. What the average is taken over then decides the rest:
+
+- ``insample/*``: over the training prompts and their completions. pi_{k+1} was fitted to both, so every
+  estimate involving pi_{k+1} is biased: the improvement upwards (the update raises J most on the prompts
+  and completions it trained on, and may lower it elsewhere), and TV(pi_{k+1}, alpha) upwards too (the
+  update moves probability onto exactly the completions it is then evaluated on).
+- ``heldout/*``: over extra prompts drawn independently of the training ones (from the same pool, so some are also
+  training prompts of the step), whose completions never entered the loss. pi_k and pi_{k+1} do not depend on
+  them, so the TV, improvement and lag-penalty estimates are unbiased for the expectation over the prompt
+  distribution, and the surrogate, the TV penalty and the lower bound carry only the 1/s~ bias above.
+- ``tv/pi_k_alpha`` on the training batch is unbiased: pi_k depends on no sample of its own step (except under
+  dynamic sampling, whose kept groups are chosen by their rewards: docs/theory.md, §6.2).
+
+Rewards outside [0, 1] (reward functions may return any finite number): Theorem 1 holds for rewards in a known
+range [lo, hi] through r' = (r - lo)/(hi - lo), which lies in [0, 1]: every term is computed for r' (its sigma,
+s <= 1 and weight) and the terms in units of J (improvement, surrogate, penalties, lower bound) are multiplied
+back by hi - lo. ``RewardRange`` holds the range used: [0, 1], widened to every training and held-out reward the
+run has seen. A measured range can only be narrower than the true one, and the bound holds only for rewards inside
+it; for rewards in [0, 1] nothing changes. The leave-one-out baseline makes the improvement estimate invariant to
+the shift (mean (w_new - w_k)(r - rbar_{-g}) is the same for r and r - lo).
+
+Chain-rule estimate (``*_chain_ub_est``): TV(pi, alpha) <= E_{y~alpha} sum_t TV(pi(.|x, y_<t), alpha(.|x, y_<t));
+the batch mean of the inner sum is an unbiased Monte-Carlo estimate of that upper bound, not a bound on each batch,
+and the logged value is that mean clipped at 1, which is biased low near 1 (``chain_tv_estimate``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+import grpo_theory as gt
+import grpo_theory.estimators as ge
+
+from .logprobs import TokenDists
+
+
+@dataclass(frozen=True)
+class RewardRange:
+    """The reward range Theorem 1's terms are computed for: [0, 1] widened to hold every reward seen so far."""
+
+    lo: float = 0.0
+    hi: float = 1.0
+
+    @property
+    def width(self) -> float:
+        return self.hi - self.lo
+
+    def widened(self, rewards: np.ndarray) -> "RewardRange":
+        """The smallest range holding this one and ``rewards``."""
+        return RewardRange(min(self.lo, float(np.min(rewards))), max(self.hi, float(np.max(rewards))))
+
+    def rescale(self, rewards: np.ndarray) -> np.ndarray:
+        """r' = (r - lo)/(hi - lo), in [0, 1] for rewards inside the range."""
+        return (np.asarray(rewards, dtype=np.float64) - self.lo) / self.width
+
+
+#: Rewards in [0, 1], Theorem 1's own range: r' = r.
+UNIT_RANGE = RewardRange()
+
+
+def tv_rows(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
+    """Half-L1 distance between the rows of two (..., V) log-probability tensors (the TV convention of
+    ``grpo_theory.tv_distance``, tested equal), computed in float32 without normalisation checks."""
+    return 0.5 * (logp_a.float().exp() - logp_b.float().exp()).abs().sum(dim=-1)
+
+
+def mean_entropy(entropy: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean next-token entropy (``entropy`` (B, T), nats) over the completion positions where ``mask`` is 1."""
+    return float((entropy * mask).sum() / mask.sum())
+
+
+def sequence_log_ratio(logp: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor, P: int, G: int) -> np.ndarray:
+    """log pi(y|x)/alpha(y|x) of every completion, summed over its tokens: float64 array of shape (P, G)."""
+    return ((logp - logp_alpha) * mask).sum(1).cpu().double().numpy().reshape(P, G)
+
+
+def rollout_metrics(rewards: np.ndarray, zero_std: np.ndarray, completions: list[list[int]], eos: int) -> dict[str, float]:
+    """Sampled rewards (P, G), all-equal-reward groups and completion lengths of a step."""
+    return {
+        "reward": float(rewards.mean()),
+        "reward_std": float(rewards.std()),
+        "frac_reward_zero_std": float(zero_std.mean()),
+        "completions/mean_length": float(np.mean([len(c) for c in completions])),
+        "completions/clipped_ratio": float(np.mean([len(c) == 0 or c[-1] != eos for c in completions])),
+    }
+
+
+#: Token log-weights are clamped to +-this before w - 1 - log w (the KL term's clamp, ``llm.loss.KL_LOG_MAX``).
+MISMATCH_LOG_MAX = 40.0
+
+
+@torch.no_grad()
+def weight_metrics(logp_k: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """The token importance weights w = pi_k/alpha over every completion token (``mask`` (B, T)), whatever the loss
+    keeps: ``is_weight/mean|min|max`` and ``sampling/mismatch_kl``, the token mean of w - 1 - log w (k3 of
+    KL(alpha || pi_k) per token along alpha's prefixes: unbiased for the mean over the completion tokens alpha
+    samples; docs/theory.md, §6.1). Over every token, not only the loss's: the zero-variance mask keeps groups by
+    their rewards, and a step dropped for staleness keeps none, which is when the mismatch matters most. nan on a
+    batch without tokens."""
+    on = mask > 0
+    if not bool(on.any()):
+        nan = float("nan")
+        return {"is_weight/mean": nan, "is_weight/min": nan, "is_weight/max": nan, "sampling/mismatch_kl": nan}
+    log_w = (logp_k.float() - logp_alpha.float())[on]
+    w = torch.exp(log_w)
+    lw = log_w.clamp(-MISMATCH_LOG_MAX, MISMATCH_LOG_MAX)
+    mismatch = (torch.exp(lw) - 1.0 - lw).clamp(min=0.0)  # >= 0 exactly; rounding can dip below at w = 1
+    return {"is_weight/mean": float(w.mean()), "is_weight/min": float(w.min()), "is_weight/max": float(w.max()),
+            "sampling/mismatch_kl": float(mismatch.mean())}
+
+
+#: A log-probability below this is a token off a filter's kept set (``OFF_SET_LOGP``), not a number to average.
+ON_SET_LOGP = -1.0e3
+
+
+def sampler_gap(logp_sampler: torch.Tensor, logp_trainer: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """|sampler's log alpha - trainer's recomputation| over the completion tokens: the worst token of all, and the mean
+    over the tokens both sides keep (a top-k/top-p/min-p boundary that the two sides' roundings place differently
+    gives one side's off-set value, -10^4: the worst token shows it, the mean leaves it out)."""
+    diff = (logp_sampler - logp_trainer).abs() * mask
+    on = mask * ((logp_sampler > ON_SET_LOGP) & (logp_trainer > ON_SET_LOGP))
+    return {"sampling/logp_diff_mean": float((diff * on).sum() / on.sum().clamp(min=1.0)),
+            "sampling/logp_diff_max": float(diff.max())}
+
+
+@dataclass(frozen=True)
+class SyncCheck:
+    """How a stale sampler is told from float rounding right after a sync: ``sampler_gap``'s ``metric`` above
+    ``tolerance``, or above ``floor_factor`` times the run's rounding floor (the first check's value, when the
+    sampler holds the policy's own initial weights), whichever is larger (``threshold``)."""
+
+    metric: str
+    tolerance: float
+    floor_factor: float = 0.0
+
+    def gap(self, logp_sampler: torch.Tensor, logp_trainer: torch.Tensor, mask: torch.Tensor) -> float:
+        return sampler_gap(logp_sampler, logp_trainer, mask)[self.metric]
+
+    def threshold(self, floor: float | None = None) -> float:
+        return max(self.tolerance, self.floor_factor * floor) if floor is not None else self.tolerance
+
+    def stale(self, row: dict, floor: float | None = None) -> float | None:
+        """The row's gap if it is above the threshold, else None (also when the row has no sync check)."""
+        gap = row.get(self.metric)
+        return gap if gap is not None and gap > self.threshold(floor) else None
+
+
+#: The sync check of each dtype. float32: the worst token; sampler and trainer agree to ~5e-6 at the median step's
+#: worst token and up to ~7e-5 on rare tokens (log-prob < -10) over ~1,500 tokens, and a stale engine is off by more
+#: than 1 nat. bfloat16: the token mean over twice the rounding floor the run's first check measures (0.02 at least).
+#: The worst token's rounding is heavy-tailed and grows with the batch, and the mean's floor depends on the model and
+#: the engine: right after syncs the built-in model (trainer in bfloat16 autocast, transformers sampler) gave worst
+#: tokens up to 0.57 nats and means 0.003-0.007 (0.041-0.10 one to three steps stale: tests/llm/test_trainer.py,
+#: test_the_sync_check_tells_a_skipped_sync_from_rounding, on both kernel sets of an AVX-512 host); SmolLM2-135M with
+#: vLLM in bfloat16 worst tokens 0.36-0.47 and means 0.036-0.040, against 0.099-0.105 one and two steps stale at
+#: learning rate 1e-5. No absolute threshold separates both models; twice each run's own floor does.
+SYNC_CHECKS = {"float32": SyncCheck("sampling/logp_diff_max", 1e-3),
+               "bfloat16": SyncCheck("sampling/logp_diff_mean", 0.02, floor_factor=2.0)}
+#: The start-up probe in bfloat16 (``llm.sampling.probe_sync``): the sampler's log-probs after syncing perturbed
+#: weights must be this many times closer (token mean) to the perturbed weights' than to the unperturbed ones'. On
+#: SmolLM2-135M with vLLM in bfloat16: 0.050 nats to the synced weights, 0.138 to the ones before (2.7 times); an engine
+#: that missed the sync would sit near the ones before (closer to them than to the synced weights).
+PROBE_SEPARATION = 2.0
+
+
+def chain_tv_sum(a: TokenDists, b: TokenDists, mask: torch.Tensor, chunk_tokens: int = 0) -> float:
+    """Sum over sequences and completion positions (``mask`` (B, T)) of TV(a_t, b_t): divided by the number of
+    sequences (``chain_tv_estimate``), a Monte-Carlo estimate of the chain-rule upper bound on the sequence-level TV.
+    The distributions are expanded from hidden states ``chunk_tokens`` positions at a time, never for the whole
+    batch."""
+    pairs = zip(a.chunks(mask, chunk_tokens), b.chunks(mask, chunk_tokens))
+    return sum(float(tv_rows(pa, pb).sum()) for pa, pb in pairs)
+
+
+def chain_tv_estimate(total: float, sequences: int) -> float:
+    """min(1, ``total`` / ``sequences``): the batch mean of sum_t TV_t clipped at 1. The mean is unbiased for the
+    chain-rule upper bound U = E sum_t TV_t; the clipped value is not: E[min(1, X)] <= min(1, E X), so where the
+    mean's spread reaches past 1 the logged value is biased low, and near 1 it is no upper bound on TV in
+    expectation. Below, far from 1, the clip never binds and the estimate is U's."""
+    return min(1.0, total / max(sequences, 1))
+
+
+def group_statistics(group_rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-prompt mean and plug-in (population) standard deviation of the training groups (P, G): descriptive
+    statistics of the sampled rewards (``sigma/*``), not the bound's estimate of sigma (``grpo_theory.estimators``)."""
+    r = np.asarray(group_rewards, dtype=np.float64)
+    uniform = np.full(r.shape, 1.0 / r.shape[1])  # the group's empirical distribution
+    mean = np.where(np.ptp(r, axis=1) == 0, r[:, 0], gt.expected_reward(uniform, r))  # exact for equal rewards
+    return mean, gt.reward_std(uniform, r)
+
+
+#: Sequence weights above e^709 (a stale or broken engine) overflow float64: the estimates then read inf or nan,
+#: which is what they are; numpy's warnings about it are silenced, the values are logged as they are.
+_overflow_is_the_answer = np.errstate(over="ignore", invalid="ignore")
+
+#: Per-prompt estimates in units of J (scaled back by the reward range's width); the others (TVs) are not.
+J_UNIT_TERMS = ("improvement", "bound_est/surrogate", "bound_est/penalty_tv", "bound_est/penalty_lag",
+                "bound_est/lower", "bound_est/penalty_tv_tight", "bound_est/penalty_lag_tight", "bound_est/lower_tight")
+#: Terms also averaged over the prompts whose sampled rewards vary (``<term>_nonzero_std``): the prompts the
+#: zero-variance mask trains on.
+NONZERO_STD_TERMS = ("improvement", "bound_est/lower", "bound_est/lower_tight")
+
+
+@_overflow_is_the_answer
+def per_prompt_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndarray, eps: float,
+                         reward_range: RewardRange = UNIT_RANGE) -> dict[str, np.ndarray]:
+    """Theorem 1's estimates for each of P prompts (``grpo_theory.estimators``; docs/theory.md, §8) from its group:
+    ``rewards`` and the sequence log-ratios log pi_k/alpha and log pi_{k+1}/alpha, each (P, G). With a
+    ``reward_range`` other than [0, 1] the terms are those of the rescaled reward, in units of the reward."""
+    r = reward_range.rescale(rewards)
+    w_k, w_new = np.exp(np.asarray(log_w_k, np.float64)), np.exp(np.asarray(log_w_new, np.float64))
+    paper = ge.bound_estimates(r, w_new, w_k, eps, gt.bound_constant(tight=False))
+    tight = ge.bound_estimates(r, w_new, w_k, eps, gt.bound_constant(tight=True, reward_range=1.0))
+    out = {
+        "tv/pi_k_alpha": ge.tv_estimate(w_k),
+        "tv/pi_new_alpha": ge.tv_estimate(w_new),
+        "tv/pi_new_pi_k": ge.tv_between_estimate(w_new, w_k),
+        "improvement": ge.improvement_estimate(r, w_new, w_k),
+        "bound_est/surrogate": paper.surrogate,
+        "bound_est/penalty_tv": paper.penalty_tv,
+        "bound_est/penalty_lag": paper.penalty_lag,
+        "bound_est/lower": paper.lower,
+        "bound_est/penalty_tv_tight": tight.penalty_tv,
+        "bound_est/penalty_lag_tight": tight.penalty_lag,
+        "bound_est/lower_tight": tight.lower,
+    }
+    for key in J_UNIT_TERMS:  # back to units of the reward: J(pi) - J(pi_k) = width (J'(pi) - J'(pi_k))
+        out[key] = reward_range.width * out[key]
+    return out
+
+
+@_overflow_is_the_answer
+def bound_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndarray, eps: float,
+                    reward_range: RewardRange = UNIT_RANGE, standard_errors: bool = False,
+                    lcb_level: float | None = None, lcb_method: str = "cantelli") -> dict[str, float]:
+    """The prompt means of ``per_prompt_estimates`` (callers prefix them with ``insample/`` or ``heldout/``, which
+    decides the bias: module docstring), the same over the prompts with varied rewards (``*_nonzero_std``), the
+    share of those whose estimated tight bound is positive, and the Kish effective sample size of each weight
+    (``ess/*``, a fraction of the completions). ``standard_errors``: also ``<key>_se`` for every mean (prompts are
+    independent draws, so the standard error of a mean over them is their sample standard deviation over
+    sqrt(P)). ``lcb_level``: also ``improvement_lcb``, the one-sided lower confidence bound on the improvement at
+    that level by ``lcb_method`` (``grpo_theory.estimators.lower_confidence_bound``, nan below its fewest prompts;
+    meaningful on held-out prompts only, whose per-prompt estimates are independent and unbiased)."""
+    per = per_prompt_estimates(rewards, log_w_k, log_w_new, eps, reward_range)
+    varied = np.ptp(np.asarray(rewards, np.float64), axis=1) > 0  # the prompts the zero-variance mask keeps
+    means = {key: v for key, v in per.items()}
+    means.update({f"{key}_nonzero_std": per[key][varied] for key in NONZERO_STD_TERMS})
+    out = {}
+    for key, values in means.items():
+        out[key], se = ge.mean_and_standard_error(values)
+        if standard_errors:
+            out[f"{key}_se"] = se
+    if lcb_level is not None:
+        out["improvement_lcb"] = ge.lower_confidence_bound(per["improvement"], lcb_level, method=lcb_method)
+    tight = per["bound_est/lower_tight"][varied]
+    out["bound_est/frac_lower_tight_positive_nonzero_std"] = float(np.mean(tight > 0)) if tight.size else float("nan")
+    out["ess/pi_k_alpha"] = float(ge.kish_ess_fraction(np.exp(np.asarray(log_w_k, np.float64))))
+    out["ess/pi_new_alpha"] = float(ge.kish_ess_fraction(np.exp(np.asarray(log_w_new, np.float64))))
+    return out
+
+
+@_overflow_is_the_answer
+def group_metrics(group_rewards: np.ndarray, log_w_k: np.ndarray, eps: float,
+                  reward_range: RewardRange = UNIT_RANGE) -> dict[str, float]:
+    """Quantities of the training groups that involve only alpha and pi_k (no bias from the update):
+    TV(pi_k, alpha) (unbiased, ``grpo_theory.estimators.tv_estimate``), the largest and the mean sequence weight
+    pi_k/alpha (the mean estimates pi_k's mass on what alpha can produce: 1 unless a top-k, top-p or min-p filter
+    keeps pi_k on tokens alpha's drops; docs/theory.md, §1.1) and their effective sample size, the groups' sampled reward standard deviation (``sigma/*``, plug-in) and the
+    penalty weight (1 - s~)/s~ the bound's estimates use (of the rewards rescaled to ``reward_range``)."""
+    _, sigma = group_statistics(group_rewards)
+    r = reward_range.rescale(group_rewards)
+    weight = gt.penalty_weight(ge.leave_one_out_sigma(r), eps)
+    w_k = np.exp(np.asarray(log_w_k, np.float64))
+    return {
+        "tv/pi_k_alpha": float(ge.tv_estimate(w_k).mean()),
+        "is_weight_seq/max": float(w_k.max()),
+        "is_weight_seq/mean": float(w_k.mean()),
+        "ess/pi_k_alpha": float(ge.kish_ess_fraction(w_k)),
+        "sigma/mean": float(sigma.mean()),
+        "sigma/min": float(sigma.min()),
+        "sigma/weight_mean": float(weight.mean()),
+        "sigma/weight_max": float(weight.max()),
+    }
+
+
+def prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
+    return {f"{prefix}/{k}": v for k, v in metrics.items()}

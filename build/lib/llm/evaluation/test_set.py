@@ -1,0 +1,78 @@
+"""Evaluation of a policy on the task's test prompts (docs/theory.md, §8.3): ``evaluate``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..model import Precision
+from ..sampling import TransformersSampler
+from ..token_filter import NO_FILTER, TokenFilter
+from ..rewards import parse_number
+from ..tasks import TokenizedTask
+from .exact import prompt_exact_j
+from .passk import exact_pass_at_k, ks_up_to, pass_and_maj
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """How the test prompts are sampled: ``temperature`` and ``token_filter`` (the evaluation's own, which may differ
+    from training's), ``generations`` completions per prompt (TRL's num_generations_eval), ``max_tokens`` each, the
+    k of ``eval/pass@k`` and ``eval/maj@k`` (1, 2, 4, ... up to the generations)."""
+
+    temperature: float = 1.0
+    token_filter: TokenFilter = NO_FILTER
+    generations: int = 8
+    max_tokens: int = 16
+    ks: tuple[int, ...] = field(default=())
+
+    @classmethod
+    def from_config(cls, config) -> "EvalSpec":
+        """The evaluation's own temperature, top-k, top-p and min-p where the config gives them (not -1), else
+        training's; ``num_generations_eval`` completions of up to ``max_completion_length`` tokens."""
+        pick = lambda own, train: train if own == -1 else own  # noqa: E731
+        return cls(pick(config.eval_temperature, config.temperature),
+                   TokenFilter(pick(config.eval_top_k, config.top_k), pick(config.eval_top_p, config.top_p),
+                               pick(config.eval_min_p, config.min_p)),
+                   config.num_generations_eval, config.max_completion_length)
+
+    @property
+    def pass_ks(self) -> tuple[int, ...]:
+        return self.ks or tuple(ks_up_to(self.generations))
+
+
+def answer_key(text: str) -> str:
+    """What maj@k votes on: the completion's last number when it has one (math answers: '1,000' and '1000.0' are
+    one answer), else its stripped text."""
+    number = parse_number(text)
+    return f"{number:g}" if number is not None else text.strip()
+
+
+def evaluate(model, task: TokenizedTask, spec: EvalSpec, *, seed: int, pad: int, precision: Precision = Precision(),
+             exact: bool = True, sampler=None, batch_size: int = 0) -> dict[str, float]:
+    """``eval/*`` metrics of the policy ``model`` on the task's test prompts, sampled as ``spec`` says: exact J and
+    exact pass@k (when the task allows it), the sampled accuracy (the mean reward of ``spec.generations``
+    completions per prompt), ``eval/pass@k`` and ``eval/maj@k`` from them, and the greedy accuracy. ``sampler``: a
+    sampler holding ``model``'s weights (the run's vLLM engine or server); None: ``generate`` on ``model`` itself,
+    ``batch_size`` sequences at a time (0: all)."""
+    prompts = task.test_prompt_ids
+    if not prompts:
+        return {}
+    out = {"eval/num_prompts": float(len(prompts))}
+    if exact and task.task.has_exact_j:
+        j = prompt_exact_j(model, task, spec.temperature, pad, precision, test=True, token_filter=spec.token_filter)
+        out["eval/j"] = float(j.mean())
+        out.update({f"eval/pass@{k}_exact": float(exact_pass_at_k(j, k).mean()) for k in spec.pass_ks})
+    sampler = sampler or TransformersSampler(model, task.eos, pad, copy=False, batch_size=batch_size)
+    idx = list(range(len(prompts)))
+    for name, n, greedy in (("accuracy_sampled", spec.generations, False), ("accuracy_greedy", 1, True)):
+        roll = sampler.generate(prompts, n, spec.max_tokens, spec.temperature, seed, greedy=greedy,
+                                token_filter=spec.token_filter)
+        texts = task.tokenizer.batch_decode(roll.completion_ids, skip_special_tokens=True)
+        rewards = task.score([i for i in idx for _ in range(n)], texts, roll.completion_ids, test=True)
+        out[f"eval/{name}"] = float(rewards.mean())
+        if not greedy:
+            keys = [[answer_key(t) for t in texts[p * n:(p + 1) * n]] for p in idx]
+            out.update(pass_and_maj(np.asarray(rewards).reshape(len(prompts), n), keys, spec.pass_ks))
+    return out

@@ -1,0 +1,408 @@
+"""Log-probabilities of completion tokens without full-vocabulary tensors (README, "Memory").
+
+A forward pass runs the model's decoder (``model.get_decoder()``) over the sequences and keeps its final hidden
+states at the completion positions only. The output layer (``LogitHead``) is then applied to the real completion
+tokens (padding skipped) in chunks of ``chunk_tokens`` rows, so at most (chunk_tokens x V) float32 logits exist
+at a time. With gradients on and more than one chunk, each chunk runs under activation checkpointing: its
+logits are recomputed in the backward pass instead of being kept (one more pass of the output layer, the price of
+memory that does not grow with the vocabulary). The result is log_softmax(model(...).logits / T) gathered at
+the sampled tokens (tested equal for every family in ``llm.tiny.FAMILIES``), without the (B x L x V) logits a
+plain forward materialises.
+
+Distributions over the whole vocabulary, needed by the token-level TV diagnostics, are kept as hidden states
+(``TokenDists``: B x T x H, not B x T x V) and expanded chunk by chunk when they are compared.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from runkit.host_memory import micro_batches
+
+from .batch import Batch
+from .distributed import SINGLE, Ranks
+from .model import Precision, architecture
+from .token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, filtered_log_softmax, kept_boundary, kept_from
+
+#: Default size of one chunk of float32 logits: chunk_tokens = LOGIT_CHUNK_BYTES / (4 V) rows (441 rows for a
+#: 151,936-token vocabulary; the whole completion batch of the built-in 99-token model in one chunk).
+LOGIT_CHUNK_BYTES = 256 * 2**20
+
+#: Largest |log-prob| difference between the chunked path and the model's own logits accepted at start-up
+#: (float32; ``check_head``).
+HEAD_CHECK_TOLERANCE = 1e-4
+
+
+def chunk_rows(vocab_size: int, chunk_tokens: int = 0) -> int:
+    """Rows of logits per chunk: ``chunk_tokens`` if set, else LOGIT_CHUNK_BYTES worth of float32 rows."""
+    return chunk_tokens if chunk_tokens > 0 else max(1, LOGIT_CHUNK_BYTES // (4 * vocab_size))
+
+
+class LogitHead:
+    """The model's output layer and the architecture's final transform: hidden states (n, H) -> logits / T in
+    float32 (n, V; float64 for a float64 model, which the tests use to tell rounding from error). Transforms
+    known here: Granite's ``logits_scaling`` (logits divided by it) and Gemma's ``final_logit_softcapping``
+    (cap * tanh(logits / cap)). ``check_head`` refuses a model whose own logits differ (an output transform
+    this class does not know), so a wrong head never goes unnoticed. ``token_filter``: the distribution is the
+    filtered one (top-k, top-p, min-p of the logits / T; ``llm.token_filter``)."""
+
+    def __init__(self, model: torch.nn.Module, temperature: float, token_filter: TokenFilter = NO_FILTER):
+        self.layer = model.get_output_embeddings()
+        cfg = model.config
+        self.divisor = float(getattr(cfg, "logits_scaling", None) or 1.0)
+        self.softcap = getattr(cfg, "final_logit_softcapping", None)
+        self.temperature = temperature
+        self.token_filter = token_filter
+        self.vocab_size = self.layer.weight.shape[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        z = self.layer(hidden)
+        z = z.to(torch.promote_types(z.dtype, torch.float32))  # float32 at least (float64 models stay float64)
+        if self.divisor != 1.0:
+            z = z / self.divisor
+        if self.softcap:
+            z = torch.tanh(z / self.softcap) * self.softcap
+        # x / 1.0 is x exactly: at T = 1 the division would only cost a pass over (n, V) logits, forward and backward
+        return z if self.temperature == 1.0 else z / self.temperature
+
+    def logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """log softmax of the logits, filtered (``OFF_SET_LOGP`` off the kept set): (n, V) float32."""
+        return filtered_log_softmax(self.logits(hidden), self.token_filter)
+
+    @property
+    def scale(self) -> float | None:
+        """The factor the output layer's logits are multiplied by (1 / (divisor x T)), or None when the head
+        applies a transform that is not a scale (a softcap)."""
+        return None if self.softcap else 1.0 / (self.divisor * self.temperature)
+
+
+class _ScaledHeadLogprobs(torch.autograd.Function):
+    """log softmax(s x hidden W^T) at the target tokens, chunk by chunk, with the softmax's gradient written out.
+
+    Forward, per chunk of ``rows`` rows: the logits z (the matmul in the compute dtype: autocast's, else the
+    weight's), widened to float32 at least, filtered (``token_filter``: -inf off the kept set, whose threshold tau
+    per row is kept), their log-softmax, the targets' log-probs (``OFF_SET_LOGP`` for a target off the kept set),
+    the log-normaliser lse and, if asked, the entropy -sum p log p of the (filtered) distribution; lse (n,) and tau
+    are kept. Backward: the chunk's logits again, the gradient g (onehot - p) s of the logits in one buffer (no
+    gradient through a target off the kept set: its log-probability is a constant), plus, when the entropy is
+    differentiated (an entropy bonus), g_H (-p (log p + H)) s, and the two matmuls in the compute dtype. With one
+    chunk the probabilities p are kept instead of recomputed (at most ``LOGIT_CHUNK_BYTES``). The same casts and
+    matmuls as autograd through the plain head, with fewer passes over the (n, V) logits: no recomputed log-softmax
+    or entropy, no zero-filled gradient of the gather, no log-softmax backward; and the chunks' weight gradients
+    summed in float32 (autograd sums autocast's bf16 ones in bf16)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, scale: float, rows: int, entropy: bool,
+                token_filter: TokenFilter = NO_FILTER):
+        device = hidden.device.type
+        compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+        wide = torch.promote_types(compute, torch.float32)
+        single = hidden.shape[0] <= rows and any(ctx.needs_input_grad[:2])  # one chunk, a backward to come
+        filtered = token_filter.active
+        with torch.autocast(device, enabled=False):
+            w = weight.to(compute)
+            logp, lse, ent, taus, firsts, on, kept = [], [], [], [], [], [], None
+            for s in range(0, hidden.shape[0], rows):
+                z = _wide_logits(hidden[s:s + rows], w, compute, wide, scale)
+                t = targets[s:s + rows, None]
+                if filtered:  # the kept set by the sampler's rule; a target tied at its boundary counts as kept
+                    tau, first = kept_boundary(z, token_filter)
+                    taus.append(tau)
+                    firsts.append(first)
+                    z_t = z.gather(-1, t).squeeze(-1)
+                    on.append(z_t >= tau)
+                    z.masked_fill_(~kept_from(z, tau, first), -math.inf)
+                logq = torch.log_softmax(z, dim=-1)  # one kernel: 50 ms a SmolLM2 chunk against logsumexp's 65
+                if filtered:  # the row's largest logit is always kept: the log-normaliser from it
+                    top = z.amax(dim=-1, keepdim=True)
+                    lse.append((top - logq.gather(-1, z.argmax(dim=-1, keepdim=True))).squeeze(-1))
+                    logp.append(z_t - lse[-1])  # off the kept set replaced below; a NaN stays NaN
+                    logq.clamp_(min=OFF_SET_LOGP)  # exp of it is 0; finite for the entropy's products
+                else:
+                    logp.append(logq.gather(-1, t).squeeze(-1))
+                    lse.append(z.gather(-1, t).squeeze(-1) - logp[-1])  # the row's log-normaliser, for the backward
+                if entropy or single:
+                    p = logq.exp() if entropy else logq.exp_()
+                    if entropy:  # -sum p log p: non-negative terms (lse - sum p z cancels when it is small)
+                        ent.append(-torch.linalg.vecdot(p, logq))
+                    kept = p if single else None
+        lse = torch.cat(lse)
+        out = torch.cat(logp)
+        target_kept = torch.cat(on) if filtered else ~torch.isneginf(out)  # NaN (a broken pass) stays NaN
+        if filtered:  # a NaN (a broken pass) stays NaN: the trainer skips such an update
+            out = torch.where(target_kept | torch.isnan(out), out, torch.full_like(out, OFF_SET_LOGP))
+        ent = torch.cat(ent) if entropy else out.new_zeros(0)
+        tau = torch.cat(taus) if filtered else torch.empty(0)
+        first = torch.cat(firsts) if filtered else torch.empty(0, dtype=torch.long)
+        ctx.save_for_backward(hidden, weight, targets, lse, kept if kept is not None else torch.empty(0), tau, first,
+                              target_kept, ent)
+        ctx.meta = (compute, wide, scale, rows, kept is not None, filtered)
+        if not entropy:
+            ctx.mark_non_differentiable(ent)
+        return out, ent
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, targets, lse, kept, tau, first, target_kept, ent = ctx.saved_tensors
+        compute, wide, scale, rows, have_p, filtered = ctx.meta
+        need_h, need_w = ctx.needs_input_grad[:2]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=wide, device=weight.device) if need_w else None
+        w = weight.to(compute)
+        if filtered:  # a target off the kept set: a constant log-probability
+            grad_logp = grad_logp * target_kept
+        with_entropy = grad_entropy is not None and ent.numel() > 0 and bool(grad_entropy.ne(0).any())
+        for s in range(0, hidden.shape[0], rows):
+            h, t, g = hidden[s:s + rows], targets[s:s + rows], grad_logp[s:s + rows].to(wide)
+            if have_p and not with_entropy:
+                gz = kept * (-g[:, None])
+            else:
+                z = _wide_logits(h, w, compute, wide, scale)
+                if filtered:
+                    z.masked_fill_(~kept_from(z, tau[s:s + rows], first[s:s + rows]), -math.inf)
+                logq = z.sub_(lse[s:s + rows, None])
+                if with_entropy:  # dH/dz = -p (log p + H), with p = 0 (and so no term) off the kept set
+                    g_h = grad_entropy[s:s + rows].to(wide)[:, None]
+                    gz = logq.exp() * (-g[:, None] - g_h * (logq.clamp_(min=OFF_SET_LOGP) + ent[s:s + rows, None]))
+                else:
+                    gz = logq.exp_().mul_(-g[:, None])
+            gz.scatter_add_(-1, t[:, None], g[:, None])  # d(z_t - lse)/dz = onehot - p
+            if scale != 1.0:
+                gz.mul_(scale)
+            gz = gz.to(compute)
+            if need_h:
+                grad_h[s:s + rows] = (gz @ w).to(hidden.dtype)
+            if need_w:
+                grad_w += (gz.T @ h.to(compute)).to(wide)
+        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None, None
+
+
+def _wide_logits(hidden: torch.Tensor, weight: torch.Tensor, compute: torch.dtype, wide: torch.dtype,
+                 scale: float) -> torch.Tensor:
+    """s x hidden W^T: the matmul in ``compute``, the result widened to ``wide`` (a buffer of its own)."""
+    z = hidden.to(compute) @ weight.T
+    z = z.to(wide) if z.dtype != wide else z
+    return z.mul_(scale) if scale != 1.0 else z
+
+
+def _token_stats(head: LogitHead, hidden: torch.Tensor, targets: torch.Tensor, entropy: bool,
+                 entropy_grad: bool = False):
+    logp_full = head.logprobs(hidden)
+    logp = logp_full.gather(-1, targets[:, None]).squeeze(-1)
+    if not entropy:
+        return logp, None
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        return logp, -(logp_full.exp() * logp_full).sum(-1)
+
+
+def token_logprobs(head: LogitHead, hidden: torch.Tensor, targets: torch.Tensor, chunk_tokens: int = 0,
+                   entropy: bool = False, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(target | hidden) for n rows (``hidden`` (n, H), ``targets`` (n,)) chunk by chunk, float32 (n,),
+    of the head's (filtered) distribution; with ``entropy`` also each row's next-token entropy, differentiable with
+    ``entropy_grad`` (an entropy bonus in the loss). Under gradients and more than one chunk each chunk is
+    checkpointed, so no chunk's logits outlive it."""
+    rows = chunk_rows(head.vocab_size, chunk_tokens)
+    n = hidden.shape[0]
+    weight = head.layer.weight
+    if head.scale is not None and getattr(head.layer, "bias", None) is None:
+        logp, ent = _ScaledHeadLogprobs.apply(hidden, weight, targets, head.scale, rows, entropy or entropy_grad,
+                                              head.token_filter)
+        if entropy and not entropy_grad:
+            ent = ent.detach()
+        return logp, (ent if entropy else None)
+    if n <= rows:
+        return _token_stats(head, hidden, targets, entropy, entropy_grad)
+    recompute = torch.is_grad_enabled() and hidden.requires_grad
+    logp, ent = [], []
+    for s in range(0, n, rows):
+        h, t = hidden[s:s + rows], targets[s:s + rows]
+        if recompute:
+            lp, e = checkpoint(_token_stats, head, h, t, entropy, entropy_grad, use_reentrant=False)
+        else:
+            lp, e = _token_stats(head, h, t, entropy, entropy_grad)
+        logp.append(lp)
+        ent.append(e)
+    return torch.cat(logp), (torch.cat(ent) if entropy else None)
+
+
+@dataclass
+class Forward:
+    """One model's pass over a batch's completions: ``logp`` (B, T) float32 (0 off the completion tokens), the
+    next-token ``entropy`` (B, T) and the final ``hidden`` states at the completion positions (B, T, H), each
+    only when asked for (detached)."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+
+    @staticmethod
+    def assemble(batch: Batch, rows: list[torch.Tensor], parts: list["Forward"]) -> "Forward":
+        """The passes ``parts`` over ``batch.take(r)`` for ``r`` in ``rows`` as one pass over ``batch``: per-token
+        values in the batch's rows and columns (B, T, ...), zero at padding and in rows no pass covers."""
+        def join(values: list[torch.Tensor | None]) -> torch.Tensor | None:
+            if values[0] is None:
+                return None
+            out = values[0].new_zeros((batch.size, batch.completion_ids.shape[1], *values[0].shape[2:]))
+            for r, v in zip(rows, values, strict=True):
+                out[r.to(out.device), :v.shape[1]] = v
+            return out
+        return Forward(join([p.logp for p in parts]), join([p.entropy for p in parts]),
+                       join([p.hidden for p in parts]))
+
+
+#: Prompt sharing pays when it leaves at most this fraction of the positions a plain pass runs (one more decoder
+#: call is its fixed cost).
+SHARE_MAX_FRACTION = 0.75
+
+
+def shared_prompts(batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The batch's distinct prompts (each a left-padded row) and each sequence's prompt among them, when running each
+    distinct prompt once would spare enough positions (``SHARE_MAX_FRACTION``); None otherwise."""
+    lp, T, B = batch.prompt_width, batch.completion_ids.shape[1], batch.size
+    if lp < 2 or B < 2:
+        return None
+    _, inverse = torch.unique(batch.input_ids[:, :lp], dim=0, return_inverse=True)
+    n = int(inverse.max()) + 1
+    if n * lp + B * (T - 1) > SHARE_MAX_FRACTION * B * (lp + T - 1):
+        return None
+    first = torch.empty(n, dtype=torch.long, device=inverse.device)
+    first[inverse] = torch.arange(B, device=inverse.device)  # one row of each distinct prompt
+    return first, inverse
+
+
+def completion_hidden(model, batch: Batch, share: bool = True) -> torch.Tensor:
+    """The decoder's final hidden states at the positions that predict the completion tokens, (B, T, H): a
+    sequence's positions lp - 1 .. lp + T - 2.
+
+    ``share``: where sequences share prompts (a group's G completions), each distinct prompt runs through the
+    decoder once and its completions run on its cached keys and values (``DynamicCache``, indexed per sequence,
+    gradients flowing back into the prompt's pass): the same hidden states up to float rounding, for about
+    P x lp + B x T positions instead of B x (lp + T)."""
+    lp, T = batch.prompt_width, batch.completion_ids.shape[1]
+    decoder = model.get_decoder()
+    groups = shared_prompts(batch) if share else None
+    if groups is None:
+        out = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                      position_ids=batch.position_ids, use_cache=False)
+        return out.last_hidden_state[:, lp - 1: lp - 1 + T]
+    from transformers import DynamicCache
+
+    first, inverse = groups
+    cache = DynamicCache(config=model.config)
+    prompt = decoder(input_ids=batch.input_ids[first, :lp], attention_mask=batch.attention_mask[first, :lp],
+                     position_ids=batch.position_ids[first, :lp], past_key_values=cache, use_cache=True)
+    last = prompt.last_hidden_state[inverse, lp - 1:]  # predicts each sequence's first completion token
+    if T == 1:
+        return last
+    cache.batch_select_indices(inverse)  # each sequence's own copy of its prompt's keys and values
+    for layer in cache.layers:  # one memory layout whatever the prompt pass left: --compile's graphs guard on it
+        layer.keys, layer.values = layer.keys.contiguous(), layer.values.contiguous()
+    rest = decoder(input_ids=batch.input_ids[:, lp: lp + T - 1], attention_mask=batch.attention_mask[:, : lp + T - 1],
+                   position_ids=batch.position_ids[:, lp: lp + T - 1], past_key_values=cache, use_cache=True)
+    return torch.cat([last, rest.last_hidden_state], dim=1)
+
+
+def forward_completions(model, batch: Batch, temperature: float, precision: Precision = Precision(),
+                        chunk_tokens: int = 0, entropy: bool = False, keep_hidden: bool = False,
+                        share_prompts: bool = True, token_filter: TokenFilter = NO_FILTER,
+                        entropy_grad: bool = False) -> Forward:
+    """log softmax(logits / T) of the completion tokens of ``batch`` in one pass of ``model`` (gradients follow
+    torch's grad mode), of the distribution ``token_filter`` leaves (top-k, top-p, min-p); the output layer runs on
+    the real completion tokens only, in chunks. ``share_prompts``: run each distinct prompt once
+    (``completion_hidden``); ``entropy_grad``: the entropy carries a gradient (an entropy bonus)."""
+    device = batch.input_ids.device
+    with precision.autocast(device):
+        hidden = completion_hidden(model, batch, share_prompts)
+        real = batch.completion_mask > 0
+        logp_real, ent_real = token_logprobs(LogitHead(model, temperature, token_filter), hidden[real],
+                                             batch.completion_ids[real], chunk_tokens, entropy, entropy_grad)
+    zeros = torch.zeros(real.shape, dtype=logp_real.dtype, device=device)
+    return Forward(zeros.masked_scatter(real, logp_real),
+                   zeros.masked_scatter(real, ent_real) if entropy else None,
+                   hidden.detach() if keep_hidden else None)
+
+
+@torch.no_grad()
+def completion_logprobs(model, batch: Batch, temperature: float, precision: Precision = Precision(), *,
+                        micro_batch: int = 0, chunk_tokens: int = 0, entropy: bool = False,
+                        keep_hidden: bool = False, by_length: bool = False, rows: torch.Tensor | None = None,
+                        ranks: Ranks = SINGLE, share_prompts: bool = True,
+                        token_filter: TokenFilter = NO_FILTER) -> Forward:
+    """``forward_completions`` without gradients, ``micro_batch`` sequences per pass (0: no limit); ``by_length``:
+    sequences of similar length share a pass, padded only to the longest of them (``Batch.passes``); ``rows``: only
+    these sequences (a rank's share; the others' values are zero). Under FSDP (``ranks``) this rank also runs the
+    idle passes that give every rank as many passes (``Ranks.idle_passes``)."""
+    rows = batch.passes(micro_batch, by_length, rows)
+    idle_passes(ranks.idle_passes(len(rows)), model, batch, temperature, precision, chunk_tokens,
+                token_filter=token_filter)
+    if not rows:  # a rank whose share is empty (fewer prompts than ranks): zeros, which the sum over ranks ignores
+        zeros = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=batch.completion_ids.device)
+        return Forward(zeros, zeros.clone() if entropy else None, None)
+    return Forward.assemble(batch, rows, [forward_completions(model, batch.take(r), temperature, precision,
+                                                              chunk_tokens, entropy, keep_hidden, share_prompts,
+                                                              token_filter)
+                                          for r in micro_batches(rows)])
+
+
+def idle_passes(count: int, model, batch: Batch, temperature: float, precision: Precision = Precision(),
+                chunk_tokens: int = 0, backward: bool = False, token_filter: TokenFilter = NO_FILTER) -> None:
+    """Under FSDP, ``count`` passes over the batch's first sequence: what this rank lacks to match the rank with the
+    most passes (``Ranks.idle_passes``, asked before any pass: it is a collective), since each pass gathers the sharded
+    blocks from every rank. Results dropped; with ``backward`` a backward through 0 x their log-probs' sum, which adds
+    zero gradients."""
+    for _ in range(count):
+        zero = forward_completions(model, batch.take(torch.arange(1)), temperature, precision, chunk_tokens,
+                                   token_filter=token_filter).logp
+        if backward:
+            (zero.sum() * 0).backward()
+
+
+@dataclass
+class TokenDists:
+    """Next-token distributions of a model at a batch's completion positions, stored as the final hidden states
+    (B, T, H) and the output layer that expands them (the layer must still hold the same weights when the
+    distributions are read)."""
+
+    head: LogitHead
+    hidden: torch.Tensor
+    precision: Precision = Precision()
+
+    def chunks(self, mask: torch.Tensor, chunk_tokens: int = 0) -> Iterator[torch.Tensor]:
+        """log-probabilities (n, V) of the positions where ``mask`` (B, T) is 1, chunk by chunk, in row order."""
+        h = self.hidden[mask > 0]
+        rows = chunk_rows(self.head.vocab_size, chunk_tokens)
+        for s in range(0, h.shape[0], rows):
+            yield self._logprobs(h[s:s + rows])  # no context manager is held open across a yield
+
+    @torch.no_grad()
+    def _logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
+        with self.precision.autocast(hidden.device):
+            return self.head.logprobs(hidden)
+
+
+@torch.no_grad()
+def check_head(model, batch: Batch, temperature: float = 1.0, tolerance: float = HEAD_CHECK_TOLERANCE) -> float:
+    """Compare the chunked log-probs with the model's own logits on ``batch``; returns the worst gap and raises
+    ``ValueError`` naming the architecture if it exceeds ``tolerance`` (an output transform LogitHead lacks)."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                   use_cache=False).logits
+    T, lp = batch.completion_ids.shape[1], batch.prompt_width
+    plain = torch.log_softmax(logits[:, lp - 1: lp - 1 + T].float() / temperature, dim=-1)
+    plain = plain.gather(-1, batch.completion_ids[..., None]).squeeze(-1) * batch.completion_mask
+    arch = architecture(model)
+    try:
+        chunked = forward_completions(model, batch, temperature, chunk_tokens=1).logp
+    except (AttributeError, TypeError, NotImplementedError) as exc:  # no get_decoder / get_output_embeddings
+        raise ValueError(f"model_name_or_path: {arch} does not expose its decoder and output layer the way the "
+                         f"trainer's chunked log-probabilities need ({type(exc).__name__}: {exc})") from None
+    gap = float((chunked - plain).abs().max())
+    if not gap <= tolerance:
+        raise ValueError(f"model_name_or_path: {arch}'s output layer applies a transform the trainer's chunked "
+                         f"log-probabilities do not know (gap {gap:.2e} to the model's own logits); "
+                         "it is not supported")
+    return gap

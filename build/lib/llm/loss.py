@@ -1,0 +1,381 @@
+"""The off-policy clipped GRPO loss: a pure function of tensors (docs/theory.md, §6).
+
+Per completion token (or per sequence with ``ratio_level="sequence"``):
+
+    r  = pi_theta / alpha        (the ratio being optimised)
+    r' = pi_k / alpha            (the importance weight of the trainer policy at the step start)
+    f  = min(r A, clip(r, max(r' - eps, 0), r' + eps) A)          -- grpo_theory.clip_objective
+    loss_token = -f + beta * kl_token
+
+With alpha = pi_k (v = 1) r' = 1 and this is on-policy GRPO/PPO clipping. r' is computed from the
+log-probabilities; it is never assumed to be 1. ``epsilon_high`` widens the window's top, ``delta`` caps the unclipped
+ratio of negative advantages, and ``importance_sampling_mode`` swaps in TRL's corrections (PPO's clip of pi/pi_k
+times a truncated or masked pi_k/alpha, or M2PO's unclipped pi/alpha on the tokens its second-moment mask keeps);
+each is ``grpo_theory.corrected_objective`` on a table (docs/theory.md, §6.1).
+
+The KL term (docs/theory.md, §8.4): k3 = e^d - d - 1 with d = log pi_ref - log pi has expectation
+KL(pi(.|x, y_<t) || pi_ref(.|x, y_<t)) over a token y_t drawn from pi given its prefix. The tokens here come from
+alpha, so by default (``use_bias_correction_kl``, TRL's name) k3 is multiplied by the token ratio pi/alpha: each
+term's expectation given its prefix is then that per-token KL, with the prefix drawn from alpha. Summed over a
+completion it estimates E_{y ~ alpha} sum_t KL(pi || pi_ref | y_<t), the per-token KL along alpha's prefixes, not
+the sequence-level KL(pi || pi_ref) = E_{y ~ pi} sum_t KL(... | y_<t), whose prefixes come from pi (the two agree
+at alpha = pi). Without the correction the terms estimate E_alpha[k3], which is neither once pi != alpha.
+
+No ratio overflows (``bounded_ratios``): for A >= 0 the objective depends on r only through min(r, r' + eps), so
+r is capped there in log space, which changes neither f nor its gradient for any r; otherwise r and r' are capped
+at e^LOG_RATIO_MAX, below which nothing changes. The KL term's log-ratios are clamped to +-KL_LOG_MAX (40 nats).
+A loss that is still not finite (a NaN log-prob) is the trainer's to skip (``llm.trainer.optimise``).
+
+The step's loss is sum(per_token * weights): ``loss_weights`` turns the normalisation of each loss type
+(and the zero-variance mask) into one weight per token, computed once from the whole step's masks, so a
+step split into micro-batches sums to exactly the loss (and gradient) of the unsplit step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from grpo_theory.corrections import MODES, REGISTRY, Correction, ImportanceSamplingMode
+
+LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo"]
+RatioLevel = Literal["token", "sequence", "sequence_normalised"]
+
+
+def clip_window_torch(ratio_k: torch.Tensor, clip: float,
+                      clip_high: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[max(r' - clip, 0), r' + clip_high]; the torch twin of ``grpo_theory.clip_window`` (tested equal)."""
+    return torch.clamp(ratio_k - clip, min=0.0), ratio_k + (clip if clip_high is None else clip_high)
+
+
+def clip_flags_torch(ratio: torch.Tensor, ratio_k: torch.Tensor, adv: torch.Tensor, clip: float,
+                     clip_high: float | None = None):
+    """Where the clip stops the gradient, ``(low, high)``; the torch twin of ``grpo_theory.clip_flags``."""
+    low, high = clip_window_torch(ratio_k, clip, clip_high)
+    return (ratio < low) & (adv < 0), (ratio > high) & (adv > 0)
+
+
+def clip_objective_torch(ratio: torch.Tensor, ratio_k: torch.Tensor, adv: torch.Tensor, clip: float,
+                         clip_high: float | None = None, delta: float = 0.0) -> torch.Tensor:
+    """f_eps(r, r', a) elementwise (``delta`` > 0: r <= r' + delta - 1 in the unclipped branch); the torch twin of
+    ``grpo_theory.clip_objective`` (tested equal)."""
+    low, high = clip_window_torch(ratio_k, clip, clip_high)
+    clipped = torch.minimum(torch.maximum(ratio, low), high)
+    free = torch.minimum(ratio, ratio_k + (delta - 1.0)) if delta > 0 else ratio
+    return torch.minimum(free * adv, clipped * adv)
+
+
+#: Largest log-ratio exponentiated: float32 overflows above e^88.7, and a margin of e^8 keeps a ratio times an
+#: advantage, summed over a step's tokens with the loss weights (which add up to at most 1), finite.
+LOG_RATIO_MAX = 80.0
+#: Cap of each of the KL term's exponents (log pi_ref/pi in k3 and log pi/alpha in its correction), so that
+#: their product stays below e^LOG_RATIO_MAX.
+KL_LOG_MAX = LOG_RATIO_MAX / 2
+
+
+def bounded_ratios(log_ratio: torch.Tensor, log_ratio_k: torch.Tensor, adv: torch.Tensor,
+                   clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """r = exp(log_ratio) and r' = exp(log_ratio_k) bounded so that f_eps(r, r', A) never meets inf or NaN, and
+    equals the unbounded f_eps, with the same gradient, wherever that is finite.
+
+    ``clip`` is the window's upper width (epsilon_high where it differs from epsilon). r' is capped at
+    e^LOG_RATIO_MAX. Where A >= 0, f_eps = A min(r, r' + eps) (the lower clip never binds then), so
+    r is capped at r' + eps in log space: f and its gradient are unchanged for every r, however large. Where
+    A < 0, f_eps = A max(r, max(r' - eps, 0)) grows without bound in r, so r is capped at e^LOG_RATIO_MAX:
+    unchanged below, held there (zero gradient) above, where the unbounded f overflows.
+    """
+    log_ratio_k = log_ratio_k.clamp(max=LOG_RATIO_MAX)
+    top = torch.logaddexp(log_ratio_k, torch.tensor(math.log(clip), dtype=log_ratio_k.dtype,
+                                                    device=log_ratio_k.device)) if clip > 0 else log_ratio_k
+    cap = torch.where(adv >= 0, top, torch.full_like(top, LOG_RATIO_MAX))
+    # where, not minimum: at a tie the gradient flows through log_ratio in full, as without the cap
+    return torch.exp(torch.where(log_ratio > cap, cap, log_ratio)), torch.exp(log_ratio_k)
+
+
+def second_moment_keep_torch(log_w: torch.Tensor, weight: torch.Tensor, threshold: float) -> torch.Tensor:
+    """M2PO's mask over tokens with log-weights ``log_w`` = log pi_k/alpha (B, T), the mean of (log w)^2 weighted by
+    ``weight`` (B, T): the step's completion tokens (1 each: the paper's plain token mean over the batch), or alpha's
+    probabilities when the rows are a table's responses. The torch twin of ``grpo_theory.second_moment_keep`` (tested
+    equal, AReaL's edges included: strictly below the threshold; the smallest alone when nothing is): True where a
+    token stays in the loss; tokens of weight 0 are not considered (False). Computed once over the whole step's
+    tokens (``llm.optim.update.optimise``), never per micro-batch."""
+    flat = weight.detach().double().reshape(-1)
+    on = flat > 0
+    out = torch.zeros(on.shape, dtype=torch.bool, device=weight.device)
+    m = (log_w.detach().double().reshape(-1)[on]) ** 2
+    if m.numel() == 0:
+        return out.reshape(weight.shape)
+    wt = flat[on]
+    order = torch.sort(-m, stable=True).indices
+    mass = (wt * m)[order].flip(0).cumsum(0).flip(0)
+    total = wt[order].flip(0).cumsum(0).flip(0)
+    below = mass < threshold * total
+    first = int(torch.nonzero(below)[0]) if bool(below.any()) else m.numel() - 1
+    kept = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
+    kept[order[first:]] = True
+    out[on] = kept
+    return out.reshape(weight.shape)
+
+
+def k3_kl(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || pi_ref) on tokens sampled from pi: e^d - d - 1, d = ref - logp, with d
+    clamped to [-KL_LOG_MAX, KL_LOG_MAX] (the term is held at its value there: at most 2.4e17, or 39 nats when
+    pi_ref gives the token e^-40 of pi's probability or none at all)."""
+    d = (logp_ref - logp).clamp(-KL_LOG_MAX, KL_LOG_MAX)
+    return torch.exp(d) - d - 1.0
+
+
+def loss_weights(completion_mask: torch.Tensor, loss_type: LossType, max_completion_length: int,
+                 sequence_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Weight of every token in the step's loss, (B, T): the loss is sum(per_token * weights).
+
+    grpo: mean over each sequence's tokens, then mean over the sequences that have any token;
+    dapo: sum over tokens / number of tokens; dr_grpo: sum / (sequences x max_completion_length); bnpo: as dapo for
+    the step as one pass (TRL's bnpo normalises each micro-batch by its own tokens: ``llm.optim.update.bnpo_weights``).
+    Sequences with ``sequence_mask`` 0 (masked groups) weigh 0 and count in no normaliser.
+    Compute it once from the masks of the whole step (never per micro-batch).
+    """
+    mask = completion_mask.float()
+    if sequence_mask is not None:
+        mask = mask * sequence_mask.float()[:, None]
+    seq_tokens = mask.sum(dim=1, keepdim=True)
+    n_seq = (seq_tokens > 0).sum().clamp(min=1)
+    if loss_type in ("dapo", "bnpo"):
+        return mask / mask.sum().clamp(min=1.0)
+    if loss_type == "dr_grpo":
+        return mask / (n_seq * max_completion_length)
+    if loss_type == "grpo":
+        return mask / seq_tokens.clamp(min=1.0) / n_seq
+    raise ValueError(f"loss_type: expected grpo, dapo, dr_grpo or bnpo, got {loss_type!r}")
+
+
+def level_log_ratio(token_log_ratio: torch.Tensor, real: torch.Tensor, level: str) -> torch.Tensor:
+    """A log-ratio at ``level``, (B, T): per token; per sequence (the sum over its ``real`` tokens, copied onto
+    each); sequence_normalised (the mean over them: the log of GSPO's geometric-mean ratio)."""
+    if level == "token":
+        return token_log_ratio
+    total = (token_log_ratio * real).sum(dim=1, keepdim=True)
+    if level == "sequence":
+        return total.expand_as(token_log_ratio)
+    if level == "sequence_normalised":
+        return (total / real.sum(dim=1, keepdim=True).clamp(min=1.0)).expand_as(token_log_ratio)
+    raise ValueError(f"ratio_level: expected token, sequence or sequence_normalised, got {level!r}")
+
+
+@dataclass(frozen=True)
+class Clip:
+    """The clipped objective's settings (``GRPOConfig`` names): the window's widths, the two-sided clip, the ratio
+    level, and how alpha != pi_k is corrected (``grpo_theory.corrections``)."""
+
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    delta: float = 0.0
+    ratio_level: RatioLevel = "token"
+    importance_sampling_mode: ImportanceSamplingMode = "paper"
+    importance_sampling_cap: float = 3.0
+    importance_sampling_cap_min: float = 0.0  # the lower cap (TRL's clip_min, IcePop's band); 0: none
+    m2_threshold: float = 0.04  # M2PO's threshold on the kept tokens' mean (log w)^2 (mode m2po)
+
+    @property
+    def high(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    @property
+    def correction(self) -> Correction:
+        """The mode's object (``grpo_theory.corrections.REGISTRY``)."""
+        return REGISTRY[self.importance_sampling_mode]
+
+    @property
+    def loss(self) -> "CorrectionLoss":
+        """The mode's torch twin (``LOSSES``)."""
+        return LOSSES[self.importance_sampling_mode]
+
+
+@dataclass
+class LossStats:
+    """Sums over the loss tokens of one or more micro-batches; ``metrics()`` gives the step's values."""
+
+    loss: float = 0.0
+    tokens: float = 0.0
+    clip_low: float = 0.0
+    clip_high: float = 0.0
+    above_cap: float = 0.0
+    kl: dict = field(default_factory=dict)  # name -> sum over loss tokens
+
+    SUMS = ("loss", "tokens", "clip_low", "clip_high", "above_cap")
+
+    def merge(self, other: "LossStats") -> "LossStats":
+        kl = {k: self.kl.get(k, 0.0) + other.kl.get(k, 0.0) for k in {**self.kl, **other.kl}}  # keys in order
+        return LossStats(**{k: getattr(self, k) + getattr(other, k) for k in self.SUMS}, kl=kl)
+
+    def metrics(self) -> dict[str, float]:
+        """TRL's names where they exist: loss, clip_ratio/*, kl; plus ``is_correction/frac_above_cap`` (loss tokens
+        whose weight a TRL mode truncated or masked; 0 with the paper's clip). Shares and means over the loss tokens:
+        nan on a step with none (every group masked, or dropped for staleness), where there is nothing to average.
+        The importance weights and the mismatch KL are over every completion token (``llm.diagnostics.
+        weight_metrics``), not these."""
+        n = self.tokens
+        share = (lambda x: x / n) if n else (lambda x: float("nan"))  # noqa: E731
+        out = {
+            "loss": self.loss,
+            "clip_ratio/low_mean": share(self.clip_low),
+            "clip_ratio/high_mean": share(self.clip_high),
+            "clip_ratio/region_mean": share(self.clip_low + self.clip_high),
+            "is_correction/frac_above_cap": share(self.above_cap),
+        }
+        out.update({k: share(v) for k, v in self.kl.items()})
+        return out
+
+
+def grpo_loss(
+    logp: torch.Tensor,
+    logp_k: torch.Tensor,
+    logp_alpha: torch.Tensor,
+    advantages: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    clip: float | Clip,
+    ratio_level: RatioLevel | None = None,
+    beta: float = 0.0,
+    logp_ref: torch.Tensor | None = None,
+    use_bias_correction_kl: bool = True,
+    policy_mask: torch.Tensor | None = None,
+    token_keep: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, LossStats]:
+    """Loss (to minimise) of one optimiser step, or of one micro-batch of it, and its statistics.
+
+    Shapes: ``logp`` (pi_theta, with grad), ``logp_k`` (pi_k), ``logp_alpha`` (alpha), ``logp_ref``:
+    (B, T) log-probabilities of the sampled completion tokens, float32; ``advantages`` (B,); ``weights``
+    (B, T) from ``loss_weights`` (0 off the loss tokens). ``logp_k`` and ``logp_alpha`` carry no gradient.
+    ``clip``: epsilon, or the whole ``Clip`` (``ratio_level`` overrides its level when given).
+
+    Sequence-level ratios (the product of a completion's token ratios, or their geometric mean) give each sequence
+    one objective value f, copied onto its tokens; with the ``grpo`` weights (1/length per sequence) every sequence
+    then counts once, which is the paper's E_alpha f. The config refuses them with the token-level normalisers.
+
+    With a TRL importance-sampling mode the objective is ``grpo_theory.corrected_objective``: PPO's clip of
+    rho = pi/pi_k at the ratio level, times w = pi_k/alpha per token or per sequence, truncated or masked at the cap
+    (and at the lower cap, when one is set). ``policy_mask`` (B, T): multiplies the clipped objective per token, not
+    the KL term (``top_entropy_quantile``). ``token_keep`` (B, T) bool: M2PO's mask (mode m2po; all kept when None),
+    which also multiplies the objective only; the tokens it drops are counted in ``is_correction/frac_above_cap``.
+    """
+    spec = clip if isinstance(clip, Clip) else Clip(epsilon=clip)
+    level = ratio_level or spec.ratio_level
+    if not (logp.shape == logp_k.shape == logp_alpha.shape == weights.shape):
+        raise ValueError("logp, logp_k, logp_alpha and weights must share one (B, T) shape")
+    if beta > 0 and logp_ref is None:
+        raise ValueError("logp_ref: needed when beta > 0")
+    on = weights > 0
+    logp_k, logp_alpha = logp_k.detach(), logp_alpha.detach()
+    token_log_ratio = logp - logp_alpha
+    adv = advantages.to(logp.dtype)[:, None].expand_as(logp)
+    per_token, log_ratio, log_ratio_k, above = clipped_objective(logp, logp_k, logp_alpha, adv, weights != 0, spec,
+                                                                 level)
+    if policy_mask is not None:
+        per_token = per_token * policy_mask
+    if spec.correction.step_mask and token_keep is not None:
+        per_token = per_token * token_keep.to(per_token.dtype)
+        above = ~token_keep.bool()
+    kl_sums = {}
+    if beta > 0:
+        k3 = k3_kl(logp, logp_ref.detach())
+        k3_is = torch.exp(token_log_ratio.clamp(max=KL_LOG_MAX)) * k3  # pi/alpha (with gradient) times k3
+        per_token = per_token + beta * (k3_is if use_bias_correction_kl else k3)
+        with torch.no_grad():
+            kl_sums = {"kl": float(((k3_is if use_bias_correction_kl else k3) * on).sum()),
+                       "kl/k3": float((k3 * on).sum()), "kl/k3_is": float((k3_is * on).sum())}
+    loss = (per_token * weights).sum()
+    return loss, loss_stats(loss, log_ratio, log_ratio_k, adv, spec, on, above, kl_sums)
+
+
+class CorrectionLoss:
+    """The torch twin of an importance-sampling mode (``grpo_theory.corrections.Correction``, registered under the
+    same name in ``LOSSES``): minus its clipped objective per token, with the log-ratios its statistics read and the
+    tokens whose weight was out of the band, and where a clip stopped the gradient."""
+
+    def __init__(self, twin: Correction):
+        self.twin = twin
+        self.name = twin.name
+
+    def per_token(self, logp, logp_k, logp_alpha, adv, real, spec: "Clip", level: str):
+        """(minus the objective per token (B, T), log r or log rho, log r' or log w, out-of-band tokens)."""
+        raise NotImplementedError
+
+    def flags(self, log_ratio, log_ratio_k, adv, spec: "Clip"):
+        """Where the clip stops the gradient, ``(low, high)``."""
+        raise NotImplementedError
+
+
+class PaperClipLoss(CorrectionLoss):
+    """f_eps(pi/alpha, pi_k/alpha, A): the window around r' = pi_k/alpha; the weight is exact."""
+
+    def per_token(self, logp, logp_k, logp_alpha, adv, real, spec, level):
+        log_ratio = level_log_ratio(logp - logp_alpha, real, level)
+        log_ratio_k = level_log_ratio(logp_k - logp_alpha, real, level)
+        ratio, ratio_k = bounded_ratios(log_ratio, log_ratio_k, adv, spec.high)
+        per_token = -clip_objective_torch(ratio, ratio_k, adv, spec.epsilon, spec.high, spec.delta)
+        return per_token, log_ratio, log_ratio_k, torch.zeros_like(real, dtype=torch.bool)
+
+    def flags(self, log_ratio, log_ratio_k, adv, spec):
+        return clip_flags_torch(torch.exp(log_ratio), torch.exp(log_ratio_k), adv, spec.epsilon, spec.high)
+
+
+class TRLWeightLoss(CorrectionLoss):
+    """PPO's clip of rho = pi/pi_k at the ratio level, times w = pi_k/alpha per token or per sequence, truncated or
+    masked at the cap (and at the lower cap, when one is set)."""
+
+    def per_token(self, logp, logp_k, logp_alpha, adv, real, spec, level):
+        log_ratio = level_log_ratio(logp - logp_k, real, level)  # rho = pi/pi_k
+        log_ratio_k = level_log_ratio(logp_k - logp_alpha, real, self.twin.level)
+        rho, _ = bounded_ratios(log_ratio, torch.zeros_like(log_ratio), adv, spec.high)
+        w = torch.exp(log_ratio_k.clamp(max=LOG_RATIO_MAX))
+        lo, hi = spec.importance_sampling_cap_min, spec.importance_sampling_cap
+        above = (log_ratio_k > math.log(hi)) | (w < lo)  # outside the band [lo, hi]
+        w = torch.clamp(w, min=lo, max=hi) if self.twin.truncate else torch.where(above, torch.zeros_like(w), w)
+        per_token = -w * clip_objective_torch(rho, torch.ones_like(rho), adv, spec.epsilon, spec.high, spec.delta)
+        return per_token, log_ratio, log_ratio_k, above
+
+    def flags(self, log_ratio, log_ratio_k, adv, spec):
+        return clip_flags_torch(torch.exp(log_ratio), torch.ones_like(log_ratio), adv, spec.epsilon, spec.high)
+
+
+class M2POLoss(CorrectionLoss):
+    """M2PO as published: r A with r = pi/alpha, unclipped, on the tokens the step's second-moment mask keeps (the
+    caller's ``token_keep``, ``second_moment_keep_torch``); r held below e^LOG_RATIO_MAX."""
+
+    def per_token(self, logp, logp_k, logp_alpha, adv, real, spec, level):
+        log_ratio = logp - logp_alpha
+        r = torch.exp(torch.where(log_ratio > LOG_RATIO_MAX, torch.full_like(log_ratio, LOG_RATIO_MAX), log_ratio))
+        return -r * adv, log_ratio, logp_k - logp_alpha, torch.zeros_like(real, dtype=torch.bool)
+
+    def flags(self, log_ratio, log_ratio_k, adv, spec):
+        none = torch.zeros_like(log_ratio, dtype=torch.bool)  # nothing is clipped
+        return none, none
+
+
+#: The torch twin of every registered mode, by the same name.
+LOSSES: dict[str, CorrectionLoss] = {name: (M2POLoss if c.step_mask else TRLWeightLoss if c.trl else PaperClipLoss)(c)
+                                     for name, c in REGISTRY.items()}
+assert tuple(LOSSES) == MODES
+
+
+def clipped_objective(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torch.Tensor, adv: torch.Tensor,
+                      real: torch.Tensor, spec: Clip, level: str):
+    """Minus the clipped objective per token, (B, T), of the mode ``spec`` names (``LOSSES``; ``grpo_theory.
+    corrected_objective`` on a table), with the log-ratios its statistics read (r and r', or rho and w) and the
+    tokens whose weight was out of the band. ``real``: the loss tokens (B, T) bool."""
+    return spec.loss.per_token(logp, logp_k.detach(), logp_alpha.detach(), adv, real.to(logp.dtype), spec, level)
+
+
+@torch.no_grad()
+def loss_stats(loss: torch.Tensor, log_ratio: torch.Tensor, log_ratio_k: torch.Tensor, adv: torch.Tensor, spec: Clip,
+               on: torch.Tensor, above: torch.Tensor, kl_sums: dict) -> LossStats:
+    """The statistics of a loss over its tokens ``on``: of the unbounded ratios (inf where they overflow). The clip
+    flags are the mode's (``CorrectionLoss.flags``: the paper's window around r', PPO's around 1 for rho = pi/pi_k,
+    none for M2PO)."""
+    low, high = spec.loss.flags(log_ratio, log_ratio_k, adv, spec)
+    return LossStats(loss=float(loss.detach()), tokens=float(on.sum()), clip_low=float((low & on).sum()),
+                     clip_high=float((high & on).sum()), above_cap=float((above & on).sum()), kl=kl_sums)

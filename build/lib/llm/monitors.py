@@ -1,0 +1,287 @@
+"""What watches a run and what it says: the phase timer, the exact J, the reward range of Theorem 1's terms, the
+warnings (a stale sampler, few effective samples), the start-up arithmetic, and ``Output``: the run directory, the
+trackers, the callbacks and the progress bar of rank 0 (every other rank gets ``SilentOutput``)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from grpo_theory.estimators import certificate_abstains
+
+from . import diagnostics as dg
+from .diagnostics import SYNC_CHECKS
+from .evaluation import mean_exact_j
+from .metrics import PHASES
+from .model import Precision
+from .rundir import RunDir, read_metrics
+from .token_filter import NO_FILTER, TokenFilter
+from .tasks import TokenizedTask
+
+StepCallback = Callable[[int, dict], None]
+
+
+class PhaseTimer:
+    """Wall-clock seconds of each phase of a step, as ``time/<phase>`` metrics."""
+
+    def __init__(self, phases: Sequence[str] = PHASES):
+        self.seconds: dict[str, float] = {f"time/{p}": 0.0 for p in phases}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            key = f"time/{phase}"
+            self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
+
+
+class ExactJ:
+    """Exact J(pi) over the training prompts (tasks with a finite set of accepted completions): J(pi_k) at the
+    start of a step is J(pi_{k+1}) of the previous one (the same weights), so each step costs one forward pass.
+    ``enabled`` is false where nothing is measured (the option off, a task without it, a rank that does not join)."""
+
+    def __init__(self, enabled: bool, policy, task: TokenizedTask, temperature: float, pad: int,
+                 precision: Precision, token_filter: TokenFilter = NO_FILTER):
+        self.enabled = enabled and task.task.has_exact_j
+        self.policy, self.task, self.temperature, self.pad, self.precision = policy, task, temperature, pad, precision
+        self.token_filter = token_filter
+        self._current: float | None = None
+
+    def _measure(self) -> float:
+        return mean_exact_j(self.policy, self.task, self.temperature, self.pad, self.precision,
+                            token_filter=self.token_filter)
+
+    def before_update(self) -> None:
+        if self.enabled and self._current is None:
+            self._current = self._measure()
+
+    def after_update(self) -> dict[str, float]:
+        """``j/pi_k``, ``j/pi_new`` and the exact ``improvement`` J(pi_{k+1}) - J(pi_k)."""
+        if not self.enabled:
+            return {}
+        j_k, self._current = self._current, self._measure()
+        return {"j/pi_k": j_k, "j/pi_new": self._current, "improvement": self._current - j_k}
+
+
+class RangeTracker:
+    """The reward range of Theorem 1's terms for a task scored by reward functions (any finite rewards): [0, 1]
+    widened to every training and held-out reward seen, logged as ``bound/reward_lo|hi``; the first widening is
+    announced. A resumed run starts from the range of the steps it keeps. Other tasks' rewards lie in [0, 1]."""
+
+    def __init__(self, active: bool, kept_rows: list[dict], log):
+        self.active, self.range = active, dg.UNIT_RANGE
+        kept = [r for r in kept_rows if "bound/reward_lo" in r] if active else []
+        if kept:
+            self.range = dg.RewardRange(min(r["bound/reward_lo"] for r in kept), max(r["bound/reward_hi"] for r in kept))
+        if self.range != dg.UNIT_RANGE:
+            log(f"rewards outside [0, 1] in the steps kept: Theorem 1's terms continue with their range "
+                f"[{self.range.lo:.4g}, {self.range.hi:.4g}], widened as new rewards are seen")
+
+    def see(self, step: int, rewards: np.ndarray, heldout_rewards: np.ndarray | None, row: dict,
+            write) -> dg.RewardRange:
+        if not self.active:
+            return self.range
+        wider = self.range.widened(rewards).widened(rewards if heldout_rewards is None else heldout_rewards)
+        if self.range == dg.UNIT_RANGE and wider != self.range:
+            write(f"step {step}: rewards outside [0, 1] (seen so far: [{wider.lo:.4g}, {wider.hi:.4g}]): Theorem 1's "
+                  "terms are from now on computed for the rewards rescaled from [0, 1] widened to every reward seen "
+                  "(bound/reward_lo|hi), in units of the reward; they hold only if no reward lies outside that range")
+        self.range = wider
+        row["bound/reward_lo"], row["bound/reward_hi"] = wider.lo, wider.hi
+        return wider
+
+
+#: Warn when the importance weights' effective sample size falls below this fraction of the completions.
+ESS_WARN_FRACTION = 0.1
+
+
+class Warnings:
+    """The run's warnings about its estimates: a sampler that disagrees with the trainer right after a sync (a
+    stale engine: every time), and an effective sample size of the importance weights below ``ESS_WARN_FRACTION``
+    of the completions (said once, again only after it has recovered)."""
+
+    def __init__(self, dtype: str):
+        self.check = SYNC_CHECKS[dtype]
+        self.floor: float | None = None  # the first synced step's gap: the rounding floor (``SyncCheck``)
+        self.low_ess = False
+
+    def see(self, row: dict, synced: bool, write) -> None:
+        if synced and self.floor is None and row.get(self.check.metric) is not None and self.check.floor_factor:
+            self.floor = row[self.check.metric]
+        gap = self.check.stale(row, self.floor)
+        if synced and gap is not None:
+            how = "by up to" if self.check.metric.endswith("_max") else "on average by"
+            write(f"WARNING step {row['step']}: sampler and trainer log-probs differ {how} {gap:.2e} right after "
+                  f"a weight sync (> {self.check.threshold(self.floor):.3g}, {self.check.metric}): the sampler may "
+                  "hold stale weights")
+        low = {k: v for k, v in row.items() if "ess/" in k and not k.endswith("_se") and v < ESS_WARN_FRACTION}
+        if low and not self.low_ess:
+            worst = min(low, key=low.get)
+            write(f"WARNING step {row['step']}: the importance weights' effective sample size is {low[worst]:.1%} of "
+                  f"the completions ({worst}): TV, improvement and bound estimates rest on a few completions "
+                  "(their *_se say how much); a lower learning rate or v keeps the policies closer")
+        self.low_ess = bool(low)
+
+
+def arithmetic(config, n_params: int, n_trained: int, device, sampler_name: str, task: TokenizedTask,
+               model_path: str) -> list[str]:
+    """The derived arithmetic of the run, printed once at start-up."""
+    P, G, v = config.prompts_per_step, config.num_generations, config.sync_period
+    lora = (f", LoRA r={config.lora_r} on {' '.join(config.lora_target_modules)}: {n_trained / 1e6:.3f}M trained"
+            if config.use_peft else "")
+    t = task.task
+    lines = [f"off-policy GRPO: model {model_path} ({n_params / 1e6:.2f}M params{lora}, {config.dtype}, {device}), "
+             f"sampler {sampler_name}, task {t.name} ({len(t.prompts)} training prompts, {len(t.test_prompts)} test"
+             f"{', exact J' if t.has_exact_j and config.exact_j else ''})"]
+    if config.heldout_prompts:
+        lines.append(f"  held-out: {config.heldout_prompts} extra prompts x G={G} per step, drawn independently, "
+                     "never in the loss: estimates free of in-sample bias (heldout/*)")
+        if config.heldout_prompts == 1:
+            lines.append("  held-out: 1 prompt gives the estimates but no standard errors (heldout/*_se need 2) and no "
+                         "certificate (heldout/improvement_lcb needs 16): they are nan")
+        elif (why := certificate_abstains(config.heldout_prompts)) is not None:
+            lines.append(f"  certificate: {why}")
+    lines.append(
+        f"  per step: {P} prompts x G={G} = {config.completions_per_step} completions, "
+        f"<= {config.completions_per_step * config.max_completion_length} generated tokens, "
+        f"i={config.num_iterations} optimiser steps of {config.gradient_accumulation_steps} micro-batch(es) "
+        f"(per_device_train_batch_size {config.micro_batch_size}"
+        f"{'; more, shorter passes where sequences of similar length save padding' if config.group_by_length else ''}"
+        f"{', gradient checkpointing' if config.gradient_checkpointing else ''}); " + sync_line(config))
+    if config.async_generation and config.sync_policy == "divergence":
+        lines.append("  asynchronous generation: each step is generated while the previous one trains; a sync serves "
+                     "the next step, when this step's TV estimate plus the last step's drift exceeds the budget")
+    elif config.async_generation:
+        lines.append(f"  asynchronous generation: each window is generated while the previous one trains, from the "
+                     f"weights synced one window earlier (alpha lags {v} to {2 * v - 1} steps after the first window)")
+    return lines
+
+
+def sync_line(config) -> str:
+    """What the sync policy will do over the run, for the start-up lines."""
+    if config.sync_policy == "divergence":
+        return (f"sync when the held-out TV(pi_k, alpha) estimate exceeds {config.tv_budget} or the lag would exceed "
+                f"{config.max_lag} (at most {config.max_steps - 1} syncs over {config.max_steps} steps)")
+    return (f"v={config.sync_period}: {config.num_syncs} weight syncs over {config.max_steps} steps (saves "
+            f"{config.max_steps - config.num_syncs})")
+
+
+class Output:
+    """What rank 0 writes and says: the run directory (metrics, checkpoints, samples, the final model), the trackers
+    and callbacks that see every row, log lines, lines above the progress bar (``write``) and the bar itself."""
+
+    def __init__(self, config, run: RunDir, start: int, log, callbacks: Sequence[StepCallback] = ()):
+        self.config, self.run, self.path, self.log, self.callbacks = config, run, run.path, log, tuple(callbacks)
+        self.start = start
+        # a bar redraws itself with carriage returns: in a terminal only; in a file or a CI log, lines instead
+        self.show_bar = config.progress and sys.stderr.isatty()
+        self.bar = None  # drawn at the first step, below the start-up lines
+
+    def write(self, line: str) -> None:
+        """A line for the user whatever ``log`` does (warnings), above the bar when one is drawn."""
+        from tqdm.auto import tqdm
+
+        tqdm.write(line)
+
+    def _bar(self):
+        if self.bar is None:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.config.max_steps, initial=self.start, dynamic_ncols=True, unit="step")
+        return self.bar
+
+    def kept_rows(self) -> list[dict]:
+        return read_metrics(self.path)
+
+    def append(self, row: dict) -> None:
+        """The step's row into metrics.jsonl."""
+        self.run.append_metrics(row)
+
+    def announce(self, row: dict) -> None:
+        """Hand the step's row (written, and checkpointed when due) to every callback, the trackers among them, and
+        show it."""
+        for cb in self.callbacks:
+            cb(row["step"], row)
+        step = row["step"]
+        if self.show_bar:
+            exact = {"J": f"{row['j/pi_new']:.3f}", "dJ": f"{row['improvement']:+.4f}"} if "j/pi_new" in row else {}
+            bar = self._bar()
+            bar.update(1)
+            bar.set_postfix(reward=f"{row['reward']:.3f}", **exact, tv=f"{row['tv/pi_k_alpha']:.3f}", lag=row["lag"])
+        elif step % self.config.logging_steps == 0 or step + 1 == self.config.max_steps:
+            parts = [f"step {step}: lag {row['lag']}", f"reward {row['reward']:.3f}",
+                     f"tv(pi_k,alpha) {row['tv/pi_k_alpha']:.4f}"]
+            if "j/pi_new" in row:
+                parts.append(f"J {row['j/pi_new']:.4f}")
+            for key in ("insample/bound_est/lower_tight", "heldout/bound_est/lower_tight", "improvement", "eval/j"):
+                if key in row:
+                    parts.append(f"{key} {row[key]:+.4f}")
+            self.log("  ".join(parts))
+
+    def completions(self, step: int, rows: list[dict]) -> None:
+        """``log_completions``: the step's table on the console (one short line per completion), in
+        completions.jsonl and to every callback with a ``table`` method (the trackers)."""
+        self.write(f"step {step}: {len(rows)} completions (reward, advantage | prompt | completion)")
+        for r in rows:
+            self.write(f"  {r['reward']:+.3f} {r['advantage']:+.3f} | {shorten(r['prompt'], 80)} | "
+                       f"{shorten(r['completion'], 150)}")
+        self.run.append_completions(rows)
+        for cb in self.callbacks:
+            if hasattr(cb, "table"):
+                cb.table(step, rows)
+
+    def save_checkpoint(self, state: dict, samples: list[dict]) -> None:
+        self.run.save_checkpoint(state)
+        if samples:
+            self.run.append_samples(samples)
+
+    def save_final_model(self, model, tokenizer) -> None:
+        self.run.save_final_model(model, tokenizer)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def shorten(text, width: int) -> str:
+    """A prompt or completion on one line of at most ``width`` characters (a conversation as its last message)."""
+    if isinstance(text, list):
+        text = text[-1]["content"] if text else ""
+    one = " ".join(str(text).split())
+    return one if len(one) <= width else one[:width - 3] + "..."
+
+
+class SilentOutput(Output):
+    """The output of a rank other than 0: it takes every call and writes nothing (rank 0 speaks for the run)."""
+
+    def __init__(self, path: Path):
+        self.path, self.callbacks = path, ()
+        self.log = self.write = lambda *a: None
+
+    def kept_rows(self) -> list[dict]:
+        return []
+
+    def append(self, row: dict) -> None:
+        pass
+
+    def announce(self, row: dict) -> None:
+        pass
+
+    def save_checkpoint(self, state: dict, samples: list[dict]) -> None:
+        pass
+
+    def completions(self, step: int, rows: list[dict]) -> None:
+        pass
+
+    def save_final_model(self, model, tokenizer) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

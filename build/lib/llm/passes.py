@@ -1,0 +1,82 @@
+"""How the trainer runs a model over a step's batch: ``Passes``, the settings every pass shares (temperature,
+precision, micro-batch, logit chunk, grouping by length, shared prompts) and the ranks that split the rows.
+
+Under torchrun each rank runs its share of the rows (a group never spans two ranks) and the per-token results are
+summed into the whole batch's, so every caller sees whole-batch tensors; hidden states stay with their rank."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import diagnostics as dg
+from .batch import Batch
+from .distributed import SINGLE, Ranks
+from .logprobs import Forward, LogitHead, TokenDists, completion_logprobs, forward_completions
+from .model import Precision
+from .token_filter import NO_FILTER, TokenFilter
+
+
+@dataclass(frozen=True)
+class Passes:
+    """The settings of the trainer's forward passes (``GRPOConfig`` names in brackets)."""
+
+    temperature: float
+    precision: Precision = Precision()
+    micro_batch: int = 0  # per_device_train_batch_size
+    chunk_tokens: int = 0  # logit_chunk_tokens
+    by_length: bool = False  # group_by_length
+    share_prompts: bool = True  # share_prompts, where FSDP and gradient checkpointing allow it
+    group_size: int = 1  # num_generations: a rank's share is whole groups
+    ranks: Ranks = SINGLE
+    token_filter: TokenFilter = NO_FILTER  # top_k, top_p, min_p: every policy is the filtered distribution
+
+    @classmethod
+    def from_config(cls, config, ranks: Ranks = SINGLE) -> "Passes":
+        return cls(config.temperature, Precision.from_config(config), config.per_device_train_batch_size,
+                   config.logit_chunk_tokens, config.group_by_length, config.prompts_shared, config.num_generations,
+                   ranks, config.token_filter)
+
+    def rows(self, batch: Batch) -> torch.Tensor | None:
+        """This rank's rows of ``batch`` (None: every row, one process)."""
+        return self.ranks.rows(batch.size, self.group_size)
+
+    def logprobs(self, model: torch.nn.Module, batch: Batch, **kw) -> Forward:
+        """A pass of ``model`` without gradients over ``batch`` (``keep_hidden``, ``entropy`` as in
+        ``llm.logprobs.completion_logprobs``): per-token results of the whole batch."""
+        out = completion_logprobs(model, batch, self.temperature, self.precision, micro_batch=self.micro_batch,
+                                  chunk_tokens=self.chunk_tokens, by_length=self.by_length, rows=self.rows(batch),
+                                  ranks=self.ranks, share_prompts=self.share_prompts, token_filter=self.token_filter,
+                                  **kw)
+        return self.whole_batch(out)
+
+    def forward(self, model: torch.nn.Module, batch: Batch, **kw) -> Forward:
+        """One pass of ``model`` over ``batch`` with gradients (a micro-batch of the optimiser)."""
+        return forward_completions(model, batch, self.temperature, self.precision, self.chunk_tokens,
+                                   share_prompts=self.share_prompts, token_filter=self.token_filter, **kw)
+
+    def whole_batch(self, fwd: Forward) -> Forward:
+        """The ranks' per-token log-probs and entropies (each zero outside its rows) summed into the whole batch's."""
+        if self.ranks.active:
+            self.ranks.sum(fwd.logp)
+            if fwd.entropy is not None:
+                self.ranks.sum(fwd.entropy)
+        return fwd
+
+    def dists(self, model: torch.nn.Module, hidden: torch.Tensor | None) -> TokenDists | None:
+        """``model``'s next-token distributions at the completion positions whose final hidden states are
+        ``hidden``."""
+        return None if hidden is None else TokenDists(LogitHead(model, self.temperature, self.token_filter), hidden,
+                                                      self.precision)
+
+    def chain_tv(self, a: TokenDists, b: TokenDists, mask: torch.Tensor) -> float:
+        """``llm.diagnostics.chain_tv_estimate`` over the whole batch: each rank sums over its own rows (where its
+        hidden states are) and the sums are added up."""
+        sequences = mask.shape[0]
+        rows = self.ranks.rows(sequences, self.group_size)
+        if rows is not None:
+            mine = torch.zeros_like(mask)
+            mine[rows.to(mask.device)] = mask[rows.to(mask.device)]
+            mask = mine
+        return dg.chain_tv_estimate(self.ranks.sum_float(dg.chain_tv_sum(a, b, mask, self.chunk_tokens)), sequences)

@@ -1,0 +1,65 @@
+"""Rewards: the checks of a reference answer and user functions (``functions``), DAPO's soft overlong punishment
+(``overlong``) and reward models (``model``). ``reward_funcs`` turns the entries of ``--reward-funcs`` into weighted
+reward functions with TRL's signature:
+
+- ``module:function``: a function of the user's (TRL's signature);
+- ``soft_overlong_punishment``: the built-in length penalty, with ``max_completion_length`` and ``soft_punish_cache``;
+- a model directory holding a sequence classifier: a reward model scoring prompt and completion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .functions import (ANSWER_CHECKS, BatchReward, RewardFn, batch_rewards, check_answers, import_reward_fn,
+                        math_verify_reward, numeric_reward, parse_answer, parse_number, text_reward)
+from .model import RewardModel, is_reward_model
+from .overlong import NAME as OVERLONG, SoftOverlongPunishment
+
+__all__ = ["ANSWER_CHECKS", "BatchReward", "OVERLONG", "RewardContext", "RewardFn", "RewardModel",
+           "SoftOverlongPunishment", "batch_rewards", "check_answers", "import_reward_fn", "is_reward_model",
+           "math_verify_reward", "numeric_reward", "parse_answer", "parse_number", "reward_funcs", "text_reward"]
+
+
+@dataclass(frozen=True)
+class RewardContext:
+    """What the built-in reward functions and reward models need from the run (``GRPOConfig`` names)."""
+
+    max_completion_length: int = 16
+    soft_punish_cache: int = 0
+    device: str = "cpu"
+    trust_remote_code: bool = False
+
+    @classmethod
+    def from_config(cls, config) -> "RewardContext":
+        device = "cpu" if config.device in ("auto", "cpu") else config.device
+        return cls(config.max_completion_length, config.soft_punish_cache, device, config.trust_remote_code)
+
+
+def reward_function(spec: str, context: RewardContext):
+    """One entry of ``--reward-funcs`` as (name, function)."""
+    if spec == OVERLONG:
+        fn = SoftOverlongPunishment(context.max_completion_length, context.soft_punish_cache)
+        return fn.__name__, fn
+    if is_reward_model(spec):
+        fn = RewardModel(spec, context.device, context.trust_remote_code)
+        return fn.__name__, fn
+    try:
+        return spec.partition(":")[2], import_reward_fn(spec)
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("reward_fn:", "reward_funcs:", 1).replace(
+            "expected 'module:function'", f"expected 'module:function', {OVERLONG} or a reward model's directory")) \
+            from None
+
+
+def reward_funcs(specs: Sequence[str], weights: Sequence[float], context: RewardContext = RewardContext()) \
+        -> list[BatchReward]:
+    """The reward functions of ``--reward-funcs`` with their weights (1 each when none are given), each named (its
+    metrics: ``rewards/<name>/mean|std``)."""
+    weights = list(weights) or [1.0] * len(specs)
+    funcs = [BatchReward(*reward_function(spec, context), float(w)) for spec, w in zip(specs, weights, strict=True)]
+    names = [f.name for f in funcs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"reward_funcs: two functions share a name ({', '.join(names)}); their metrics would clash")
+    return funcs

@@ -1,0 +1,168 @@
+"""Rewards as functions: the default checks of a reference answer, a user's text reward, and reward functions with
+TRL's signature called once per batch (their weighted sum is the reward).
+
+- ``math_verify_reward``: 1 iff ``math-verify`` (the checker of open-r1 and TRL's examples) finds the completion's
+  answer equal to the reference (``1,000`` = ``1000``, ``\\frac{1}{2}`` = ``0.5``); ``numeric_reward``: 1 iff the last
+  number of the completion equals it (``answer_check="last_number"``).
+- ``text_reward``: a user's ``(completion, answer) -> float in [0, 1]``, checked value by value.
+- ``batch_rewards``: TRL's ``f(prompts, completions, completion_ids, **columns) -> list[float | None]``, several with
+  weights (``BatchReward``); None means the function does not apply to that completion (counted as 0, as TRL does).
+  For conversational data they receive the prompts as message lists and each completion as
+  ``[{"role": "assistant", "content": text}]``, as TRL passes them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from runkit.cli import first_line
+
+RewardFn = Callable[[str, str], float]
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+@dataclass(frozen=True)
+class BatchReward:
+    """A reward function with TRL's signature, its name (logged as ``rewards/<name>/mean|std``) and its weight."""
+
+    name: str
+    fn: Callable
+    weight: float = 1.0
+
+
+def is_number(value) -> bool:
+    """A reward value is one real number: it converts with float() (numbers, bools, 0-d arrays and tensors do) and
+    is not a string (``float("0.5")`` would pass)."""
+    return not isinstance(value, (str, bytes)) and hasattr(value, "__float__")
+
+
+def batch_rewards(funcs: Sequence[BatchReward], prompts: list, completions: list, completion_ids: list[list[int]],
+                  columns: dict[str, list]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The weighted sum of the reward functions' values for each completion, and each function's values (nan
+    where it returned None). Each function is called once for the batch with TRL's keyword arguments (``prompts``,
+    ``completions``, ``completion_ids`` and the data's columns, ``answer`` among them). A function that raises, returns
+    the wrong number of values or a value that is neither a real number nor None, a completion no function
+    scores raises one line. The weighted sum may be any finite number: outside [0, 1] Theorem 1's terms use the
+    reward range the run has seen (``llm.diagnostics.RewardRange``)."""
+    n = len(completions)
+    total, scored, parts = np.zeros(n), np.zeros(n, dtype=bool), {}
+    for f in funcs:
+        try:
+            values = f.fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+        except Exception as exc:  # noqa: BLE001 - the user's code: any exception becomes one line
+            raise ValueError(f"reward_funcs: {f.name} raised {type(exc).__name__}: {first_line(exc, 200)}") from None
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or len(values) != n:
+            got = f"{len(values)} values" if hasattr(values, "__len__") else f"a {type(values).__name__}"
+            raise ValueError(f"reward_funcs: {f.name} returned {got} for {n} completions; expected one number or "
+                             "None per completion")
+        arr = np.empty(n)
+        for j, v in enumerate(values):
+            if v is None:
+                arr[j] = np.nan
+            elif not is_number(v) or not math.isfinite(float(v)):
+                raise ValueError(f"reward_funcs: {f.name} returned {v!r} for completion {shown(completions[j])} "
+                                 "; expected a finite number or None")
+            else:
+                arr[j] = float(v)
+        parts[f.name] = arr
+        total += f.weight * np.nan_to_num(arr)
+        scored |= ~np.isnan(arr)
+    for j in np.flatnonzero(~scored)[:1]:
+        raise ValueError(f"reward_funcs: every function returned None for completion {shown(completions[j])}")
+    return total, parts
+
+
+def shown(completion) -> str:
+    """A completion (text, or TRL's conversational [{"role": "assistant", "content": text}]) quoted in an error."""
+    text = completion[0]["content"] if isinstance(completion, list) else completion
+    return repr(text[:200])
+
+
+def text_reward(fn: RewardFn, completion: str, answer: str) -> float:
+    """``fn(completion, answer)`` as a float in [0, 1]; anything else (an exception, a value that is not one real
+    number, nan, inf, a value outside [0, 1]) raises one line naming the completion and the answer."""
+    where = f"for completion {completion[:200]!r} (answer {answer!r})"
+    try:
+        value = fn(completion, answer)
+    except Exception as exc:  # noqa: BLE001 - the user's code: any exception becomes one line
+        raise ValueError(f"reward_fn: raised {type(exc).__name__}: {first_line(exc, 200)} {where}") from None
+    if isinstance(value, (list, tuple, np.ndarray)) and np.ndim(value) > 0:
+        raise ValueError(f"reward_fn: returned {len(value)} values {where}; it scores one completion, "
+                         "so it must return one number")
+    if not is_number(value):
+        raise ValueError(f"reward_fn: returned a {type(value).__name__} ({value!r}) {where}; "
+                         "expected a number in [0, 1]")
+    r = float(value)
+    if not 0.0 <= r <= 1.0:  # also nan
+        raise ValueError(f"reward_fn: rewards must lie in [0, 1] (Theorem 1's bound needs it), got {r!r} {where}")
+    return r
+
+
+def parse_number(text: str) -> float | None:
+    """The last number in ``text`` (commas allowed as thousands separators), or None."""
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    try:
+        return float(found[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+def numeric_reward(completion: str, answer: str) -> float:
+    """1.0 iff the last number in the completion equals the numeric answer."""
+    got, want = parse_number(completion), parse_number(answer)
+    return 1.0 if got is not None and want is not None and math.isclose(got, want, rel_tol=0, abs_tol=1e-6) else 0.0
+
+
+def math_verify_reward(completion: str, answer: str) -> float:
+    """1.0 iff ``math-verify`` (the checker of open-r1 and TRL's examples) finds the completion's answer equal to
+    ``answer``: numbers with thousands separators, fractions, LaTeX and plain expressions compare by value."""
+    from math_verify import parse, verify
+
+    return 1.0 if verify(parse_answer(answer), parse(completion)) else 0.0
+
+
+def parse_answer(answer: str) -> list:
+    """A reference answer as math-verify reads it: as written, or, when that finds nothing and the answer holds a
+    digit or a LaTeX command (bare LaTeX such as ``x^2+1`` or ``\\pi``, as MATH's answers are written), inside
+    $...$. Empty when neither applies (a word such as 'seven' is not read as a product of symbols)."""
+    from math_verify import parse
+
+    return parse(answer) or (parse(f"${answer}$") if re.search(r"[\\\d]", answer) else [])
+
+
+ANSWER_CHECKS: dict[str, RewardFn] = {"math_verify": math_verify_reward, "last_number": numeric_reward}
+
+
+def check_answers(answers: Sequence[str], source: str, answer_check: str) -> None:
+    """Refuse reference answers the default reward cannot read (every completion would score 0): for
+    ``last_number`` one without a number, for ``math_verify`` one math-verify parses to nothing."""
+    readable = (lambda a: parse_number(a) is not None) if answer_check == "last_number" else parse_answer
+    for i, a in enumerate(answers, 1):
+        if not readable(a):
+            raise ValueError(f"dataset: {source}: the answer of row {i} ({a!r}) cannot be read by --answer-check "
+                             f"{answer_check}, so the default reward would score every completion 0; fix the row or "
+                             "pass --reward-fn / --reward-funcs for such answers")
+
+
+def import_reward_fn(path: str) -> RewardFn:
+    """Import ``package.module:function``; the function maps (completion, answer) to a float in [0, 1]."""
+    if ":" not in path:
+        raise ValueError(f"reward_fn: expected 'module:function', got {path!r}")
+    module, _, attr = path.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"reward_fn: cannot import {path!r} ({exc})") from None
+    if not callable(fn):
+        raise ValueError(f"reward_fn: {path!r} is not callable")
+    return fn

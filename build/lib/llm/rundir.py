@@ -1,0 +1,239 @@
+"""Run directory: config.json, metrics.jsonl, atomic checkpoints, resume.
+
+Layout of ``output_dir``:
+    config.json       resolved config, written before step 0
+    metrics.jsonl     one JSON object per completed step, flushed per line
+    checkpoint.pt     latest checkpoint (written to a temporary file, then renamed: atomic)
+    samples.jsonl     a few decoded completions at every checkpoint
+    final_model/      the trained model and tokenizer (transformers format)
+    .lock             held (flock) by the trainer using the directory; the kernel drops it when the process
+                      ends, however it ends, so a killed run never leaves a stale lock
+
+A write that fails (a full disk, a read-only directory) raises a one-line error naming the file; the
+checkpoint write goes to a temporary file that is removed, so the previous checkpoint stays intact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from runkit.cli import RunError, first_line
+from runkit.runio import MetricsWriter, atomic_write_text, read_metrics, write_config
+
+from .config import GRPOConfig
+
+__all__ = ["RunDir", "read_metrics", "RESUMABLE_FIELDS"]
+
+#: Fields that may change when a run is resumed (they do not change what a step computes, up to float rounding
+#: for the micro-batch and chunk sizes, shared prompts, sharding the blocks with FSDP and the device: a checkpoint
+#: written on a GPU resumes on a CPU; a restarted server may listen elsewhere).
+RESUMABLE_FIELDS = {"max_steps", "logging_steps", "save_steps", "progress", "report_to", "num_threads", "output_dir",
+                    "server_url", "server_timeout", "server_sync_address", "per_device_train_batch_size",
+                    "gradient_checkpointing", "group_by_length", "attn_implementation", "logit_chunk_tokens",
+                    "trust_remote_code", "max_consecutive_skipped_updates", "fsdp", "share_prompts",
+                    "keep_freed_memory", "freed_memory_ceiling", "device"}
+
+
+def tensor_bytes(obj) -> int:
+    """Bytes of the tensor storages in a nested dict/list, each storage once (tied weights share one), which is
+    what ``torch.save`` writes, give or take its index of a few kB."""
+    storages: dict[int, int] = {}
+
+    def visit(x):
+        if isinstance(x, torch.Tensor):
+            st = x.untyped_storage()
+            storages[st.data_ptr()] = st.nbytes()
+        elif isinstance(x, dict):
+            for v in x.values():
+                visit(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                visit(v)
+
+    visit(obj)
+    return sum(storages.values())
+
+
+@contextlib.contextmanager
+def writing(what: Path, during_run: bool = True):
+    """Turn an OSError of writing ``what`` into one line: a ``RunError`` during the run (exit 1), a ``ValueError``
+    naming output_dir before it starts (exit 2)."""
+    try:
+        yield
+    except OSError as exc:
+        reason = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+                  errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+                  errno.EPERM: "permission denied", errno.EFBIG: "the file is larger than allowed"}.get(
+                      exc.errno, exc.strerror or str(exc))
+        if during_run:
+            raise RunError(f"cannot write {what}: {reason}; the last checkpoint in {what.parent} is intact "
+                           "(free space or fix the directory, then run the same command to resume)") from None
+        raise ValueError(f"output_dir: cannot write {what}: {reason}") from None
+
+
+class RunDir:
+    """A run directory, locked while a trainer uses it (``with RunDir(config) as run:``)."""
+
+    def __init__(self, config: GRPOConfig):
+        self.path = Path(config.output_dir)
+        self.config = config
+        self._lock_fd: int | None = None
+
+    def __enter__(self) -> "RunDir":
+        self.lock()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.unlock()
+
+    def lock(self) -> None:
+        """Take the directory's lock, or refuse in one line if another process holds it."""
+        lock_path = self.path / ".lock"
+        with writing(lock_path, during_run=False):
+            self.path.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(lock_path, os.O_WRONLY | os.O_CREAT, 0o644))
+        fd = os.open(lock_path, os.O_RDONLY)  # held read-only: no file stays open for writing during the run
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ValueError(f"output_dir: {self.path} is in use by another trainer (pid {holder}); wait for it to "
+                             "finish or use another output_dir") from None
+        self._lock_fd = fd
+        try:
+            with writing(lock_path, during_run=False):
+                lock_path.write_text(str(os.getpid()))
+        except ValueError:
+            self.unlock()
+            raise
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor drops the flock
+            self._lock_fd = None
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.path / "checkpoint.pt"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    def open(self) -> dict | None:
+        """Create the directory, check a previous run is compatible, write config.json.
+
+        Returns the checkpoint to resume from, or None for a fresh start.
+        """
+        with writing(self.path, during_run=False):
+            self.path.mkdir(parents=True, exist_ok=True)
+        ckpt = None
+        if self.checkpoint_path.is_file():
+            old_path = self.path / "config.json"
+            if old_path.is_file():
+                new = json.loads(self.config.to_json())
+                # A field the stored config lacks was added after that run started, which ran with its default.
+                old = {**json.loads(GRPOConfig().to_json()), **json.loads(old_path.read_text())}
+                diff = sorted(k for k in set(old) | set(new) if k not in RESUMABLE_FIELDS and old.get(k) != new.get(k))
+                if diff:
+                    raise ValueError(
+                        f"output_dir: {self.path} holds a run with a different config ({', '.join(diff)}); "
+                        "use a new output_dir or the same settings to resume")
+            ckpt = self.load_checkpoint()
+            with writing(self.metrics_path, during_run=False):
+                self._truncate_metrics(ckpt["step"])
+        else:
+            for name in ("metrics.jsonl", "samples.jsonl"):
+                (self.path / name).unlink(missing_ok=True)
+        with writing(self.path / "config.json", during_run=False):
+            write_config(self.path, self.config)
+        return ckpt
+
+    def load_checkpoint(self) -> dict:
+        """The checkpoint, loaded with ``weights_only=True`` (tensors and plain containers only: loading it
+        runs no code from the file)."""
+        try:
+            return torch.load(self.checkpoint_path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same advice
+            raise ValueError(f"output_dir: {self.checkpoint_path} cannot be loaded ({type(exc).__name__}: "
+                             f"{first_line(exc)}); move it away to start afresh") from None
+
+    def _truncate_metrics(self, next_step: int) -> None:
+        """Keep exactly the rows of steps < next_step (rows written after the checkpoint are redone)."""
+        if not self.metrics_path.is_file():
+            return
+        keep = []
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a crash
+            if row.get("step", math.inf) < next_step:
+                keep.append(line)
+        atomic_write_text(self.metrics_path, "".join(k + "\n" for k in keep))
+
+    def append_metrics(self, row: dict) -> None:
+        with writing(self.metrics_path):
+            MetricsWriter(self.path, fresh=False).write(row)
+
+    def append_completions(self, rows: list[dict]) -> None:
+        """``log_completions``: rows of prompt, completion, reward and advantage into completions.jsonl."""
+        path = self.path / "completions.jsonl"
+        with writing(path), path.open("a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+
+    def append_samples(self, rows: list[dict]) -> None:
+        path = self.path / "samples.jsonl"
+        with writing(path), path.open("a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+
+    def save_checkpoint(self, state: dict) -> None:
+        """Write to checkpoint.pt.tmp, then rename over checkpoint.pt (atomic: a crash or a failed write at any
+        point leaves the previous checkpoint or the new one, whole). Refused before writing when the disk has
+        less free space than the checkpoint's tensors take."""
+        tmp = self.checkpoint_path.with_name("checkpoint.pt.tmp")
+        need = tensor_bytes(state)
+        free = shutil.disk_usage(self.path).free
+        if free < need:
+            raise RunError(f"cannot write {self.checkpoint_path}: the checkpoint needs {need / 1e6:.1f} MB and the "
+                           f"disk has {free / 1e6:.1f} MB free; the last checkpoint in {self.path} is intact (free "
+                           "space, then run the same command to resume)")
+        try:
+            with writing(self.checkpoint_path), tmp.open("wb") as f:
+                self._torch_save(state, f)
+            with writing(self.checkpoint_path):
+                os.replace(tmp, self.checkpoint_path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _torch_save(self, state: dict, f) -> None:
+        """``torch.save`` into the open file ``f``, flushed to disk. torch's writer reports a failed write as a
+        RuntimeError ("unexpected pos ..."): it becomes the OSError it was (ENOSPC when the disk is now full)."""
+        try:
+            torch.save(state, f)
+        except RuntimeError as exc:
+            if shutil.disk_usage(self.path).free < (1 << 20):
+                raise OSError(errno.ENOSPC, "No space left on device") from None
+            raise OSError(errno.EIO, first_line(exc)) from None
+        f.flush()
+        os.fsync(f.fileno())
+
+    def save_final_model(self, model, tokenizer) -> None:
+        path = self.path / "final_model"
+        from .model import quiet_transformers
+
+        with writing(path), quiet_transformers():
+            model.save_pretrained(path)
+            tokenizer.save_pretrained(path)

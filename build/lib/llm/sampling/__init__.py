@@ -1,0 +1,146 @@
+"""Samplers: who holds alpha and generates the completions (docs/theory.md, §1 and §7).
+
+- ``hf_generate.TransformersSampler``: a frozen copy of the policy sampled with ``transformers.generate``;
+- ``vllm_engine.VLLMSampler``: an in-process vLLM engine with a verified weight sync;
+- ``server.ServerSampler``: vLLM's own server in another process (``python -m llm.serve``), synced through
+  vLLM's weight-transfer API.
+
+``make_sampler`` picks one from the config.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..model import architecture
+from .base import Rollout, Sampler
+from .hf_generate import TransformersSampler
+from ..token_filter import NO_FILTER, TokenFilter
+from .vllm_settings import quiet_vllm
+
+quiet_vllm()  # before any import of vllm
+
+__all__ = ["Rollout", "Sampler", "TransformersSampler", "check_vllm_supports", "make_sampler", "max_model_len",
+           "probe_sync", "resolved_sampler"]
+
+
+def resolved_sampler(config) -> str:
+    """The sampler a run uses: ``config.sampler``, with 'auto' resolved (vLLM in process when it imports)."""
+    if config.sampler != "auto":
+        return config.sampler
+    from .vllm_engine import vllm_available
+
+    return "vllm" if vllm_available() else "transformers"
+
+
+def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
+    """The sampler ``config.sampler`` names ('auto': vLLM when it imports), holding alpha = the initial policy;
+    a server holds whatever it was last sent until ``load_weights`` (``llm.weights.Weights.build`` sends the
+    policy)."""
+    kind = resolved_sampler(config)
+    if kind in ("vllm", "server"):
+        check_vllm_supports(policy)
+    if kind == "server":
+        from .server import ServerSampler
+
+        return ServerSampler(config.server_url, model_path, eos_token_id=tokenizer.eos_token_id,
+                             max_model_len=max_model_len(policy, config, max_prompt_tokens),
+                             timeout=config.server_timeout, sync_host=config.server_sync_address)
+    if kind == "vllm":
+        from .vllm_engine import VLLMSampler
+
+        if architecture(policy).startswith("Olmo"):
+            raise ValueError("sampler: an in-process vLLM engine breaks transformers' OLMo model in the same process "
+                             "(AttributeError 'do_not_compile'); use --sampler transformers or --sampler server")
+
+        return VLLMSampler(model_path, dtype=config.dtype, seed=config.seed,
+                           max_model_len=max_model_len(policy, config, max_prompt_tokens),
+                           eos_token_id=tokenizer.eos_token_id, model_config=policy.config,
+                           sequences=window_completions(config), group=config.num_generations,
+                           prompt_tokens=max_prompt_tokens, trust_remote_code=config.trust_remote_code,
+                           trim_memory=not config.keep_freed_memory,
+                           gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+                           tensor_parallel_size=config.vllm_tensor_parallel_size,
+                           enable_sleep_mode=config.vllm_enable_sleep_mode,
+                           kv_cache_bytes=int(config.vllm_kv_cache_gb * 2**30))
+    return TransformersSampler(policy, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                               batch_size=config.per_device_train_batch_size)
+
+
+def window_completions(config) -> int:
+    """Completions of one generation call: a window's (or a step's) training and held-out prompts, G each."""
+    return config.steps_per_call * (config.prompts_per_step + config.heldout_prompts) * config.num_generations
+
+
+def max_model_len(model: torch.nn.Module, config, max_prompt_tokens: int) -> int:
+    """Longest sequence the engine must hold: the longest prompt plus the completion budget."""
+    limit = int(getattr(model.config, "max_position_embeddings", 1 << 20))
+    need = max_prompt_tokens + config.max_completion_length
+    if need > limit:
+        raise ValueError(f"max_completion_length: the longest prompt ({max_prompt_tokens} tokens) plus "
+                         f"{config.max_completion_length} generated exceed the model's {limit} positions; shorten "
+                         "the prompts or lower it")
+    return need
+
+
+#: The start-up probe's perturbation: weights move by this times their own scale (enough that an engine which
+#: missed them is off by far more than the float32 tolerance).
+PROBE_NOISE = 0.05
+
+
+def probe_sync(sampler: Sampler, policy: torch.nn.Module, prompts: list[list[int]], pad_token_id: int,
+               temperature: float, precision, check, token_filter: TokenFilter = NO_FILTER) -> float:
+    """Prove at start-up that weights reach the sampler for this model's architecture: sync a perturbed copy
+    of the policy, sample, compare the sampler's log-probs with the copy's, then sync the policy back.
+    Returns the gap that ``check`` (``llm.diagnostics.SyncCheck``) reads; raises ``ValueError`` (one line, naming
+    the architecture) above its tolerance, or, for a check calibrated on the rounding floor (bfloat16), unless the
+    sampler is ``PROBE_SEPARATION`` times closer to the perturbed weights than to the unperturbed ones."""
+    from ..batch import make_batch, padded
+    from ..logprobs import completion_logprobs
+    from ..model import frozen_copy
+
+    device = next(policy.parameters()).device
+    probe = frozen_copy(policy)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    with torch.no_grad():
+        for p in probe.parameters():
+            if p.numel() > 1:
+                noise = torch.randn(p.shape, generator=g).to(device=device, dtype=p.dtype)
+                p.add_(PROBE_NOISE * p.float().std().clamp_min(1e-3).to(p.dtype) * noise)
+    try:
+        sampler.load_weights(probe)
+        roll = sampler.generate(prompts, 2, 4, temperature, 0, token_filter=token_filter)
+        batch = make_batch([p for p in prompts for _ in range(2)], roll.completion_ids, pad_token_id, device)
+        with torch.no_grad():
+            logp = completion_logprobs(probe, batch, temperature, precision, token_filter=token_filter).logp
+            unsynced = (completion_logprobs(policy, batch, temperature, precision, token_filter=token_filter).logp
+                        if check.floor_factor else None)
+        reported = padded(roll.logprobs, logp.shape[1], device)
+        gap = check.gap(reported, logp, batch.completion_mask)
+    finally:
+        sampler.load_weights(policy)
+    from ..diagnostics import PROBE_SEPARATION
+
+    apart = check.gap(reported, unsynced, batch.completion_mask) if unsynced is not None else None
+    if not (gap <= check.tolerance or (apart is not None and PROBE_SEPARATION * gap <= apart)):
+        arch = architecture(policy)
+        raise ValueError(f"sampler: weights synced into the {sampler.name} sampler do not reach its forward pass for "
+                         f"{arch} (log-prob gap {gap:.2e} > {check.tolerance:g} after a sync, {check.metric}"
+                         f"{'' if apart is None else f'; {apart:.2e} to the weights before it'}); this architecture "
+                         "cannot be trained with it: use --sampler transformers")
+    return gap
+
+
+def check_vllm_supports(policy: torch.nn.Module) -> None:
+    """Refuse at start-up what vLLM's CPU attention cannot run (it fails deep inside the engine otherwise)."""
+    if torch.cuda.is_available():
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    cfg = policy.config
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head not in sizes:
+        arch = architecture(policy)
+        raise ValueError(f"sampler: vLLM's CPU attention does not support this model's head size {head} ({arch}; "
+                         f"supported: {', '.join(map(str, sizes))}); use --sampler transformers")

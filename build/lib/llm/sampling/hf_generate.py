@@ -1,0 +1,156 @@
+"""The transformers sampler: alpha as a frozen copy of the policy, sampled with ``generate``.
+
+A model directory may carry a ``generation_config.json`` (instruct models on the hub often set
+``repetition_penalty``, ``top_k``, ``top_p``...). ``generate`` would apply those on top of what we ask
+for, so alpha would no longer be softmax(logits / T), the distribution the trainer recomputes and the
+importance weights assume. The sampler therefore hides the stored config during its calls (``generate``
+sees only the settings given here) and reports the log-probs of the scores ``generate`` actually sampled
+from: the temperature and the run's top-k, top-p and min-p (``llm.token_filter``, the same function the
+trainer's log-probs use) are applied by the last logits processor (``TemperedLogprobs``), which also records the
+sampled tokens' log-probs, so what it reports is what it sampled even if a processor slipped in before it;
+the trainer's recomputation would then disagree, and ``sampling/logp_diff_*`` would show it. Only one step's
+(B x V) distributions exist at a time (``generate``'s ``output_scores`` would keep B x T x V).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+import torch
+
+from runkit.host_memory import micro_batches
+
+from ..model import copy_weights, frozen_copy
+from .base import Rollout
+from ..token_filter import NO_FILTER, TokenFilter, filtered_logits
+
+
+class TemperedLogprobs:
+    """A logits processor for the end of ``generate``'s list: divides the scores by T, drops the tokens
+    ``token_filter`` drops (-inf) and records the log-probability of each token sampled from what is left, holding
+    one step's distributions at a time. With ``generators`` (one per row) it also samples: row i's token by the
+    inverse of the distribution's CDF at a uniform draw of its own generator, returned as the only finite score so
+    that greedy ``generate`` takes it. Each sequence's draws then come from its own stream, whatever else shares the
+    batch."""
+
+    def __init__(self, temperature: float, token_filter: TokenFilter = NO_FILTER,
+                 generators: list[torch.Generator] | None = None):
+        self.temperature, self.token_filter, self.prev, self.logp = temperature, token_filter, None, []
+        self.generators = generators
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._collect(input_ids[:, -1])  # the token sampled from the previous step's distributions
+        scores = filtered_logits(scores.float() / self.temperature, self.token_filter)
+        self.prev = torch.log_softmax(scores, dim=-1)
+        if self.generators is None:
+            return scores
+        return self._draw(self.prev)
+
+    def _draw(self, logp: torch.Tensor) -> torch.Tensor:
+        """Scores that leave one token per row: the inverse CDF of exp(logp) at each row's own uniform draw."""
+        u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in self.generators])
+        cdf = logp.double().exp().cumsum(dim=-1)
+        # the first token whose CDF exceeds the draw: never one of probability 0 (u = 0 included)
+        tokens = torch.searchsorted(cdf, (u.to(cdf.device) * cdf[:, -1])[:, None], right=True)
+        tokens = tokens.clamp(max=logp.shape[-1] - 1)
+        out = torch.full_like(logp, -math.inf)
+        return out.scatter_(-1, tokens, 0.0)
+
+    def _collect(self, tokens: torch.Tensor) -> None:
+        if self.prev is not None:
+            self.logp.append(self.prev.gather(-1, tokens[:, None]).squeeze(-1))
+            self.prev = None
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """log-probs (B, steps) of the generated tokens, once ``generate`` returned ``sequences``."""
+        self._collect(sequences[:, -1])
+        return torch.stack(self.logp, dim=1)
+
+
+def row_generator(seed: int, row: int) -> torch.Generator:
+    """The random stream of row ``row`` of a generation call seeded with ``seed``."""
+    state = int(np.random.SeedSequence([seed % 2**63, row]).generate_state(1, np.uint64)[0]) % 2**63
+    return torch.Generator().manual_seed(state)
+
+
+@contextlib.contextmanager
+def plain_generation_config(model):
+    """Hide ``model.generation_config`` (whatever the model directory stored) for the duration."""
+    from transformers import GenerationConfig
+
+    stored = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = stored
+
+
+class TransformersSampler:
+    """alpha as its own copy of the trainer's model (``copy=False``: the given model itself, e.g. to
+    evaluate the current policy), sampled with ``transformers.generate`` at temperature T from the filtered
+    distribution (``TemperedLogprobs``; generate's own sampling, top-k and top-p off). Sequences run ``batch_size`` at
+    a time (0: a call's all at once; the trainer passes ``per_device_train_batch_size``), so its KV cache and
+    logits follow the micro-batch; each sequence draws from its own random stream (``row_generator``), so what is
+    sampled does not depend on the split, up to float rounding of the logits in another batch."""
+
+    name = "transformers"
+
+    def __init__(self, model: torch.nn.Module, eos_token_id: int, pad_token_id: int, copy: bool = True,
+                 batch_size: int = 0):
+        self.model = frozen_copy(model) if copy else model
+        self.eos, self.pad, self.batch_size = eos_token_id, pad_token_id, batch_size
+
+    def load_weights(self, model: torch.nn.Module) -> None:
+        copy_weights(self.model, model)
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
+                 greedy: bool = False, token_filter: TokenFilter = NO_FILTER) -> Rollout:
+        """n completions per prompt (prompt-major); ``greedy`` takes the most likely token instead of sampling."""
+        rows = [p for p in prompt_ids for _ in range(n)]
+        size = self.batch_size or len(rows)
+        comps, lps = [], []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in micro_batches(range(0, len(rows), size)):
+                c, lp = self._generate(rows[start:start + size], start, max_tokens, temperature, seed, greedy,
+                                       token_filter)
+                comps += c
+                lps += lp
+        finally:
+            self.model.train(was_training)
+        return Rollout(comps, lps)
+
+    def _generate(self, prompts: list[list[int]], first_row: int, max_tokens: int, temperature: float, seed: int,
+                  greedy: bool, token_filter: TokenFilter) -> tuple[list, list]:
+        """One ``generate`` call over ``prompts`` (one sequence each), rows ``first_row``.. of the whole call."""
+        from transformers import GenerationConfig, LogitsProcessorList
+
+        device = next(self.model.parameters()).device
+        width = max(map(len, prompts))
+        ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts], device=device)
+        mask = (torch.arange(width, device=device)[None, :] >= torch.tensor(
+            [width - len(p) for p in prompts], device=device)[:, None]).long()
+        config = GenerationConfig(do_sample=False, temperature=None, top_k=None, top_p=None, repetition_penalty=1.0,
+                                  max_new_tokens=max_tokens, pad_token_id=self.pad, eos_token_id=self.eos,
+                                  return_dict_in_generate=True)
+        generators = None if greedy else [row_generator(seed, first_row + r) for r in range(len(prompts))]
+        tempered = TemperedLogprobs(temperature, token_filter, generators)  # greedy: log-probs reported at T
+        with plain_generation_config(self.model):
+            out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                      logits_processor=LogitsProcessorList([tempered]))
+        tokens = out.sequences[:, width:]
+        logp = tempered.finish(out.sequences)
+        comps, lps = [], []
+        for row, lp in zip(tokens.tolist(), logp.tolist()):
+            length = row.index(self.eos) + 1 if self.eos in row else len(row)
+            comps.append(row[:length])
+            lps.append(lp[:length])
+        return comps, lps
+
+    def close(self) -> None:
+        self.model = None

@@ -1,0 +1,52 @@
+"""Where a run's task comes from: ``load_task`` (the built-in task, a procedural generator, or data in TRL's
+formats) with its reward (the task's own, ``--reward-fn``, or ``--reward-funcs``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from .data import PromptData, load_prompt_data
+from .procedural import PREFIX, GeneratorSpec, reasoning_gym_task
+from .rewards import ANSWER_CHECKS, RewardContext, check_answers, import_reward_fn
+from .rewards import reward_funcs as resolve_reward_funcs
+from .tasks import Task, arithmetic_task
+
+
+def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "", reward_funcs: Sequence[str] = (),
+              reward_weights: Sequence[float] = (), answer_check: str = "math_verify", generator=None,
+              reward_context: RewardContext = RewardContext()) -> Task:
+    """``arithmetic`` (built in, with its own test split), ``reasoning_gym:<name>`` (a procedural generator,
+    ``llm.procedural``, with ``generator``: a ``GeneratorSpec``), or data in TRL's format (``llm.data``: a file, a
+    saved data set or ``hf:<name>``; GSM8K's rows are mapped onto it) with ``eval_dataset`` as its test split.
+    ``reward_funcs`` (``llm.rewards.reward_funcs``, with ``reward_context``) replace the task's own reward.
+    """
+    if dataset == "arithmetic" or dataset.startswith(PREFIX):
+        if eval_dataset:
+            raise ValueError(f"eval_dataset: the task {dataset} has its own test split; leave it empty")
+        task = (arithmetic_task() if dataset == "arithmetic"
+                else reasoning_gym_task(dataset[len(PREFIX):], generator or GeneratorSpec()))
+        if reward_fn:
+            task = task.with_reward(import_reward_fn(reward_fn))
+        if reward_funcs:
+            task = task.with_reward_funcs(resolve_reward_funcs(reward_funcs, reward_weights, reward_context))
+        return task
+    train = load_prompt_data(dataset, "train")
+    test = load_prompt_data(eval_dataset, "test") if eval_dataset else PromptData(())
+    if reward_funcs:
+        reward = {"reward_funcs": tuple(resolve_reward_funcs(reward_funcs, reward_weights, reward_context))}
+    elif reward_fn:
+        reward = {"reward_fn": import_reward_fn(reward_fn)}
+    else:
+        if answer_check == "math_verify":
+            try:
+                import math_verify  # noqa: F401
+            except ImportError:
+                raise ValueError("answer_check: math_verify needs the math-verify package (pip install math-verify); "
+                                 "--answer-check last_number uses the last number instead") from None
+        check_answers(train.answers, dataset, answer_check)
+        check_answers(test.answers, eval_dataset, answer_check)
+        reward = {"reward_fn": ANSWER_CHECKS[answer_check]}
+    name = dataset[3:] if dataset.startswith("hf:") else Path(dataset).name
+    return Task(name, train.prompts, train.answers, test_prompts=test.prompts, test_answers=test.answers,
+                columns=train.columns, test_columns=test.columns, **reward)

@@ -1,0 +1,88 @@
+"""Typed command lines (tyro) with one-line errors instead of tracebacks or boxes."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import sys
+from typing import Callable, TypeVar
+
+import tyro
+
+T = TypeVar("T")
+
+_RULE = re.compile(r"^[\s\-─━│┃╭╮╰╯┏┓┗┛]*$")
+_BOX_CHARS = re.compile(r"[│┃╭╮╰╯┏┓┗┛─━]")
+
+
+def _first_error_line(text: str) -> str:
+    """Reduce tyro's boxed error (title, rule, message, rule, help...) to the message, one line."""
+    blocks, cur = [], []
+    for raw in text.splitlines():
+        line = _BOX_CHARS.sub("", raw).strip()
+        if _RULE.match(raw) or not line:
+            if cur:
+                blocks.append(cur)
+                cur = []
+            continue
+        cur.append(line)
+    if cur:
+        blocks.append(cur)
+    body = blocks[1] if len(blocks) > 1 else (blocks[0] if blocks else ["invalid command line"])
+    return " ".join(body)
+
+
+def parse(cls: type[T], args: list[str] | None, prog: str, description: str | None = None) -> T:
+    """Parse ``args`` into ``cls`` with tyro; on a bad option print ``prog: error: ...`` and exit 2.
+
+    ``--help`` prints tyro's full help as usual.
+    """
+    argv = sys.argv[1:] if args is None else list(args)
+    if any(a in ("-h", "--help") for a in argv):
+        return tyro.cli(cls, args=argv, prog=prog, description=description)
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(buf):
+            return tyro.cli(cls, args=argv, prog=prog, description=description)
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            raise
+        fail(prog, _first_error_line(buf.getvalue()) + " (see --help)")
+    raise AssertionError("unreachable")
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first non-empty line of an exception's message (at most ``limit`` characters), or its type's name:
+    what a one-line error quotes of an exception raised by a library or a user's code."""
+    for line in str(exc).splitlines():
+        if line.strip():
+            return line.strip()[:limit]
+    return type(exc).__name__
+
+
+class RunError(RuntimeError):
+    """A failure of the run's environment, not of its configuration (a server that died, a lost
+    connection): ``run_main`` prints it as one line and exits with status 1."""
+
+
+def fail(prog: str, message: str) -> None:
+    """Print a one-line error and exit with status 2 (a usage error)."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def run_main(main: Callable[[list[str] | None], int], prog: str) -> None:
+    """Run a CLI ``main``, turning ``ValueError`` (a bad configuration, exit 2) and ``RunError`` (a failing
+    environment, exit 1) into a one-line error."""
+    try:
+        code = main(None)
+    except ValueError as exc:
+        fail(prog, str(exc))
+    except RunError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    raise SystemExit(code or 0)

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .core import softmax
+
 
 @dataclass(frozen=True)
 class TokenFilter:
@@ -57,12 +59,6 @@ class TokenFilter:
 NO_FILTER = TokenFilter()
 
 
-def _softmax(z: np.ndarray) -> np.ndarray:
-    with np.errstate(invalid="ignore"):
-        e = np.exp(z - z.max(axis=-1, keepdims=True))
-        return e / e.sum(axis=-1, keepdims=True)
-
-
 def kept_boundary(z, token_filter: TokenFilter) -> tuple[np.ndarray, np.ndarray]:
     """Per row of ``z`` (..., V), logits already divided by the temperature: the boundary value tau and the first kept
     column c among the tokens equal to it; the kept set is {z > tau} and {z = tau, column >= c} (``kept_mask``).
@@ -70,7 +66,7 @@ def kept_boundary(z, token_filter: TokenFilter) -> tuple[np.ndarray, np.ndarray]
     finite one when nothing is dropped), c is 0 unless top-p's cut splits a tie (ties ordered by column)."""
     masked = np.asarray(z, dtype=np.float64)
     if token_filter.min_p > 0:
-        p = _softmax(masked)
+        p = softmax(masked)
         masked = np.where(p < token_filter.min_p * p.max(axis=-1, keepdims=True), -np.inf, masked)
     if 0 < token_filter.top_k < masked.shape[-1]:
         kth = -np.sort(-masked, axis=-1)[..., token_filter.top_k - 1:token_filter.top_k]
@@ -78,7 +74,7 @@ def kept_boundary(z, token_filter: TokenFilter) -> tuple[np.ndarray, np.ndarray]
     if token_filter.top_p < 1.0:
         idx = np.argsort(masked, axis=-1, kind="stable")  # ascending; ties in column order
         srt = np.take_along_axis(masked, idx, axis=-1)
-        drop = np.cumsum(_softmax(srt), axis=-1) <= 1.0 - token_filter.top_p
+        drop = np.cumsum(softmax(srt), axis=-1) <= 1.0 - token_filter.top_p
         drop[..., -1] = False
         first = np.argmin(drop, axis=-1)[..., None]  # drop is True on a prefix: its first False
         return np.take_along_axis(srt, first, axis=-1)[..., 0], np.take_along_axis(idx, first, axis=-1)[..., 0]

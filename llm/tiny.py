@@ -11,6 +11,7 @@ shipped rather than built at first use. A spec other than the default is built a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -131,7 +132,6 @@ def cache_root() -> Path:
 #: The shipped built-in model (TinySpec() built by ``build_tiny_model``) and the file of its checksums.
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin_model"
 CHECKSUMS = "SHA256SUMS"
-_verified: set[Path] = set()
 
 
 def _sha256(path: Path) -> str:
@@ -159,8 +159,9 @@ def verify_checksums(path: Path) -> None:
                                "`python -m llm.tiny --ship`)")
 
 
-def build_tiny_model(spec: TinySpec, dest: Path, log=print) -> Path:
-    """Build, warm up and save the tiny model of ``spec`` into ``dest`` (replaced atomically; about 15-60 s)."""
+def build_tiny_model(spec: TinySpec, dest: Path, log=print, replace: bool = True) -> Path:
+    """Build, warm up and save the tiny model of ``spec`` into ``dest`` (about 15-60 s): a finished directory already
+    there is replaced, or with ``replace`` False kept (another process built the same cached model first)."""
     torch.manual_seed(spec.seed)
     tokenizer = build_tokenizer()
     model = build_model(spec, len(tokenizer))
@@ -178,12 +179,8 @@ def build_tiny_model(spec: TinySpec, dest: Path, log=print) -> Path:
     for f in tmp.iterdir():
         f.chmod(0o644)
     log(f"tiny model: {n_params / 1e6:.2f}M parameters, sampled accuracy after warm-up {acc:.1%}")
-    return _move_into_place(tmp, dest)
-
-
-def _move_into_place(tmp: Path, dest: Path) -> Path:
-    if dest.exists() and (dest / "warmup.json").is_file() and dest.parent == cache_root():
-        shutil.rmtree(tmp, ignore_errors=True)  # built concurrently by another process: keep theirs
+    if not replace and (dest / "warmup.json").is_file():
+        shutil.rmtree(tmp, ignore_errors=True)
         return dest
     old = dest.with_name(dest.name + ".old")
     if dest.exists():
@@ -197,16 +194,20 @@ def tiny_model_dir(spec: TinySpec = TinySpec(), log=print) -> Path:
     """Path of the built-in tiny model: the shipped directory for the default spec (its checksums verified once per
     process), else a model of ``spec`` built on first use and cached."""
     if spec == TinySpec():
-        if BUILTIN_DIR not in _verified:
-            verify_checksums(BUILTIN_DIR)
-            _verified.add(BUILTIN_DIR)
-        return BUILTIN_DIR
+        return _checked_builtin()
     key = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:12]
     final = cache_root() / f"tiny-qwen2-arith-{key}"
     if (final / "warmup.json").is_file():
         return final
     log(f"building a tiny model of {spec} (cached afterwards in {final})")
-    return build_tiny_model(spec, final, log=log)
+    return build_tiny_model(spec, final, log=log, replace=False)
+
+
+@functools.cache
+def _checked_builtin() -> Path:
+    """The shipped model's directory, its checksums verified (once per process)."""
+    verify_checksums(BUILTIN_DIR)
+    return BUILTIN_DIR
 
 
 #: Tiny random models of the families users train with GRPO, for the sync tests: 2 layers, hidden 128, 2 heads of

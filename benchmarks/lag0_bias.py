@@ -27,8 +27,8 @@ def main() -> None:
     args = ap.parse_args()
     import llm.phases as phases
     from llm import GRPOConfig, train
-    from llm.diagnostics import ON_SET_LOGP
     from llm.pretrained import smollm2_dir
+    from llm.token_filter import ON_SET_LOGP
 
     plain = phases.dg.sampler_gap
 

@@ -108,13 +108,13 @@ def mean_and_standard_error(values) -> tuple[float, float]:
 #: certificate abstains (nan). Measured (``grpo_theory.certificate``, docs/theory.md §8.6): a harm that shows in few
 #: prompts is invisible in a small sample whatever the interval: with a change of -0.0125 whose per-prompt estimates
 #: are negative on 21% of prompts and slightly positive on the rest, every interval tried certified 14.9-15% of the
-#: steps at 8 prompts, 2.3% at 16.
+#: steps at 8 prompts, 2.1-2.3% at 16.
 CERTIFICATE_MIN_PROMPTS = 16
 #: The bound's methods: ``cantelli``, mean - sqrt(level/(1 - level)) sd/sqrt(n) (the one-sided Chebyshev-Cantelli
 #: inequality with the sample standard deviation: it assumes no shape, and kept the level on every distribution
 #: measured from 16 prompts on, strongly left-skewed ones included); ``t``, mean - t_{n-1}(level) sd/sqrt(n) (exact for
-#: normal estimates, and far more powerful, but it certified 15-19% of the steps on left-skewed estimates at 16-32
-#: prompts, level 5%).
+#: normal estimates, and far more powerful, but it certified 9-18% of the steps on left-skewed estimates at 16-32
+#: prompts, at level 0.95).
 LCB_METHODS = ("cantelli", "t")
 
 

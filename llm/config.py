@@ -166,7 +166,7 @@ class GRPOConfig:
     improvement_lcb_method: Literal["cantelli", "t"] = "cantelli"
     """The certificate's bound (docs/theory.md, §8.6): cantelli, mean - sqrt(level/(1 - level)) x its standard error,
     which kept its level on every per-prompt distribution measured, skewed ones included; t, mean - t_{P-1}(level) x
-    its standard error, far more powerful but above its level on left-skewed estimates (15-19% at level 0.95)."""
+    its standard error, far more powerful but above its level on left-skewed estimates (9-18% at level 0.95)."""
 
     # ---- objective -------------------------------------------------------------------------
     epsilon: float = 0.2

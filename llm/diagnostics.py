@@ -51,6 +51,7 @@ import grpo_theory as gt
 import grpo_theory.estimators as ge
 
 from .logprobs import TokenDists
+from .token_filter import ON_SET_LOGP
 
 
 @dataclass(frozen=True)
@@ -126,10 +127,6 @@ def weight_metrics(logp_k: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.T
     mismatch = (torch.exp(lw) - 1.0 - lw).clamp(min=0.0)  # >= 0 exactly; rounding can dip below at w = 1
     return {"is_weight/mean": float(w.mean()), "is_weight/min": float(w.min()), "is_weight/max": float(w.max()),
             "sampling/mismatch_kl": float(mismatch.mean())}
-
-
-#: A log-probability below this is a token off a filter's kept set (``OFF_SET_LOGP``), not a number to average.
-ON_SET_LOGP = -1.0e3
 
 
 def sampler_gap(logp_sampler: torch.Tensor, logp_trainer: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

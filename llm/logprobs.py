@@ -133,7 +133,7 @@ class _ScaledHeadLogprobs(torch.autograd.Function):
                     kept = p if single else None
         lse = torch.cat(lse)
         out = torch.cat(logp)
-        target_kept = torch.cat(on) if filtered else ~torch.isneginf(out)  # NaN (a broken pass) stays NaN
+        target_kept = torch.cat(on) if filtered else ~torch.isneginf(out)
         if filtered:  # a NaN (a broken pass) stays NaN: the trainer skips such an update
             out = torch.where(target_kept | torch.isnan(out), out, torch.full_like(out, OFF_SET_LOGP))
         ent = torch.cat(ent) if entropy else out.new_zeros(0)

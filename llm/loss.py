@@ -298,7 +298,6 @@ class CorrectionLoss:
 
     def __init__(self, twin: Correction):
         self.twin = twin
-        self.name = twin.name
 
     def per_token(self, logp, logp_k, logp_alpha, adv, real, spec: "Clip", level: str):
         """(minus the objective per token (B, T), log r or log rho, log r' or log w, out-of-band tokens)."""

@@ -29,11 +29,13 @@ import torch
 
 from grpo_theory.truncation import NO_FILTER, TokenFilter
 
-__all__ = ["NO_FILTER", "OFF_SET_LOGP", "TokenFilter", "filtered_log_softmax", "filtered_logits", "kept_boundary",
+__all__ = ["NO_FILTER", "OFF_SET_LOGP", "ON_SET_LOGP", "TokenFilter", "filtered_log_softmax", "filtered_logits", "kept_boundary",
            "kept_from", "kept_mask"]
 
-#: The stored log-probability of a token the filter drops (module docstring).
+#: The stored log-probability of a token the filter drops (module docstring), and the line below which a
+#: log-probability is read as such a token rather than as a number to average.
 OFF_SET_LOGP = -1.0e4
+ON_SET_LOGP = OFF_SET_LOGP / 10
 
 
 def kept_boundary(z: torch.Tensor, token_filter: TokenFilter) -> tuple[torch.Tensor, torch.Tensor]:

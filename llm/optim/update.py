@@ -99,9 +99,9 @@ def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, opti
     # mask, the tokens of its entropy bonus and entropy quantile, and M2PO's N tokens of the batch
     tokens = batch.completion_mask * (1.0 if sequence_keep is None else torch.tensor(
         np.asarray(sequence_keep, dtype=np.float32), device=device)[:, None])
-    entropy = EntropyTerms(objective.top_entropy_quantile, objective.entropy_coef, tokens)
-    if objective.entropy_coef and objective.top_entropy_quantile < 1.0:  # TRL: a mean per pass over the accumulation
-        entropy.passes = passes.ranks.sum_float(float(len(parts)))
+    per_pass = objective.entropy_coef and objective.top_entropy_quantile < 1.0  # TRL: a mean per pass, accumulated
+    entropy = EntropyTerms(objective.top_entropy_quantile, objective.entropy_coef, tokens,
+                           passes.ranks.sum_float(float(len(parts))) if per_pass else 1.0)
     token_keep = None  # M2PO at lag 0 (alpha = pi_k, every log w = 0) keeps every token: no mask, no extra pass
     if objective.clip.correction.step_mask and logp_alpha is not None:
         logp_k = passes.logprobs(policy, batch).logp  # one pass more: pi_k on every micro-batch before the first loss
@@ -184,11 +184,10 @@ class EntropyTerms:
 def inner_step(passes: Passes, objective: Objective, policy: torch.nn.Module, batch: Batch,
                parts: list[torch.Tensor], first: list[Forward], adv: torch.Tensor, weights: torch.Tensor,
                logp_alpha: torch.Tensor | None, logp_ref: torch.Tensor | None,
-               entropy: "EntropyTerms | None" = None, token_keep: torch.Tensor | None = None) -> LossStats:
+               entropy: EntropyTerms, token_keep: torch.Tensor | None = None) -> LossStats:
     """One inner step's forward and backward passes over this rank's ``parts`` of the batch (the gradients add up
     in the parameters). The first inner step records each pass's pi_k forward in ``first``. ``entropy``: TRL's
     entropy mask and bonus; ``token_keep`` (B, T): M2PO's mask."""
-    entropy = entropy or EntropyTerms(1.0, 0.0, batch.completion_mask)
     record = not first
     idle = passes.ranks.idle_passes(len(parts))  # a collective: before any pass's own gathers
     stats = LossStats()

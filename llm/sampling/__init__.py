@@ -96,6 +96,7 @@ def probe_sync(sampler: Sampler, policy: torch.nn.Module, prompts: list[list[int
     the architecture) above its tolerance, or, for a check calibrated on the rounding floor (bfloat16), unless the
     sampler is ``PROBE_SEPARATION`` times closer to the perturbed weights than to the unperturbed ones."""
     from ..batch import make_batch, padded
+    from ..diagnostics import PROBE_SEPARATION
     from ..logprobs import completion_logprobs
     from ..model import frozen_copy
 
@@ -119,8 +120,6 @@ def probe_sync(sampler: Sampler, policy: torch.nn.Module, prompts: list[list[int
         gap = check.gap(reported, logp, batch.completion_mask)
     finally:
         sampler.load_weights(policy)
-    from ..diagnostics import PROBE_SEPARATION
-
     apart = check.gap(reported, unsynced, batch.completion_mask) if unsynced is not None else None
     if not (gap <= check.tolerance or (apart is not None and PROBE_SEPARATION * gap <= apart)):
         arch = architecture(policy)

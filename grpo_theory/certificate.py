@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .estimators import CERTIFICATE_MIN_PROMPTS, improvement_estimate, lower_confidence_bound
+from .estimators import CERTIFICATE_MIN_PROMPTS, DEFAULT_LCB_METHOD, improvement_estimate, lower_confidence_bound
 
 #: Prompt counts of the table.
 PROMPT_COUNTS = (2, 4, 8, 16, 32)
@@ -88,13 +88,15 @@ class Rate:
         return f"{self.rate:.3f} ± {self.se:.3f}"
 
 
-def certified(x: np.ndarray, level: float, method: str, min_count: int) -> np.ndarray:
-    """Whether the bound over each row of ``x`` (reps, P) certifies (> 0; an abstention, nan, does not)."""
+def certified(x: np.ndarray, level: float, method: str = DEFAULT_LCB_METHOD,
+              min_count: int = CERTIFICATE_MIN_PROMPTS) -> np.ndarray:
+    """Whether the bound over each row of ``x`` (reps, P) certifies (> 0; an abstention, nan, does not); by default
+    the certificate the trainer logs."""
     bound = lower_confidence_bound(x, level, method=method, min_count=min_count)
     return np.nan_to_num(np.asarray(bound), nan=-np.inf) > 0
 
 
-def false_and_power(family: str, P: int, reps: int, level: float = 0.95, method: str = "cantelli",
+def false_and_power(family: str, P: int, reps: int, level: float = 0.95, method: str = DEFAULT_LCB_METHOD,
                     min_count: int = CERTIFICATE_MIN_PROMPTS, seed: int = 0) -> tuple[Rate, Rate]:
     """The false-certificate rate (true change <= 0) and the power of one family at P prompts."""
     rng = np.random.default_rng([seed, P, sum(map(ord, family))])

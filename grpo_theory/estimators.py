@@ -21,6 +21,8 @@ estimates and its bias are stated in its docstring and pinned by exact-expectati
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import numpy as np
 
 from .core import combine_bound, penalty_weight
@@ -114,8 +116,10 @@ CERTIFICATE_MIN_PROMPTS = 16
 #: inequality with the sample standard deviation: it assumes no shape, and kept the level on every distribution
 #: measured from 16 prompts on, strongly left-skewed ones included); ``t``, mean - t_{n-1}(level) sd/sqrt(n) (exact for
 #: normal estimates, and far more powerful, but it certified 9-18% of the steps on left-skewed estimates at 16-32
-#: prompts, at level 0.95).
-LCB_METHODS = ("cantelli", "t")
+#: prompts, at level 0.95). Declared once: the trainer's and the simulator's configs take the type and the default here.
+LcbMethod = Literal["cantelli", "t"]
+LCB_METHODS: tuple[str, ...] = get_args(LcbMethod)
+DEFAULT_LCB_METHOD: LcbMethod = "cantelli"
 
 
 def certificate_abstains(n: int, min_count: int = CERTIFICATE_MIN_PROMPTS) -> str | None:
@@ -127,7 +131,7 @@ def certificate_abstains(n: int, min_count: int = CERTIFICATE_MIN_PROMPTS) -> st
             "heldout/improvement_lcb is nan")
 
 
-def lower_confidence_bound(values, level: float = 0.95, *, method: str = "cantelli",
+def lower_confidence_bound(values, level: float = 0.95, *, method: LcbMethod = DEFAULT_LCB_METHOD,
                            min_count: int = CERTIFICATE_MIN_PROMPTS) -> float:
     """A one-sided lower confidence bound at ``level`` on the expectation of n independent estimates ``values`` (each
     unbiased for the same quantity, e.g. the per-prompt ``improvement_estimate`` of held-out prompts; an array

@@ -107,7 +107,7 @@ class SimConfig:
     error and its lower confidence bound ``heldout/improvement_lcb``), beside the exact improvement. 0: off."""
     improvement_lcb_level: float = 0.95
     """Confidence level of ``heldout/improvement_lcb``."""
-    improvement_lcb_method: Literal["cantelli", "t"] = "cantelli"
+    improvement_lcb_method: ge.LcbMethod = ge.DEFAULT_LCB_METHOD
     """The certificate's bound (``estimators.lower_confidence_bound``; nan below its fewest prompts)."""
     seed: int = 0
     """Seed of the bandit and of sampling."""

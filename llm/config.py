@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from grpo_theory.corrections import ImportanceSamplingMode, correction, require_correction_settings
+from grpo_theory.estimators import DEFAULT_LCB_METHOD, LcbMethod
 from grpo_theory.truncation import TokenFilter
 from grpo_theory.validation import EPS_MAX
 from runkit.validation import require, require_finite
@@ -163,7 +164,7 @@ class GRPOConfig:
     """Confidence level of ``heldout/improvement_lcb``, the one-sided lower confidence bound on the step's improvement
     J(pi_{k+1}) - J(pi_k) from the held-out prompts' estimates: a positive value certifies the step improved J at this
     level, without Theorem 1. nan (abstains) below 16 held-out prompts (docs/theory.md, §8.6)."""
-    improvement_lcb_method: Literal["cantelli", "t"] = "cantelli"
+    improvement_lcb_method: LcbMethod = DEFAULT_LCB_METHOD
     """The certificate's bound (docs/theory.md, §8.6): cantelli, mean - sqrt(level/(1 - level)) x its standard error,
     which kept its level on every per-prompt distribution measured, skewed ones included; t, mean - t_{P-1}(level) x
     its standard error, far more powerful but above its level on left-skewed estimates (9-18% at level 0.95)."""

@@ -17,7 +17,6 @@ import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from grpo_theory.corrections import ImportanceSamplingMode
 from grpo_theory.simulate import SimConfig
 from llm import GRPOConfig
 from llm.model import load_policy
@@ -67,11 +66,9 @@ FLOATS = st.one_of(st.floats(0, 1).map(repr), st.floats(allow_nan=True, allow_in
 INTS = st.one_of(st.integers(1, 8).map(str), st.integers(-3, 40).map(str), st.sampled_from(["1.5", "nan", "x", "-1", "0", ""]))
 
 
-def _option(field: dataclasses.Field, strings: dict) -> st.SearchStrategy:
-    """(args, invalid) for one field: ``invalid`` True when the value is certainly not acceptable."""
+def _option(field: dataclasses.Field, tp, strings: dict) -> st.SearchStrategy:
+    """(args, invalid) for one field of type ``tp``: ``invalid`` True when the value is certainly not acceptable."""
     flag = "--" + field.name.replace("_", "-")
-    names = {**vars(typing), "ImportanceSamplingMode": ImportanceSamplingMode}  # the one alias the configs share
-    tp = field.type if not isinstance(field.type, str) else eval(field.type, names)  # noqa: S307
     if field.name in strings:
         return strings[field.name].map(lambda v: ([flag, v], False))
     if tp is bool:
@@ -87,7 +84,8 @@ def _option(field: dataclasses.Field, strings: dict) -> st.SearchStrategy:
 
 def _args(cls, strings: dict, exclude=()) -> st.SearchStrategy:
     fields = [f for f in dataclasses.fields(cls) if f.name not in exclude]
-    named = [_option(f, strings).map(lambda o, n=f.name: (n, o)) for f in fields]
+    hints = typing.get_type_hints(cls)  # the annotations resolved in the config's own module
+    named = [_option(f, hints[f.name], strings).map(lambda o, n=f.name: (n, o)) for f in fields]
     options = st.lists(st.one_of(*named), max_size=4, unique_by=lambda o: o[0]).map(lambda os: [o[1] for o in os])
     extra = st.sampled_from([([], False), (["--no-such-option", "1"], True), (["positional"], True)])
     # the extra arguments go first: after an option of a tuple field they would be read as more of its values

@@ -109,7 +109,7 @@ def test_weights_and_the_two_sided_clip_on_hand_cases():
 
 
 @given(st.lists(st.floats(-3, 3), min_size=1, max_size=30), st.sampled_from([0.0, 0.01, 0.04, 0.5]))
-@example([0.2, 0.2], 0.04)  # a mean exactly at tau: not below it, so one more drop (AReaL's strict test)
+@example([0.5, 0.5], 0.25)  # a mean exactly at tau (0.25, exact in binary): not below it, so drop (AReaL's test)
 @example([0.3, 0.4, 0.5], 0.01)  # every sample above tau: the smallest alone is kept (AReaL's rule)
 def test_the_m2po_mask_keeps_the_smallest_weights_below_the_threshold_with_fewest_drops(log_w, threshold):
     """``second_moment_keep``: the kept mean of (log w)^2 is strictly below tau, or one sample is kept (the smallest
@@ -134,7 +134,7 @@ def test_the_m2po_mask_follows_areals_edges():
     """The reference's edges (areal/trainer/ppo/actor.py, ``_get_m2po_loss_mask``), by hand: the mean must be strictly
     below tau; a set at exactly tau drops one more; all above keeps the smallest; a sample of weight 0 is never kept."""
     assert second_moment_keep([0.1, 0.1, 0.1], threshold=0.02).all()  # mean 0.01 < 0.02
-    assert second_moment_keep([0.2, 0.2], threshold=0.04).tolist() == [False, True]  # at tau: drop the earlier one
+    assert second_moment_keep([0.5, 0.5], threshold=0.25).tolist() == [False, True]  # exactly at tau: drop one
     assert second_moment_keep([0.5, 0.3, 0.4], threshold=0.01).tolist() == [False, True, False]
     assert second_moment_keep([0.0, 1.0], [0.0, 1.0], threshold=0.04).tolist() == [False, True]
 

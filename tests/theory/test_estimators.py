@@ -141,7 +141,9 @@ def test_the_lower_confidence_bound_by_hand_and_its_abstention():
     assert ge.lower_confidence_bound(x, 0.95) == pytest.approx(x.mean() - np.sqrt(19.0) * se, abs=1e-12)
     assert ge.lower_confidence_bound(x, 0.95, method="t") == pytest.approx(x.mean() - 1.7530503556925547 * se,
                                                                           abs=1e-12)
-    assert ge.CERTIFICATE_MIN_PROMPTS == 16
+    assert ge.CERTIFICATE_MIN_PROMPTS == 16 and ge.DEFAULT_LCB_METHOD == "cantelli"
+    from llm import GRPOConfig  # the trainer logs the default certificate
+    assert GRPOConfig().improvement_lcb_method == ge.DEFAULT_LCB_METHOD
     assert np.isnan(ge.lower_confidence_bound(x[:15], 0.95)) and np.isnan(ge.lower_confidence_bound([0.3], 0.95))
     assert ge.lower_confidence_bound(x[:4], 0.95, method="t", min_count=2) == pytest.approx(
         x[:4].mean() - 2.353363434801823 * x[:4].std(ddof=1) / 2, abs=1e-12)
@@ -173,13 +175,13 @@ def test_the_certificate_keeps_its_level_on_left_skewed_estimates(P, level):
 
     assert RARE_LOSS.change < 0
     x = RARE_LOSS.estimates(np.random.default_rng([P, int(level * 100)]), (COVERAGE_REPS, P))
-    rate = Rate.of(certified(x, level, "cantelli", ge.CERTIFICATE_MIN_PROMPTS))
+    rate = Rate.of(certified(x, level))  # the certificate the trainer logs, its defaults
     allowed = 1 - level
     margin = 3 * np.sqrt(allowed * level / COVERAGE_REPS)
     assert rate.rate <= allowed + margin, rate
     small = RARE_LOSS.estimates(np.random.default_rng(1), (COVERAGE_REPS, 8))
     assert Rate.of(certified(small, level, "t", 2)).rate > allowed + margin  # why it abstains below 16
-    assert not certified(small, level, "cantelli", ge.CERTIFICATE_MIN_PROMPTS).any()
+    assert not certified(small, level).any()
 
 
 def test_the_certificate_keeps_its_level_on_every_family_of_the_coverage_table():

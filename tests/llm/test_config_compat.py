@@ -1,0 +1,50 @@
+"""What users hold from before the config was split into groups still works: the same command-line flags, the same
+``from_trl`` configs and a run directory written then resumes (tests/data/before_groups/README.md)."""
+
+import json
+import shutil
+import warnings
+
+import tyro
+
+from llm.config import GRPOConfig, from_trl
+from tests.helpers import ROOT
+
+BEFORE = ROOT / "tests" / "data" / "before_groups"
+
+
+def option_strings() -> set[str]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # tyro 1.0 keeps get_parser, deprecated
+        parser = tyro.extras.get_parser(GRPOConfig)
+    return {s for action in parser._actions for s in action.option_strings}
+
+
+def test_the_command_line_offers_exactly_the_flags_it_offered_before():
+    before = set(BEFORE.joinpath("train_flags.txt").read_text().split())
+    now = option_strings()
+    assert len(before) == 134
+    assert sorted(now - before) == [] and sorted(before - now) == []
+
+
+def test_from_trl_gives_the_configs_it_gave_before():
+    cases = json.loads(BEFORE.joinpath("from_trl.json").read_text())
+    assert len(cases) == 3
+    for name, case in cases.items():
+        kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in case["kwargs"].items()}
+        assert json.loads(from_trl(**kwargs).to_json()) == case["config"], name
+
+
+def test_a_run_directory_written_before_resumes(tmp_path, monkeypatch):
+    from llm.trainer import train
+
+    monkeypatch.chdir(ROOT)  # the run's model path is relative to the repository
+    run = tmp_path / "run"
+    shutil.copytree(BEFORE / "run", run)
+    old_rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    config = GRPOConfig.from_json_file(run / "config.json").replace(output_dir=str(run), max_steps=4)
+    train(config, log=lambda *a, **k: None)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert rows[:2] == old_rows  # the steps before the checkpoint are kept as they were written
+    assert rows[2]["lag"] == 0 and rows[3]["lag"] == 1  # v = 2: synced at step 2, from the checkpoint's clock

@@ -129,8 +129,9 @@ GRIDS = {
 def child_train(settings: dict) -> None:
     """Run llm.train in this process with ``settings`` and print its peak memory as JSON."""
     from llm import GRPOConfig, train
+    from llm.config import flat_fields
 
-    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    fields = {f.name for _, f in flat_fields()}
     t0 = time.perf_counter()
     train(GRPOConfig(**{k: v for k, v in settings.items() if k in fields}), log=lambda *a: None)
     print(json.dumps({"peak_mb": peak_mb(), "seconds": time.perf_counter() - t0}))

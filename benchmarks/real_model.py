@@ -47,7 +47,7 @@ def real_workload(model_dir: Path, prompts: int = 4, generations: int = 8, max_t
 
     config = dict(dataset=TASK, generator_kwargs=GENERATOR_KWARGS, generator_instruction=INSTRUCTION,
                   chat_template=True)
-    task = load_task(TASK, generator=GeneratorSpec.from_config(GRPOConfig(**config)))
+    task = load_task(TASK, generator=GeneratorSpec.from_config(GRPOConfig(**config).data))
     tok = AutoTokenizer.from_pretrained(model_dir)
     ids = task.bind(tok, chat_template=True).prompt_ids
     texts = tuple(tok.decode(p) for p in ids)  # they tokenise back to ``ids``: tests/contracts/test_real_model.py

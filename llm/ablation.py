@@ -193,8 +193,8 @@ def finished(config) -> bool:
     checkpoint)."""
     from .rundir import read_metrics
 
-    path = Path(config.output_dir) / "metrics.jsonl"
-    rows = read_metrics(config.output_dir) if path.exists() else []
+    path = Path(config.output.output_dir) / "metrics.jsonl"
+    rows = read_metrics(config.output.output_dir) if path.exists() else []
     return bool(rows) and rows[-1]["step"] >= config.max_steps - 1
 
 
@@ -291,7 +291,7 @@ def frontier_table(cfg: AblationConfig, results: dict[str, list[dict]], syncs=No
     """The frontier table: the corrections table's columns at each staleness, the certified share and the
     certificate's misses, and the train J gain against the paper clip's at v = 1, synchronous (n/a unless that
     configuration is in the grid, with two seeds or more); below it, the certificate's miss rate over every run."""
-    from .config import GRPOConfig
+    from .config import DiagnosticsConfig
 
     lines = ["| correction, v, generation | test J (final) | train J gain | mean lag | mean TV(pi_k, alpha) "
              "| ESS of pi_k/alpha | certified steps | certificate above exact | tokens over the cap "
@@ -306,7 +306,7 @@ def frontier_table(cfg: AblationConfig, results: dict[str, list[dict]], syncs=No
     # every distinct run once (cells that coincide share runs): the certificate's miss rate over all their steps
     distinct = {id(s): s for runs in results.values() for s in runs}.values()
     misses = np.mean([s["lcb_above_exact"] for s in distinct])
-    level = GRPOConfig.__dataclass_fields__["improvement_lcb_level"].default  # the runs' level: not an option here
+    level = DiagnosticsConfig().improvement_lcb_level  # the runs' level: not an option here
     lines.append(f"\nOver the {len(distinct)} distinct runs, the improvement certificate (level {level}) exceeds the "
                  f"exact improvement on {misses:.1%} of steps (at most about {1 - level:.0%} where it keeps its level)"
                  ".")
@@ -362,8 +362,9 @@ def main(args: list[str] | None = None) -> int:
     base = next(iter(jobs.values()))
     t0 = np.mean([s["test_j0"] for s in summaries.values()])
     header = (f"built-in task (160 training / 40 test prompts), tiny Qwen2 ({cfg.sampler} sampler), "
-              f"{base.prompts_per_step} prompts x G={base.num_generations} per step, lr {base.learning_rate}, "
-              f"beta {base.beta}, {cfg.max_steps} steps, {cfg.seeds} seeds (mean ± std); test J at step 0: {t0:.3f}; "
+              f"{base.sampling.prompts_per_step} prompts x G={base.sampling.num_generations} per step, "
+              f"lr {base.optim.learning_rate}, beta {base.objective.beta}, {cfg.max_steps} steps, {cfg.seeds} seeds "
+              f"(mean ± std); test J at step 0: {t0:.3f}; "
               f"bound estimates on {cfg.heldout_prompts} held-out prompts per step (tight constant)")
     for exp, configs in todo.items():
         results = {name: [summaries[jobs[exp, name, s].output_dir] for s in range(cfg.seeds)] for name in configs}

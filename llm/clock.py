@@ -73,9 +73,10 @@ class SyncClock:
     projected TV(pi_{k+1}, alpha) one step ahead."""
 
     @classmethod
-    def from_config(cls, config) -> "SyncClock":
-        return cls(config.sync_period, config.async_generation,
-                   SyncPolicy(config.sync_policy, config.sync_period, config.tv_budget, config.max_lag))
+    def from_config(cls, sync) -> "SyncClock":
+        """The clock of a ``SyncConfig`` (``config.sync``)."""
+        return cls(sync.sync_period, sync.async_generation,
+                   SyncPolicy(sync.sync_policy, sync.sync_period, sync.tv_budget, sync.max_lag))
 
     @property
     def adaptive(self) -> bool:

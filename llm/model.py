@@ -16,7 +16,7 @@ import torch
 
 from runkit.cli import first_line
 
-from .config import GRPOConfig
+from .config import MachineConfig
 
 
 def resolve_device(device: str) -> torch.device:
@@ -211,8 +211,9 @@ class Precision:
     autocast_dtype: torch.dtype | None = None
 
     @classmethod
-    def from_config(cls, config: GRPOConfig) -> "Precision":
-        return cls(torch.bfloat16 if config.dtype == "bfloat16" else None)
+    def from_config(cls, machine: MachineConfig) -> "Precision":
+        """The machine group's ``dtype``."""
+        return cls(torch.bfloat16 if machine.dtype == "bfloat16" else None)
 
     def autocast(self, device: torch.device):
         if self.autocast_dtype is None:

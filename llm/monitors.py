@@ -133,32 +133,33 @@ class Warnings:
 def arithmetic(config, n_params: int, n_trained: int, device, sampler_name: str, task: TokenizedTask,
                model_path: str) -> list[str]:
     """The derived arithmetic of the run, printed once at start-up."""
-    P, G, v = config.prompts_per_step, config.num_generations, config.sync_period
-    lora = (f", LoRA r={config.lora_r} on {' '.join(config.lora_target_modules)}: {n_trained / 1e6:.3f}M trained"
-            if config.use_peft else "")
+    P, G, v = config.sampling.prompts_per_step, config.sampling.num_generations, config.sync.sync_period
+    model, machine, heldout = config.model, config.machine, config.diagnostics.heldout_prompts
+    lora = (f", LoRA r={model.lora_r} on {' '.join(model.lora_target_modules)}: {n_trained / 1e6:.3f}M trained"
+            if model.use_peft else "")
     t = task.task
-    lines = [f"off-policy GRPO: model {model_path} ({n_params / 1e6:.2f}M params{lora}, {config.dtype}, {device}), "
+    lines = [f"off-policy GRPO: model {model_path} ({n_params / 1e6:.2f}M params{lora}, {machine.dtype}, {device}), "
              f"sampler {sampler_name}, task {t.name} ({len(t.prompts)} training prompts, {len(t.test_prompts)} test"
-             f"{', exact J' if t.has_exact_j and config.exact_j else ''})"]
-    if config.heldout_prompts:
-        lines.append(f"  held-out: {config.heldout_prompts} extra prompts x G={G} per step, drawn independently, "
+             f"{', exact J' if t.has_exact_j and config.diagnostics.exact_j else ''})"]
+    if heldout:
+        lines.append(f"  held-out: {heldout} extra prompts x G={G} per step, drawn independently, "
                      "never in the loss: estimates free of in-sample bias (heldout/*)")
-        if config.heldout_prompts == 1:
+        if heldout == 1:
             lines.append("  held-out: 1 prompt gives the estimates but no standard errors (heldout/*_se need 2) and no "
                          "certificate (heldout/improvement_lcb needs 16): they are nan")
-        elif (why := certificate_abstains(config.heldout_prompts)) is not None:
+        elif (why := certificate_abstains(heldout)) is not None:
             lines.append(f"  certificate: {why}")
     lines.append(
-        f"  per step: {P} prompts x G={G} = {config.completions_per_step} completions, "
-        f"<= {config.completions_per_step * config.max_completion_length} generated tokens, "
-        f"i={config.num_iterations} optimiser steps of {config.gradient_accumulation_steps} micro-batch(es) "
+        f"  per step: {P} prompts x G={G} = {config.sampling.completions_per_step} completions, "
+        f"<= {config.sampling.completions_per_step * config.sampling.max_completion_length} generated tokens, "
+        f"i={config.optim.num_iterations} optimiser steps of {config.gradient_accumulation_steps} micro-batch(es) "
         f"(per_device_train_batch_size {config.micro_batch_size}"
-        f"{'; more, shorter passes where sequences of similar length save padding' if config.group_by_length else ''}"
-        f"{', gradient checkpointing' if config.gradient_checkpointing else ''}); " + sync_line(config))
-    if config.async_generation and config.sync_policy == "divergence":
+        f"{'; more, shorter passes where sequences of similar length save padding' if machine.group_by_length else ''}"
+        f"{', gradient checkpointing' if machine.gradient_checkpointing else ''}); " + sync_line(config))
+    if config.sync.async_generation and config.sync.sync_policy == "divergence":
         lines.append("  asynchronous generation: each step is generated while the previous one trains; a sync serves "
                      "the next step, when this step's TV estimate plus the last step's drift exceeds the budget")
-    elif config.async_generation:
+    elif config.sync.async_generation:
         lines.append(f"  asynchronous generation: each window is generated while the previous one trains, from the "
                      f"weights synced one window earlier (alpha lags {v} to {2 * v - 1} steps after the first window)")
     return lines
@@ -166,10 +167,10 @@ def arithmetic(config, n_params: int, n_trained: int, device, sampler_name: str,
 
 def sync_line(config) -> str:
     """What the sync policy will do over the run, for the start-up lines."""
-    if config.sync_policy == "divergence":
-        return (f"sync when the held-out TV(pi_k, alpha) estimate exceeds {config.tv_budget} or the lag would exceed "
-                f"{config.max_lag} (at most {config.max_steps - 1} syncs over {config.max_steps} steps)")
-    return (f"v={config.sync_period}: {config.num_syncs} weight syncs over {config.max_steps} steps (saves "
+    if config.sync.sync_policy == "divergence":
+        return (f"sync when the held-out TV(pi_k, alpha) estimate exceeds {config.sync.tv_budget} or the lag would "
+                f"exceed {config.sync.max_lag} (at most {config.max_steps - 1} syncs over {config.max_steps} steps)")
+    return (f"v={config.sync.sync_period}: {config.num_syncs} weight syncs over {config.max_steps} steps (saves "
             f"{config.max_steps - config.num_syncs})")
 
 
@@ -181,7 +182,7 @@ class Output:
         self.config, self.run, self.path, self.log, self.callbacks = config, run, run.path, log, tuple(callbacks)
         self.start = start
         # a bar redraws itself with carriage returns: in a terminal only; in a file or a CI log, lines instead
-        self.show_bar = config.progress and sys.stderr.isatty()
+        self.show_bar = config.output.progress and sys.stderr.isatty()
         self.bar = None  # drawn at the first step, below the start-up lines
 
     def write(self, line: str) -> None:
@@ -215,7 +216,7 @@ class Output:
             bar = self._bar()
             bar.update(1)
             bar.set_postfix(reward=f"{row['reward']:.3f}", **exact, tv=f"{row['tv/pi_k_alpha']:.3f}", lag=row["lag"])
-        elif step % self.config.logging_steps == 0 or step + 1 == self.config.max_steps:
+        elif step % self.config.output.logging_steps == 0 or step + 1 == self.config.max_steps:
             parts = [f"step {step}: lag {row['lag']}", f"reward {row['reward']:.3f}",
                      f"tv(pi_k,alpha) {row['tv/pi_k_alpha']:.4f}"]
             if "j/pi_new" in row:

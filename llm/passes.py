@@ -34,9 +34,11 @@ class Passes:
 
     @classmethod
     def from_config(cls, config, ranks: Ranks = SINGLE) -> "Passes":
-        return cls(config.temperature, Precision.from_config(config), config.per_device_train_batch_size,
-                   config.logit_chunk_tokens, config.group_by_length, config.prompts_shared, config.num_generations,
-                   ranks, config.token_filter)
+        """The machine group's passes of the sampling group's policies (temperature, filter, group size)."""
+        machine, sampling = config.machine, config.sampling
+        return cls(sampling.temperature, Precision.from_config(machine), machine.per_device_train_batch_size,
+                   machine.logit_chunk_tokens, machine.group_by_length, machine.prompts_shared, sampling.num_generations,
+                   ranks, sampling.token_filter)
 
     def rows(self, batch: Batch) -> torch.Tensor | None:
         """This rank's rows of ``batch`` (None: every row, one process)."""

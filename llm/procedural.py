@@ -46,10 +46,10 @@ class GeneratorSpec:
     instruction: str = DEFAULT_INSTRUCTION
 
     @classmethod
-    def from_config(cls, config) -> "GeneratorSpec":
-        """The ``generator_*`` fields of a ``GRPOConfig``."""
-        return cls(config.generator_kwargs, config.generator_train_size, config.generator_test_size,
-                   config.generator_seed, config.generator_instruction)
+    def from_config(cls, data) -> "GeneratorSpec":
+        """The ``generator_*`` fields of a ``DataConfig`` (``config.data``)."""
+        return cls(data.generator_kwargs, data.generator_train_size, data.generator_test_size, data.generator_seed,
+                   data.generator_instruction)
 
     def options(self) -> dict:
         """``kwargs`` as a dict: ``min_terms=2`` -> {"min_terms": 2}; a value that is no Python literal stays text."""

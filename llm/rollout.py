@@ -66,15 +66,15 @@ class RolloutWindow:
         """Indices into the task's training prompts of the P training and the held-out prompts of ``step``,
         drawn from independent streams of ``(seed, step)``."""
         cfg = self.config
-        train = self.task.sample(np.random.default_rng([cfg.seed, step]), cfg.prompts_per_step).tolist()
-        held = self.task.sample(np.random.default_rng([cfg.seed, step, 1]), cfg.heldout_prompts).tolist()
+        train = self.task.sample(np.random.default_rng([cfg.seed, step]), cfg.sampling.prompts_per_step).tolist()
+        held = self.task.sample(np.random.default_rng([cfg.seed, step, 1]), cfg.diagnostics.heldout_prompts).tolist()
         return train, held
 
     def get(self, step: int) -> StepRollout:
         """The prompts of ``step`` and their G completions each: prefetched (waiting for them if need be), or
         generated now."""
         if step not in self._ready:
-            w0 = self.clock.window_start(step) if self.config.generates_windows else step
+            w0 = self.clock.window_start(step) if self.config.sync.generates_windows else step
             future = self._pending.pop(w0, None)
             self._ready.update(future.result() if future is not None else self._generate(w0, step))
         return self._ready.pop(step)
@@ -84,11 +84,12 @@ class RolloutWindow:
         their own stream of ``(seed, step, 2, round_)``, G completions each from the sampler's weights now (alpha: the
         caller refuses asynchronous generation, where the sampler runs ahead), no held-out prompts."""
         cfg = self.config
-        idx = self.task.sample(np.random.default_rng([cfg.seed, step, 2, round_]), cfg.prompts_per_step).tolist()
+        rng = np.random.default_rng([cfg.seed, step, 2, round_])
+        idx = self.task.sample(rng, cfg.sampling.prompts_per_step).tolist()
         t0 = time.perf_counter()
-        roll = self.sampler.generate([self.prompt_tokens[i] for i in idx], cfg.num_generations,
-                                     cfg.max_completion_length, cfg.temperature,
-                                     step_seed(cfg.seed, step) + 7919 * round_, token_filter=cfg.token_filter)
+        roll = self.sampler.generate([self.prompt_tokens[i] for i in idx], cfg.sampling.num_generations,
+                                     cfg.sampling.max_completion_length, cfg.sampling.temperature,
+                                     step_seed(cfg.seed, step) + 7919 * round_, token_filter=cfg.sampling.token_filter)
         self._calls.append((sum(map(len, roll.completion_ids)), time.perf_counter() - t0))
         return StepRollout(idx, roll, [], Rollout([], []))
 
@@ -117,13 +118,14 @@ class RolloutWindow:
         generation); the completions of steps from ``first`` on. A window always starts at its first step (also
         when resuming inside it), so a resumed run draws exactly the completions the interrupted one did."""
         cfg = self.config
-        G = cfg.num_generations
-        steps = list(range(w0, min(w0 + cfg.steps_per_call, cfg.max_steps)))
+        G = cfg.sampling.num_generations
+        steps = list(range(w0, min(w0 + cfg.sync.steps_per_call, cfg.max_steps)))
         prompts = {s: self.prompts_of(s) for s in steps}
         idx = [i for s in steps for part in prompts[s] for i in part]
         t0 = time.perf_counter()
-        roll = self.sampler.generate([self.prompt_tokens[i] for i in idx], G, cfg.max_completion_length,
-                                     cfg.temperature, step_seed(cfg.seed, w0), token_filter=cfg.token_filter)
+        sampling = cfg.sampling
+        roll = self.sampler.generate([self.prompt_tokens[i] for i in idx], G, sampling.max_completion_length,
+                                     sampling.temperature, step_seed(cfg.seed, w0), token_filter=sampling.token_filter)
         self._calls.append((sum(map(len, roll.completion_ids)), time.perf_counter() - t0))
         ready, start = {}, 0
         for s in steps:

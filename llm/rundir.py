@@ -29,18 +29,9 @@ import torch
 from runkit.cli import RunError, first_line
 from runkit.runio import MetricsWriter, atomic_write_text, read_metrics, write_config
 
-from .config import GRPOConfig
+from .config import RESUMABLE_FIELDS, GRPOConfig
 
 __all__ = ["RunDir", "read_metrics", "RESUMABLE_FIELDS"]
-
-#: Fields that may change when a run is resumed (they do not change what a step computes, up to float rounding
-#: for the micro-batch and chunk sizes, shared prompts, sharding the blocks with FSDP and the device: a checkpoint
-#: written on a GPU resumes on a CPU; a restarted server may listen elsewhere).
-RESUMABLE_FIELDS = {"max_steps", "logging_steps", "save_steps", "progress", "report_to", "num_threads", "output_dir",
-                    "server_url", "server_timeout", "server_sync_address", "per_device_train_batch_size",
-                    "gradient_checkpointing", "group_by_length", "attn_implementation", "logit_chunk_tokens",
-                    "trust_remote_code", "max_consecutive_skipped_updates", "fsdp", "share_prompts",
-                    "keep_freed_memory", "freed_memory_ceiling", "device"}
 
 
 def tensor_bytes(obj) -> int:
@@ -84,7 +75,7 @@ class RunDir:
     """A run directory, locked while a trainer uses it (``with RunDir(config) as run:``)."""
 
     def __init__(self, config: GRPOConfig):
-        self.path = Path(config.output_dir)
+        self.path = Path(config.output.output_dir)
         self.config = config
         self._lock_fd: int | None = None
 

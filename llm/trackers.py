@@ -11,7 +11,6 @@ a missing one is refused at start-up in one line. ``metrics.jsonl`` stays the so
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib.util
 import os
@@ -62,7 +61,7 @@ class WandB:
 
         run_id = hashlib.sha1(str(run_path.resolve()).encode()).hexdigest()[:12]
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), name=run_path.name, id=run_id,
-                              resume="allow", dir=str(run_path), config=dataclasses.asdict(config))
+                              resume="allow", dir=str(run_path), config=config.to_dict())
 
     def log(self, step: int, row: dict) -> None:
         self.run.log(scalars(row), step=step)
@@ -83,7 +82,7 @@ class Trackio:
 
         self.trackio = trackio
         trackio.init(project=os.environ.get("TRACKIO_PROJECT", PROJECT), name=run_path.name,
-                     config=dataclasses.asdict(config))
+                     config=config.to_dict())
 
     def log(self, step: int, row: dict) -> None:
         self.trackio.log(scalars(row), step=step)
@@ -105,19 +104,19 @@ def missing(name: str, why: str = "") -> ValueError:
 
 
 def check_trackers(config: GRPOConfig) -> None:
-    """Refuse, in one line, a tracker of ``config.report_to`` whose package is not installed (before any is started)."""
-    for name in config.report_to:
+    """Refuse, in one line, a tracker of ``report_to`` whose package is not installed (before any is started)."""
+    for name in config.output.report_to:
         if name != "none" and importlib.util.find_spec(PACKAGES[name]) is None:
             raise missing(name)
 
 
 class Trackers:
-    """The trackers of ``config.report_to``; ``trackers(step, row)`` logs a row to each (a step callback of
+    """The trackers of ``config.output.report_to``; ``trackers(step, row)`` logs a row to each (a step callback of
     ``llm.train``)."""
 
     def __init__(self, config: GRPOConfig, run_path: Path):
         self.backends = []
-        for name in config.report_to:
+        for name in config.output.report_to:
             if name == "none":
                 continue
             try:

@@ -69,11 +69,12 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
     """Run Algorithm 1 with ``config``; returns the run directory. Resumes if it holds a checkpoint.
 
     ``callbacks`` are called as ``cb(step, row)`` after each step's metrics row is written (``row``: that row),
-    after the trackers of ``config.report_to``; a callback with an ``on_setup(weights)`` method is also handed the
+    after the trackers of ``report_to``; a callback with an ``on_setup(weights)`` method is also handed the
     run's ``llm.weights.Weights`` (policy, alpha, pi_ref, the sampler) before step 0.
     """
     # torchrun: this process's rank (one rank with the in-process engine runs as one process); else one process
-    ranks = init_ranks(resolve_device(config.device), config.fsdp, group_of_one=resolved_sampler(config) != "vllm")
+    ranks = init_ranks(resolve_device(config.machine.device), config.machine.fsdp,
+                       group_of_one=resolved_sampler(config) != "vllm")
     finished = False
     try:
         path = train_main(config, ranks, log, callbacks) if ranks.main else train_rank(config, ranks)
@@ -108,7 +109,7 @@ def train_main(config: GRPOConfig, ranks: Ranks, log, callbacks: Sequence[StepCa
                 trackers.close()
         finally:
             weights.close()  # also on an error: a server's weight-transfer group, an engine's memory
-            if config.keep_freed_memory:  # the run's memory back to the system: the process may go on (a benchmark)
+            if config.machine.keep_freed_memory:  # the run's memory back to the system: the process may go on
                 del weights
                 gc.collect()
                 release_freed_memory()
@@ -117,7 +118,7 @@ def train_main(config: GRPOConfig, ranks: Ranks, log, callbacks: Sequence[StepCa
 
 def train_rank(config: GRPOConfig, ranks: Ranks) -> Path:
     """A rank other than 0: the same steps on its share of each step's prompts; it writes nothing."""
-    path = Path(config.output_dir)
+    path = Path(config.output.output_dir)
     ranks.barrier()
     ckpt_path = path / "checkpoint.pt"
     ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path.is_file() else None
@@ -132,12 +133,12 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
     """Load the task, the policy and its tokenizer, then the weights around it (``Weights.build``: the sampler on
     rank 0 holding alpha = the policy, the copies, the optimiser)."""
     resolve_vml_dispatch()  # before any float operator runs on several threads (llm.vml)
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
-    if config.keep_freed_memory:
+    if config.machine.num_threads:
+        torch.set_num_threads(config.machine.num_threads)
+    if config.machine.keep_freed_memory:
         keep_freed_memory()
     torch.manual_seed(config.seed)
-    device = resolve_device(config.device)
+    device = resolve_device(config.machine.device)
     if ranks.active:
         if device.type == "cuda":
             device = torch.device("cuda", torch.cuda.current_device())
@@ -147,27 +148,29 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
             raise ValueError("sampler: the in-process vLLM engine sets up torch.distributed for itself and cannot "
                              "share torchrun's process group; under torchrun use --sampler server (vLLM in its own "
                              "process) or --sampler transformers")
-    task = load_task(config.dataset, config.reward_fn, config.eval_dataset, config.reward_funcs, config.reward_weights,
-                     config.answer_check, GeneratorSpec.from_config(config), RewardContext.from_config(config))
+    data = config.data
+    task = load_task(data.dataset, data.reward_fn, data.eval_dataset, data.reward_funcs, data.reward_weights,
+                     data.answer_check, GeneratorSpec.from_config(data), RewardContext.from_config(config))
     if not ranks.main:
         ranks.barrier()  # rank 0 builds the built-in model's files first
-    model_path = pretrained.resolve_model_path(config.model_name_or_path, log=log)
+    model_path = pretrained.resolve_model_path(config.model.model_name_or_path, log=log)
     if ranks.main:
         ranks.barrier()
-    policy, tokenizer = load_policy(model_path, device, config.trust_remote_code, config.attn_implementation)
+    policy, tokenizer = load_policy(model_path, device, config.model.trust_remote_code,
+                                    config.machine.attn_implementation)
     policy.train()
-    if config.gradient_checkpointing:
+    if config.machine.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if config.use_peft:
-        policy = add_lora(policy, config.lora_r, config.lora_alpha, config.lora_target_modules)
-    if config.compile:
+    if config.model.use_peft:
+        policy = add_lora(policy, config.model.lora_r, config.model.lora_alpha, config.model.lora_target_modules)
+    if config.machine.compile:
         log(f"compile: {compile_blocks(policy)} decoder blocks compile at their first passes (minutes on a CPU)")
-    bound = task.bind(tokenizer, config.chat_template)  # prompt tokens once; indexed by prompt every step
+    bound = task.bind(tokenizer, config.data.chat_template)  # prompt tokens once; indexed by prompt every step
     check_head(policy, make_batch(bound.prompt_ids[:2], [p[:3] for p in bound.prompt_ids[:2]], tokenizer.pad_token_id,
-                                  device), config.temperature)  # the chunked log-probs know this output layer
-    if config.exact_j and bound.max_accepted_length > config.max_completion_length:
+                                  device), config.sampling.temperature)  # the chunked log-probs know this output layer
+    if config.diagnostics.exact_j and bound.max_accepted_length > config.sampling.max_completion_length:
         raise ValueError(f"max_completion_length: the task's accepted completions need {bound.max_accepted_length} "
-                         f"tokens, more than {config.max_completion_length}; raise it or pass --no-exact-j")
+                         f"tokens, more than {config.sampling.max_completion_length}; raise it or pass --no-exact-j")
     longest = max(map(len, bound.prompt_ids + bound.test_prompt_ids))
     max_model_len(policy, config, longest)  # the longest prompt plus a whole completion fit the model's positions
     weights = Weights.build(config, ranks, policy, tokenizer, model_path, bound.prompt_ids[:2], longest)
@@ -200,8 +203,9 @@ def run_loop(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_pa
     """The steps of ``train`` from the checkpoint ``ckpt`` (None: from step 0) to ``max_steps``, then the final
     checkpoint and model. The first Ctrl-C finishes the step and checkpoints; a second aborts it."""
     run = start_run(config, weights, task, model_path, ckpt, output)
-    if config.keep_freed_memory:  # with micro-batches, freed memory kept under the ceiling of each pass
-        FREED_MEMORY_CEILING.start(config.freed_memory_ceiling if config.per_device_train_batch_size else 0.0)
+    machine = config.machine
+    if machine.keep_freed_memory:  # with micro-batches, freed memory kept under the ceiling of each pass
+        FREED_MEMORY_CEILING.start(machine.freed_memory_ceiling if machine.per_device_train_batch_size else 0.0)
     stop, step, skips, samples = GracefulStop(output.log), run.start, 0, []
     try:
         for step in range(run.start, config.max_steps):
@@ -212,15 +216,15 @@ def run_loop(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_pa
                 run.clock.observe(weights.ranks.from_main(lambda: row))
             output.append(row)
             skips = skips + 1 if row["skipped_updates"] else 0
-            if skips >= config.max_consecutive_skipped_updates:
+            if skips >= config.optim.max_consecutive_skipped_updates:
                 raise RunError(
                     f"{skips} steps in a row ended without an update (non-finite loss {row['loss']} or gradient norm "
                     f"{row['grad_norm']}, step {step}): the policy's or the sampler's log-probs have diverged (see "
                     f"is_weight/max and sampling/logp_diff_max in {output.path / 'metrics.jsonl'}); the last "
                     "checkpoint holds weights from before it")
-            if weights.ref is not None and config.ref_sync_steps and (step + 1) % config.ref_sync_steps == 0:
-                weights.reset_ref(config.ref_model_mixup_alpha)
-            if config.save_steps and (step + 1) % config.save_steps == 0 and step + 1 < config.max_steps:
+            if weights.ref is not None and config.sync.ref_sync_steps and (step + 1) % config.sync.ref_sync_steps == 0:
+                weights.reset_ref(config.sync.ref_model_mixup_alpha)
+            if config.output.save_steps and (step + 1) % config.output.save_steps == 0 and step + 1 < config.max_steps:
                 save(run, step + 1, samples)
             output.announce(row)  # callbacks see the row written and the checkpoint saved
         else:
@@ -248,8 +252,8 @@ def start_run(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_p
     """Restore the checkpoint, say what the run will do, and make what the steps share."""
     ranks = weights.ranks
     start = 0
-    clock = SyncClock.from_config(config)
-    schedule = Schedule.from_config(config)
+    clock = SyncClock.from_config(config.sync)
+    schedule = Schedule.from_config(config.optim, config.max_steps)
     if ckpt is not None:
         schedule.check_resume(ckpt.get("schedule"))
         weights.restore(ckpt)
@@ -265,12 +269,12 @@ def start_run(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_p
                            next(iter(params)).device, resolved_sampler(config), task, model_path):
         output.log(line)
     passes = Passes.from_config(config, ranks)
-    exact = ExactJ(config.exact_j and ranks.joins_rank0, weights.policy, task, config.temperature,
-                   task.tokenizer.pad_token_id, passes.precision, config.token_filter)
+    exact = ExactJ(config.diagnostics.exact_j and ranks.joins_rank0, weights.policy, task, config.sampling.temperature,
+                   task.tokenizer.pad_token_id, passes.precision, config.sampling.token_filter)
     ranges = RangeTracker(bool(task.task.reward_funcs), output.kept_rows() if start else [], output.log)
     rollouts = RolloutWindow(config, task.task, task.prompt_ids, weights.sampler, clock)
     return Run(config, weights, task, clock, passes, Objective.from_config(config), rollouts,
-               exact, ranges, Warnings(config.dtype), output, start, next(iter(params)).device, schedule)
+               exact, ranges, Warnings(config.machine.dtype), output, start, next(iter(params)).device, schedule)
 
 
 def save(run: Run, next_step: int, samples: list[dict]) -> None:
@@ -281,32 +285,33 @@ def save(run: Run, next_step: int, samples: list[dict]) -> None:
 
 def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
     """One step of Algorithm 1 (the module docstring's phases); returns its metrics row and a few of its samples."""
-    config, weights, passes, task, G = run.config, run.weights, run.passes, run.task, run.config.num_generations
+    config, weights, passes, task = run.config, run.weights, run.passes, run.task
+    G = config.sampling.num_generations
     tick, timer = run.clock.at(step), PhaseTimer()
     row = {"step": step, "lag": tick.lag, **run.clock.metrics(tick)}
-    stale = 0 <= config.max_staleness < tick.lag  # dropped: no update from this step's completions
-    if config.eval_steps and step == 0 and weights.ranks.joins_rank0:  # the policy before any update
+    stale = 0 <= config.sync.max_staleness < tick.lag  # dropped: no update from this step's completions
+    if config.evaluation.eval_steps and step == 0 and weights.ranks.joins_rank0:  # the policy before any update
         with timer("eval"):
             row.update({k.replace("eval/", "eval_initial/"): v for k, v in run_evaluation(run, 0).items()})
     step_rollout = rollout(run, tick, timer, row)
     prompt_idx, roll = step_rollout.prompt_idx, step_rollout.rollout
     with timer("score"):
         scored = score(task, prompt_idx, roll, G, weights.ranks)
-    if config.filter_groups:  # dynamic sampling: more rounds from alpha until P groups whose rewards vary
+    if config.sampling.filter_groups:  # dynamic sampling: more rounds from alpha until P groups whose rewards vary
         prompt_idx, roll, scored = dynamic_sampling(run, step, prompt_idx, roll, scored, timer, row)
     with timer("score"):
         row.update(reward_metrics(scored.parts))
-        groups = advantages(scored.rewards, config.variance_eps, config.scale_rewards,
-                            config.mask_zero_std_groups, drop_all=stale)
+        groups = advantages(scored.rewards, config.objective.variance_eps, config.objective.scale_rewards,
+                            config.objective.mask_zero_std_groups, drop_all=stale)
         row["dropped_stale"] = float(stale)
         batch = group_batch(task, prompt_idx, roll, G, run.device)
-    recompute = config.behaviour_logprobs == "recompute"
-    check = tick.starts_window and config.verify_sync  # the first step served by newly synced weights
+    recompute = config.objective.behaviour_logprobs == "recompute"
+    check = tick.starts_window and config.diagnostics.verify_sync  # the first step served by newly synced weights
     with timer("behaviour"):  # at lag 0 alpha's weights are pi_k's: its log-probs come from the optimiser's pass
         from_sampler = sampler_logprobs(roll, batch)
         behaviour = Behaviour(from_sampler) if tick.lag == 0 else alpha_logprobs(
             passes, weights.alpha, batch, from_sampler, recompute=recompute, check=check,
-            keep_hidden=config.tv_diagnostics)
+            keep_hidden=config.diagnostics.tv_diagnostics)
     with timer("reference"):
         logp_ref = passes.logprobs(weights.ref, batch).logp if weights.ref is not None else None
     with timer("diagnostics"):
@@ -314,29 +319,30 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
         heldout = heldout_phase(run, step_rollout, tick, scored.rewards, row)
     log_alpha = behaviour.log_alpha(prefer_sampler=not recompute)  # None at lag 0: pi_k's, from the optimiser
     finished = (np.array([len(c) > 0 and c[-1] == task.eos for c in roll.completion_ids])
-                if config.mask_truncated_completions else None)  # truncated completions leave the loss
+                if config.objective.mask_truncated_completions else None)  # truncated completions leave the loss
     row["learning_rate"] = run.schedule.rate(step)
     with timer("optimise"):
         optimised = optimise(passes, run.objective, weights.policy, weights.optimizer, batch, groups.advantages,
                              groups.keep, log_alpha, logp_ref, behaviour.dists, sequence_keep=finished,
                              before_step=lambda it: run.schedule.apply(weights.optimizer, step, it))
-    if tick.lag == 0 and (recompute or from_sampler is None or check or config.tv_diagnostics):
+    if tick.lag == 0 and (recompute or from_sampler is None or check or config.diagnostics.tv_diagnostics):
         behaviour = Behaviour(from_sampler, optimised.pi_k.logp, passes.dists(weights.alpha, optimised.pi_k.hidden))
         log_alpha = behaviour.log_alpha(prefer_sampler=not recompute)
     elif tick.lag == 0 and log_alpha is None:
         log_alpha = optimised.pi_k.logp
     with timer("diagnostics"):
         reward_range = run.ranges.range
-        row.update(diagnose(batch, scored, groups, roll, task.eos, log_alpha, behaviour, optimised,
-                            config.variance_eps, reward_range))
-        if config.insample_diagnostics and step % config.insample_diagnostics_steps == 0:
+        eps, diagnostics = config.objective.variance_eps, config.diagnostics
+        row.update(diagnose(batch, scored, groups, roll, task.eos, log_alpha, behaviour, optimised, eps, reward_range))
+        if diagnostics.insample_diagnostics and step % diagnostics.insample_diagnostics_steps == 0:
             row.update(insample_estimates(passes, weights.policy, batch, scored.rewards, log_alpha,
-                                          optimised.pi_k.logp, behaviour.dists, config.variance_eps, reward_range))
+                                          optimised.pi_k.logp, behaviour.dists, eps, reward_range))
         if heldout is not None:
-            row.update(heldout_estimates(passes, weights.policy, heldout, config.variance_eps, reward_range,
-                                         config.improvement_lcb_level, config.improvement_lcb_method))
+            row.update(heldout_estimates(passes, weights.policy, heldout, eps, reward_range,
+                                         diagnostics.improvement_lcb_level, diagnostics.improvement_lcb_method))
         row.update(run.exact.after_update())
-    evaluate_now = config.eval_steps and ((step + 1) % config.eval_steps == 0 or step + 1 == config.max_steps)
+    every = config.evaluation.eval_steps
+    evaluate_now = every and ((step + 1) % every == 0 or step + 1 == config.max_steps)
     if evaluate_now and weights.ranks.joins_rank0:
         with timer("eval"):  # the updated policy pi_{k+1}
             row.update(run_evaluation(run, step + 1))
@@ -346,8 +352,8 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
     entry = lambda j: {"step": step, "prompt": task.task.prompts[prompt_idx[j // G]],  # noqa: E731  completion j
                        "completion": scored.texts[j], "reward": float(rewards[j])}
     samples = [entry(j) for j in range(0, rewards.size, G)]
-    if config.log_completions and step % config.logging_steps == 0:
-        n = min(config.num_completions_to_print or rewards.size, rewards.size)
+    if config.output.log_completions and step % config.output.logging_steps == 0:
+        n = min(config.output.num_completions_to_print or rewards.size, rewards.size)
         run.output.completions(step, [{**entry(j), "advantage": float(groups.advantages.reshape(-1)[j])}
                                       for j in range(n)])
     return row, samples[:SAMPLES_KEPT]
@@ -359,10 +365,11 @@ def dynamic_sampling(run: Run, step: int, prompt_idx: list[int], roll, scored, t
     step's prompts, completions and scores (the first round's when no group varied: the zero-variance mask then
     leaves nothing to learn); logs the rounds, the kept share and the reward of every group drawn
     (``VariedGroups.metrics``)."""
-    config, ranks, G = run.config, run.weights.ranks, run.config.num_generations
-    varied = VariedGroups(config.prompts_per_step, G)
+    sampling, ranks = run.config.sampling, run.weights.ranks
+    G, rounds = sampling.num_generations, sampling.max_num_gen_batches
+    varied = VariedGroups(sampling.prompts_per_step, G)
     varied.take(prompt_idx, roll, scored)
-    while not varied.enough and (not config.max_num_gen_batches or varied.rounds < config.max_num_gen_batches):
+    while not varied.enough and (not rounds or varied.rounds < rounds):
         with timer("generate"):
             extra = ranks.from_main(lambda: run.rollouts.extra(step, varied.rounds))
         with timer("score"):
@@ -424,14 +431,14 @@ def sync_metrics(sampler, seconds: float) -> dict[str, float]:
 def heldout_phase(run: Run, step_rollout: StepRollout, tick: Tick, rewards, row: dict) -> Heldout | None:
     """Score the held-out prompts' completions and take their log alpha and log pi_k (before the update); widen the
     reward range with every training and held-out reward seen. None without held-out prompts."""
-    config, weights, task, G = run.config, run.weights, run.task, run.config.num_generations
+    config, weights, task, G = run.config, run.weights, run.task, run.config.sampling.num_generations
     heldout = None
-    if config.heldout_prompts:
+    if config.diagnostics.heldout_prompts:
         idx, roll = step_rollout.heldout_idx, step_rollout.heldout
         heldout_rewards = score(task, idx, roll, G, weights.ranks).rewards
         batch = group_batch(task, idx, roll, G, run.device)
         heldout = heldout_before_update(run.passes, weights.policy, weights.alpha, batch, heldout_rewards, roll,
-                                        tick.lag, config.behaviour_logprobs == "recompute")
+                                        tick.lag, config.objective.behaviour_logprobs == "recompute")
     run.ranges.see(tick.step, rewards, None if heldout is None else heldout.rewards, row, run.output.write)
     return heldout
 
@@ -450,5 +457,6 @@ def run_evaluation(run: Run, policy_step: int) -> dict[str, float]:
         if not weights.ranks.main:
             return {}
         return evaluate(policy, run.task, EvalSpec.from_config(config), seed=config.seed + policy_step,
-                        pad=run.task.tokenizer.pad_token_id, precision=run.passes.precision, exact=config.exact_j,
-                        sampler=weights.sampler if engine else None, batch_size=config.per_device_train_batch_size)
+                        pad=run.task.tokenizer.pad_token_id, precision=run.passes.precision,
+                        exact=config.diagnostics.exact_j, sampler=weights.sampler if engine else None,
+                        batch_size=config.machine.per_device_train_batch_size)

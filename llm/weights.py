@@ -46,17 +46,17 @@ class Weights:
         ``probe_sync``), make the copies and the optimiser; under FSDP shard each copy as soon as it is made (one whole
         copy besides the policy at a time) and keep rank 0's whole copy in CPU memory."""
         sampler = make_sampler(config, policy, tokenizer, model_path, longest_prompt) if ranks.main else None
-        if sampler is not None and config.verify_sync and sampler.name in ("vllm", "server"):
-            probe_sync(sampler, policy, probe_prompts, tokenizer.pad_token_id, config.temperature,
-                       Precision.from_config(config), SYNC_CHECKS[config.dtype],
-                       config.token_filter)  # ends with the policy's
+        if sampler is not None and config.diagnostics.verify_sync and sampler.name in ("vllm", "server"):
+            probe_sync(sampler, policy, probe_prompts, tokenizer.pad_token_id, config.sampling.temperature,
+                       Precision.from_config(config.machine), SYNC_CHECKS[config.machine.dtype],
+                       config.sampling.token_filter)  # ends with the policy's
         elif sampler is not None and sampler.name == "server":  # a server's weights may be anyone's
             sampler.load_weights(policy)
-        own = isinstance(sampler, TransformersSampler) and not config.async_generation and not ranks.active
+        own = isinstance(sampler, TransformersSampler) and not config.sync.async_generation and not ranks.active
         copy = (lambda: shard_blocks(frozen_copy(policy))) if ranks.fsdp else (lambda: frozen_copy(policy))
         alpha = sampler.model if own else copy()  # asynchronous: the sampler runs ahead of alpha
-        alpha_next = copy() if config.async_generation else None
-        ref = copy() if config.beta > 0 else None
+        alpha_next = copy() if config.sync.async_generation else None
+        ref = copy() if config.objective.beta > 0 else None
         staging = frozen_copy(policy).to("cpu") if ranks.fsdp and ranks.main else None
         if ranks.fsdp:
             shard_blocks(policy)

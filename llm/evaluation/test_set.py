@@ -32,10 +32,11 @@ class EvalSpec:
         """The evaluation's own temperature, top-k, top-p and min-p where the config gives them (not -1), else
         training's; ``num_generations_eval`` completions of up to ``max_completion_length`` tokens."""
         pick = lambda own, train: train if own == -1 else own  # noqa: E731
-        return cls(pick(config.eval_temperature, config.temperature),
-                   TokenFilter(pick(config.eval_top_k, config.top_k), pick(config.eval_top_p, config.top_p),
-                               pick(config.eval_min_p, config.min_p)),
-                   config.num_generations_eval, config.max_completion_length)
+        own, train = config.evaluation, config.sampling
+        return cls(pick(own.eval_temperature, train.temperature),
+                   TokenFilter(pick(own.eval_top_k, train.top_k), pick(own.eval_top_p, train.top_p),
+                               pick(own.eval_min_p, train.min_p)),
+                   own.num_generations_eval, train.max_completion_length)
 
     @property
     def pass_ks(self) -> tuple[int, ...]:

@@ -31,8 +31,9 @@ def make_optimizer(config, params) -> torch.optim.Optimizer:
 
     params = list(params)
     mixed = len({isinstance(p, DTensor) for p in params}) > 1
-    return torch.optim.AdamW(params, lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
-                             eps=config.adam_epsilon, weight_decay=config.weight_decay,
+    optim = config.optim
+    return torch.optim.AdamW(params, lr=optim.learning_rate, betas=(optim.adam_beta1, optim.adam_beta2),
+                             eps=optim.adam_epsilon, weight_decay=optim.weight_decay,
                              foreach=False if mixed else None)
 
 
@@ -47,10 +48,11 @@ class Schedule:
     iterations: int = 1
 
     @classmethod
-    def from_config(cls, config) -> "Schedule":
-        total = config.max_steps * config.num_iterations
-        warmup = config.warmup_steps if config.warmup_steps > 0 else math.ceil(config.warmup_ratio * total)
-        return cls(config.lr_scheduler_type, config.learning_rate, total, warmup, config.num_iterations)
+    def from_config(cls, optim, max_steps: int) -> "Schedule":
+        """The schedule of an ``OptimConfig`` (``config.optim``) over ``max_steps`` x num_iterations steps."""
+        total = max_steps * optim.num_iterations
+        warmup = optim.warmup_steps if optim.warmup_steps > 0 else math.ceil(optim.warmup_ratio * total)
+        return cls(optim.lr_scheduler_type, optim.learning_rate, total, warmup, optim.num_iterations)
 
     def multiplier(self, t: int) -> float:
         """transformers' multiplier of the schedule at optimiser step t (0-based)."""

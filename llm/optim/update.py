@@ -44,11 +44,14 @@ class Objective:
 
     @classmethod
     def from_config(cls, config) -> "Objective":
-        clip = Clip(config.epsilon, config.clip_high, config.delta, config.ratio_level, config.importance_sampling_mode,
-                    config.importance_sampling_cap, config.importance_sampling_cap_min, config.m2_threshold)
-        return cls(config.num_iterations, clip, config.beta,
-                   config.use_bias_correction_kl, config.loss_type, config.max_completion_length, config.max_grad_norm,
-                   config.tv_diagnostics, config.top_entropy_quantile, config.entropy_coef)
+        """The objective group's loss, stepped by the optim group (dr_grpo's normaliser needs the sampling group's
+        max_completion_length, the chain-rule TV the diagnostics group's switch)."""
+        o = config.objective
+        clip = Clip(o.epsilon, o.clip_high, o.delta, o.ratio_level, o.importance_sampling_mode, o.importance_sampling_cap,
+                    o.importance_sampling_cap_min, o.m2_threshold)
+        return cls(config.optim.num_iterations, clip, o.beta, o.use_bias_correction_kl, o.loss_type,
+                   config.sampling.max_completion_length, config.optim.max_grad_norm, config.diagnostics.tv_diagnostics,
+                   o.top_entropy_quantile, o.entropy_coef)
 
     @property
     def entropy_every_pass(self) -> bool:

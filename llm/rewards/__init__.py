@@ -33,8 +33,9 @@ class RewardContext:
 
     @classmethod
     def from_config(cls, config) -> "RewardContext":
-        device = "cpu" if config.device in ("auto", "cpu") else config.device
-        return cls(config.max_completion_length, config.soft_punish_cache, device, config.trust_remote_code)
+        device = "cpu" if config.machine.device in ("auto", "cpu") else config.machine.device
+        return cls(config.sampling.max_completion_length, config.data.soft_punish_cache, device,
+                   config.model.trust_remote_code)
 
 
 def reward_function(spec: str, context: RewardContext):

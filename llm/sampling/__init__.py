@@ -25,16 +25,16 @@ __all__ = ["Rollout", "Sampler", "TransformersSampler", "check_vllm_supports", "
 
 
 def resolved_sampler(config) -> str:
-    """The sampler a run uses: ``config.sampler``, with 'auto' resolved (vLLM in process when it imports)."""
-    if config.sampler != "auto":
-        return config.sampler
+    """The sampler a run uses: ``config.sampling.sampler``, with 'auto' resolved (vLLM in process when it imports)."""
+    if config.sampling.sampler != "auto":
+        return config.sampling.sampler
     from .vllm_engine import vllm_available
 
     return "vllm" if vllm_available() else "transformers"
 
 
 def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
-    """The sampler ``config.sampler`` names ('auto': vLLM when it imports), holding alpha = the initial policy;
+    """The sampler ``config.sampling.sampler`` names ('auto': vLLM when it imports), holding alpha = the initial policy;
     a server holds whatever it was last sent until ``load_weights`` (``llm.weights.Weights.build`` sends the
     policy)."""
     kind = resolved_sampler(config)
@@ -43,9 +43,9 @@ def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, ma
     if kind == "server":
         from .server import ServerSampler
 
-        return ServerSampler(config.server_url, model_path, eos_token_id=tokenizer.eos_token_id,
+        return ServerSampler(config.sampling.server_url, model_path, eos_token_id=tokenizer.eos_token_id,
                              max_model_len=max_model_len(policy, config, max_prompt_tokens),
-                             timeout=config.server_timeout, sync_host=config.server_sync_address)
+                             timeout=config.sampling.server_timeout, sync_host=config.sampling.server_sync_address)
     if kind == "vllm":
         from .vllm_engine import VLLMSampler
 
@@ -53,33 +53,34 @@ def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, ma
             raise ValueError("sampler: an in-process vLLM engine breaks transformers' OLMo model in the same process "
                              "(AttributeError 'do_not_compile'); use --sampler transformers or --sampler server")
 
-        return VLLMSampler(model_path, dtype=config.dtype, seed=config.seed,
+        return VLLMSampler(model_path, dtype=config.machine.dtype, seed=config.seed,
                            max_model_len=max_model_len(policy, config, max_prompt_tokens),
                            eos_token_id=tokenizer.eos_token_id, model_config=policy.config,
-                           sequences=window_completions(config), group=config.num_generations,
-                           prompt_tokens=max_prompt_tokens, trust_remote_code=config.trust_remote_code,
-                           trim_memory=not config.keep_freed_memory,
-                           gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-                           tensor_parallel_size=config.vllm_tensor_parallel_size,
-                           enable_sleep_mode=config.vllm_enable_sleep_mode,
-                           kv_cache_bytes=int(config.vllm_kv_cache_gb * 2**30))
+                           sequences=window_completions(config), group=config.sampling.num_generations,
+                           prompt_tokens=max_prompt_tokens, trust_remote_code=config.model.trust_remote_code,
+                           trim_memory=not config.machine.keep_freed_memory,
+                           gpu_memory_utilization=config.sampling.vllm_gpu_memory_utilization,
+                           tensor_parallel_size=config.sampling.vllm_tensor_parallel_size,
+                           enable_sleep_mode=config.sampling.vllm_enable_sleep_mode,
+                           kv_cache_bytes=int(config.sampling.vllm_kv_cache_gb * 2**30))
     return TransformersSampler(policy, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                               batch_size=config.per_device_train_batch_size)
+                               batch_size=config.machine.per_device_train_batch_size)
 
 
 def window_completions(config) -> int:
     """Completions of one generation call: a window's (or a step's) training and held-out prompts, G each."""
-    return config.steps_per_call * (config.prompts_per_step + config.heldout_prompts) * config.num_generations
+    prompts = config.sampling.prompts_per_step + config.diagnostics.heldout_prompts
+    return config.sync.steps_per_call * prompts * config.sampling.num_generations
 
 
 def max_model_len(model: torch.nn.Module, config, max_prompt_tokens: int) -> int:
     """Longest sequence the engine must hold: the longest prompt plus the completion budget."""
     limit = int(getattr(model.config, "max_position_embeddings", 1 << 20))
-    need = max_prompt_tokens + config.max_completion_length
+    need = max_prompt_tokens + config.sampling.max_completion_length
     if need > limit:
         raise ValueError(f"max_completion_length: the longest prompt ({max_prompt_tokens} tokens) plus "
-                         f"{config.max_completion_length} generated exceed the model's {limit} positions; shorten "
-                         "the prompts or lower it")
+                         f"{config.sampling.max_completion_length} generated exceed the model's {limit} positions; "
+                         "shorten the prompts or lower it")
     return need
 
 

@@ -15,7 +15,8 @@ LAYERS = [
      "grpo_theory.sync_policy", "grpo_theory.truncation", "grpo_theory"],
     ["grpo_theory.simulate", "grpo_theory.check", "grpo_theory.sigma_bias", "grpo_theory.experiments",
      "grpo_theory.certificate"],
-    ["llm.config", "llm.metrics", "llm.clock"],  # settings and conventions, no torch
+    ["llm.config.fields", "llm.config.model", "llm.config.algorithm", "llm.config.machinery", "llm.config.observation",
+     "llm.config.grpo", "llm.config.trl", "llm.config", "llm.metrics", "llm.clock"],  # settings and conventions, no torch
     ["llm.data", "llm.rewards.functions", "llm.rewards.overlong", "llm.rewards.model", "llm.rewards", "llm.tasks",
      "llm.procedural", "llm.sources"],  # tasks and rewards
     ["llm.distributed", "llm.model", "llm.vml", "llm.token_filter"],  # torch: processes and models

@@ -36,7 +36,7 @@ def test_two_steps_on_smollm2_with_a_window_over_4096_prompt_tokens(smollm2, tmp
                      max_steps=2, prompts_per_step=6, sync_period=2, max_completion_length=4, temperature=0.7,
                      learning_rate=1e-5, beta=0.0, eval_steps=2, num_generations_eval=2, save_steps=0,
                      output_dir=str(tmp_path / "run"), progress=False, logging_steps=1000)
-    task = load_task(cfg.dataset, generator=GeneratorSpec.from_config(cfg)).bind(
+    task = load_task(cfg.dataset, generator=GeneratorSpec.from_config(cfg.data)).bind(
         __import__("transformers").AutoTokenizer.from_pretrained(smollm2), chat_template=True)
     window = sum(len(task.prompt_ids[i]) for s in range(2) for i in _prompts_of(cfg, task, s)) * 8
     assert window > 4096
@@ -52,7 +52,7 @@ def _prompts_of(cfg, task, step):
     from llm.clock import SyncClock
     from llm.rollout import RolloutWindow
 
-    return RolloutWindow(cfg, task.task, task.prompt_ids, None, SyncClock.from_config(cfg)).prompts_of(step)[0]
+    return RolloutWindow(cfg, task.task, task.prompt_ids, None, SyncClock.from_config(cfg.sync)).prompts_of(step)[0]
 
 
 def test_the_real_model_benchmark_gives_trl_the_prompt_tokens_ours_trains_on(smollm2):
@@ -74,7 +74,8 @@ def test_the_real_model_benchmark_gives_trl_the_prompt_tokens_ours_trains_on(smo
     work = real_workload(smollm2)
     cfg = GRPOConfig(model_name_or_path=str(smollm2), **work.config)
     tok = AutoTokenizer.from_pretrained(smollm2)
-    ours = load_task(cfg.dataset, generator=GeneratorSpec.from_config(cfg)).bind(tok, chat_template=True).prompt_ids
+    task = load_task(cfg.dataset, generator=GeneratorSpec.from_config(cfg.data))
+    ours = task.bind(tok, chat_template=True).prompt_ids
     spec = work.trl_spec()
     assert tok(spec["prompts"], add_special_tokens=False).input_ids == ours == [list(p) for p in work.prompt_ids]
     assert spec["answers"] == list(work.trl_answers) and len(ours) > 500

@@ -21,7 +21,7 @@ def test_the_rate_of_each_optimiser_step_is_transformers_schedule_stepped_that_f
 
     cfg = GRPOConfig(max_steps=10, num_iterations=iterations, lr_scheduler_type=kind, warmup_ratio=0.2,
                      learning_rate=1e-3)
-    schedule = Schedule.from_config(cfg)
+    schedule = Schedule.from_config(cfg.optim, cfg.max_steps)
     opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1e-3)
     reference = get_scheduler(kind, opt, num_warmup_steps=schedule.warmup, num_training_steps=10 * iterations)
     for k in range(10):
@@ -51,7 +51,8 @@ def test_a_run_logs_the_schedule_and_a_resumed_one_continues_it_exactly(tmp_path
     the peak at step 2, falling after); a run stopped by Ctrl-C after step 2 and resumed logs the same rates, losses
     and gradient norms as the uninterrupted run, and a resume with another schedule is refused in one line."""
     full = read_metrics(train(_config(tmp_path, "full"), log=lambda *a: None))
-    schedule = Schedule.from_config(_config(tmp_path, "x"))
+    x = _config(tmp_path, "x")
+    schedule = Schedule.from_config(x.optim, x.max_steps)
     assert [r["learning_rate"] for r in full] == pytest.approx([schedule.rate(k) for k in range(6)], rel=1e-12)
     assert full[0]["learning_rate"] == 0.0 and full[2]["learning_rate"] == pytest.approx(1e-3)
     assert full[3]["learning_rate"] > full[4]["learning_rate"] > full[5]["learning_rate"] > 0

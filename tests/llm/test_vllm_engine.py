@@ -196,7 +196,7 @@ def test_a_dapo_style_recipe_in_trls_names_trains_with_vllm_and_keeps_sync_exact
             assert row["sampling/logp_diff_mean"] <= 1e-5
             assert row["sampling/logp_diff_max"] <= SYNC_ATOL  # worst of ~750 tokens, rare ones included
         assert row["sampling/gen_rounds"] >= 1 and 0 < row["sampling/kept_group_share"] <= 1
-    schedule = Schedule.from_config(cfg)
+    schedule = Schedule.from_config(cfg.optim, cfg.max_steps)
     assert [r["learning_rate"] for r in rows] == pytest.approx([schedule.rate(k) for k in range(80)], rel=1e-12)
 
 

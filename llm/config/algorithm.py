@@ -1,0 +1,212 @@
+"""Algorithm 1's knobs: when alpha is synced, what the loss is, how the optimiser steps."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from grpo_theory.corrections import ImportanceSamplingMode, correction, require_correction_settings
+from grpo_theory.validation import EPS_MAX
+
+from .fields import require, require_finite, resumable
+
+
+@dataclasses.dataclass
+class SyncConfig:
+    """Alpha and pi_ref: when the sampler's and the reference model's weights follow the trainer's."""
+
+    sync_period: int = 1
+    """v: copy the trainer's weights into the sampler every v steps (alpha = pi_{k - lag}, lag < v; with
+    --async-generation v <= lag < 2v after the first window)."""
+    sync_policy: Literal["fixed", "divergence"] = "fixed"
+    """fixed: sync every v = sync_period steps (Algorithm 1). divergence: sync at a step whose estimated
+    TV(pi_k, alpha), measured on the held-out prompts before the step (the previous step's
+    ``heldout/tv/pi_new_alpha``), exceeds ``tv_budget``, or whose lag would exceed ``max_lag``; it needs
+    --heldout-prompts and generates step by step. With --async-generation the sampler runs one step ahead and a
+    sync serves the next step, decided on the projected TV(pi_{k+1}, alpha): this one's plus the last step's drift
+    ``heldout/tv/pi_new_pi_k`` (``grpo_theory.sync_policy``; ``sync/reason`` says why each sync happened,
+    ``sync/tv_estimate`` what it was decided on)."""
+    tv_budget: float = 0.05
+    """divergence policy: the TV(pi_k, alpha) estimate above which the step syncs (Theorem 1's lag penalty is
+    c times it)."""
+    max_lag: int = 8
+    """divergence policy: sync whenever the lag would exceed this many steps, whatever the estimate."""
+    max_staleness: int = -1
+    """Drop a step whose completions are older than this many steps (lag > max_staleness): no update, logged as
+    ``dropped_stale`` (TRL AsyncGRPO's max_staleness; with asynchronous generation the lag is v .. 2v - 1). It
+    changes alpha's distribution over the steps that update (docs/theory.md, §7.1). -1: keep every step."""
+    ref_sync_steps: int = 0
+    """Reset pi_ref <- pi_theta every this many steps (0: pi_ref stays the initial model; TRL's ref_model_sync_steps
+    with sync_ref_model)."""
+    ref_model_mixup_alpha: float = 1.0
+    """At each pi_ref reset, pi_ref <- a pi_theta + (1 - a) pi_ref, weight by weight (TRL's name; TRL's default is 0.6,
+    this project's 1: a copy)."""
+    window_generation: bool = True
+    """Generate the prompts of the whole sync window in one sampler call (alpha is frozen for v steps)."""
+    async_generation: bool = False
+    """Generate the next window while the trainer trains this one (a background thread; with --sampler server the
+    server's own cores do the work): the window starting at step k is generated from the weights synced at k - v
+    (the initial ones for the first two windows), so alpha lags v to 2v - 1 steps; ``lag``, the TV estimates
+    and the bound's terms report that real staleness. Needs window generation; keeps one more copy of the
+    weights (alpha's successor). Off: the sampler generates each window after its sync (lag < v)."""
+
+    def __post_init__(self):
+        require_finite(self)
+        require(self, self.window_generation or not self.async_generation, "async_generation",
+                "generates whole windows ahead: it needs --window-generation")
+        require(self, self.sync_period >= 1, "sync_period", "v must be >= 1")
+        require(self, self.tv_budget >= 0, "tv_budget", "must be >= 0 (a TV distance lies in [0, 1])")
+        require(self, self.max_lag >= 0, "max_lag", "must be >= 0")
+        require(self, self.max_staleness >= -1, "max_staleness", "must be >= 0, or -1 to keep every step")
+        if self.sync_policy == "divergence":
+            require(self, not (self.async_generation and self.max_lag < 1), "max_lag",
+                    "must be >= 1 with --async-generation (the sampler runs a step ahead: every step's completions "
+                    "are at least one step old)")
+        require(self, self.ref_sync_steps >= 0, "ref_sync_steps", "must be >= 0")
+        require(self, 0 < self.ref_model_mixup_alpha <= 1, "ref_model_mixup_alpha", "must lie in (0, 1]")
+
+    @property
+    def generates_windows(self) -> bool:
+        """One sampler call per sync window (``window_generation``), unless the divergence policy decides the
+        windows step by step."""
+        return self.window_generation and self.sync_policy == "fixed"
+
+    @property
+    def steps_per_call(self) -> int:
+        """Steps whose completions one sampler call generates: v with window generation, else 1."""
+        return self.sync_period if self.generates_windows else 1
+
+
+@dataclasses.dataclass
+class ObjectiveConfig:
+    """The loss: the clipped surrogate, its importance weights, advantages, normaliser and KL term."""
+
+    epsilon: float = 0.2
+    """Clip width of f_eps: pi/alpha may move at most epsilon away from pi_k/alpha."""
+    epsilon_high: float = -1.0
+    """Upper clip width (TRL's name, DAPO's clip-higher): the window is [r' - epsilon, r' + epsilon_high] with the
+    paper's clip, [1 - epsilon, 1 + epsilon_high] for pi/pi_k with a TRL importance-sampling mode. -1: epsilon."""
+    delta: float = 0.0
+    """Two-sided clip (TRL's name): for negative advantages the unclipped ratio is capped too, pi/pi_k <= delta
+    (paper clip: pi/alpha <= r' + delta - 1). 0: off; else must exceed 1 + epsilon_high."""
+    importance_sampling_mode: ImportanceSamplingMode = "paper"
+    """How the loss corrects for alpha != pi_k (docs/theory.md, §6.1). paper: the clipped objective
+    f_eps(pi/alpha, pi_k/alpha, A), whose clip window sits around pi_k/alpha; the weight is exact. The TRL modes
+    (vllm_importance_sampling_mode): PPO's clip of pi/pi_k in [1 - epsilon, 1 + epsilon_high] times the weight
+    w = pi_k/alpha per token (token_*) or per completion (sequence_*: exp of the summed log-weights), truncated at
+    importance_sampling_cap (*_truncate: min(w, cap)) or zeroed above it (*_mask). m2po: M2PO as published (arXiv
+    2510.01161; AReaL's mask): the unclipped ratio pi/alpha on the tokens left after removing those with the largest
+    (log pi_k/alpha)^2 until the plain mean over the rest is below m2_threshold (§6.1)."""
+    m2_threshold: float = 0.04
+    """M2PO's threshold on the plain mean (log pi_k/alpha)^2 over the step's completion tokens it keeps
+    (importance_sampling_mode m2po; AReaL's name, the paper's default)."""
+    importance_sampling_cap: float = 3.0
+    """The cap C of the TRL importance-sampling modes (TRL's vllm_importance_sampling_clip_max, formerly
+    vllm_importance_sampling_cap)."""
+    importance_sampling_cap_min: float = 0.0
+    """The lower cap c of the TRL modes (TRL's vllm_importance_sampling_clip_min): *_truncate clamps the weight to
+    [c, C], *_mask zeroes it outside [c, C] (token_mask with [0.5, 5] is IcePop's two-sided mask). 0: none."""
+    beta: float = 0.04
+    """KL(pi || pi_ref) weight (k3 estimator, per token). 0 skips the reference model (and the kl metrics)."""
+    use_bias_correction_kl: bool = True
+    """Multiply the per-token k3 by pi/alpha (TRL's name): the tokens are sampled from alpha, and only with the
+    correction is each token's term an estimate of KL(pi || pi_ref) at its position (per-token, along alpha's
+    prefixes; docs/theory.md, §8.4)."""
+    loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = "dapo"
+    """Normaliser: grpo = mean over each sequence's tokens then over sequences; dapo = over all
+    tokens of the step; dr_grpo = over (sequences x max_completion_length); bnpo = over each micro-batch's own
+    tokens (TRL's local normaliser: the step's gradient then depends on per_device_train_batch_size; dapo for a step
+    in one pass)."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """group: A = (r - mean)/sqrt(var + variance_eps) per group (the paper's whitening); batch: (r - group mean) over
+    the standard deviation of the step's rewards (TRL's batch); none: r - mean."""
+    mask_truncated_completions: bool = False
+    """Completions that reach max_completion_length without EOS leave the loss (TRL's name, DAPO's truncation
+    masking); their rewards still count in the group statistics. The loss then averages over the completions alpha
+    finishes (docs/theory.md, §6.2)."""
+    top_entropy_quantile: float = 1.0
+    """Keep in the policy term only the tokens whose entropy is in this top share of each micro-batch's completion
+    tokens (TRL's name and pool: zero-variance groups included; 1: all)."""
+    entropy_coef: float = 0.0
+    """Subtract this times the mean next-token entropy of the completion tokens from the loss (an entropy bonus,
+    TRL's name, verl's entropy_coeff; with top_entropy_quantile < 1, of the tokens its mask keeps, as TRL). The
+    entropy is that of the (filtered) policy the trainer optimises."""
+    variance_eps: float = 1e-4
+    """eps of sigma_{alpha,eps} = sqrt(var + eps) in the advantage and the bound (Theorem 1 needs <= 3/4)."""
+    mask_zero_std_groups: bool = True
+    """Drop groups whose rewards are all equal (sigma_alpha = 0) from the loss and its normaliser."""
+    ratio_level: Literal["token", "sequence", "sequence_normalised"] = "token"
+    """Importance ratios per token (default) or per sequence: sequence = exp of the summed log-ratios (the
+    paper's sequence-level ratio; high variance), sequence_normalised = exp of their mean over the completion's
+    tokens (GSPO; TRL's importance_sampling_level="sequence"; a geometric mean, not an importance weight: biased).
+    Both need loss_type grpo, under which every sequence counts once (the paper's E_alpha f)."""
+    behaviour_logprobs: Literal["sampler", "recompute"] = "sampler"
+    """log alpha from the sampler (cheap) or recomputed by the trainer with the lagged weights (exact).
+    The gap between the two is logged as sampling/logp_diff_* whenever both are computed."""
+
+    def __post_init__(self):
+        require_finite(self)
+        require(self, 0 < self.top_entropy_quantile <= 1, "top_entropy_quantile", "must lie in (0, 1] (1: every token)")
+        require(self, self.ratio_level == "token" or self.loss_type == "grpo", "ratio_level",
+                "sequence-level ratios need loss_type grpo (dapo and dr_grpo would weight each sequence's one "
+                "objective value by its length)")
+        require(self, self.epsilon_high == -1.0 or 0 <= self.epsilon_high < 10, "epsilon_high",
+                "must lie in [0, 10), or -1 for epsilon")
+        require(self, self.delta == 0 or self.delta > 1 + self.clip_high, "delta",
+                f"must exceed 1 + epsilon_high = {1 + self.clip_high} (or be 0: off)")
+        require_correction_settings(self)
+        require(self, not correction(self.importance_sampling_mode).step_mask or self.ratio_level == "token",
+                "importance_sampling_mode", "m2po masks tokens: it needs ratio_level token")
+        require(self, 0 <= self.epsilon < 10, "epsilon", "the clip width must lie in [0, 10)")
+        require(self, self.beta >= 0, "beta", "must be >= 0")
+        require(self, 0 <= self.variance_eps <= EPS_MAX, "variance_eps", "must lie in [0, 3/4] (Theorem 1)")
+
+    @property
+    def clip_high(self) -> float:
+        """The upper clip width: ``epsilon_high``, or ``epsilon`` when it is -1."""
+        return self.epsilon if self.epsilon_high == -1.0 else self.epsilon_high
+
+
+@dataclasses.dataclass
+class OptimConfig:
+    """The optimiser: i steps of AdamW per batch on a learning-rate schedule."""
+
+    num_iterations: int = 1
+    """i: optimiser steps on each batch (TRL's num_iterations; i > 1 is sample reuse)."""
+    learning_rate: float = 3e-4
+    """AdamW learning rate (the default suits the tiny built-in model; use ~1e-6 for 0.5B+ models); the peak of the
+    schedule."""
+    lr_scheduler_type: Literal["constant", "linear", "cosine", "constant_with_warmup"] = "constant"
+    """The learning-rate schedule over the run's max_steps x num_iterations optimiser steps (transformers' schedules,
+    TRL's name; TRL's default is linear, this project's constant). Logged per step as ``learning_rate``."""
+    warmup_ratio: float = 0.0
+    """Share of the optimiser steps over which the rate warms up linearly from 0 (linear, cosine and
+    constant_with_warmup; transformers' name)."""
+    warmup_steps: int = 0
+    """Warm-up length in optimiser steps; overrides warmup_ratio when > 0 (transformers' name)."""
+    adam_beta1: float = 0.9
+    """AdamW's beta1 (transformers' name)."""
+    adam_beta2: float = 0.999
+    """AdamW's beta2 (transformers' name)."""
+    adam_epsilon: float = 1e-8
+    """AdamW's epsilon (transformers' name)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clip (0 disables)."""
+    max_consecutive_skipped_updates: int = resumable(3)
+    """An inner step whose loss or gradient is not finite takes no optimiser step (counted in ``skipped_updates``);
+    the run stops with an error after this many steps in a row had such a skip."""
+
+    def __post_init__(self):
+        require_finite(self)
+        require(self, self.num_iterations >= 1, "num_iterations", "must be >= 1")
+        require(self, self.learning_rate > 0, "learning_rate", "must be > 0")
+        require(self, 0 <= self.warmup_ratio <= 1, "warmup_ratio", "must lie in [0, 1]")
+        require(self, self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        require(self, 0 <= self.adam_beta1 < 1, "adam_beta1", "must lie in [0, 1)")
+        require(self, 0 <= self.adam_beta2 < 1, "adam_beta2", "must lie in [0, 1)")
+        require(self, self.adam_epsilon > 0, "adam_epsilon", "must be > 0")
+        require(self, self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        require(self, self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0")
+        require(self, self.max_consecutive_skipped_updates >= 1, "max_consecutive_skipped_updates", "must be >= 1")

@@ -1,0 +1,160 @@
+"""The one training config of off-policy GRPO (Algorithm 1, docs/theory.md §7), in groups by what consumes them.
+
+Field names follow TRL's GRPOConfig where the concept is the same; new concepts carry their paper symbol in the
+docstring. Every bad value raises ``ValueError("<field>: <reason>")``: each group checks its own fields, and
+``GRPOConfig`` the few rules that span groups. The command line, ``from_trl``, config.json and the constructor stay
+flat (``GRPOConfig(learning_rate=1e-5)``, ``config.learning_rate``); the trainer's parts read their group
+(``config.optim.learning_rate``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Annotated
+
+import tyro
+
+from .algorithm import ObjectiveConfig, OptimConfig, SyncConfig
+from .fields import require, resumable, resumable_fields
+from .machinery import MachineConfig, SamplingConfig
+from .model import DataConfig, ModelConfig
+from .observation import DiagnosticsConfig, EvaluationConfig, OutputConfig
+
+#: The groups, by the attribute that holds each; the command line shows their fields without a prefix.
+GROUPS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "sync": SyncConfig, "objective": ObjectiveConfig,
+                           "optim": OptimConfig, "sampling": SamplingConfig, "machine": MachineConfig,
+                           "diagnostics": DiagnosticsConfig, "evaluation": EvaluationConfig, "output": OutputConfig}
+
+
+def _group(cls):
+    return dataclasses.field(default_factory=cls)
+
+
+@dataclasses.dataclass(init=False)
+class GRPOConfig:
+    """Off-policy GRPO (Mroueh et al., arXiv 2505.22257) on a causal language model."""
+
+    max_steps: int = resumable(100)
+    """Number of training steps k."""
+    seed: int = 0
+    """Seeds prompt order, sampling and initialisation."""
+
+    model: Annotated[ModelConfig, tyro.conf.OmitArgPrefixes] = _group(ModelConfig)
+    data: Annotated[DataConfig, tyro.conf.OmitArgPrefixes] = _group(DataConfig)
+    sync: Annotated[SyncConfig, tyro.conf.OmitArgPrefixes] = _group(SyncConfig)
+    objective: Annotated[ObjectiveConfig, tyro.conf.OmitArgPrefixes] = _group(ObjectiveConfig)
+    optim: Annotated[OptimConfig, tyro.conf.OmitArgPrefixes] = _group(OptimConfig)
+    sampling: Annotated[SamplingConfig, tyro.conf.OmitArgPrefixes] = _group(SamplingConfig)
+    machine: Annotated[MachineConfig, tyro.conf.OmitArgPrefixes] = _group(MachineConfig)
+    diagnostics: Annotated[DiagnosticsConfig, tyro.conf.OmitArgPrefixes] = _group(DiagnosticsConfig)
+    evaluation: Annotated[EvaluationConfig, tyro.conf.OmitArgPrefixes] = _group(EvaluationConfig)
+    output: Annotated[OutputConfig, tyro.conf.OmitArgPrefixes] = _group(OutputConfig)
+
+    def __init__(self, **given):
+        """Groups (``optim=OptimConfig(...)``), flat fields (``learning_rate=1e-5``) or both: a flat field replaces
+        its value in the group given beside it."""
+        flat: dict[str, dict] = {name: {} for name in GROUPS}
+        for name, value in given.items():
+            if name in GROUPS:
+                continue
+            if name in TOP_FIELDS:
+                object.__setattr__(self, name, value)
+            elif name in FIELD_GROUP:
+                flat[FIELD_GROUP[name]][name] = value
+            else:
+                raise TypeError(f"GRPOConfig got an unexpected keyword argument {name!r}")
+        for name in TOP_FIELDS:
+            if name not in given:
+                object.__setattr__(self, name, TOP_FIELDS[name].default)
+        for name, cls in GROUPS.items():
+            base = given.get(name)
+            if base is not None and not isinstance(base, cls):
+                raise TypeError(f"GRPOConfig: {name} must be a {cls.__name__}, got {type(base).__name__}")
+            group = cls(**flat[name]) if base is None else dataclasses.replace(base, **flat[name])
+            object.__setattr__(self, name, group)
+        self._check_across_groups()
+
+    def __getattr__(self, name: str):
+        """A group's field or property by its flat name (``config.learning_rate`` is ``config.optim.learning_rate``)."""
+        owner = FIELD_GROUP.get(name) or GROUP_PROPERTIES.get(name)
+        if owner is None:
+            raise AttributeError(f"'GRPOConfig' object has no attribute {name!r}")
+        return getattr(object.__getattribute__(self, owner), name)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in FIELD_GROUP:
+            name, value = FIELD_GROUP[name], dataclasses.replace(getattr(self, FIELD_GROUP[name]), **{name: value})
+        object.__setattr__(self, name, value)
+
+    def _check_across_groups(self) -> None:
+        """The rules that tie two groups together."""
+        require(self, self.max_steps >= 1, "max_steps", "must be >= 1")
+        require(self, self.seed >= 0, "seed", "must be >= 0 (numpy's generators take non-negative seeds)")
+        require(self, not (self.machine.fsdp and self.model.use_peft), "fsdp",
+                "shards whole weights; LoRA's adapters are small enough for data parallel: drop one of --fsdp and "
+                "--use-peft")
+        require(self, 0 <= self.data.soft_punish_cache <= self.sampling.max_completion_length, "soft_punish_cache",
+                f"must lie in [0, max_completion_length = {self.sampling.max_completion_length}]")
+        require(self, not (self.sampling.filter_groups and self.sync.async_generation), "filter_groups",
+                "draws more rounds from alpha during the step, while asynchronous generation's sampler already holds "
+                "the next window's weights; drop one of --filter-groups and --async-generation")
+        require(self, self.sync.sync_policy != "divergence" or self.diagnostics.heldout_prompts > 0, "sync_policy",
+                "divergence decides from the held-out TV estimate; add --heldout-prompts (e.g. 8)")
+
+    # ---- derived values that span groups ----------------------------------------------------------
+    @property
+    def micro_batch_size(self) -> int:
+        """Completions per pass: ``per_device_train_batch_size``, or the whole step when it is 0."""
+        return self.machine.per_device_train_batch_size or self.sampling.completions_per_step
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """Micro-batches per optimiser step (TRL's name): ceil(P x G / per_device_train_batch_size). With
+        ``group_by_length`` a step may run more, shorter passes (never longer ones)."""
+        return -(-self.sampling.completions_per_step // self.micro_batch_size)
+
+    @property
+    def num_syncs(self) -> int:
+        """Weight copies into the sampler over the run with the fixed policy (one at every step k with k % v == 0;
+        the divergence policy's count is known only at the end)."""
+        return -(-self.max_steps // self.sync.sync_period)
+
+    # ---- flat views: config.json, replace ---------------------------------------------------------
+    def to_dict(self) -> dict:
+        """Every field by its flat name (config.json's keys)."""
+        out = {name: getattr(self, name) for name in TOP_FIELDS}
+        for name in GROUPS:
+            out.update(dataclasses.asdict(getattr(self, name)))
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json_file(cls, path: str | Path) -> "GRPOConfig":
+        return cls(**json.loads(Path(path).read_text()))
+
+    def replace(self, **changes) -> "GRPOConfig":
+        """A copy with ``changes``: flat fields or whole groups."""
+        return GRPOConfig(**{**{name: getattr(self, name) for name in (*TOP_FIELDS, *GROUPS)}, **changes})
+
+
+#: The fields GRPOConfig holds itself (the run's length and seed), by name.
+TOP_FIELDS = {f.name: f for f in dataclasses.fields(GRPOConfig) if f.name not in GROUPS}
+#: Each group's field -> the group that holds it.
+FIELD_GROUP = {f.name: group for group, cls in GROUPS.items() for f in dataclasses.fields(cls)}
+#: Each group's derived value (a property) -> the group that holds it.
+GROUP_PROPERTIES = {name: group for group, cls in GROUPS.items() for name, value in vars(cls).items()
+                    if isinstance(value, property)}
+
+
+def flat_fields() -> list[tuple[str, dataclasses.Field]]:
+    """(group, field) for every option, in the order of ``--help``: GRPOConfig's own (group ""), then each group's."""
+    return [("", f) for f in TOP_FIELDS.values()] + [
+        (group, f) for group, cls in GROUPS.items() for f in dataclasses.fields(cls)]
+
+
+#: Fields that may change when a run resumes (``resumable`` beside each field).
+RESUMABLE_FIELDS = resumable_fields(GRPOConfig) | {name for cls in GROUPS.values() for name in resumable_fields(cls)}

@@ -1,0 +1,101 @@
+"""TRL's and verl's option names for this project's config, on the command line and in ``from_trl``."""
+
+from __future__ import annotations
+
+from .grpo import GRPOConfig
+
+# ---- TRL's names ---------------------------------------------------------------------------------
+
+#: TRL 1.16 names (and verl's where TRL has none) accepted for this config's fields, on the command line
+#: (``translate_trl_args``) and in ``GRPOConfig.from_trl``: name -> (field, {their value: ours} or None).
+TRL_NAMES: dict[str, tuple[str, dict | None]] = {
+    "vllm_importance_sampling_mode": ("importance_sampling_mode", None),
+    "vllm_importance_sampling_clip_max": ("importance_sampling_cap", None),
+    "vllm_importance_sampling_cap": ("importance_sampling_cap", None),  # TRL's name before 1.16
+    "vllm_importance_sampling_clip_min": ("importance_sampling_cap_min", None),
+    "importance_sampling_level": ("ratio_level", {"token": "token", "sequence": "sequence_normalised"}),
+    "ref_model_sync_steps": ("ref_sync_steps", None),
+    "vllm_server_base_url": ("server_url", None),
+    "vllm_server_timeout": ("server_timeout", None),
+    "vllm_mode": ("sampler", {"colocate": "vllm", "server": "server"}),
+    "entropy_coeff": ("entropy_coef", None),  # verl's
+}
+#: TRL's switches: name -> (field, value when on, value when off).
+TRL_SWITCHES: dict[str, tuple[str, str, str | None]] = {
+    "bf16": ("dtype", "bfloat16", "float32"),
+    "use_vllm": ("sampler", "vllm", "transformers"),
+    "sync_ref_model": ("ref_sync_steps", "", "0"),  # on: ref_model_sync_steps (TRL's default 512)
+}
+#: TRL's default ref_model_sync_steps, used when sync_ref_model is on without it.
+TRL_REF_MODEL_SYNC_STEPS = 512
+
+
+def _trl_values(given: dict) -> dict:
+    """TRL's names and values (``given``: name -> value, strings or Python values) as this config's fields."""
+    out, sync_ref = {}, given.pop("sync_ref_model", None)
+    steps = given.get("ref_model_sync_steps")
+    if steps is not None and not sync_ref:
+        raise ValueError("ref_model_sync_steps: TRL applies it only with sync_ref_model; add --sync-ref-model (or "
+                         "use --ref-sync-steps)")
+    if sync_ref and steps is None:
+        given["ref_model_sync_steps"] = TRL_REF_MODEL_SYNC_STEPS
+    if sync_ref is not None and not sync_ref:
+        out["ref_sync_steps"] = 0
+    vllm_mode = given.get("vllm_mode")
+    for name, value in given.items():
+        if name in TRL_SWITCHES:
+            field, on, off = TRL_SWITCHES[name]
+            if name == "use_vllm" and value and vllm_mode is not None:
+                continue  # vllm_mode says which
+            out[field] = on if value else off
+            continue
+        field, values = TRL_NAMES[name]
+        if values is not None:
+            if value not in values:
+                raise ValueError(f"{name}: expected one of {', '.join(values)}, got {value!r}")
+            value = values[value]
+        out[field] = value
+    return out
+
+
+def translate_trl_args(argv: list[str]) -> list[str]:
+    """A command line with TRL's option names (``--vllm-importance-sampling-mode token_mask``, ``--bf16``...) as this
+    project's (``--importance-sampling-mode token_mask``, ``--dtype bfloat16``); other arguments unchanged."""
+    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+    names = {flag(n): n for n in TRL_NAMES}
+    switches = {flag(n): (n, True) for n in TRL_SWITCHES} | {flag(f"no_{n}"): (n, False) for n in TRL_SWITCHES}
+    given, rest, i = {}, [], 0
+    while i < len(argv):
+        arg = argv[i]
+        key, eq, inline = arg.partition("=")
+        if key in names:
+            if eq:
+                given[names[key]] = inline
+            elif i + 1 < len(argv):
+                given[names[key]] = argv[i + 1]
+                i += 1
+            else:
+                raise ValueError(f"{names[key]}: missing value")
+            if names[key] == "ref_model_sync_steps":
+                given[names[key]] = int(given[names[key]])
+        elif arg in switches:
+            name, on = switches[arg]
+            given[name] = on
+        else:
+            rest.append(arg)
+        i += 1
+    out = []
+    for field, value in _trl_values(given).items():
+        out += [flag(field), str(value)]
+    return rest + out
+
+
+def from_trl(**kwargs) -> GRPOConfig:
+    """A ``GRPOConfig`` from keyword arguments that may use TRL's names (``TRL_NAMES``, ``TRL_SWITCHES``) beside
+    this project's: ``from_trl(vllm_importance_sampling_mode="token_mask", bf16=True, max_steps=50)``."""
+    trl = {k: kwargs.pop(k) for k in list(kwargs) if k in TRL_NAMES or k in TRL_SWITCHES}
+    translated = _trl_values(trl)
+    both = sorted(set(translated) & set(kwargs))
+    if both:
+        raise ValueError(f"{both[0]}: given both under its own name and under TRL's; give one")
+    return GRPOConfig(**kwargs, **translated)

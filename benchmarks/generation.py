@@ -87,7 +87,7 @@ def main() -> int:
     args = ap.parse_args()
     from transformers import AutoConfig, AutoTokenizer
 
-    from llm.pretrained import smollm2_dir
+    from llm.models.pretrained import smollm2_dir
     from llm.sampling.vllm_engine import VLLMSampler
 
     from real_model import real_workload

@@ -2,7 +2,7 @@
 
 With ``--top-p 1 --dtype bfloat16`` it measures the bfloat16 sync check's rounding floor (the logged
 ``sampling/logp_diff_mean`` and ``_max`` per step), and with ``--skip-syncs`` the same after syncs that never reach the
-engine (one and two steps stale): the numbers ``llm.diagnostics.SYNC_CHECKS`` quotes.
+engine (one and two steps stale): the numbers ``llm.core.diagnostics.SYNC_CHECKS`` quotes.
 
 SmolLM2-135M-Instruct with the in-process vLLM engine on ``make run-real``'s task and settings, top-p 0.9, v = 1 (every
 step at lag 0, so pi_k's weights are alpha's and any mean of log pi_k/alpha is the rule's or the rounding's), 3 steps.
@@ -25,10 +25,10 @@ def main() -> None:
     ap.add_argument("--top-p", type=float, default=0.9)
     ap.add_argument("--skip-syncs", action="store_true", help="the engine never gets the synced weights")
     args = ap.parse_args()
-    import llm.phases as phases
+    import llm.step.phases as phases
     from llm import GRPOConfig, train
-    from llm.pretrained import smollm2_dir
-    from llm.token_filter import ON_SET_LOGP
+    from llm.models.pretrained import smollm2_dir
+    from llm.core.token_filter import ON_SET_LOGP
 
     plain = phases.dg.sampler_gap
 
@@ -49,7 +49,7 @@ def main() -> None:
         chat_template=True, temperature=0.7, max_completion_length=24, prompts_per_step=8, learning_rate=1e-5,
         beta=0.0, max_steps=3, sync_period=1, sampler="vllm", dtype=args.dtype, tv_diagnostics=True, exact_j=False,
         top_p=args.top_p, progress=False, output_dir=tempfile.mkdtemp(prefix="lag0_bias_"))
-    from llm.rundir import read_metrics
+    from llm.run.rundir import read_metrics
     from tests.seams import SkipSyncs
 
     print("the start-up probe's 16 tokens first, then the 3 steps:")

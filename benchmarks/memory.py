@@ -7,7 +7,7 @@ the activations and logits dominate), against prompts per step, completion lengt
 
 Part 2, a projection for the README's GSM8K command on Qwen2.5-0.5B: models of Qwen2.5-0.5B's exact layer shape
 (hidden 896, MLP 4864, 14 heads, 2 KV heads, 151,936 vocabulary) with 1 and 3 decoder layers run one
-forward-and-backward micro-batch of the trainer (``llm.logprobs.forward_completions``) on 1 and 8 sequences of
+forward-and-backward micro-batch of the trainer (``llm.core.logprobs.forward_completions``) on 1 and 8 sequences of
 the GSM8K length (150 prompt + 512 completion tokens); the rise of the peak above the resident memory before the
 pass gives measured constants: bytes per sequence per layer (``a``), per sequence outside the layers (``b``) and
 the output layer's chunks and the embedding's gradient (``c``, bounded by the chunk size). With gradient
@@ -34,7 +34,6 @@ gathered whole on rank 0 (20 bytes per parameter while it is written).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -97,7 +96,7 @@ def build_model(path: Path, layers: int | None = None, shape: dict = SMALL, max_
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from llm.tiny import build_tokenizer
+    from llm.models.tiny import build_tokenizer
 
     tok = build_tokenizer()
     dims = {k: v for k, v in shape.items() if k != "parameters"}
@@ -162,9 +161,9 @@ def layer_constants(workdir: Path, log=print) -> dict:
     layers (embeddings, hidden states) and c the output layer's chunks (bounded by the chunk, not the batch)."""
     import torch
 
-    from llm.batch import make_batch
-    from llm.logprobs import forward_completions
-    from llm.model import load_policy
+    from llm.core.batch import make_batch
+    from llm.core.logprobs import forward_completions
+    from llm.models.model import load_policy
 
     torch.manual_seed(0)
     rise = {}
@@ -239,8 +238,8 @@ def child_rank(settings: dict, out: Path) -> None:
 
 def parameter_split(model: Path) -> tuple[int, int]:
     """(parameters in the transformer blocks, parameters outside them) of ``model``."""
-    from llm.distributed import transformer_blocks
-    from llm.model import load_policy
+    from llm.models.distributed import transformer_blocks
+    from llm.models.model import load_policy
 
     import torch
 

@@ -63,7 +63,7 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from llm.tiny import cache_root
+    from llm.models.tiny import cache_root
 
     model_dir = build_bench_model(cache_root() / "bench-qwen2-19m")
     if not args.skip_ranks:
@@ -89,10 +89,10 @@ def run_cli(name: str, model_dir: Path, out: Path, v: int, launcher: list[str], 
                          env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     if res.returncode != 0:
         raise SystemExit(f"{name} failed: {res.stderr[-2000:]}")
-    from llm.rundir import read_metrics
+    from llm.run.rundir import read_metrics
 
     rows = read_metrics(run)[v:]
-    from llm.metrics import PHASE_KEYS
+    from llm.core.metrics import PHASE_KEYS
 
     phases = {k: statistics.fmean(r[k] for r in rows) for k in PHASE_KEYS}
     return {"name": name, "steps_per_s": 1 / sum(phases.values()), **phases}
@@ -114,7 +114,7 @@ def ranks_rows(model_dir: Path, out: Path) -> None:
 
 
 def async_rows(model_dir: Path, out: Path, server_core: int, trainer_core: int) -> None:
-    from llm.serve import ServeConfig, ServerProcess
+    from llm.sampling.launch import ServeConfig, ServerProcess
 
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(server_core)  # the server's compute threads: one core
     print(f"\nserver on core {server_core}, trainer on core {trainer_core} (1 torch thread); "

@@ -1,15 +1,15 @@
 """Where the seconds of the trainer's optimise phase go: ``python benchmarks/profile_step.py [--model benchmark]``.
 
-The optimise phase is the forward and backward of the policy over a step's batch (``llm.logprobs.forward_completions``,
+The optimise phase is the forward and backward of the policy over a step's batch (``llm.core.logprobs.forward_completions``,
 the trainer's own function: shared prompts, chunked output layer) and the optimiser step. This script builds a batch
 of ``benchmarks/real_model.py``'s shape (4 prompts x G = 8 of SmolLM2-135M-Instruct's real prompts, completions of
 the given length), times the phase in float32 and under bfloat16 autocast (eager attention, as the benchmark), with
-the trainer's process settings (``keep_freed_memory``, ``llm.vml``; ``--no-keep-freed-memory`` for glibc's default), then
+the trainer's process settings (``keep_freed_memory``, ``llm.models.vml``; ``--no-keep-freed-memory`` for glibc's default), then
 profiles one pass of each with torch.profiler and sums the operators' own CPU time by kind: matrix products, attention,
 normalisation, elementwise arithmetic and activations, dtype casts and copies (``copy_``), layout, the optimiser,
 the rest.
 With ``--compile`` it also times the step with each decoder block compiled as the trainer's ``--compile`` does
-(``llm.model.compile_blocks``: inductor, dynamic shapes), for each dtype, after a first pass that compiles.
+(``llm.models.model.compile_blocks``: inductor, dynamic shapes), for each dtype, after a first pass that compiles.
 ``--model benchmark``: the same for the benchmark model of ``benchmarks/throughput.py`` (19.3M parameters, its 4
 arithmetic prompts x G = 16, completions of ``--length`` tokens, 48 by default: that benchmark's mean).
 """
@@ -51,8 +51,8 @@ def kind(name: str) -> str:
 def real_batch(prompts: int, generations: int, length: int):
     """The model, and a batch of its real chat-template prompts with ``length``-token completions drawn at random
     from the vocabulary (the arithmetic of a pass depends on the shapes only)."""
-    from llm.batch import make_batch
-    from llm.pretrained import smollm2_dir
+    from llm.core.batch import make_batch
+    from llm.models.pretrained import smollm2_dir
 
     from real_model import real_workload
 
@@ -65,15 +65,15 @@ def real_batch(prompts: int, generations: int, length: int):
     g = torch.Generator().manual_seed(0)
     rows = [prompt_ids[i // generations] for i in range(prompts * generations)]
     comps = [torch.randint(0, len(tok), (length,), generator=g).tolist() for _ in rows]
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id  # as llm.model.load_policy
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id  # as llm.models.model.load_policy
     return model_dir, make_batch(rows, comps, pad, torch.device("cpu"))
 
 
 def bench_batch(length: int):
     """The benchmark model of ``benchmarks/throughput.py`` and a batch of its 4 prompts x G = 16 with ``length``-token
     completions drawn at random from the vocabulary (EOS and padding excluded)."""
-    from llm.batch import make_batch
-    from llm.model import load_policy
+    from llm.core.batch import make_batch
+    from llm.models.model import load_policy
     from llm.tasks import arithmetic_task
 
     from throughput import BENCH, build_bench_model
@@ -90,7 +90,7 @@ def bench_batch(length: int):
 
 
 def optimise_once(model, opt, batch, precision) -> None:
-    from llm.logprobs import forward_completions
+    from llm.core.logprobs import forward_completions
 
     logp = forward_completions(model, batch, 1.0, precision).logp
     (-(logp * batch.completion_mask).sum() / batch.completion_mask.sum()).backward()
@@ -109,7 +109,7 @@ def main() -> int:
     ap.add_argument("--no-keep-freed-memory", dest="keep", action="store_false",
                     help="let glibc return large blocks at every free, as before the trainer's keep_freed_memory")
     args = ap.parse_args()
-    from llm.vml import resolve_vml_dispatch
+    from llm.models.vml import resolve_vml_dispatch
     from runkit.host_memory import keep_freed_memory
 
     resolve_vml_dispatch()  # as the trainer's setup does
@@ -117,14 +117,14 @@ def main() -> int:
         keep_freed_memory()
     print(f"freed memory {'kept in the process (the trainer default)' if args.keep else 'returned at every free'}",
           flush=True)
-    from llm.model import Precision, compile_blocks, load_policy
+    from llm.models.model import Precision, compile_blocks, load_policy
 
     if args.model == "real":
         model_dir, batch = real_batch(4, 8, args.length or 96)
     else:
         model_dir, batch = bench_batch(args.length or 48)
     tokens = int(batch.attention_mask.sum())
-    from llm.logprobs import shared_prompts
+    from llm.core.logprobs import shared_prompts
 
     shared = shared_prompts(batch)
     run = tokens if shared is None else int(batch.attention_mask[shared[0], :batch.prompt_width].sum()

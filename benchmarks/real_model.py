@@ -42,8 +42,8 @@ def real_workload(model_dir: Path, prompts: int = 4, generations: int = 8, max_t
     from transformers import AutoTokenizer
 
     from llm import GRPOConfig
-    from llm.procedural import GeneratorSpec
-    from llm.sources import load_task
+    from llm.tasks.procedural import GeneratorSpec
+    from llm.tasks.sources import load_task
 
     config = dict(dataset=TASK, generator_kwargs=GENERATOR_KWARGS, generator_instruction=INSTRUCTION,
                   chat_template=True)
@@ -75,7 +75,7 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from llm.pretrained import smollm2_dir
+    from llm.models.pretrained import smollm2_dir
 
     model_dir = smollm2_dir(log=lambda *a: None)
     work = real_workload(model_dir)
@@ -102,7 +102,7 @@ def main() -> int:
             done(dtype, run_ours(f"ours vLLM v={V} diag off +compile", model_dir, "vllm", V, dtype, out / dtype,
                                  verify_sync=False, compile=True, **common))
         if dtype == "float32" and args.server:
-            from llm.serve import ServeConfig, ServerProcess
+            from llm.sampling.launch import ServeConfig, ServerProcess
 
             print("  starting vLLM's server for SmolLM2 (python -m llm.serve)", flush=True)
             longest = max(map(len, work.prompt_ids))

@@ -47,7 +47,7 @@ def stages(model_dir: str) -> None:
     """Part 1, in this process: resident memory after each stage, as JSON lines."""
     import torch
 
-    from llm.model import load_policy
+    from llm.models.model import load_policy
     from llm.sampling.vllm_engine import VLLMSampler
     from llm.sampling.vllm_settings import cpu_engine_args
 
@@ -98,7 +98,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stages", action="store_true", help=argparse.SUPPRESS)  # part 1's own process
     args = ap.parse_args()
-    from llm.pretrained import smollm2_dir
+    from llm.models.pretrained import smollm2_dir
 
     model_dir = str(smollm2_dir())
     if args.stages:

@@ -3,7 +3,7 @@
 
 For each CPU backend of ``llm.sampling.weight_transfer`` (``gloo_cpu``: one flat buffer per dtype broadcast over a
 gloo group, the server's transport, here within one process; ``local_cpu``: the trainer's tensors handed over by
-reference, the in-process default), a fresh process with the trainer's process settings (``llm.vml``,
+reference, the in-process default), a fresh process with the trainer's process settings (``llm.models.vml``,
 ``keep_freed_memory``) loads the policy in float32, starts the engine with the trainer's CPU settings for the
 real-model benchmark's window, syncs once (untimed: the first sync also repacks vLLM's layers), then times
 ``--syncs`` syncs, each after moving every weight, and checks the engine's log-probs of a short generation against
@@ -23,14 +23,14 @@ from throughput import ROOT, run_child  # noqa: E402
 CHILD = r'''
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
-from llm.vml import resolve_vml_dispatch
+from llm.models.vml import resolve_vml_dispatch
 from runkit.host_memory import keep_freed_memory
 resolve_vml_dispatch(); keep_freed_memory()
 import torch
-from llm.batch import make_batch
-from llm.logprobs import completion_logprobs
-from llm.model import load_policy
-from llm.pretrained import smollm2_dir
+from llm.core.batch import make_batch
+from llm.core.logprobs import completion_logprobs
+from llm.models.model import load_policy
+from llm.models.pretrained import smollm2_dir
 from llm.sampling.vllm_engine import VLLMSampler
 backend, syncs = sys.argv[2], int(sys.argv[3])
 model_dir = smollm2_dir(log=lambda *a: None)

@@ -81,7 +81,7 @@ BENCH = Workload()
 def build_bench_model(path: Path, dtype: str = "float32") -> Path:
     if (path / "config.json").is_file():
         return path
-    from llm.tiny import TinySpec, build_model, build_tokenizer
+    from llm.models.tiny import TinySpec, build_model, build_tokenizer
 
     tok = build_tokenizer()
     model = build_model(TinySpec(**{k: v for k, v in BENCH_SPEC.items()}), len(tok))
@@ -121,7 +121,7 @@ def cpu_description() -> str:
     return f"{model} ({', '.join(ext) or 'no AVX2'})"
 
 
-#: The trainer's timed phases (``llm.trainer.PHASES``) shown as columns, under the trainer's own metric names.
+#: The trainer's timed phases (``llm.run.trainer.PHASES``) shown as columns, under the trainer's own metric names.
 SHOWN_PHASES = ("sync", "generate", "score", "behaviour", "optimise", "diagnostics")
 
 
@@ -181,7 +181,7 @@ def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: 
     ``insample_diagnostics``); off, the step does what TRL's does (exact J is off in both: real tasks lack it).
     ``extra``: further GRPOConfig fields (e.g. ``async_generation``, ``num_threads``, ``verify_sync``)."""
     from llm import GRPOConfig, train
-    from llm.rundir import read_metrics
+    from llm.run.rundir import read_metrics
 
     import shutil
 
@@ -200,7 +200,7 @@ def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: 
     shutil.rmtree(cfg.output_dir, ignore_errors=True)  # a fresh run, never a resumed one
     train(cfg, log=lambda *a: None)
     rows = read_metrics(cfg.output_dir)[per_window:]
-    from llm.metrics import PHASE_KEYS
+    from llm.core.metrics import PHASE_KEYS
 
     keys = list(PHASE_KEYS)
     phases = {k: sum(r.get(k, 0.0) for r in rows) / len(rows) for k in keys}
@@ -312,7 +312,7 @@ def main() -> int:
     attn = args.attn_implementation or ("eager" if args.dtype == "bfloat16" else "auto")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from llm.tiny import cache_root
+    from llm.models.tiny import cache_root
 
     model_dir = build_bench_model(cache_root() / "bench-qwen2-19m")
     n_params = count_parameters(model_dir)
@@ -332,7 +332,7 @@ def main() -> int:
             done(run_ours(f"ours vLLM v={v}" + (" +diag" if diag else ""), model_dir, "vllm", v, args.dtype, out,
                           diagnostics=diag, attn=attn))
     if not args.skip_server:
-        from llm.serve import ServeConfig, ServerProcess
+        from llm.sampling.launch import ServeConfig, ServerProcess
 
         print("  starting vLLM's server for the benchmark model (python -m llm.serve)", flush=True)
         with ServerProcess(ServeConfig(model=str(model_dir), port=0, dtype=args.dtype, max_model_len=128),

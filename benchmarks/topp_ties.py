@@ -2,7 +2,7 @@
 
 400 rows of logits 2.5 x N(0, 1) rounded to bfloat16 (held in float32, as the samplers compute), for vocabularies of
 2,048, 8,192 and 49,152 tokens, top-p 0.9: the share of rows whose boundary tie vLLM's rule splits (the rule the
-project follows, ``llm.token_filter``), and the mean over tokens sampled from vLLM's filtered distribution
+project follows, ``llm.core.token_filter``), and the mean over tokens sampled from vLLM's filtered distribution
 (``apply_top_k_top_p_pytorch``, its CPU path) of the trainer's log-probability minus vLLM's, by the project's rule and
 by the earlier rule that kept the whole tie ({z >= tau}). docs/theory.md, §1.1 quotes the output.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from llm.token_filter import TokenFilter, filtered_log_softmax, kept_boundary, kept_mask  # noqa: E402
+from llm.core.token_filter import TokenFilter, filtered_log_softmax, kept_boundary, kept_mask  # noqa: E402
 
 
 def main() -> None:

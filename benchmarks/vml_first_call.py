@@ -1,11 +1,11 @@
 """How often a fresh process's first forward pass of SmolLM2-135M-Instruct differs from its second, with and without
-``llm.vml.resolve_vml_dispatch``: ``python benchmarks/vml_first_call.py [--processes 8]`` (~10 s per process).
+``llm.models.vml.resolve_vml_dispatch``: ``python benchmarks/vml_first_call.py [--processes 8]`` (~10 s per process).
 
 Each process does what a benchmark or a trainer does first: a 2048^3 float32 and a bfloat16 matmul (the thread pool
 starts), then, in the warmed arm, ``resolve_vml_dispatch()``; then it loads the model in float32 and runs the same
 two-prompt batch (the real-model benchmark's first two chat-template prompts, left-padded) through it three times
 in train mode. A pass whose logits differ from the next identical pass is a first call of a oneMKL vector-math
-function that ran a low-accuracy kernel on one thread's chunk (``llm.vml``). Prints, per arm, the processes whose
+function that ran a low-accuracy kernel on one thread's chunk (``llm.models.vml``). Prints, per arm, the processes whose
 first pass differed, the largest logit gap and whether the later passes agreed to the bit.
 """
 
@@ -26,11 +26,11 @@ from throughput import matmul_flops
 for dtype in (torch.float32, torch.bfloat16):
     matmul_flops(dtype, reps=3)
 if sys.argv[2] == "warm":
-    from llm.vml import resolve_vml_dispatch
+    from llm.models.vml import resolve_vml_dispatch
     resolve_vml_dispatch()
-from llm.batch import make_batch
-from llm.model import load_policy
-from llm.pretrained import smollm2_dir
+from llm.core.batch import make_batch
+from llm.models.model import load_policy
+from llm.models.pretrained import smollm2_dir
 from real_model import real_workload
 model_dir = smollm2_dir(log=lambda *a: None)
 prompts = [list(p) for p in real_workload(model_dir).prompt_ids[:2]]

@@ -38,7 +38,7 @@ from .estimators import CERTIFICATE_MIN_PROMPTS
 from .simulate import SimConfig, bound_violations, final_j, simulate, steps_to_target
 
 #: The paper's four GRPO configurations (its GSM8K ablation), as settings that the bandit simulator and the language
-#: model trainer (``llm.ablation``) both take. Every configuration states the zero-variance mask: off for plain
+#: model trainer (``llm.analysis.ablation``) both take. Every configuration states the zero-variance mask: off for plain
 #: on-policy GRPO, on for the others, as the paper's off-policy runs use it.
 ABLATION = {
     "on-policy (v=1, i=1)": dict(sync_period=1, num_iterations=1, mask_zero_std_groups=False),

@@ -21,8 +21,8 @@ settings.register_profile(
     "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
-# oneMKL's vector math chosen on one thread before any test's first multi-threaded float operator (llm.vml)
-from llm.vml import resolve_vml_dispatch  # noqa: E402
+# oneMKL's vector math chosen on one thread before any test's first multi-threaded float operator (llm.models.vml)
+from llm.models.vml import resolve_vml_dispatch  # noqa: E402
 
 resolve_vml_dispatch()
 
@@ -77,7 +77,7 @@ def pytest_xdist_make_scheduler(config, log):
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from llm.tiny import tiny_model_dir
+    from llm.models.tiny import tiny_model_dir
 
     return AutoTokenizer.from_pretrained(tiny_model_dir())
 

@@ -11,16 +11,16 @@ import torch
 from scipy import stats
 
 from llm import GRPOConfig
-from llm.batch import make_batch, padded
-from llm.distributed import SINGLE, shard_blocks
+from llm.core.batch import make_batch, padded
+from llm.models.distributed import SINGLE, shard_blocks
 from llm.evaluation import exact_j
-from llm.logprobs import LogitHead, completion_logprobs
-from llm.model import Precision, frozen_copy, load_policy
-from llm.passes import Passes
-from llm.token_filter import NO_FILTER
-from llm.phases import advantages
+from llm.core.logprobs import LogitHead, completion_logprobs
+from llm.models.model import Precision, frozen_copy, load_policy
+from llm.core.passes import Passes
+from llm.core.token_filter import NO_FILTER
+from llm.step.phases import advantages
 from llm.tasks import TokenizedTask, arithmetic_task
-from llm.tiny import tiny_model_dir
+from llm.models.tiny import tiny_model_dir
 from llm.optim import Objective, optimise
 
 #: The repository's root (the working directory of the subprocesses tests start).
@@ -51,7 +51,7 @@ def chunked_logprobs_and_gradients(device: str, dtype: torch.dtype) -> tuple[tor
     """The built-in tiny model in ``dtype`` on ``device``, 12 ``sequences``, the output layer in chunks of 3 tokens at
     temperature 0.7, forward and backward: the completion log-probs and every parameter's gradient, as float64 on the
     CPU (tests/gpu against float64; benchmarks/logprob_error.py)."""
-    from llm.logprobs import forward_completions
+    from llm.core.logprobs import forward_completions
 
     torch.backends.cuda.matmul.allow_tf32 = False
     model, tok = load_policy(str(tiny_model_dir()), torch.device(device))

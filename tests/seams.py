@@ -1,12 +1,12 @@
 """Test callbacks that reach a run through its public seam: ``train(config, callbacks=[...])`` hands each callback with
-an ``on_setup`` method the run's ``llm.weights.Weights`` before step 0, and calls it with every step's row; and
+an ``on_setup`` method the run's ``llm.step.weights.Weights`` before step 0, and calls it with every step's row; and
 ``tag_generations``, which records which weights the transformers sampler held at each generation call."""
 
 from __future__ import annotations
 
 import torch
 
-from llm.model import plain_state_dict
+from llm.models.model import plain_state_dict
 
 
 def fingerprint(model) -> tuple[float, ...]:

@@ -1,5 +1,5 @@
 """Command line of the off-policy GRPO trainer: ``python -m llm.train [--field value ...]`` parses ``llm.GRPOConfig``,
-then calls ``llm.trainer.train``.
+then calls ``llm.run.trainer.train``.
 
 Every field of ``llm.GRPOConfig`` is an option (``--help`` lists them with their documentation). With no options it
 trains the built-in tiny model on the built-in arithmetic task. TRL's names are accepted for their fields.
@@ -12,7 +12,7 @@ import sys
 
 from runkit.cli import parse
 
-from ..config import TRL_NAMES, TRL_SWITCHES, GRPOConfig, translate_trl_args
+from llm.config import TRL_NAMES, TRL_SWITCHES, GRPOConfig, translate_trl_args
 
 PROG = "python -m llm.train"
 DESCRIPTION = ("Off-policy GRPO (arXiv 2505.22257) with per-step TV and bound logging. TRL's names are accepted for "
@@ -23,14 +23,14 @@ DESCRIPTION = ("Off-policy GRPO (arXiv 2505.22257) with per-step TV and bound lo
 def main(args: list[str] | None = None) -> int:
     argv = translate_trl_args(sys.argv[1:] if args is None else list(args))  # TRL's option names accepted too
     config = parse(GRPOConfig, argv, prog=PROG, description=DESCRIPTION)
-    from ..trainer import train  # torch and transformers load here, not for --help or a bad option
+    from llm.run.trainer import train  # torch and transformers load here, not for --help or a bad option
 
     run_dir = train(config)
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun rank 0 speaks for the run
-        from ..report import summarise
+        from llm.analysis.report import summarise
 
         print(summarise(run_dir))
-    from ..distributed import ran_in_a_group
+    from llm.models.distributed import ran_in_a_group
 
     if ran_in_a_group():
         # A torchrun rank whose run is finished and written leaves now: at the interpreter's teardown gloo's worker

@@ -8,7 +8,7 @@ from typing import Literal
 from grpo_theory.corrections import ImportanceSamplingMode, correction, require_correction_settings
 from grpo_theory.validation import EPS_MAX
 
-from .fields import require, require_finite, resumable
+from llm.config.fields import require, require_finite, resumable
 
 
 @dataclasses.dataclass

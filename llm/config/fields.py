@@ -16,7 +16,7 @@ MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
 def resumable(default):
     """A field that may change when a run is resumed: it does not change what a step computes (up to float rounding
     for the micro-batch and chunk sizes, shared prompts, sharding with FSDP and the device: a checkpoint written on a
-    GPU resumes on a CPU; a restarted server may listen elsewhere). ``llm.rundir`` compares every other field."""
+    GPU resumes on a CPU; a restarted server may listen elsewhere). ``llm.run.rundir`` compares every other field."""
     return dataclasses.field(default=default, metadata={"resumable": True})
 
 

@@ -16,11 +16,11 @@ from typing import Annotated
 
 import tyro
 
-from .algorithm import ObjectiveConfig, OptimConfig, SyncConfig
-from .fields import require, resumable, resumable_fields
-from .machinery import MachineConfig, SamplingConfig
-from .model import DataConfig, ModelConfig
-from .observation import DiagnosticsConfig, EvaluationConfig, OutputConfig
+from llm.config.algorithm import ObjectiveConfig, OptimConfig, SyncConfig
+from llm.config.fields import require, resumable, resumable_fields
+from llm.config.machinery import MachineConfig, SamplingConfig
+from llm.config.model import DataConfig, ModelConfig
+from llm.config.observation import DiagnosticsConfig, EvaluationConfig, OutputConfig
 
 #: The groups, by the attribute that holds each; the command line shows their fields without a prefix.
 GROUPS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "sync": SyncConfig, "objective": ObjectiveConfig,

@@ -8,7 +8,7 @@ from typing import Literal
 
 from grpo_theory.truncation import TokenFilter
 
-from .fields import MAX_TEMPERATURE, MIN_TEMPERATURE, require, require_finite, resumable
+from llm.config.fields import MAX_TEMPERATURE, MIN_TEMPERATURE, require, require_finite, resumable
 
 
 @dataclasses.dataclass

@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Literal
 
-from .fields import require, require_finite, resumable
+from llm.config.fields import require, require_finite, resumable
 
 
 @dataclasses.dataclass
@@ -15,7 +15,7 @@ class ModelConfig:
 
     model_name_or_path: str = ""
     """Local model directory, hub name, or a .gguf file (or a directory holding one; converted once to a cached
-    model directory, see llm.pretrained). Empty: the built-in tiny Qwen2 (built and cached locally)."""
+    model directory, see llm.models.pretrained). Empty: the built-in tiny Qwen2 (built and cached locally)."""
     trust_remote_code: bool = resumable(False)
     """Let transformers and vLLM run the Python code a model directory or hub repository ships (its own
     architecture). Off: only architectures transformers and vLLM implement load."""

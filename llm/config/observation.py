@@ -7,7 +7,7 @@ from typing import Literal
 
 from grpo_theory.estimators import DEFAULT_LCB_METHOD, LcbMethod
 
-from .fields import MAX_TEMPERATURE, MIN_TEMPERATURE, require, require_finite, resumable
+from llm.config.fields import MAX_TEMPERATURE, MIN_TEMPERATURE, require, require_finite, resumable
 
 
 @dataclasses.dataclass
@@ -108,7 +108,7 @@ class OutputConfig:
     report_to: tuple[Literal["none", "tensorboard", "wandb", "trackio"], ...] = resumable(("none",))
     """Experiment trackers that get every metrics.jsonl row under the same names, step for step (TRL's name;
     several allowed: ``--report-to tensorboard wandb``). Each needs its package (an optional install); TensorBoard
-    writes to <output_dir>/tensorboard. ``llm.trackers`` has the details."""
+    writes to <output_dir>/tensorboard. ``llm.run.trackers`` has the details."""
     progress: bool = resumable(True)
     """Show a tqdm progress bar when stderr is a terminal (a file or a CI log gets a line every ``logging_steps``
     instead of the bar's redraws). Off: lines everywhere."""

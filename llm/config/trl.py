@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .grpo import GRPOConfig
+from llm.config.grpo import GRPOConfig
 
 # ---- TRL's names ---------------------------------------------------------------------------------
 

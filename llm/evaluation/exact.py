@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..batch import make_batch
-from ..logprobs import completion_logprobs
-from ..model import Precision
-from ..token_filter import NO_FILTER, TokenFilter
-from ..tasks import TokenizedTask
+from llm.core.batch import make_batch
+from llm.core.logprobs import completion_logprobs
+from llm.models.model import Precision
+from llm.core.token_filter import NO_FILTER, TokenFilter
+from llm.tasks import TokenizedTask
 
 #: Sequences per forward pass of the exact-J computation.
 EXACT_J_BATCH = 512

@@ -20,11 +20,11 @@ import torch
 
 from runkit.host_memory import micro_batches
 
-from ..batch import Batch
-from ..distributed import Ranks, clip_gradients
-from ..logprobs import Forward, TokenDists, idle_passes
-from ..loss import Clip, LossStats, grpo_loss, loss_weights, second_moment_keep_torch
-from ..passes import Passes
+from llm.core.batch import Batch
+from llm.models.distributed import Ranks, clip_gradients
+from llm.core.logprobs import Forward, TokenDists, idle_passes
+from llm.core.loss import Clip, LossStats, grpo_loss, loss_weights, second_moment_keep_torch
+from llm.core.passes import Passes
 
 
 @dataclass(frozen=True)

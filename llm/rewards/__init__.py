@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .functions import (ANSWER_CHECKS, BatchReward, RewardFn, batch_rewards, check_answers, import_reward_fn,
+from llm.rewards.functions import (ANSWER_CHECKS, BatchReward, RewardFn, batch_rewards, check_answers, import_reward_fn,
                         math_verify_reward, numeric_reward, parse_answer, parse_number, text_reward)
-from .model import RewardModel, is_reward_model
-from .overlong import NAME as OVERLONG, SoftOverlongPunishment
+from llm.rewards.model import RewardModel, is_reward_model
+from llm.rewards.overlong import NAME as OVERLONG, SoftOverlongPunishment
 
 __all__ = ["ANSWER_CHECKS", "BatchReward", "OVERLONG", "RewardContext", "RewardFn", "RewardModel",
            "SoftOverlongPunishment", "batch_rewards", "check_answers", "import_reward_fn", "is_reward_model",

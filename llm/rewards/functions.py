@@ -51,7 +51,7 @@ def batch_rewards(funcs: Sequence[BatchReward], prompts: list, completions: list
     ``completions``, ``completion_ids`` and the data's columns, ``answer`` among them). A function that raises, returns
     the wrong number of values or a value that is neither a real number nor None, a completion no function
     scores raises one line. The weighted sum may be any finite number: outside [0, 1] Theorem 1's terms use the
-    reward range the run has seen (``llm.diagnostics.RewardRange``)."""
+    reward range the run has seen (``llm.core.diagnostics.RewardRange``)."""
     n = len(completions)
     total, scored, parts = np.zeros(n), np.zeros(n, dtype=bool), {}
     for f in funcs:

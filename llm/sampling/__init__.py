@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from ..model import architecture
-from .base import Rollout, Sampler
-from .hf_generate import TransformersSampler
-from ..token_filter import NO_FILTER, TokenFilter
-from .vllm_settings import quiet_vllm
+from llm.models.model import architecture
+from llm.sampling.base import Rollout, Sampler
+from llm.sampling.hf_generate import TransformersSampler
+from llm.core.token_filter import NO_FILTER, TokenFilter
+from llm.sampling.vllm_settings import quiet_vllm
 
 quiet_vllm()  # before any import of vllm
 
@@ -28,26 +28,26 @@ def resolved_sampler(config) -> str:
     """The sampler a run uses: ``config.sampling.sampler``, with 'auto' resolved (vLLM in process when it imports)."""
     if config.sampling.sampler != "auto":
         return config.sampling.sampler
-    from .vllm_engine import vllm_available
+    from llm.sampling.vllm_engine import vllm_available
 
     return "vllm" if vllm_available() else "transformers"
 
 
 def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
     """The sampler ``config.sampling.sampler`` names ('auto': vLLM when it imports), holding alpha = the initial policy;
-    a server holds whatever it was last sent until ``load_weights`` (``llm.weights.Weights.build`` sends the
+    a server holds whatever it was last sent until ``load_weights`` (``llm.step.weights.Weights.build`` sends the
     policy)."""
     kind = resolved_sampler(config)
     if kind in ("vllm", "server"):
         check_vllm_supports(policy)
     if kind == "server":
-        from .server import ServerSampler
+        from llm.sampling.server import ServerSampler
 
         return ServerSampler(config.sampling.server_url, model_path, eos_token_id=tokenizer.eos_token_id,
                              max_model_len=max_model_len(policy, config, max_prompt_tokens),
                              timeout=config.sampling.server_timeout, sync_host=config.sampling.server_sync_address)
     if kind == "vllm":
-        from .vllm_engine import VLLMSampler
+        from llm.sampling.vllm_engine import VLLMSampler
 
         if architecture(policy).startswith("Olmo"):
             raise ValueError("sampler: an in-process vLLM engine breaks transformers' OLMo model in the same process "
@@ -93,13 +93,13 @@ def probe_sync(sampler: Sampler, policy: torch.nn.Module, prompts: list[list[int
                temperature: float, precision, check, token_filter: TokenFilter = NO_FILTER) -> float:
     """Prove at start-up that weights reach the sampler for this model's architecture: sync a perturbed copy
     of the policy, sample, compare the sampler's log-probs with the copy's, then sync the policy back.
-    Returns the gap that ``check`` (``llm.diagnostics.SyncCheck``) reads; raises ``ValueError`` (one line, naming
+    Returns the gap that ``check`` (``llm.core.diagnostics.SyncCheck``) reads; raises ``ValueError`` (one line, naming
     the architecture) above its tolerance, or, for a check calibrated on the rounding floor (bfloat16), unless the
     sampler is ``PROBE_SEPARATION`` times closer to the perturbed weights than to the unperturbed ones."""
-    from ..batch import make_batch, padded
-    from ..diagnostics import PROBE_SEPARATION
-    from ..logprobs import completion_logprobs
-    from ..model import frozen_copy
+    from llm.core.batch import make_batch, padded
+    from llm.core.diagnostics import PROBE_SEPARATION
+    from llm.core.logprobs import completion_logprobs
+    from llm.models.model import frozen_copy
 
     device = next(policy.parameters()).device
     probe = frozen_copy(policy)

@@ -24,8 +24,8 @@ import torch
 
 from runkit.cli import RunError
 
-from .base import Rollout
-from ..token_filter import NO_FILTER, TokenFilter
+from llm.sampling.base import Rollout
+from llm.core.token_filter import NO_FILTER, TokenFilter
 
 #: Parallel HTTP requests per generation call (the server batches whatever is in flight).
 MAX_CONCURRENT_REQUESTS = 64
@@ -118,7 +118,7 @@ class ServerSampler:
         if self.engine is None:
             from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
-            from .weight_transfer import HTTPClient, register, trainer_init_info
+            from llm.sampling.weight_transfer import HTTPClient, register, trainer_init_info
 
             register()  # this process is not a vLLM process: its plugins are not loaded here
             client = HTTPClient(self.url, timeout=self.timeout, on_error=self._wrap_error)
@@ -144,7 +144,7 @@ class ServerSampler:
 
     def load_weights(self, model: torch.nn.Module) -> None:
         """alpha <- ``model``: a full round of vLLM's weight-transfer handshake, then a version check."""
-        from .weight_transfer import CheckpointSource
+        from llm.sampling.weight_transfer import CheckpointSource
 
         engine = self._engine(CheckpointSource(model))
         self._syncs += 1

@@ -1,7 +1,7 @@
-"""The samplers' entry point to the kept sets: ``llm.token_filter`` (the module itself sits below the samplers, beside
+"""The samplers' entry point to the kept sets: ``llm.core.token_filter`` (the module itself sits below the samplers, beside
 the models, since the trainer's log-probabilities use it too)."""
 
-from ..token_filter import (NO_FILTER, OFF_SET_LOGP, TokenFilter, filtered_log_softmax, filtered_logits, kept_boundary,
+from llm.core.token_filter import (NO_FILTER, OFF_SET_LOGP, TokenFilter, filtered_log_softmax, filtered_logits, kept_boundary,
                             kept_from, kept_mask)
 
 __all__ = ["NO_FILTER", "OFF_SET_LOGP", "TokenFilter", "filtered_log_softmax", "filtered_logits", "kept_boundary",

@@ -24,8 +24,8 @@ from runkit.cli import first_line
 from runkit.host_memory import release_freed_memory
 from runkit.quiet import filtered_native_output
 
-from .base import Rollout
-from ..token_filter import NO_FILTER, TokenFilter
+from llm.sampling.base import Rollout
+from llm.core.token_filter import NO_FILTER, TokenFilter
 
 
 def vllm_available() -> bool:
@@ -59,7 +59,7 @@ class VLLMSampler:
         TRL's vllm_enable_sleep_mode) go to the engine; on a CPU the first two are refused above their neutral values and
         sleep mode is refused, and ``kv_cache_bytes`` > 0 sizes the KV cache instead of the window."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in process: weights are shared by reference
-        from .vllm_settings import ENGINE_START_NOISE, quiet_vllm, vllm_log_wanted
+        from llm.sampling.vllm_settings import ENGINE_START_NOISE, quiet_vllm, vllm_log_wanted
 
         quiet_vllm()  # VLLM_LOGGING_LEVEL=INFO shows the engine's own log
         from vllm import LLM
@@ -82,7 +82,7 @@ class VLLMSampler:
                 raise ValueError("vllm_enable_sleep_mode: vLLM's sleep mode frees GPU memory; there is none on a CPU")
             from vllm.config import WeightTransferConfig
 
-            from .vllm_settings import cpu_engine_args
+            from llm.sampling.vllm_settings import cpu_engine_args
 
             if model_config is None:
                 from transformers import AutoConfig
@@ -92,7 +92,7 @@ class VLLMSampler:
             kwargs.update(cpu_engine_args(model_config, dtype, max_model_len, sequences, group, prompt_tokens,
                                           kv_cache_bytes))
 
-            from .weight_transfer import register
+            from llm.sampling.weight_transfer import register
 
             register()
             kwargs["weight_transfer_config"] = WeightTransferConfig(backend=weight_backend)
@@ -126,7 +126,7 @@ class VLLMSampler:
             self.asleep = True
 
     def load_weights(self, model: torch.nn.Module) -> None:
-        from .weight_transfer import TRAINER_INIT_INFO, CheckpointSource, OfflineClient
+        from llm.sampling.weight_transfer import TRAINER_INIT_INFO, CheckpointSource, OfflineClient
 
         self._wake()
         threads = torch.get_num_threads()

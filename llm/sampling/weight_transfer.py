@@ -318,8 +318,8 @@ class CheckpointSource(WeightSource):
         return ((k, v.detach()) for k, v in self._weights().items())
 
     def _weights(self) -> dict[str, torch.Tensor]:
-        """Under the plain model's names; a LoRA policy's merged (``llm.model.plain_state_dict``)."""
-        from ..model import plain_state_dict
+        """Under the plain model's names; a LoRA policy's merged (``llm.models.model.plain_state_dict``)."""
+        from llm.models.model import plain_state_dict
 
         return plain_state_dict(self.model)
 
@@ -398,10 +398,10 @@ def register() -> None:
     """Add ``gloo_cpu`` and ``local_cpu`` to vLLM's worker-side and trainer-side weight-transfer registries
     (idempotent). As the
     project's vLLM plugin it runs early in every vLLM process, before the model is built: it also resolves oneMKL's
-    vector math there (``llm.vml``), so the engine's rotary table is computed by the accurate kernels."""
+    vector math there (``llm.models.vml``), so the engine's rotary table is computed by the accurate kernels."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
 
-    from ..vml import resolve_vml_dispatch
+    from llm.models.vml import resolve_vml_dispatch
 
     resolve_vml_dispatch()
 

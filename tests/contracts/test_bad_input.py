@@ -19,11 +19,12 @@ from hypothesis import strategies as st
 
 from grpo_theory.simulate import SimConfig
 from llm import GRPOConfig
-from llm.model import load_policy
-from llm.serve import ServeConfig
-from llm.sources import load_task
+from llm.config import GROUPS, flat_fields
+from llm.models.model import load_policy
+from llm.sampling.launch import ServeConfig
+from llm.tasks.sources import load_task
 from llm.rewards import text_reward
-from llm.tiny import tiny_model_dir
+from llm.models.tiny import tiny_model_dir
 from runkit.cli import run_main
 
 
@@ -82,10 +83,19 @@ def _option(field: dataclasses.Field, tp, strings: dict) -> st.SearchStrategy:
     return st.text(max_size=8).map(lambda v: ([flag, v], False))
 
 
+def _options_of(cls) -> list[tuple[dataclasses.Field, type]]:
+    """(field, type) for every option of the config ``cls`` (a GRPOConfig's flat fields, through its groups), the
+    annotations resolved in the module that declares them."""
+    if cls is GRPOConfig:
+        hints = {"": typing.get_type_hints(GRPOConfig), **{g: typing.get_type_hints(c) for g, c in GROUPS.items()}}
+        return [(f, hints[g][f.name]) for g, f in flat_fields()]
+    hints = typing.get_type_hints(cls)
+    return [(f, hints[f.name]) for f in dataclasses.fields(cls)]
+
+
 def _args(cls, strings: dict, exclude=()) -> st.SearchStrategy:
-    fields = [f for f in dataclasses.fields(cls) if f.name not in exclude]
-    hints = typing.get_type_hints(cls)  # the annotations resolved in the config's own module
-    named = [_option(f, hints[f.name], strings).map(lambda o, n=f.name: (n, o)) for f in fields]
+    fields = [(f, tp) for f, tp in _options_of(cls) if f.name not in exclude]
+    named = [_option(f, tp, strings).map(lambda o, n=f.name: (n, o)) for f, tp in fields]
     options = st.lists(st.one_of(*named), max_size=4, unique_by=lambda o: o[0]).map(lambda os: [o[1] for o in os])
     extra = st.sampled_from([([], False), (["--no-such-option", "1"], True), (["positional"], True)])
     # the extra arguments go first: after an option of a tuple field they would be read as more of its values
@@ -94,7 +104,8 @@ def _args(cls, strings: dict, exclude=()) -> st.SearchStrategy:
 
 
 def _field_names(cls) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)] + ["--" + f.name.replace("_", "-") for f in dataclasses.fields(cls)]
+    names = [f.name for f, _ in _options_of(cls)]
+    return names + ["--" + n.replace("_", "-") for n in names]
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +142,7 @@ def test_fuzzed_trainer_command_lines_are_accepted_or_refused_in_one_line(files,
 
     train_cli = importlib.import_module("llm.commands.train")
 
-    with mock.patch("llm.pretrained.resolve_model_path", side_effect=ReachedModelLoading):
+    with mock.patch("llm.models.pretrained.resolve_model_path", side_effect=ReachedModelLoading):
         try:
             status, err = run_cli(train_cli.main, "python -m llm.train", argv)
         except ReachedModelLoading:
@@ -172,7 +183,7 @@ def test_fuzzed_server_launcher_command_lines_are_checked_before_starting(data):
     argv, invalid = data.draw(_args(ServeConfig, {"model": st.sampled_from(["", "/nonexistent/model"]),
                                                   "host": st.sampled_from(["127.0.0.1", ""]),
                                                   "extra_args": st.just("")}))
-    from llm import serve
+    from llm.commands import serve
 
     with mock.patch.object(serve, "ServerProcess", side_effect=ReachedModelLoading):
         try:
@@ -184,13 +195,12 @@ def test_fuzzed_server_launcher_command_lines_are_checked_before_starting(data):
 
 
 def _typed_fields(cls, tp) -> list[str]:
-    hints = typing.get_type_hints(cls)
-    return [f.name for f in dataclasses.fields(cls) if hints[f.name] is tp]
+    return [f.name for f, hint in _options_of(cls) if hint is tp]
 
 
 CLIS = {"trainer": (GRPOConfig, "llm.commands.train", "python -m llm.train"),
         "simulator": (SimConfig, "grpo_theory.simulate", "python -m grpo_theory.simulate"),
-        "server": (ServeConfig, "llm.serve", "python -m llm.serve")}
+        "server": (ServeConfig, "llm.commands.serve", "python -m llm.serve")}
 
 
 @pytest.mark.parametrize("cli,field,value", [
@@ -202,8 +212,8 @@ def test_every_number_field_refuses_non_finite_and_non_numeric_values(tmp_path, 
     cls, module, prog = CLIS[cli]
     flag = "--" + field.replace("_", "-")
     base = ["--output-dir", str(tmp_path / "run")] if cli != "server" else []
-    with mock.patch("llm.pretrained.resolve_model_path", side_effect=ReachedModelLoading), \
-            mock.patch("llm.serve.ServerProcess", side_effect=ReachedModelLoading):
+    with mock.patch("llm.models.pretrained.resolve_model_path", side_effect=ReachedModelLoading), \
+            mock.patch("llm.sampling.launch.ServerProcess", side_effect=ReachedModelLoading):
         status, err = run_cli(importlib.import_module(module).main, prog, [*base, flag, value])
     assert_one_line_error(status, err, prog, [field, flag])
     assert field in err or flag in err, err
@@ -354,7 +364,7 @@ def test_checkpoints_load_without_running_code_from_the_file(tmp_path):
     cfg = GRPOConfig(output_dir=str(tmp_path / "run"), sampler="transformers", progress=False)
     (tmp_path / "run").mkdir()
     torch.save({"step": 1, "payload": os.system}, tmp_path / "run" / "checkpoint.pt")  # a callable: not weights
-    from llm.rundir import RunDir
+    from llm.run.rundir import RunDir
 
     with pytest.raises(ValueError, match=r"output_dir: .*checkpoint.pt cannot be loaded \(UnpicklingError"):
         RunDir(cfg).open()

@@ -13,8 +13,8 @@ from tests.helpers import ROOT
 
 #: Names the modules of llm/ give a GRPOConfig; (file, name) pairs where that name holds another config.
 CONFIG_NAMES = {"config", "cfg", "base", "self.config", "run.config"}
-OTHER_CONFIGS = {("llm/serve.py", "config"),  # ServeConfig
-                 ("llm/ablation.py", "cfg")}  # AblationConfig
+OTHER_CONFIGS = {("llm/sampling/launch.py", "config"),  # ServeConfig
+                 ("llm/analysis/ablation.py", "cfg")}  # AblationConfig
 
 
 def flat_reads(rel: str, source: str) -> list[str]:
@@ -39,7 +39,7 @@ def test_the_check_finds_a_flat_read():
     source = (ROOT / "llm" / "trainer.py").read_text()
     assert "config.sampling.num_generations" in source
     bad = source.replace("config.sampling.num_generations", "config.num_generations", 1)
-    assert len(flat_reads("llm/trainer.py", bad)) == 1
+    assert len(flat_reads("llm/run/trainer.py", bad)) == 1
 
 
 def test_each_group_checks_its_own_fields_and_the_config_the_rules_across_them():
@@ -65,7 +65,7 @@ def test_flat_names_groups_and_replace_agree():
 
 
 def test_the_resumable_fields_are_marked_in_their_groups():
-    # the set the run directory compared before the groups (llm/rundir.py's hand-kept list then)
+    # the set the run directory compared before the groups (llm/run/rundir.py's hand-kept list then)
     assert RESUMABLE_FIELDS == {
         "max_steps", "logging_steps", "save_steps", "progress", "report_to", "num_threads", "output_dir", "server_url",
         "server_timeout", "server_sync_address", "per_device_train_batch_size", "gradient_checkpointing",

@@ -1,14 +1,14 @@
-"""Model families: the vLLM sync reaches the engine's forward pass for every family of llm.tiny.FAMILIES, and what
+"""Model families: the vLLM sync reaches the engine's forward pass for every family of llm.models.tiny.FAMILIES, and what
 cannot run is refused at start-up."""
 
 import pytest
 import torch
 
 from llm import GRPOConfig
-from llm.diagnostics import SyncCheck
-from llm.model import Precision, load_policy
+from llm.core.diagnostics import SyncCheck
+from llm.models.model import Precision, load_policy
 from llm.sampling.vllm_engine import vllm_available
-from llm.tiny import FAMILIES, build_family_model
+from llm.models.tiny import FAMILIES, build_family_model
 from tests.helpers import SYNC_ATOL, max_logp_gap, perturb
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]
@@ -45,7 +45,7 @@ def test_a_head_size_vllm_cpu_cannot_run_is_refused_at_start_up(tmp_path):
     import transformers as tf
 
     from llm import train
-    from llm.tiny import build_tokenizer
+    from llm.models.tiny import build_tokenizer
 
     tok = build_tokenizer()
     cfg = tf.LlamaConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=1, num_attention_heads=4,

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import llm.rundir as rundir_mod
+import llm.run.rundir as rundir_mod
 from llm import GRPOConfig, train
-from llm.rundir import RunDir, read_metrics, tensor_bytes
+from llm.run.rundir import RunDir, read_metrics, tensor_bytes
 from runkit.cli import RunError
 from tests.helpers import ROOT
 

@@ -15,22 +15,28 @@ LAYERS = [
      "grpo_theory.sync_policy", "grpo_theory.truncation", "grpo_theory"],
     ["grpo_theory.simulate", "grpo_theory.check", "grpo_theory.sigma_bias", "grpo_theory.experiments",
      "grpo_theory.certificate"],
+    # llm/, its folders in the order of a step's data flow
     ["llm.config.fields", "llm.config.model", "llm.config.algorithm", "llm.config.machinery", "llm.config.observation",
-     "llm.config.grpo", "llm.config.trl", "llm.config", "llm.metrics", "llm.clock"],  # settings and conventions, no torch
-    ["llm.data", "llm.rewards.functions", "llm.rewards.overlong", "llm.rewards.model", "llm.rewards", "llm.tasks",
-     "llm.procedural", "llm.sources"],  # tasks and rewards
-    ["llm.distributed", "llm.model", "llm.vml", "llm.token_filter"],  # torch: processes and models
-    ["llm.batch", "llm.logprobs", "llm.loss", "llm.diagnostics"],  # tensors of a step
+     "llm.config.grpo", "llm.config.trl", "llm.config", "llm.core.metrics",
+     "llm.core", "llm.models", "llm.step", "llm.run", "llm.commands"],  # settings and conventions, no torch
+    ["llm.tasks.data", "llm.rewards.functions", "llm.rewards.overlong", "llm.rewards.model", "llm.rewards",
+     "llm.tasks.procedural", "llm.tasks.sources", "llm.tasks"],  # tasks/, rewards/: prompts and their rewards
+    ["llm.models.distributed", "llm.models.vml", "llm.models.model", "llm.models.tiny",
+     "llm.models.pretrained"],  # models/: processes, models, where weights come from (built-in, GGUF, a directory)
+    ["llm.core.token_filter", "llm.core.batch", "llm.core.logprobs", "llm.core.loss", "llm.core.diagnostics",
+     "llm.core.passes"],  # core/: the tensors of a step and the passes that compute them
     ["llm.sampling.token_filter", "llm.sampling.base", "llm.sampling.vllm_settings", "llm.sampling.weight_transfer",
-     "llm.sampling.hf_generate",
-     "llm.sampling.vllm_engine", "llm.sampling.server", "llm.sampling"],  # who holds alpha
-    ["llm.evaluation.exact", "llm.evaluation.passk", "llm.evaluation.test_set", "llm.evaluation", "llm.tiny",
-     "llm.pretrained", "llm.rollout", "llm.passes"],
-    ["llm.optim.schedule", "llm.optim.update", "llm.optim", "llm.phases", "llm.weights", "llm.rundir", "llm.trackers",
-     "llm.monitors"],  # the trainer's parts
-    ["llm.trainer"],
-    ["llm", "llm.commands", "llm.commands.train", "llm.train", "llm.serve", "llm.report", "llm.ablation", "llm.options", "llm.analysis.warning",
-     "llm.analysis"],  # entry points
+     "llm.sampling.hf_generate", "llm.sampling.vllm_engine", "llm.sampling.server", "llm.sampling",
+     "llm.sampling.launch"],  # sampling/: who holds alpha
+    ["llm.evaluation.exact", "llm.evaluation.passk", "llm.evaluation.test_set", "llm.evaluation"],  # evaluation/
+    ["llm.optim.schedule", "llm.optim.update", "llm.optim"],  # optim/: the optimiser steps on the loss
+    ["llm.step.clock", "llm.step.rollout", "llm.step.phases", "llm.step.weights"],  # step/: one step, phase by phase
+    ["llm.run.rundir", "llm.run.trackers", "llm.run.monitors"],
+    ["llm.run.trainer"],  # run/: the loop over steps
+    ["llm", "llm.analysis.report", "llm.analysis.ablation", "llm.analysis.warning", "llm.analysis"],  # analysis/
+    ["llm.commands.train", "llm.commands.serve", "llm.commands.report", "llm.commands.ablation",
+     "llm.commands.options", "llm.commands.tiny", "llm.commands.pretrained", "llm.train", "llm.serve", "llm.report",
+     "llm.ablation", "llm.options", "llm.tiny", "llm.pretrained"],  # commands/: parse, then call; llm/*.py: python -m
 ]
 
 
@@ -98,5 +104,5 @@ def test_no_import_cycle():
 
 def test_the_checker_sees_function_level_and_relative_imports(tmp_path):
     edges = graph()
-    assert "llm.tiny" in edges["llm.pretrained"]  # a module-level relative import
+    assert "grpo_theory.core" in edges["grpo_theory.check"]  # a module-level relative import
     assert "llm.sampling.vllm_engine" in edges["llm.sampling"]  # a function-level one

@@ -10,8 +10,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from llm import GRPOConfig, train
-from llm.loss import LOG_RATIO_MAX, clip_objective_torch, grpo_loss, loss_weights
-from llm.rundir import read_metrics
+from llm.core.loss import LOG_RATIO_MAX, clip_objective_torch, grpo_loss, loss_weights
+from llm.run.rundir import read_metrics
 from runkit.cli import RunError
 
 

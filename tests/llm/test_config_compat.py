@@ -36,7 +36,7 @@ def test_from_trl_gives_the_configs_it_gave_before():
 
 
 def test_a_run_directory_written_before_resumes(tmp_path, monkeypatch):
-    from llm.trainer import train
+    from llm.run.trainer import train
 
     monkeypatch.chdir(ROOT)  # the run's model path is relative to the repository
     run = tmp_path / "run"

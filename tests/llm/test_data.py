@@ -1,4 +1,4 @@
-"""llm.data: data in TRL's formats read with datasets (files, saved data sets, conversations, GSM8K rows)."""
+"""llm.tasks.data: data in TRL's formats read with datasets (files, saved data sets, conversations, GSM8K rows)."""
 
 import json
 import shutil
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from llm import GRPOConfig
-from llm.data import GSM8K_TEMPLATE
-from llm.sources import load_task
+from llm.tasks.data import GSM8K_TEMPLATE
+from llm.tasks.sources import load_task
 
 datasets = pytest.importorskip("datasets")
 
@@ -38,7 +38,7 @@ def chat_model(tmp_path_factory):
     """A copy of the built-in tiny model whose tokenizer carries ``TEMPLATE``."""
     from transformers import AutoTokenizer
 
-    from llm.tiny import tiny_model_dir
+    from llm.models.tiny import tiny_model_dir
 
     model = tmp_path_factory.mktemp("chat") / "model"
     shutil.copytree(tiny_model_dir(), model)
@@ -69,7 +69,7 @@ def test_text_prompts_read_the_same_from_jsonl_parquet_and_a_saved_dataset(tmp_p
             assert task.test_prompts == ("1+1=",) and task.test_answers == ("2",)
             assert task.test_columns == {"level": (3,), "solution": ("two",)}
     with pytest.raises(ValueError, match=r"saved holds the splits \['test', 'train'\]; the 'validation' split"):
-        from llm.data import load_prompt_data
+        from llm.tasks.data import load_prompt_data
         load_prompt_data(str(saved), "validation")
     with pytest.raises(ValueError, match=r"dataset: expected 'arithmetic', a .json/.jsonl/.parquet/.csv file"):
         load_task(str(tmp_path / "train.txt"))
@@ -139,8 +139,8 @@ def test_conversations_are_rendered_with_the_chat_template_and_train(tmp_path, s
     from transformers import AutoTokenizer
 
     from llm import train
-    from llm.rundir import read_metrics
-    from llm.tiny import tiny_model_dir
+    from llm.run.rundir import read_metrics
+    from llm.models.tiny import tiny_model_dir
 
     model, tok = chat_model
     user = lambda r: {"role": "user", "content": r["prompt"]}  # noqa: E731

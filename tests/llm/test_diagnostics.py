@@ -1,4 +1,4 @@
-"""llm.diagnostics: the per-step estimates as the trainer computes them; in-sample against held-out on a tabular
+"""llm.core.diagnostics: the per-step estimates as the trainer computes them; in-sample against held-out on a tabular
 model, the reward range, a run's held-out improvement against the exact one in its standard errors."""
 
 import numpy as np
@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 import grpo_theory as gt
 from llm import GRPOConfig
-import llm.diagnostics as dg
-from llm.diagnostics import RewardRange, bound_estimates, tv_rows
+import llm.core.diagnostics as dg
+from llm.core.diagnostics import RewardRange, bound_estimates, tv_rows
 from tests.strategies import eps_values
 
 # ---- diagnostics ------------------------------------------------------------------------------
@@ -119,7 +119,7 @@ def test_a_runs_heldout_improvement_is_the_exact_improvement_within_its_standard
     value lies within 3 of its standard errors on at least 90% of steps, and averages to 0 within 3 standard errors of
     that average (the estimates are unbiased; the exact-expectation tests of ``grpo_theory.estimators`` say why)."""
     from llm import train
-    from llm.rundir import read_metrics
+    from llm.run.rundir import read_metrics
 
     rows = read_metrics(train(GRPOConfig(output_dir=str(tmp_path / "run"), sampler="transformers", max_steps=40,
                                          sync_period=4, heldout_prompts=16, progress=False, logging_steps=1000),
@@ -175,7 +175,7 @@ def test_the_weight_metrics_cover_every_completion_token_whatever_the_loss_keeps
 def test_the_sync_checks_mean_leaves_off_set_tokens_out_and_its_floor_calibrates_bf16():
     """``sampler_gap``: a token that one side's filter drops (-10^4) shows in the worst token, not in the token mean;
     ``SyncCheck``: bfloat16's threshold is max(0.02, twice the run's first gap), float32's the absolute 1e-3."""
-    from llm.diagnostics import SYNC_CHECKS, sampler_gap
+    from llm.core.diagnostics import SYNC_CHECKS, sampler_gap
 
     a = torch.tensor([[-1.0, -2.0, -1.0e4, -3.0]])
     b = torch.tensor([[-1.1, -2.1, -5.0, -3.1]])

@@ -1,4 +1,4 @@
-"""llm.logprobs: log-probs without full-vocabulary tensors, equal to the model's own for every family, with gradients;
+"""llm.core.logprobs: log-probs without full-vocabulary tensors, equal to the model's own for every family, with gradients;
 shared prompts; output transforms it does not know are refused."""
 
 import numpy as np
@@ -7,13 +7,13 @@ import torch
 
 from grpo_theory.truncation import filtered_log_softmax
 from grpo_theory.truncation import kept_boundary as gt_kept_boundary
-from llm.batch import make_batch
-from llm.logprobs import LogitHead, check_head, forward_completions
-from llm.model import compile_blocks, load_policy
-from llm.passes import Passes
-from llm.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, kept_boundary
-from llm.token_filter import filtered_log_softmax as torch_filtered_log_softmax
-from llm.tiny import FAMILIES, build_family_model, tiny_model_dir
+from llm.core.batch import make_batch
+from llm.core.logprobs import LogitHead, check_head, forward_completions
+from llm.models.model import compile_blocks, load_policy
+from llm.core.passes import Passes
+from llm.core.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, kept_boundary
+from llm.core.token_filter import filtered_log_softmax as torch_filtered_log_softmax
+from llm.models.tiny import FAMILIES, build_family_model, tiny_model_dir
 from tests.helpers import ATOL, RTOL, RTOL64, SHARED_GRAD_RTOL, plain_logprobs, same_gradient, sequences
 
 
@@ -65,14 +65,14 @@ def test_no_logits_larger_than_a_chunk_exist(monkeypatch):
     """The output layer only ever sees ``chunk_tokens`` rows, in the gradient pass and in the TV diagnostics."""
     model, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))
     batch = make_batch(*sequences(tok, 6), tok.pad_token_id, "cpu")
-    import llm.logprobs as lp
+    import llm.core.logprobs as lp
 
     seen, real, wide = [], LogitHead.logits, lp._wide_logits
     monkeypatch.setattr(LogitHead, "logits", lambda self, h: seen.append(h.shape[0]) or real(self, h))
     monkeypatch.setattr(lp, "_wide_logits", lambda h, *a: seen.append(h.shape[0]) or wide(h, *a))  # the scaled head
     fwd = forward_completions(model, batch, 1.0, chunk_tokens=4, keep_hidden=True)
     fwd.logp.sum().backward()
-    from llm.diagnostics import chain_tv_sum
+    from llm.core.diagnostics import chain_tv_sum
     d = Passes(1.0).dists(model, fwd.hidden)
     assert chain_tv_sum(d, d, batch.completion_mask, chunk_tokens=4) == 0.0
     n_tokens = int(batch.completion_mask.sum())
@@ -82,10 +82,10 @@ def test_no_logits_larger_than_a_chunk_exist(monkeypatch):
 @pytest.mark.parametrize("family", ["builtin"] + sorted(FAMILIES))
 def test_a_groups_prompt_runs_once_with_the_same_logprobs_and_gradients(family, tmp_path):
     """Sequences that share a prompt (a group's completions): each distinct prompt runs through the decoder once and
-    its completions on its cached keys and values (``llm.logprobs.completion_hidden``). In float64, for every family,
+    its completions on its cached keys and values (``llm.core.logprobs.completion_hidden``). In float64, for every family,
     log-probs, entropies and hidden states equal the plain pass over every whole sequence to 1e-10, gradients to
     ``SHARED_GRAD_RTOL``."""
-    from llm.logprobs import shared_prompts
+    from llm.core.logprobs import shared_prompts
 
     path = tiny_model_dir() if family == "builtin" else build_family_model(family, tmp_path / family)
     model, tok = load_policy(str(path), torch.device("cpu"))
@@ -136,7 +136,7 @@ def _grads(head: LogitHead, hidden: torch.Tensor, targets: torch.Tensor, weights
     through the plain head (``plain``)."""
     from torch.utils.checkpoint import checkpoint
 
-    from llm.logprobs import _token_stats, token_logprobs
+    from llm.core.logprobs import _token_stats, token_logprobs
 
     head.layer.weight.grad = None
     h = hidden.clone().requires_grad_()
@@ -160,7 +160,7 @@ def test_the_completions_pass_gets_the_prompt_cache_in_one_memory_layout(monkeyp
     prompt pass left them in (a compiled block leaves a transposed view, an eager one a contiguous tensor), with and
     without gradients. --compile's graphs guard on the strides of their inputs: on SmolLM2-135M, where both layouts
     reached the completions' pass, every decoder block compiled again within the timed steps (docs/benchmarks.md)."""
-    from llm.logprobs import completion_hidden
+    from llm.core.logprobs import completion_hidden
 
     model, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))
     compile_blocks(model)

@@ -1,4 +1,4 @@
-"""llm.loss: the clipped off-policy loss, its importance weight, normalisers, the masked groups and the KL term."""
+"""llm.core.loss: the clipped off-policy loss, its importance weight, normalisers, the masked groups and the KL term."""
 
 import numpy as np
 import pytest
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import grpo_theory as gt
 from grpo_theory.corrections import MODES, corrected_surrogate, second_moment_keep
 from llm import GRPOConfig
-from llm.loss import (
+from llm.core.loss import (
     Clip,
     LossStats,
     clip_flags_torch,

@@ -1,4 +1,4 @@
-"""llm.model: LoRA (merged weights for the sampler, adapters saved, learning), the attention kernel, compiled blocks."""
+"""llm.models.model: LoRA (merged weights for the sampler, adapters saved, learning), the attention kernel, compiled blocks."""
 
 import copy
 import shutil
@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from llm import GRPOConfig, train
-from llm.batch import make_batch
-from llm.logprobs import forward_completions
-from llm.model import add_lora, compile_blocks, frozen_copy, is_lora, load_policy, plain_state_dict
-from llm.rundir import read_metrics
-from llm.tiny import tiny_model_dir
+from llm.core.batch import make_batch
+from llm.core.logprobs import forward_completions
+from llm.models.model import add_lora, compile_blocks, frozen_copy, is_lora, load_policy, plain_state_dict
+from llm.run.rundir import read_metrics
+from llm.models.tiny import tiny_model_dir
 from tests.helpers import RTOL, same_gradient, sequences
 
 peft = pytest.importorskip("peft")
@@ -203,7 +203,7 @@ def test_dropout_is_off_so_two_training_mode_passes_agree(tmp_path):
     give the same log-probs (the importance weight compares passes)."""
     from transformers import AutoConfig
 
-    from llm.model import disable_dropout
+    from llm.models.model import disable_dropout
 
     path = tmp_path / "dropout"
     shutil.copytree(tiny_model_dir(), path)

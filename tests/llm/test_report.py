@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from llm import GRPOConfig, train
-from llm.report import plot_runs, realised_improvement, rolling_mean, run_labels, series
+from llm.analysis.report import plot_runs, realised_improvement, rolling_mean, run_labels, series
 
 
 def _write_run(path, rows):
@@ -82,7 +82,7 @@ def test_a_short_run_is_summarised_and_drawn_as_what_it_is(tmp_path):
     """A 5-step run: the summary's first and last means never overlap (2 steps each), the reward figure's rolling
     mean says how many steps it spans, and a run with in-sample bound estimates and no realised improvement (a real
     model, no held-out prompts) still gets its bound figure."""
-    from llm.report import summarise
+    from llm.analysis.report import summarise
 
     rows = [{"step": k, "reward": 0.1 * k, "insample/bound_est/lower_tight": -0.1 * k} for k in range(5)]
     run = _write_run(tmp_path / "short", rows)

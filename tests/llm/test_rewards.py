@@ -30,7 +30,7 @@ def reward_model_dir(tmp_path_factory):
     """A tiny sequence classifier (Qwen2 shape, the built-in character tokenizer), built locally and saved."""
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
-    from llm.tiny import build_tokenizer
+    from llm.models.tiny import build_tokenizer
 
     tok = build_tokenizer()
     config = Qwen2Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,

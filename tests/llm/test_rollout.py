@@ -1,4 +1,4 @@
-"""Asynchronous generation (llm.rollout, llm.clock): the logged lag is the true age of the weights that generated each
+"""Asynchronous generation (llm.step.rollout, llm.step.clock): the logged lag is the true age of the weights that generated each
 step's completions, a run interrupted and resumed anywhere in a window logs the uninterrupted run's rows, the sync
 check of each window, and the policy learns."""
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from llm import GRPOConfig, train
-from llm.rollout import step_seed
-from llm.rundir import read_metrics
+from llm.step.rollout import step_seed
+from llm.run.rundir import read_metrics
 from llm.sampling import TransformersSampler
 from tests.seams import PolicyFingerprints, tag_generations
 
@@ -98,7 +98,7 @@ def test_dynamic_sampling_keeps_the_first_varied_groups_over_the_rounds_and_logs
     their completions, log-probs, texts and reward-function values; the metrics count every group drawn."""
     import numpy as np
 
-    from llm.phases import Scored, VariedGroups
+    from llm.step.phases import Scored, VariedGroups
     from llm.sampling import Rollout
 
     varied = VariedGroups(3, 2)
@@ -126,7 +126,7 @@ def _dynamic_sampling_draws(reps: int, P: int, G: int, max_rounds: int, seed: in
     batch's TV estimate (the mean of (1 - w)^+ over the kept completions), with the exact J(alpha) and TV."""
     import numpy as np
 
-    from llm.phases import Scored, VariedGroups
+    from llm.step.phases import Scored, VariedGroups
     from llm.sampling import Rollout
 
     p = np.array([0.3, 0.9, 0.97, 0.99])

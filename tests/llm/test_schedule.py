@@ -10,7 +10,7 @@ import torch
 
 from llm import GRPOConfig, train
 from llm.optim.schedule import Schedule, make_optimizer
-from llm.rundir import read_metrics
+from llm.run.rundir import read_metrics
 
 
 @pytest.mark.parametrize("kind", ["constant", "linear", "cosine", "constant_with_warmup"])

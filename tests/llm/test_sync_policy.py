@@ -1,4 +1,4 @@
-"""The divergence sync policy, the staleness cap and a TRL correction in the trainer (llm.clock, llm.trainer): each
+"""The divergence sync policy, the staleness cap and a TRL correction in the trainer (llm.step.clock, llm.run.trainer): each
 step's completions come from the weights the logged lag names, a sync happens exactly when the previous step's
 held-out TV estimate exceeds the budget or the lag its cap, a resumed run continues the clock, and the policy learns."""
 
@@ -9,9 +9,9 @@ import signal
 import pytest
 
 from llm import GRPOConfig, train
-from llm.metrics import deterministic
-from llm.rollout import step_seed
-from llm.rundir import read_metrics
+from llm.core.metrics import deterministic
+from llm.step.rollout import step_seed
+from llm.run.rundir import read_metrics
 from tests.helpers import LEARNING_MARGIN
 from tests.seams import PolicyFingerprints, tag_generations
 

@@ -1,4 +1,4 @@
-"""llm.tasks and llm.sources: the built-in task, rewards (text, TRL's signature, math-verify), chat templates."""
+"""llm.tasks and llm.tasks.sources: the built-in task, rewards (text, TRL's signature, math-verify), chat templates."""
 
 import json
 import sys
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from llm import GRPOConfig
-from llm.sources import load_task
+from llm.tasks.sources import load_task
 from llm.rewards import numeric_reward, parse_number
 from llm.tasks import arithmetic_task
 
@@ -84,8 +84,8 @@ def test_chat_template_renders_every_prompt_as_a_user_turn(tmp_path, tokenizer, 
     import shutil
 
     from llm import train
-    from llm.rundir import read_metrics
-    from llm.tiny import tiny_model_dir
+    from llm.run.rundir import read_metrics
+    from llm.models.tiny import tiny_model_dir
 
     model = tmp_path / "chat_model"
     shutil.copytree(tiny_model_dir(), model)
@@ -121,8 +121,8 @@ def test_trl_signature_reward_functions_are_weighted_and_logged(reward_module, t
     """--reward-funcs with --reward-weights: the reward is the weighted sum of the functions' values (None counts
     0, as in TRL), each function's values are kept for rewards/<name>/mean|std, and a run logs them."""
     from llm import train
-    from llm.phases import reward_metrics
-    from llm.rundir import read_metrics
+    from llm.step.phases import reward_metrics
+    from llm.run.rundir import read_metrics
 
     task = load_task("arithmetic", reward_funcs=[f"{reward_module}:correct", f"{reward_module}:short",
                                                  f"{reward_module}:only_even"], reward_weights=[0.5, 0.25, 0.25])
@@ -154,7 +154,7 @@ def test_rewards_outside_unit_range_train_and_the_bound_uses_the_range_seen(rewa
     import importlib
 
     from llm import train
-    from llm.rundir import read_metrics
+    from llm.run.rundir import read_metrics
 
     funcs = importlib.import_module(reward_module)
     cfg = dict(output_dir=str(tmp_path / "run"), sampler="transformers", max_steps=3, progress=False,

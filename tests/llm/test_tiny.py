@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from llm.tiny import BUILTIN_DIR, CHECKSUMS, WARMUP_BAND, TinySpec, tiny_model_dir, verify_checksums, write_checksums
+from llm.models.tiny import BUILTIN_DIR, CHECKSUMS, WARMUP_BAND, TinySpec, tiny_model_dir, verify_checksums, write_checksums
 from tests.helpers import ROOT
 
 

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from grpo_theory.estimators import improvement_estimate, tv_estimate
-from llm.batch import make_batch
+from llm.core.batch import make_batch
 from llm.evaluation import exact_j
-from llm.logprobs import completion_logprobs
-from llm.model import frozen_copy, load_policy
+from llm.core.logprobs import completion_logprobs
+from llm.models.model import frozen_copy, load_policy
 from llm.sampling import TransformersSampler
-from llm.token_filter import NO_FILTER, TokenFilter, filtered_log_softmax
+from llm.core.token_filter import NO_FILTER, TokenFilter, filtered_log_softmax
 from llm.tasks import arithmetic_task
-from llm.tiny import tiny_model_dir
+from llm.models.tiny import tiny_model_dir
 from tests.helpers import perturb
 
 FILTER = TokenFilter(top_k=2, top_p=0.9)
@@ -170,7 +170,7 @@ def _same_up_to_boundary_ties(ours: torch.Tensor, theirs: torch.Tensor, z: torch
     """The same number of kept tokens in every row, and the same tokens above and below the boundary value: only
     which of the tokens tied at the boundary are kept may differ (the samplers' sorts order ties arbitrarily), which
     changes no probability of a kept token."""
-    from llm.token_filter import kept_boundary
+    from llm.core.token_filter import kept_boundary
 
     tau = kept_boundary(z, f)[0][:, None]
     assert torch.equal(ours.sum(-1), theirs.sum(-1))
@@ -182,7 +182,7 @@ def test_the_kept_sets_are_vllms_and_transformers_on_bf16_logits_with_ties(token
     """1,000 rows of 8,192 bf16-rounded logits: the kept set is vLLM's and transformers' own, row for row, up to which
     tied tokens at the boundary (the count, so the normaliser, equal); with top-p some rows split a tie there, where
     the earlier rule ({z >= tau}, the whole tie) kept more tokens than the samplers."""
-    from llm.token_filter import kept_boundary, kept_mask
+    from llm.core.token_filter import kept_boundary, kept_mask
 
     z = _bf16_rows()
     ours = kept_mask(z, token_filter)
@@ -198,12 +198,12 @@ def test_the_kept_sets_are_vllms_and_transformers_on_bf16_logits_with_ties(token
 
 def test_log_probs_of_vllms_samples_equal_vllms_on_bf16_logits():
     """Tokens sampled from vLLM's filtered distribution (top-p 0.9 on bf16 rows of 2,048 logits): the trainer's
-    log-probability of each (``llm.logprobs``' chunked head, the logits fed through an identity output layer; a target
+    log-probability of each (``llm.core.logprobs``' chunked head, the logits fed through an identity output layer; a target
     tied at the boundary counts as kept) equals vLLM's processed log-probability to float32 rounding, so log
     pi_k/alpha at lag 0 has no bias from the rule; the earlier rule's normaliser (the whole tie at the boundary) put it
     below vLLM's, on average by more than 1e-4 nats a token here."""
-    from llm.logprobs import _ScaledHeadLogprobs
-    from llm.token_filter import kept_boundary
+    from llm.core.logprobs import _ScaledHeadLogprobs
+    from llm.core.token_filter import kept_boundary
     from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
 
     f = TokenFilter(top_p=0.9)

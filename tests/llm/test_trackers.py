@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from llm import GRPOConfig, train
-from llm.rundir import read_metrics
-from llm.trackers import scalars
+from llm.run.rundir import read_metrics
+from llm.run.trackers import scalars
 
 #: TensorBoard stores scalars as float32.
 TB_RTOL = 1e-6

@@ -1,4 +1,4 @@
-"""llm.trainer end to end on the built-in task (transformers sampler, tiny model): learning, the sync cycle of the
+"""llm.run.trainer end to end on the built-in task (transformers sampler, tiny model): learning, the sync cycle of the
 diagnostics, the sync check, resume, samples."""
 
 import os
@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from llm import GRPOConfig, train
-from llm.batch import make_batch
-from llm.diagnostics import SYNC_CHECKS
-from llm.logprobs import completion_logprobs
-from llm.model import load_policy
-from llm.rundir import read_metrics
-from llm.tiny import tiny_model_dir
+from llm.core.batch import make_batch
+from llm.core.diagnostics import SYNC_CHECKS
+from llm.core.logprobs import completion_logprobs
+from llm.models.model import load_policy
+from llm.run.rundir import read_metrics
+from llm.models.tiny import tiny_model_dir
 from tests.helpers import LEARNING_MARGIN
 from tests.seams import SkipSyncs, TrainerPasses
 
@@ -106,7 +106,7 @@ def test_lag0_check_reuses_the_pi_k_forward_and_still_catches_a_skipped_sync(tmp
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_sync_check_tells_a_skipped_sync_from_rounding(tmp_path, capsys, dtype):
-    """The dtype's sync check (``llm.diagnostics.SYNC_CHECKS``) with the run's rounding floor (bfloat16: the first
+    """The dtype's sync check (``llm.core.diagnostics.SYNC_CHECKS``) with the run's rounding floor (bfloat16: the first
     check's token mean): every step after a real sync stays below its threshold, and with the sync skipped every later
     step is above it and warned about. Measured on an AVX-512 host under both kernel sets: float32 worst token 0 after
     syncs, 0.73-1.4 nats skipped; bfloat16 token mean 0.003-0.007 after syncs (worst tokens up to 0.57, which is why
@@ -186,7 +186,7 @@ def test_a_run_from_before_a_new_config_field_resumes_and_a_changed_one_is_refus
     so such a run resumes; the same field set to another value is still a different config."""
     import json
 
-    from llm.rundir import RunDir
+    from llm.run.rundir import RunDir
 
     cfg = _config(tmp_path, "old")
     run = RunDir(cfg)
@@ -202,7 +202,7 @@ def test_a_run_from_before_a_new_config_field_resumes_and_a_changed_one_is_refus
 
 
 def test_metrics_rows_after_the_checkpoint_are_dropped_on_resume(tmp_path):
-    from llm.rundir import RunDir
+    from llm.run.rundir import RunDir
 
     cfg = _config(tmp_path, "trunc", max_steps=3)
     train(cfg, log=lambda *a: None)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from llm import GRPOConfig, train
-from llm.rundir import read_metrics
+from llm.run.rundir import read_metrics
 from tests.helpers import CASES, RTOL64, SHARED_GRAD_RTOL, optimise_case, same_gradient, same_metric
 
 #: Metrics of two float32 runs: per-token log-probs differ by ~1e-6 with the batch's composition; the TV and bound
@@ -77,10 +77,10 @@ def _tiny_step(seed=0):
     """The tiny model, a batch of 2 groups of 3 completions with alpha = pi_k (lag 0) and advantages."""
     import numpy as np
 
-    from llm.batch import make_batch
-    from llm.model import load_policy
-    from llm.passes import Passes
-    from llm.tiny import tiny_model_dir
+    from llm.core.batch import make_batch
+    from llm.models.model import load_policy
+    from llm.core.passes import Passes
+    from llm.models.tiny import tiny_model_dir
     from tests.helpers import sequences
 
     torch.manual_seed(seed)
@@ -96,9 +96,9 @@ def _grad(policy, batch, adv, keep, **objective):
     """The gradient of one optimiser step (SGD lr 0: the weights stay) with the objective's knobs."""
     import numpy as np
 
-    from llm.model import Precision
+    from llm.models.model import Precision
     from llm.optim import Objective, optimise
-    from llm.passes import Passes
+    from llm.core.passes import Passes
 
     passes = Passes(1.0, Precision(), micro_batch=objective.pop("micro_batch", 0), group_size=3, share_prompts=False)
     groups = objective.pop("groups", np.ones(2, bool))
@@ -109,7 +109,7 @@ def _grad(policy, batch, adv, keep, **objective):
 
 
 def test_bnpo_is_dapo_in_one_pass_and_each_passs_own_mean_in_several():
-    from llm.distributed import SINGLE
+    from llm.models.distributed import SINGLE
     from llm.optim.update import bnpo_weights
 
     policy, batch, adv = _tiny_step()

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from llm.batch import make_batch, padded
-from llm.logprobs import completion_logprobs
-from llm.model import load_policy
-from llm.token_filter import TokenFilter
+from llm.core.batch import make_batch, padded
+from llm.core.logprobs import completion_logprobs
+from llm.models.model import load_policy
+from llm.core.token_filter import TokenFilter
 from llm.sampling.vllm_engine import vllm_available
 from llm.tasks import arithmetic_task
-from llm.tiny import tiny_model_dir
+from llm.models.tiny import tiny_model_dir
 from tests.helpers import (
     LEARNING_MARGIN,
     SYNC_ATOL,
@@ -182,7 +182,7 @@ def test_a_dapo_style_recipe_in_trls_names_trains_with_vllm_and_keeps_sync_exact
     from llm import train
     from llm.config import from_trl
     from llm.optim import Schedule
-    from llm.rundir import read_metrics
+    from llm.run.rundir import read_metrics
 
     cfg = from_trl(use_vllm=True, vllm_mode="colocate", output_dir=str(tmp_path / "dapo"), max_steps=80,
                    sync_period=4, beta=0.0, lr_scheduler_type="cosine", warmup_ratio=0.05, epsilon_high=0.28,
@@ -206,7 +206,7 @@ def test_evaluation_generates_with_the_runs_engine_and_hands_alpha_back(tmp_path
     step after each evaluation samples from alpha, whose log-probs the trainer recomputes (a gap far above float
     rounding otherwise)."""
     from llm import GRPOConfig, train
-    from llm.rundir import read_metrics
+    from llm.run.rundir import read_metrics
     from llm.sampling import TransformersSampler
 
     def refuse(*args, **kwargs):

@@ -1,4 +1,4 @@
-"""llm.vml: the warm-up covers every oneMKL VML function this torch build links, and each warmed operator is right.
+"""llm.models.vml: the warm-up covers every oneMKL VML function this torch build links, and each warmed operator is right.
 
 The race it prevents (a low-accuracy kernel on one thread's chunk of a function's first multi-threaded call) is not
 reproducible on demand: ``benchmarks/vml_first_call.py`` counts it over fresh processes, with and without the
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llm.vml import VML_OPS, resolve_vml_dispatch
+from llm.models.vml import VML_OPS, resolve_vml_dispatch
 
 #: VML's function names (``vmsCos``) -> torch's operator where the two differ.
 TORCH_NAME = {"Ln": "log", "ErfInv": "erfinv"}

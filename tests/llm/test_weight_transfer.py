@@ -4,9 +4,9 @@ the local_cpu one (an engine in the trainer's process) syncs the engine exactly.
 import pytest
 import torch
 
-from llm.model import load_policy
+from llm.models.model import load_policy
 from llm.sampling.vllm_engine import vllm_available
-from llm.tiny import tiny_model_dir
+from llm.models.tiny import tiny_model_dir
 from tests.helpers import SYNC_ATOL, max_logp_gap, perturb
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]

@@ -16,7 +16,7 @@ import torch
 
 from runkit.cli import first_line
 
-from .config import MachineConfig
+from llm.config import MachineConfig
 
 
 def resolve_device(device: str) -> torch.device:

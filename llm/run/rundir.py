@@ -29,7 +29,7 @@ import torch
 from runkit.cli import RunError, first_line
 from runkit.runio import MetricsWriter, atomic_write_text, read_metrics, write_config
 
-from .config import RESUMABLE_FIELDS, GRPOConfig
+from llm.config import RESUMABLE_FIELDS, GRPOConfig
 
 __all__ = ["RunDir", "read_metrics", "RESUMABLE_FIELDS"]
 
@@ -223,7 +223,7 @@ class RunDir:
 
     def save_final_model(self, model, tokenizer) -> None:
         path = self.path / "final_model"
-        from .model import quiet_transformers
+        from llm.models.model import quiet_transformers
 
         with writing(path), quiet_transformers():
             model.save_pretrained(path)

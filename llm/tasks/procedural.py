@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .tasks import Task
+from llm.tasks import Task
 
 PREFIX = "reasoning_gym:"
 DEFAULT_INSTRUCTION = "Reply with the final answer only."

@@ -1,4 +1,4 @@
-"""Conventions of metrics.jsonl that readers share (``llm.report``, the ablation, the benchmarks): no torch here.
+"""Conventions of metrics.jsonl that readers share (``llm.analysis.report``, the ablation, the benchmarks): no torch here.
 
 Every key under ``time/`` is wall-clock (seconds, or a rate); every other key is a function of the config and the
 seed (the same in two runs of one command on one machine, up to float rounding). ``time/<phase>`` for the phases

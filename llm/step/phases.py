@@ -1,6 +1,6 @@
 """The phases of a training step between generation and the update, and the diagnostics after it, one function each:
 ``score``, ``advantages``, ``alpha_logprobs`` (behaviour), ``diagnose``, ``heldout_estimates``. Each takes what it
-reads; the loop that calls them is ``llm.trainer``, the update ``llm.optim.update``."""
+reads; the loop that calls them is ``llm.run.trainer``, the update ``llm.optim.update``."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import torch
 import grpo_theory as gt
 from grpo_theory.estimators import mean_and_standard_error
 
-from . import diagnostics as dg
-from .batch import Batch, make_batch, padded
-from .distributed import Ranks
-from .logprobs import TokenDists
-from .passes import Passes
-from .sampling import Rollout
-from .tasks import TokenizedTask
-from .optim import Optimised
+from llm.core import diagnostics as dg
+from llm.core.batch import Batch, make_batch, padded
+from llm.models.distributed import Ranks
+from llm.core.logprobs import TokenDists
+from llm.core.passes import Passes
+from llm.sampling import Rollout
+from llm.tasks import TokenizedTask
+from llm.optim import Optimised
 
 
 # ---- score and advantages --------------------------------------------------------------------------

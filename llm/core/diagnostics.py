@@ -50,8 +50,8 @@ import torch
 import grpo_theory as gt
 import grpo_theory.estimators as ge
 
-from .logprobs import TokenDists
-from .token_filter import ON_SET_LOGP
+from llm.core.logprobs import TokenDists
+from llm.core.token_filter import ON_SET_LOGP
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def rollout_metrics(rewards: np.ndarray, zero_std: np.ndarray, completions: list
     }
 
 
-#: Token log-weights are clamped to +-this before w - 1 - log w (the KL term's clamp, ``llm.loss.KL_LOG_MAX``).
+#: Token log-weights are clamped to +-this before w - 1 - log w (the KL term's clamp, ``llm.core.loss.KL_LOG_MAX``).
 MISMATCH_LOG_MAX = 40.0
 
 

@@ -7,7 +7,7 @@ prompts of every step of the window are generated in one sampler call at the win
 
 Asynchronous generation (``async_generation``): the window starting at step w0 is generated in a background
 thread while the trainer trains the previous window, from the weights synced at w0 - v (the initial weights for
-the first two windows); ``llm.clock`` says which weights produced each step's samples.
+the first two windows); ``llm.step.clock`` says which weights produced each step's samples.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .clock import SyncClock
-from .config import GRPOConfig
-from .sampling import Rollout, Sampler
-from .tasks import Task
+from llm.step.clock import SyncClock
+from llm.config import GRPOConfig
+from llm.sampling import Rollout, Sampler
+from llm.tasks import Task
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -47,7 +47,7 @@ class RolloutWindow:
     def __init__(self, config: GRPOConfig, task: Task, prompt_tokens: list[list[int]], sampler: Sampler,
                  clock: SyncClock):
         self.config, self.task, self.prompt_tokens, self.sampler = config, task, prompt_tokens, sampler
-        self.clock = clock  # the run's own (``llm.trainer.start_run``), never a second one
+        self.clock = clock  # the run's own (``llm.run.trainer.start_run``), never a second one
         self._ready: dict[int, StepRollout] = {}
         self._pending: dict[int, Future] = {}  # window start -> its completions, being generated
         self._pool: ThreadPoolExecutor | None = None

@@ -4,7 +4,7 @@
   160 for training and 40 for testing). Its reward is defined on tokens: 1 iff the completion's tokens
   are exactly the answer's tokens followed by EOS. Because its accepted completions form a finite set,
   its expected reward J(pi | x) is computable exactly (``Task.accepted``; docs/theory.md, §8.1).
-- Data in TRL's formats (``llm.data``: a ``prompt`` column holding text or a conversation, other columns passed
+- Data in TRL's formats (``llm.tasks.data``: a ``prompt`` column holding text or a conversation, other columns passed
   to reward functions; GSM8K's ``question``/``answer`` rows mapped onto it), read with ``datasets`` from files,
   saved data sets or the hub. Default reward: 1 iff the completion's answer equals the ``answer`` column, as
   ``math-verify`` decides, or by the last number in the completion (``llm.rewards.functions``). ``eval_dataset`` is
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .data import Prompt, rows_of
-from .rewards.functions import BatchReward, RewardFn, batch_rewards, text_reward
+from llm.tasks.data import Prompt, rows_of
+from llm.rewards.functions import BatchReward, RewardFn, batch_rewards, text_reward
 
 
 #: A reward that reads its prompt's own record (a procedural generator's entry): (completion, row, test) -> [0, 1].

@@ -24,7 +24,7 @@ at alpha = pi). Without the correction the terms estimate E_alpha[k3], which is 
 No ratio overflows (``bounded_ratios``): for A >= 0 the objective depends on r only through min(r, r' + eps), so
 r is capped there in log space, which changes neither f nor its gradient for any r; otherwise r and r' are capped
 at e^LOG_RATIO_MAX, below which nothing changes. The KL term's log-ratios are clamped to +-KL_LOG_MAX (40 nats).
-A loss that is still not finite (a NaN log-prob) is the trainer's to skip (``llm.trainer.optimise``).
+A loss that is still not finite (a NaN log-prob) is the trainer's to skip (``llm.run.trainer.optimise``).
 
 The step's loss is sum(per_token * weights): ``loss_weights`` turns the normalisation of each loss type
 (and the zero-variance mask) into one weight per token, computed once from the whole step's masks, so a
@@ -215,7 +215,7 @@ class LossStats:
         """TRL's names where they exist: loss, clip_ratio/*, kl; plus ``is_correction/frac_above_cap`` (loss tokens
         whose weight a TRL mode truncated or masked; 0 with the paper's clip). Shares and means over the loss tokens:
         nan on a step with none (every group masked, or dropped for staleness), where there is nothing to average.
-        The importance weights and the mismatch KL are over every completion token (``llm.diagnostics.
+        The importance weights and the mismatch KL are over every completion token (``llm.core.diagnostics.
         weight_metrics``), not these."""
         n = self.tokens
         share = (lambda x: x / n) if n else (lambda x: float("nan"))  # noqa: E731

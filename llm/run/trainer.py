@@ -2,23 +2,23 @@
 
 ``run_loop`` runs the steps; ``run_step`` is one step, its phases in the order they run:
 
-    sync        at a window's first step, alpha <- pi_theta                     (``Weights.sync``; the clock: ``llm.clock``;
+    sync        at a window's first step, alpha <- pi_theta                     (``Weights.sync``; the clock: ``llm.step.clock``;
                                                                                  divergence policy: when the TV says so)
-    rollout     G completions per prompt (training and held-out) from alpha     (``llm.rollout``; asynchronously the next
+    rollout     G completions per prompt (training and held-out) from alpha     (``llm.step.rollout``; asynchronously the next
                                                                                  window is generated while this one trains)
-    score       verifiable rewards                                              (``llm.phases.score``)
-    advantages  group whitening and the zero-variance mask                      (``llm.phases.advantages``)
-    behaviour   log alpha: the sampler's, recomputed where needed               (``llm.phases.alpha_logprobs``)
+    score       verifiable rewards                                              (``llm.step.phases.score``)
+    advantages  group whitening and the zero-variance mask                      (``llm.step.phases.advantages``)
+    behaviour   log alpha: the sampler's, recomputed where needed               (``llm.step.phases.alpha_logprobs``)
     reference   log pi_ref                                                      (beta > 0)
     optimise    i steps on the clipped off-policy objective (+ beta KL)         (``llm.optim.update.optimise``)
-    diagnose    TV distances, Theorem 1's estimated terms, the exact J          (``llm.phases``, ``llm.monitors``)
+    diagnose    TV distances, Theorem 1's estimated terms, the exact J          (``llm.step.phases``, ``llm.run.monitors``)
     evaluate    every ``eval_steps`` steps, on the test prompts                 (``llm.evaluation.evaluate``)
-    log         one row of metrics.jsonl, trackers, callbacks                   (``llm.monitors.Output``)
+    log         one row of metrics.jsonl, trackers, callbacks                   (``llm.run.monitors.Output``)
     checkpoint  every ``save_steps`` steps, at the end and on Ctrl-C
 
 Every knob is read where it acts: ``sync_period`` (v) by the clock, ``num_iterations`` (i) in ``llm.optim.update``,
 ``ref_sync_steps`` at the reference reset. Under torchrun every rank runs each phase over its share of the prompts;
-rank 0 alone generates, scores and writes (``llm.distributed``).
+rank 0 alone generates, scores and writes (``llm.models.distributed``).
 """
 
 from __future__ import annotations
@@ -36,30 +36,30 @@ from runkit.host_memory import CEILING as FREED_MEMORY_CEILING
 from runkit.host_memory import keep_freed_memory, release_freed_memory
 from runkit.interrupt import GracefulStop
 
-from .batch import make_batch
-from .clock import SyncClock, Tick
-from .config import GRPOConfig
-from .distributed import SINGLE, Ranks, close_ranks, collective_failure, init_ranks
-from .evaluation import EvalSpec, evaluate
-from .logprobs import check_head
-from .model import add_lora, compile_blocks, load_policy, resolve_device
-from .monitors import ExactJ, Output, PhaseTimer, RangeTracker, SilentOutput, StepCallback, Warnings, arithmetic
-from .passes import Passes
-from .phases import (Behaviour, Heldout, VariedGroups, advantages, alpha_logprobs, diagnose, group_batch,
+from llm.core.batch import make_batch
+from llm.step.clock import SyncClock, Tick
+from llm.config import GRPOConfig
+from llm.models.distributed import SINGLE, Ranks, close_ranks, collective_failure, init_ranks
+from llm.evaluation import EvalSpec, evaluate
+from llm.core.logprobs import check_head
+from llm.models.model import add_lora, compile_blocks, load_policy, resolve_device
+from llm.run.monitors import ExactJ, Output, PhaseTimer, RangeTracker, SilentOutput, StepCallback, Warnings, arithmetic
+from llm.core.passes import Passes
+from llm.step.phases import (Behaviour, Heldout, VariedGroups, advantages, alpha_logprobs, diagnose, group_batch,
                      heldout_before_update, heldout_estimates, insample_estimates, reward_metrics, sampler_logprobs,
                      score)
-from . import pretrained
-from .rewards import RewardContext
-from .rollout import RolloutWindow, StepRollout
-from .rundir import RunDir
-from .sampling import max_model_len, resolved_sampler
-from .procedural import GeneratorSpec
-from .sources import load_task
-from .tasks import TokenizedTask
-from .trackers import Trackers, check_trackers
-from .optim import Objective, Schedule, optimise
-from .vml import resolve_vml_dispatch
-from .weights import Weights
+from llm.models import pretrained
+from llm.rewards import RewardContext
+from llm.step.rollout import RolloutWindow, StepRollout
+from llm.run.rundir import RunDir
+from llm.sampling import max_model_len, resolved_sampler
+from llm.tasks.procedural import GeneratorSpec
+from llm.tasks.sources import load_task
+from llm.tasks import TokenizedTask
+from llm.run.trackers import Trackers, check_trackers
+from llm.optim import Objective, Schedule, optimise
+from llm.models.vml import resolve_vml_dispatch
+from llm.step.weights import Weights
 
 #: Completions of the last step written to samples.jsonl at each checkpoint (the first of each of as many groups).
 SAMPLES_KEPT = 4
@@ -70,7 +70,7 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
 
     ``callbacks`` are called as ``cb(step, row)`` after each step's metrics row is written (``row``: that row),
     after the trackers of ``report_to``; a callback with an ``on_setup(weights)`` method is also handed the
-    run's ``llm.weights.Weights`` (policy, alpha, pi_ref, the sampler) before step 0.
+    run's ``llm.step.weights.Weights`` (policy, alpha, pi_ref, the sampler) before step 0.
     """
     # torchrun: this process's rank (one rank with the in-process engine runs as one process); else one process
     ranks = init_ranks(resolve_device(config.machine.device), config.machine.fsdp,
@@ -132,7 +132,7 @@ def train_rank(config: GRPOConfig, ranks: Ranks) -> Path:
 def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights, TokenizedTask, str]:
     """Load the task, the policy and its tokenizer, then the weights around it (``Weights.build``: the sampler on
     rank 0 holding alpha = the policy, the copies, the optimiser)."""
-    resolve_vml_dispatch()  # before any float operator runs on several threads (llm.vml)
+    resolve_vml_dispatch()  # before any float operator runs on several threads (llm.models.vml)
     if config.machine.num_threads:
         torch.set_num_threads(config.machine.num_threads)
     if config.machine.keep_freed_memory:

@@ -1,7 +1,7 @@
 """top-k, top-p and min-p in torch: the twin of ``grpo_theory.truncation`` (docs/theory.md, §1.1), used on both sides
 of the importance weight. The samplers draw from the filtered distribution (vLLM with its own kernels, the
 transformers sampler with ``filtered_logits`` in its last logits processor), and the trainer's log-probabilities of
-pi_theta, pi_k, alpha and pi_ref are those of the filtered distributions of their weights (``llm.logprobs``), so
+pi_theta, pi_k, alpha and pi_ref are those of the filtered distributions of their weights (``llm.core.logprobs``), so
 pi_k/alpha is exact.
 
 The kept set is vLLM's, step by step and in its arithmetic (``vllm/v1/sample/ops/topk_topp_sampler.py``:
@@ -12,7 +12,7 @@ top-p cut is by position, so a tie at the boundary is split: ``kept_boundary`` g
 and the first kept column c among the tokens equal to it, and the kept set is {z > tau} and {z = tau, column >= c}
 (ties ordered by column, a stable sort; vLLM's and transformers' unstable sorts order ties otherwise, which changes
 which tied tokens are kept, never how many, so never the normaliser). A sampled token tied at the boundary was kept
-by its sampler whatever the order: the trainer's log-probability of a target (``llm.logprobs``) counts it as kept.
+by its sampler whatever the order: the trainer's log-probability of a target (``llm.core.logprobs``) counts it as kept.
 
 A token outside the kept set has probability 0. Its log-probability is stored as ``OFF_SET_LOGP`` (-10^4) rather
 than -inf: exp of it is exactly 0 in float32 and float64, and products with a zero mask stay finite where -inf

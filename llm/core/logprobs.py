@@ -6,7 +6,7 @@ tokens (padding skipped) in chunks of ``chunk_tokens`` rows, so at most (chunk_t
 at a time. With gradients on and more than one chunk, each chunk runs under activation checkpointing: its
 logits are recomputed in the backward pass instead of being kept (one more pass of the output layer, the price of
 memory that does not grow with the vocabulary). The result is log_softmax(model(...).logits / T) gathered at
-the sampled tokens (tested equal for every family in ``llm.tiny.FAMILIES``), without the (B x L x V) logits a
+the sampled tokens (tested equal for every family in ``llm.models.tiny.FAMILIES``), without the (B x L x V) logits a
 plain forward materialises.
 
 Distributions over the whole vocabulary, needed by the token-level TV diagnostics, are kept as hidden states
@@ -24,10 +24,10 @@ from torch.utils.checkpoint import checkpoint
 
 from runkit.host_memory import micro_batches
 
-from .batch import Batch
-from .distributed import SINGLE, Ranks
-from .model import Precision, architecture
-from .token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, filtered_log_softmax, kept_boundary, kept_from
+from llm.core.batch import Batch
+from llm.models.distributed import SINGLE, Ranks
+from llm.models.model import Precision, architecture
+from llm.core.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, filtered_log_softmax, kept_boundary, kept_from
 
 #: Default size of one chunk of float32 logits: chunk_tokens = LOGIT_CHUNK_BYTES / (4 V) rows (441 rows for a
 #: 151,936-token vocabulary; the whole completion batch of the built-in 99-token model in one chunk).
@@ -49,7 +49,7 @@ class LogitHead:
     known here: Granite's ``logits_scaling`` (logits divided by it) and Gemma's ``final_logit_softcapping``
     (cap * tanh(logits / cap)). ``check_head`` refuses a model whose own logits differ (an output transform
     this class does not know), so a wrong head never goes unnoticed. ``token_filter``: the distribution is the
-    filtered one (top-k, top-p, min-p of the logits / T; ``llm.token_filter``)."""
+    filtered one (top-k, top-p, min-p of the logits / T; ``llm.core.token_filter``)."""
 
     def __init__(self, model: torch.nn.Module, temperature: float, token_filter: TokenFilter = NO_FILTER):
         self.layer = model.get_output_embeddings()

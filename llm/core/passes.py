@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
-from . import diagnostics as dg
-from .batch import Batch
-from .distributed import SINGLE, Ranks
-from .logprobs import Forward, LogitHead, TokenDists, completion_logprobs, forward_completions
-from .model import Precision
-from .token_filter import NO_FILTER, TokenFilter
+from llm.core import diagnostics as dg
+from llm.core.batch import Batch
+from llm.models.distributed import SINGLE, Ranks
+from llm.core.logprobs import Forward, LogitHead, TokenDists, completion_logprobs, forward_completions
+from llm.models.model import Precision
+from llm.core.token_filter import NO_FILTER, TokenFilter
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Passes:
 
     def logprobs(self, model: torch.nn.Module, batch: Batch, **kw) -> Forward:
         """A pass of ``model`` without gradients over ``batch`` (``keep_hidden``, ``entropy`` as in
-        ``llm.logprobs.completion_logprobs``): per-token results of the whole batch."""
+        ``llm.core.logprobs.completion_logprobs``): per-token results of the whole batch."""
         out = completion_logprobs(model, batch, self.temperature, self.precision, micro_batch=self.micro_batch,
                                   chunk_tokens=self.chunk_tokens, by_length=self.by_length, rows=self.rows(batch),
                                   ranks=self.ranks, share_prompts=self.share_prompts, token_filter=self.token_filter,
@@ -73,7 +73,7 @@ class Passes:
                                                       self.precision)
 
     def chain_tv(self, a: TokenDists, b: TokenDists, mask: torch.Tensor) -> float:
-        """``llm.diagnostics.chain_tv_estimate`` over the whole batch: each rank sums over its own rows (where its
+        """``llm.core.diagnostics.chain_tv_estimate`` over the whole batch: each rank sums over its own rows (where its
         hidden states are) and the sums are added up."""
         sequences = mask.shape[0]
         rows = self.ranks.rows(sequences, self.group_size)

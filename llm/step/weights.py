@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .diagnostics import SYNC_CHECKS
-from .distributed import (Ranks, gather_into, load_whole_optimizer_state, load_whole_state_dict, shard_blocks,
+from llm.core.diagnostics import SYNC_CHECKS
+from llm.models.distributed import (Ranks, gather_into, load_whole_optimizer_state, load_whole_state_dict, shard_blocks,
                           whole_optimizer_state, whole_state_dict)
-from .model import Precision, copy_weights, frozen_copy
-from .optim.schedule import make_optimizer
-from .sampling import Sampler, TransformersSampler, make_sampler, probe_sync
+from llm.models.model import Precision, copy_weights, frozen_copy
+from llm.optim.schedule import make_optimizer
+from llm.sampling import Sampler, TransformersSampler, make_sampler, probe_sync
 
 @dataclass
 class Weights:

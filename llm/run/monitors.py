@@ -14,14 +14,14 @@ import numpy as np
 
 from grpo_theory.estimators import certificate_abstains
 
-from . import diagnostics as dg
-from .diagnostics import SYNC_CHECKS
-from .evaluation import mean_exact_j
-from .metrics import PHASES
-from .model import Precision
-from .rundir import RunDir, read_metrics
-from .token_filter import NO_FILTER, TokenFilter
-from .tasks import TokenizedTask
+from llm.core import diagnostics as dg
+from llm.core.diagnostics import SYNC_CHECKS
+from llm.evaluation import mean_exact_j
+from llm.core.metrics import PHASES
+from llm.models.model import Precision
+from llm.run.rundir import RunDir, read_metrics
+from llm.core.token_filter import NO_FILTER, TokenFilter
+from llm.tasks import TokenizedTask
 
 StepCallback = Callable[[int, dict], None]
 

@@ -16,7 +16,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from .config import GRPOConfig
+from llm.config import GRPOConfig
 
 PROJECT = "offpolicy-grpo"
 

@@ -6,18 +6,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from .data import PromptData, load_prompt_data
-from .procedural import PREFIX, GeneratorSpec, reasoning_gym_task
-from .rewards import ANSWER_CHECKS, RewardContext, check_answers, import_reward_fn
-from .rewards import reward_funcs as resolve_reward_funcs
-from .tasks import Task, arithmetic_task
+from llm.tasks.data import PromptData, load_prompt_data
+from llm.tasks.procedural import PREFIX, GeneratorSpec, reasoning_gym_task
+from llm.rewards import ANSWER_CHECKS, RewardContext, check_answers, import_reward_fn
+from llm.rewards import reward_funcs as resolve_reward_funcs
+from llm.tasks import Task, arithmetic_task
 
 
 def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "", reward_funcs: Sequence[str] = (),
               reward_weights: Sequence[float] = (), answer_check: str = "math_verify", generator=None,
               reward_context: RewardContext = RewardContext()) -> Task:
     """``arithmetic`` (built in, with its own test split), ``reasoning_gym:<name>`` (a procedural generator,
-    ``llm.procedural``, with ``generator``: a ``GeneratorSpec``), or data in TRL's format (``llm.data``: a file, a
+    ``llm.tasks.procedural``, with ``generator``: a ``GeneratorSpec``), or data in TRL's format (``llm.tasks.data``: a file, a
     saved data set or ``hf:<name>``; GSM8K's rows are mapped onto it) with ``eval_dataset`` as its test split.
     ``reward_funcs`` (``llm.rewards.reward_funcs``, with ``reward_context``) replace the task's own reward.
     """

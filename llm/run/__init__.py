@@ -1,0 +1,1 @@
+"""A whole run: the trainer loop, its monitors, the run directory and the trackers."""

@@ -213,7 +213,7 @@ def test_every_number_field_refuses_non_finite_and_non_numeric_values(tmp_path, 
     flag = "--" + field.replace("_", "-")
     base = ["--output-dir", str(tmp_path / "run")] if cli != "server" else []
     with mock.patch("llm.models.pretrained.resolve_model_path", side_effect=ReachedModelLoading), \
-            mock.patch("llm.sampling.launch.ServerProcess", side_effect=ReachedModelLoading):
+            mock.patch("llm.commands.serve.ServerProcess", side_effect=ReachedModelLoading):
         status, err = run_cli(importlib.import_module(module).main, prog, [*base, flag, value])
     assert_one_line_error(status, err, prog, [field, flag])
     assert field in err or flag in err, err

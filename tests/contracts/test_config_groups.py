@@ -36,7 +36,7 @@ def test_every_part_of_the_trainer_reads_a_setting_through_its_group():
 
 
 def test_the_check_finds_a_flat_read():
-    source = (ROOT / "llm" / "trainer.py").read_text()
+    source = (ROOT / "llm" / "run" / "trainer.py").read_text()
     assert "config.sampling.num_generations" in source
     bad = source.replace("config.sampling.num_generations", "config.num_generations", 1)
     assert len(flat_reads("llm/run/trainer.py", bad)) == 1

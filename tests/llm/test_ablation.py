@@ -1,4 +1,4 @@
-"""llm.analysis.ablation: the experiments' grids, the frontier table's reference column, bad options, and one short frontier
+"""python -m llm.ablation (llm.analysis.ablation): the experiments' grids, the frontier table's reference column, bad options, and one short frontier
 run end to end."""
 
 import shutil
@@ -6,7 +6,8 @@ import shutil
 import numpy as np
 import pytest
 
-from llm.analysis.ablation import CORRECTIONS, FRONTIER_V, AblationConfig, frontier_table, main, plan, run_config, run_name
+from llm.analysis.ablation import CORRECTIONS, FRONTIER_V, AblationConfig, frontier_table, plan, run_config, run_name
+from llm.commands.ablation import main
 
 
 def test_the_frontier_grid_is_every_correction_staleness_and_generation():

@@ -1,4 +1,4 @@
-"""The lagged inference server as its own process: vLLM's OpenAI server (``llm.sampling.launch``) on loopback, weights synced
+"""The lagged inference server as its own process: vLLM's OpenAI server (``python -m llm.serve``) on loopback, weights synced
 through vLLM's weight-transfer API with the project's ``gloo_cpu`` backend, everything checked over the wire
 (llm.sampling.server, llm.sampling.launch).
 
@@ -34,7 +34,7 @@ STALE_MIN = 1e-2
 
 class ReadmeServer:
     """``python -m llm.serve --port P --extra-args '--max-num-seqs 64'``, the README's server command on the built-in
-    model: llm.sampling.launch in front, vLLM's server and engine its children, everything they print in ``log``."""
+    model: llm.serve in front, vLLM's server and engine its children, everything they print in ``log``."""
 
     def __init__(self, log: Path):
         from runkit.net import free_port
@@ -59,7 +59,7 @@ class ReadmeServer:
         return psutil.Process(self.proc.pid).children(recursive=True)
 
     def kill(self) -> list:
-        """SIGKILL llm.sampling.launch, as a crash would; the children still alive a minute later (none: they die with it)."""
+        """SIGKILL llm.serve, as a crash would; the children still alive a minute later (none: they die with it)."""
         import psutil
 
         children = self.children()
@@ -69,7 +69,7 @@ class ReadmeServer:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.terminate()  # SIGTERM: llm.sampling.launch stops vLLM's server as Ctrl-C does
+            self.proc.terminate()  # SIGTERM: llm.serve stops vLLM's server as Ctrl-C does
             try:
                 self.proc.wait(60)
             except subprocess.TimeoutExpired:
@@ -126,7 +126,7 @@ def test_sync_over_the_wire_is_exact_and_versioned(server):
 def test_one_call_over_4096_prompt_tokens(server):
     """One generation call of 18,816 prompt tokens (48 prompts x 8 completions): above vLLM's CPU batch of 4,096 the
     server split the prefill and failed every seeded request (HTTP 500, 'CPU Generator does not use offset'); with
-    chunked prefill off (``llm.sampling.launch`` on a CPU) it samples, with the trainer's log-probs."""
+    chunked prefill off (``llm.serve`` on a CPU) it samples, with the trainer's log-probs."""
     policy, tok = load_policy(server.model_path, torch.device("cpu"))
     sampler = _sampler(server, tok)
     try:
@@ -146,10 +146,11 @@ def test_one_call_over_4096_prompt_tokens(server):
 
 
 def test_the_server_command_line_follows_the_model():
-    """``llm.sampling.launch`` without --max-model-len serves the model's positions (the built-in model: 64; vLLM refused the
+    """``llm.serve`` without --max-model-len serves the model's positions (the built-in model: 64; vLLM refused the
     old fixed 2048), a length above them is one line, chunked prefill is off and the KV cache is sized on a CPU, and
     ``--extra-args '--max-num-seqs 64'`` (a value that starts with '--') reaches vLLM."""
-    from llm.sampling.launch import ServeConfig, joined_extra_args, model_len, served_model, server_command
+    from llm.commands.serve import joined_extra_args
+    from llm.sampling.launch import ServeConfig, model_len, served_model, server_command
 
     model = served_model(ServeConfig())
     assert model_len(ServeConfig(), model) == 64 and model_len(ServeConfig(max_model_len=40), model) == 40

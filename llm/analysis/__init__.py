@@ -1,2 +1,3 @@
-"""What a set of finished runs says beyond each run's own report: which logged signals predict the exact J
-(``warning``: ``python -m llm.analysis.warning``)."""
+"""What finished runs say, read from their run directories: each run's summary and figures (``report``), the LLM
+ablation's grid of runs and its tables (``ablation``), and which logged signals predict the exact J (``warning``:
+``python -m llm.analysis.warning``)."""

@@ -1,7 +1,10 @@
 """What users hold from before the config was split into groups still works: the same command-line flags, the same
 ``from_trl`` configs and a run directory written then resumes (tests/data/before_groups/README.md)."""
 
+import contextlib
+import io
 import json
+import re
 import shutil
 import warnings
 
@@ -20,11 +23,23 @@ def option_strings() -> set[str]:
     return {s for action in parser._actions for s in action.option_strings}
 
 
+def help_flags() -> set[str]:
+    """The options ``python -m llm.train --help`` prints at the start of its lines (``--sync-period INT``,
+    ``--use-peft, --no-use-peft``)."""
+    from llm.commands.train import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        main(["--help"])
+    first = re.compile(r"^[│\s]*((?:-{1,2}[a-z0-9][a-z0-9-]*)(?:, -{1,2}[a-z0-9][a-z0-9-]*)*)(?:\s|$)")
+    return {flag for line in out.getvalue().splitlines() if (m := first.match(line)) for flag in m.group(1).split(", ")}
+
+
 def test_the_command_line_offers_exactly_the_flags_it_offered_before():
     before = set(BEFORE.joinpath("train_flags.txt").read_text().split())
-    now = option_strings()
     assert len(before) == 134
-    assert sorted(now - before) == [] and sorted(before - now) == []
+    for now in (option_strings(), help_flags()):  # the parser's, and what --help prints
+        assert sorted(now - before) == [] and sorted(before - now) == []
 
 
 def test_from_trl_gives_the_configs_it_gave_before():

@@ -27,8 +27,8 @@ def main() -> None:
     args = ap.parse_args()
     import llm.step.phases as phases
     from llm import GRPOConfig, train
-    from llm.models.pretrained import smollm2_dir
     from llm.core.token_filter import ON_SET_LOGP
+    from llm.models.pretrained import smollm2_dir
 
     plain = phases.dg.sampler_gap
 

@@ -12,16 +12,16 @@ from scipy import stats
 
 from llm import GRPOConfig
 from llm.core.batch import make_batch, padded
-from llm.models.distributed import SINGLE, shard_blocks
-from llm.evaluation import exact_j
 from llm.core.logprobs import LogitHead, completion_logprobs
-from llm.models.model import Precision, frozen_copy, load_policy
 from llm.core.passes import Passes
 from llm.core.token_filter import NO_FILTER
-from llm.step.phases import advantages
-from llm.tasks import TokenizedTask, arithmetic_task
+from llm.evaluation import exact_j
+from llm.models.distributed import SINGLE, shard_blocks
+from llm.models.model import Precision, frozen_copy, load_policy
 from llm.models.tiny import tiny_model_dir
 from llm.optim import Objective, optimise
+from llm.step.phases import advantages
+from llm.tasks import TokenizedTask, arithmetic_task
 
 #: The repository's root (the working directory of the subprocesses tests start).
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,9 +25,9 @@ from torch.utils.checkpoint import checkpoint
 from runkit.host_memory import micro_batches
 
 from llm.core.batch import Batch
+from llm.core.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, filtered_log_softmax, kept_boundary, kept_from
 from llm.models.distributed import SINGLE, Ranks
 from llm.models.model import Precision, architecture
-from llm.core.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, filtered_log_softmax, kept_boundary, kept_from
 
 #: Default size of one chunk of float32 logits: chunk_tokens = LOGIT_CHUNK_BYTES / (4 V) rows (441 rows for a
 #: 151,936-token vocabulary; the whole completion batch of the built-in 99-token model in one chunk).

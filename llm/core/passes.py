@@ -12,10 +12,10 @@ import torch
 
 from llm.core import diagnostics as dg
 from llm.core.batch import Batch
-from llm.models.distributed import SINGLE, Ranks
 from llm.core.logprobs import Forward, LogitHead, TokenDists, completion_logprobs, forward_completions
-from llm.models.model import Precision
 from llm.core.token_filter import NO_FILTER, TokenFilter
+from llm.models.distributed import SINGLE, Ranks
+from llm.models.model import Precision
 
 
 @dataclass(frozen=True)

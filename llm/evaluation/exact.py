@@ -14,8 +14,8 @@ import torch
 
 from llm.core.batch import make_batch
 from llm.core.logprobs import completion_logprobs
-from llm.models.model import Precision
 from llm.core.token_filter import NO_FILTER, TokenFilter
+from llm.models.model import Precision
 from llm.tasks import TokenizedTask
 
 #: Sequences per forward pass of the exact-J computation.

@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llm.models.model import Precision
-from llm.sampling import TransformersSampler
 from llm.core.token_filter import NO_FILTER, TokenFilter
-from llm.rewards import parse_number
-from llm.tasks import TokenizedTask
 from llm.evaluation.exact import prompt_exact_j
 from llm.evaluation.passk import exact_pass_at_k, ks_up_to, pass_and_maj
+from llm.models.model import Precision
+from llm.rewards import parse_number
+from llm.sampling import TransformersSampler
+from llm.tasks import TokenizedTask
 
 
 @dataclass(frozen=True)

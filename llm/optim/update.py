@@ -21,10 +21,10 @@ import torch
 from runkit.host_memory import micro_batches
 
 from llm.core.batch import Batch
-from llm.models.distributed import Ranks, clip_gradients
 from llm.core.logprobs import Forward, TokenDists, idle_passes
 from llm.core.loss import Clip, LossStats, grpo_loss, loss_weights, second_moment_keep_torch
 from llm.core.passes import Passes
+from llm.models.distributed import Ranks, clip_gradients
 
 
 @dataclass(frozen=True)

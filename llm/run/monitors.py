@@ -16,11 +16,11 @@ from grpo_theory.estimators import certificate_abstains
 
 from llm.core import diagnostics as dg
 from llm.core.diagnostics import SYNC_CHECKS
-from llm.evaluation import mean_exact_j
 from llm.core.metrics import PHASES
+from llm.core.token_filter import NO_FILTER, TokenFilter
+from llm.evaluation import mean_exact_j
 from llm.models.model import Precision
 from llm.run.rundir import RunDir, read_metrics
-from llm.core.token_filter import NO_FILTER, TokenFilter
 from llm.tasks import TokenizedTask
 
 StepCallback = Callable[[int, dict], None]

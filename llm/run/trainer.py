@@ -36,30 +36,30 @@ from runkit.host_memory import CEILING as FREED_MEMORY_CEILING
 from runkit.host_memory import keep_freed_memory, release_freed_memory
 from runkit.interrupt import GracefulStop
 
-from llm.core.batch import make_batch
-from llm.step.clock import SyncClock, Tick
 from llm.config import GRPOConfig
-from llm.models.distributed import SINGLE, Ranks, close_ranks, collective_failure, init_ranks
-from llm.evaluation import EvalSpec, evaluate
+from llm.core.batch import make_batch
 from llm.core.logprobs import check_head
-from llm.models.model import add_lora, compile_blocks, load_policy, resolve_device
-from llm.run.monitors import ExactJ, Output, PhaseTimer, RangeTracker, SilentOutput, StepCallback, Warnings, arithmetic
 from llm.core.passes import Passes
+from llm.evaluation import EvalSpec, evaluate
+from llm.models import pretrained
+from llm.models.distributed import SINGLE, Ranks, close_ranks, collective_failure, init_ranks
+from llm.models.model import add_lora, compile_blocks, load_policy, resolve_device
+from llm.models.vml import resolve_vml_dispatch
+from llm.optim import Objective, Schedule, optimise
+from llm.rewards import RewardContext
+from llm.run.monitors import ExactJ, Output, PhaseTimer, RangeTracker, SilentOutput, StepCallback, Warnings, arithmetic
+from llm.run.rundir import RunDir
+from llm.run.trackers import Trackers, check_trackers
+from llm.sampling import max_model_len, resolved_sampler
+from llm.step.clock import SyncClock, Tick
 from llm.step.phases import (Behaviour, Heldout, VariedGroups, advantages, alpha_logprobs, diagnose, group_batch,
                      heldout_before_update, heldout_estimates, insample_estimates, reward_metrics, sampler_logprobs,
                      score)
-from llm.models import pretrained
-from llm.rewards import RewardContext
 from llm.step.rollout import RolloutWindow, StepRollout
-from llm.run.rundir import RunDir
-from llm.sampling import max_model_len, resolved_sampler
+from llm.step.weights import Weights
+from llm.tasks import TokenizedTask
 from llm.tasks.procedural import GeneratorSpec
 from llm.tasks.sources import load_task
-from llm.tasks import TokenizedTask
-from llm.run.trackers import Trackers, check_trackers
-from llm.optim import Objective, Schedule, optimise
-from llm.models.vml import resolve_vml_dispatch
-from llm.step.weights import Weights
 
 #: Completions of the last step written to samples.jsonl at each checkpoint (the first of each of as many groups).
 SAMPLES_KEPT = 4

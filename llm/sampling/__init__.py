@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from llm.core.token_filter import NO_FILTER, TokenFilter
 from llm.models.model import architecture
 from llm.sampling.base import Rollout, Sampler
 from llm.sampling.hf_generate import TransformersSampler
-from llm.core.token_filter import NO_FILTER, TokenFilter
 from llm.sampling.vllm_settings import quiet_vllm
 
 quiet_vllm()  # before any import of vllm

@@ -22,9 +22,9 @@ import torch
 
 from runkit.host_memory import micro_batches
 
+from llm.core.token_filter import NO_FILTER, TokenFilter, filtered_logits
 from llm.models.model import copy_weights, frozen_copy
 from llm.sampling.base import Rollout
-from llm.core.token_filter import NO_FILTER, TokenFilter, filtered_logits
 
 
 class TemperedLogprobs:

@@ -24,8 +24,8 @@ import torch
 
 from runkit.cli import RunError
 
-from llm.sampling.base import Rollout
 from llm.core.token_filter import NO_FILTER, TokenFilter
+from llm.sampling.base import Rollout
 
 #: Parallel HTTP requests per generation call (the server batches whatever is in flight).
 MAX_CONCURRENT_REQUESTS = 64

@@ -24,8 +24,8 @@ from runkit.cli import first_line
 from runkit.host_memory import release_freed_memory
 from runkit.quiet import filtered_native_output
 
-from llm.sampling.base import Rollout
 from llm.core.token_filter import NO_FILTER, TokenFilter
+from llm.sampling.base import Rollout
 
 
 def vllm_available() -> bool:

@@ -14,12 +14,12 @@ from grpo_theory.estimators import mean_and_standard_error
 
 from llm.core import diagnostics as dg
 from llm.core.batch import Batch, make_batch, padded
-from llm.models.distributed import Ranks
 from llm.core.logprobs import TokenDists
 from llm.core.passes import Passes
+from llm.models.distributed import Ranks
+from llm.optim import Optimised
 from llm.sampling import Rollout
 from llm.tasks import TokenizedTask
-from llm.optim import Optimised
 
 
 # ---- score and advantages --------------------------------------------------------------------------

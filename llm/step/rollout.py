@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llm.step.clock import SyncClock
 from llm.config import GRPOConfig
 from llm.sampling import Rollout, Sampler
+from llm.step.clock import SyncClock
 from llm.tasks import Task
 
 

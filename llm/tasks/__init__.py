@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from llm.tasks.data import Prompt, rows_of
 from llm.rewards.functions import BatchReward, RewardFn, batch_rewards, text_reward
+from llm.tasks.data import Prompt, rows_of
 
 
 #: A reward that reads its prompt's own record (a procedural generator's entry): (completion, row, test) -> [0, 1].

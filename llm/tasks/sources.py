@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from llm.tasks.data import PromptData, load_prompt_data
-from llm.tasks.procedural import PREFIX, GeneratorSpec, reasoning_gym_task
 from llm.rewards import ANSWER_CHECKS, RewardContext, check_answers, import_reward_fn
 from llm.rewards import reward_funcs as resolve_reward_funcs
 from llm.tasks import Task, arithmetic_task
+from llm.tasks.data import PromptData, load_prompt_data
+from llm.tasks.procedural import PREFIX, GeneratorSpec, reasoning_gym_task
 
 
 def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "", reward_funcs: Sequence[str] = (),

@@ -21,10 +21,10 @@ from grpo_theory.simulate import SimConfig
 from llm import GRPOConfig
 from llm.config import GROUPS, flat_fields
 from llm.models.model import load_policy
+from llm.models.tiny import tiny_model_dir
+from llm.rewards import text_reward
 from llm.sampling.launch import ServeConfig
 from llm.tasks.sources import load_task
-from llm.rewards import text_reward
-from llm.models.tiny import tiny_model_dir
 from runkit.cli import run_main
 
 

@@ -7,8 +7,8 @@ import torch
 from llm import GRPOConfig
 from llm.core.diagnostics import SyncCheck
 from llm.models.model import Precision, load_policy
-from llm.sampling.vllm_engine import vllm_available
 from llm.models.tiny import FAMILIES, build_family_model
+from llm.sampling.vllm_engine import vllm_available
 from tests.helpers import SYNC_ATOL, max_logp_gap, perturb
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]

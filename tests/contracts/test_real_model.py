@@ -26,8 +26,8 @@ def test_two_steps_on_smollm2_with_a_window_over_4096_prompt_tokens(smollm2, tmp
     and the sync check pass at float32 tolerance, the rewards are reasoning-gym's scores, and the evaluation runs
     on the engine."""
     from llm import GRPOConfig, train
-    from llm.tasks.procedural import GeneratorSpec
     from llm.run.rundir import read_metrics
+    from llm.tasks.procedural import GeneratorSpec
     from llm.tasks.sources import load_task
 
     cfg = GRPOConfig(model_name_or_path=str(smollm2), dataset="reasoning_gym:basic_arithmetic",

@@ -18,8 +18,8 @@ from llm.core.batch import make_batch
 from llm.core.logprobs import forward_completions
 from llm.core.loss import grpo_loss, loss_weights
 from llm.models.model import Precision, load_policy
-from llm.run.rundir import read_metrics
 from llm.models.tiny import tiny_model_dir
+from llm.run.rundir import read_metrics
 from tests.helpers import LEARNING_MARGIN, ROOT, chunked_logprobs_and_gradients, same, same_gradient, sequences
 from tests.llm.test_distributed import AFTER_UPDATE_RTOL, STEP0_RTOL
 from tests.llm.test_update import RUN_ATOL, RUN_RTOL

@@ -139,8 +139,8 @@ def test_conversations_are_rendered_with_the_chat_template_and_train(tmp_path, s
     from transformers import AutoTokenizer
 
     from llm import train
-    from llm.run.rundir import read_metrics
     from llm.models.tiny import tiny_model_dir
+    from llm.run.rundir import read_metrics
 
     model, tok = chat_model
     user = lambda r: {"role": "user", "content": r["prompt"]}  # noqa: E731

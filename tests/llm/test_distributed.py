@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
+from llm.core.diagnostics import SYNC_CHECKS
 from llm.models.distributed import Ranks
 from llm.run.rundir import read_metrics
-from llm.core.diagnostics import SYNC_CHECKS
 from tests.helpers import CASES, ROOT, RTOL64, optimise_case, same_gradient, same_metric
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")

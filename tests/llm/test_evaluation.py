@@ -4,13 +4,13 @@ import pytest
 import torch
 from scipy import stats
 
+from llm.core.token_filter import TokenFilter
 from llm.evaluation import EvalSpec, evaluate, exact_pass_at_k, maj_at_k, pass_at_k
 from llm.evaluation.passk import ks_up_to
 from llm.models.model import load_policy
-from llm.sampling import TransformersSampler
-from llm.core.token_filter import TokenFilter
-from llm.tasks import arithmetic_task
 from llm.models.tiny import tiny_model_dir
+from llm.sampling import TransformersSampler
+from llm.tasks import arithmetic_task
 from tests.helpers import (
     exact_j_matches_sampling,
     first_tokens_match_reported_probabilities,

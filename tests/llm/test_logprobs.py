@@ -9,10 +9,10 @@ from grpo_theory.truncation import filtered_log_softmax
 from grpo_theory.truncation import kept_boundary as gt_kept_boundary
 from llm.core.batch import make_batch
 from llm.core.logprobs import LogitHead, check_head, forward_completions
-from llm.models.model import compile_blocks, load_policy
 from llm.core.passes import Passes
 from llm.core.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, kept_boundary
 from llm.core.token_filter import filtered_log_softmax as torch_filtered_log_softmax
+from llm.models.model import compile_blocks, load_policy
 from llm.models.tiny import FAMILIES, build_family_model, tiny_model_dir
 from tests.helpers import ATOL, RTOL, RTOL64, SHARED_GRAD_RTOL, plain_logprobs, same_gradient, sequences
 

@@ -10,8 +10,8 @@ from llm import GRPOConfig, train
 from llm.core.batch import make_batch
 from llm.core.logprobs import forward_completions
 from llm.models.model import add_lora, compile_blocks, frozen_copy, is_lora, load_policy, plain_state_dict
-from llm.run.rundir import read_metrics
 from llm.models.tiny import tiny_model_dir
+from llm.run.rundir import read_metrics
 from tests.helpers import RTOL, same_gradient, sequences
 
 peft = pytest.importorskip("peft")

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from llm import GRPOConfig, train
-from llm.step.rollout import step_seed
 from llm.run.rundir import read_metrics
 from llm.sampling import TransformersSampler
+from llm.step.rollout import step_seed
 from tests.seams import PolicyFingerprints, tag_generations
 
 #: Learning test: exact J over the training prompts must rise by this much in 60 steps with asynchronous generation
@@ -98,8 +98,8 @@ def test_dynamic_sampling_keeps_the_first_varied_groups_over_the_rounds_and_logs
     their completions, log-probs, texts and reward-function values; the metrics count every group drawn."""
     import numpy as np
 
-    from llm.step.phases import Scored, VariedGroups
     from llm.sampling import Rollout
+    from llm.step.phases import Scored, VariedGroups
 
     varied = VariedGroups(3, 2)
     rounds = [([10, 11, 12], [[1.0, 1.0], [0.0, 1.0], [1.0, 0.0]]), ([13, 14, 15], [[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])]
@@ -126,8 +126,8 @@ def _dynamic_sampling_draws(reps: int, P: int, G: int, max_rounds: int, seed: in
     batch's TV estimate (the mean of (1 - w)^+ over the kept completions), with the exact J(alpha) and TV."""
     import numpy as np
 
-    from llm.step.phases import Scored, VariedGroups
     from llm.sampling import Rollout
+    from llm.step.phases import Scored, VariedGroups
 
     p = np.array([0.3, 0.9, 0.97, 0.99])
     tv_if = {1.0: 0.05, 0.0: 0.30}

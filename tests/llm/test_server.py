@@ -20,9 +20,9 @@ from llm import GRPOConfig, train
 from llm.core.batch import make_batch, padded
 from llm.core.logprobs import completion_logprobs
 from llm.models.model import load_policy
+from llm.models.tiny import tiny_model_dir
 from llm.run.rundir import read_metrics
 from llm.sampling.vllm_engine import vllm_available
-from llm.models.tiny import tiny_model_dir
 from tests.helpers import LEARNING_MARGIN, ROOT, SYNC_ATOL, long_prompts, max_logp_gap, perturb
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]

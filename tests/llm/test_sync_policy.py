@@ -10,8 +10,8 @@ import pytest
 
 from llm import GRPOConfig, train
 from llm.core.metrics import deterministic
-from llm.step.rollout import step_seed
 from llm.run.rundir import read_metrics
+from llm.step.rollout import step_seed
 from tests.helpers import LEARNING_MARGIN
 from tests.seams import PolicyFingerprints, tag_generations
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from llm import GRPOConfig
-from llm.tasks.sources import load_task
 from llm.rewards import numeric_reward, parse_number
 from llm.tasks import arithmetic_task
+from llm.tasks.sources import load_task
 
 PY = sys.executable
 
@@ -84,8 +84,8 @@ def test_chat_template_renders_every_prompt_as_a_user_turn(tmp_path, tokenizer, 
     import shutil
 
     from llm import train
-    from llm.run.rundir import read_metrics
     from llm.models.tiny import tiny_model_dir
+    from llm.run.rundir import read_metrics
 
     model = tmp_path / "chat_model"
     shutil.copytree(tiny_model_dir(), model)
@@ -121,8 +121,8 @@ def test_trl_signature_reward_functions_are_weighted_and_logged(reward_module, t
     """--reward-funcs with --reward-weights: the reward is the weighted sum of the functions' values (None counts
     0, as in TRL), each function's values are kept for rewards/<name>/mean|std, and a run logs them."""
     from llm import train
-    from llm.step.phases import reward_metrics
     from llm.run.rundir import read_metrics
+    from llm.step.phases import reward_metrics
 
     task = load_task("arithmetic", reward_funcs=[f"{reward_module}:correct", f"{reward_module}:short",
                                                  f"{reward_module}:only_even"], reward_weights=[0.5, 0.25, 0.25])

@@ -10,13 +10,13 @@ import torch
 
 from grpo_theory.estimators import improvement_estimate, tv_estimate
 from llm.core.batch import make_batch
-from llm.evaluation import exact_j
 from llm.core.logprobs import completion_logprobs
-from llm.models.model import frozen_copy, load_policy
-from llm.sampling import TransformersSampler
 from llm.core.token_filter import NO_FILTER, TokenFilter, filtered_log_softmax
-from llm.tasks import arithmetic_task
+from llm.evaluation import exact_j
+from llm.models.model import frozen_copy, load_policy
 from llm.models.tiny import tiny_model_dir
+from llm.sampling import TransformersSampler
+from llm.tasks import arithmetic_task
 from tests.helpers import perturb
 
 FILTER = TokenFilter(top_k=2, top_p=0.9)

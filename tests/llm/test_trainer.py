@@ -13,8 +13,8 @@ from llm.core.batch import make_batch
 from llm.core.diagnostics import SYNC_CHECKS
 from llm.core.logprobs import completion_logprobs
 from llm.models.model import load_policy
-from llm.run.rundir import read_metrics
 from llm.models.tiny import tiny_model_dir
+from llm.run.rundir import read_metrics
 from tests.helpers import LEARNING_MARGIN
 from tests.seams import SkipSyncs, TrainerPasses
 

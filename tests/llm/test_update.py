@@ -79,7 +79,6 @@ def _tiny_step(seed=0):
 
     from llm.core.batch import make_batch
     from llm.models.model import load_policy
-    from llm.core.passes import Passes
     from llm.models.tiny import tiny_model_dir
     from tests.helpers import sequences
 
@@ -96,9 +95,9 @@ def _grad(policy, batch, adv, keep, **objective):
     """The gradient of one optimiser step (SGD lr 0: the weights stay) with the objective's knobs."""
     import numpy as np
 
+    from llm.core.passes import Passes
     from llm.models.model import Precision
     from llm.optim import Objective, optimise
-    from llm.core.passes import Passes
 
     passes = Passes(1.0, Precision(), micro_batch=objective.pop("micro_batch", 0), group_size=3, share_prompts=False)
     groups = objective.pop("groups", np.ones(2, bool))

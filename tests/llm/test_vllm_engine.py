@@ -10,13 +10,12 @@ import torch
 
 from llm.core.batch import make_batch, padded
 from llm.core.logprobs import completion_logprobs
-from llm.models.model import load_policy
 from llm.core.token_filter import TokenFilter
+from llm.models.model import load_policy
+from llm.models.tiny import tiny_model_dir
 from llm.sampling.vllm_engine import vllm_available
 from llm.tasks import arithmetic_task
-from llm.models.tiny import tiny_model_dir
 from tests.helpers import (
-    LEARNING_MARGIN,
     SYNC_ATOL,
     exact_j_matches_sampling,
     first_tokens_match_reported_probabilities,

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from llm.models.model import load_policy
-from llm.sampling.vllm_engine import vllm_available
 from llm.models.tiny import tiny_model_dir
+from llm.sampling.vllm_engine import vllm_available
 from tests.helpers import SYNC_ATOL, max_logp_gap, perturb
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]

@@ -32,6 +32,7 @@ import numpy as np
 
 from runkit.cli import parse, run_main
 from runkit.tables import mean_std as _pm
+from runkit.validation import require
 
 from .corrections import ICEPOP, ICEPOP_LABEL
 from .estimators import CERTIFICATE_MIN_PROMPTS
@@ -85,12 +86,9 @@ class ExperimentConfig:
     """Directory for run directories and results tables."""
 
     def __post_init__(self):
-        if self.seeds < 1:
-            raise ValueError(f"seeds: must be >= 1, got {self.seeds}")
-        if self.max_steps < 1:
-            raise ValueError(f"max_steps: must be >= 1, got {self.max_steps}")
-        if not 0 < self.target_j <= 1:
-            raise ValueError(f"target_j: must lie in (0, 1], got {self.target_j}")
+        require(self, self.seeds >= 1, "seeds", "must be >= 1")
+        require(self, self.max_steps >= 1, "max_steps", "must be >= 1")
+        require(self, 0 < self.target_j <= 1, "target_j", "must lie in (0, 1]")
 
 
 def slug(name: str) -> str:

@@ -16,14 +16,10 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def write_config(run_dir: str | Path, config) -> Path:
-    """Write the resolved config as config.json, atomically: its ``to_dict()`` (a flat view) if it has one, else
-    the dataclass's fields or the mapping itself; returns the directory."""
+    """Write the resolved config (a dataclass) as config.json, atomically; returns the directory."""
     path = Path(run_dir)
     path.mkdir(parents=True, exist_ok=True)
-    if hasattr(config, "to_dict"):
-        data = config.to_dict()
-    else:
-        data = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+    data = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
     atomic_write_text(path / "config.json", json.dumps(data, indent=1, sort_keys=True))
     return path
 

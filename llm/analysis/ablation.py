@@ -44,6 +44,7 @@ import numpy as np
 from grpo_theory.corrections import ICEPOP, ICEPOP_LABEL
 from grpo_theory.experiments import ABLATION
 from runkit.tables import mean_std
+from runkit.validation import require
 
 from llm.core.metrics import certificate_shares, step_seconds
 
@@ -105,14 +106,10 @@ class AblationConfig:
     """Every run's device (GRPOConfig.device: auto, cpu or cuda[:n]); on a GPU machine the workers share the GPU."""
 
     def __post_init__(self):
-        if self.seeds < 1:
-            raise ValueError(f"seeds: must be >= 1, got {self.seeds}")
-        if self.max_steps < 1:
-            raise ValueError(f"max_steps: must be >= 1, got {self.max_steps}")
-        if not 0 < self.target_j <= 1:
-            raise ValueError(f"target_j: must lie in (0, 1], got {self.target_j}")
-        if self.workers < 1:
-            raise ValueError(f"workers: must be >= 1, got {self.workers}")
+        require(self, self.seeds >= 1, "seeds", "must be >= 1")
+        require(self, self.max_steps >= 1, "max_steps", "must be >= 1")
+        require(self, 0 < self.target_j <= 1, "target_j", "must lie in (0, 1]")
+        require(self, self.workers >= 1, "workers", "must be >= 1")
         if not self.frontier_v or min(self.frontier_v) < 0:
             raise ValueError(f"frontier_v: sync periods >= 1, or 0 for never; got {self.frontier_v}")
         unknown = [c for c in self.frontier_corrections if c not in CORRECTIONS]
@@ -121,8 +118,7 @@ class AblationConfig:
                              f"got {', '.join(map(repr, unknown)) or 'none'}")
         if not self.frontier_generation:
             raise ValueError("frontier_generation: sync, async or both")
-        if self.learning_rate is not None and not self.learning_rate > 0:
-            raise ValueError(f"learning_rate: must be > 0, got {self.learning_rate}")
+        require(self, self.learning_rate is None or self.learning_rate > 0, "learning_rate", "must be > 0")
         if not (self.device in ("auto", "cpu") or re.fullmatch(r"cuda(:\d+)?", self.device)):
             raise ValueError(f"device: expected auto, cpu or cuda[:n], got {self.device!r}")
 

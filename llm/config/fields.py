@@ -6,7 +6,7 @@ import dataclasses
 
 from runkit.validation import require, require_finite
 
-__all__ = ["MIN_TEMPERATURE", "MAX_TEMPERATURE", "resumable", "resumable_fields", "require", "require_finite"]
+__all__ = ["MIN_TEMPERATURE", "MAX_TEMPERATURE", "resumable", "require", "require_finite"]
 
 #: Sampling temperatures accepted (vLLM treats lower ones as greedy decoding, which has no log-probabilities to
 #: importance-weight; higher ones make every completion uniform noise).
@@ -19,7 +19,3 @@ def resumable(default):
     GPU resumes on a CPU; a restarted server may listen elsewhere). ``llm.run.rundir`` compares every other field."""
     return dataclasses.field(default=default, metadata={"resumable": True})
 
-
-def resumable_fields(cls) -> set[str]:
-    """The fields of the dataclass ``cls`` marked ``resumable``."""
-    return {f.name for f in dataclasses.fields(cls) if f.metadata.get("resumable")}

@@ -17,7 +17,7 @@ from typing import Annotated
 import tyro
 
 from llm.config.algorithm import ObjectiveConfig, OptimConfig, SyncConfig
-from llm.config.fields import require, resumable, resumable_fields
+from llm.config.fields import require, resumable
 from llm.config.machinery import MachineConfig, SamplingConfig
 from llm.config.model import DataConfig, ModelConfig
 from llm.config.observation import DiagnosticsConfig, EvaluationConfig, OutputConfig
@@ -95,7 +95,7 @@ class GRPOConfig:
         require(self, not (self.machine.fsdp and self.model.use_peft), "fsdp",
                 "shards whole weights; LoRA's adapters are small enough for data parallel: drop one of --fsdp and "
                 "--use-peft")
-        require(self, 0 <= self.data.soft_punish_cache <= self.sampling.max_completion_length, "soft_punish_cache",
+        require(self, self.data.soft_punish_cache <= self.sampling.max_completion_length, "soft_punish_cache",
                 f"must lie in [0, max_completion_length = {self.sampling.max_completion_length}]")
         require(self, not (self.sampling.filter_groups and self.sync.async_generation), "filter_groups",
                 "draws more rounds from alpha during the step, while asynchronous generation's sampler already holds "
@@ -157,4 +157,4 @@ def flat_fields() -> list[tuple[str, dataclasses.Field]]:
 
 
 #: Fields that may change when a run resumes (``resumable`` beside each field).
-RESUMABLE_FIELDS = resumable_fields(GRPOConfig) | {name for cls in GROUPS.values() for name in resumable_fields(cls)}
+RESUMABLE_FIELDS = {f.name for _, f in flat_fields() if f.metadata.get("resumable")}

@@ -147,7 +147,7 @@ class RunDir:
             for name in ("metrics.jsonl", "samples.jsonl"):
                 (self.path / name).unlink(missing_ok=True)
         with writing(self.path / "config.json", during_run=False):
-            write_config(self.path, self.config)
+            write_config(self.path, self.config.to_dict())  # flat: config.json keeps one level
         return ckpt
 
     def load_checkpoint(self) -> dict:

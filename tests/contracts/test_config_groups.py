@@ -79,4 +79,7 @@ def test_the_resumable_fields_are_marked_in_their_groups():
 def test_no_file_of_the_config_is_over_300_lines():
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "llm" / "config").glob("*.py")}
     assert len(sizes) >= 7 and max(sizes.values()) <= 300, sizes
+
+
+def test_the_options_carry_no_benchmark_figures():
     assert not re.search(r"\d+(\.\d+)?x faster|\d+% faster", (ROOT / "docs" / "options.md").read_text())

@@ -101,7 +101,8 @@ CASES = [("grpo", "token", True), ("grpo", "token", False), ("grpo", "sequence",
          ("dapo", "token", False), ("dr_grpo", "token", True), ("dr_grpo", "token", False)]
 
 
-def optimise_case(loss_type, ratio_level, mask, micro_batch, checkpointing=False, by_length=False, ranks=SINGLE):
+def optimise_case(loss_type, ratio_level, mask, micro_batch, checkpointing=False, by_length=False, ranks=SINGLE,
+                  padding_free=False):
     """One step of 3 prompts x G = 3 (one group with equal rewards) with alpha != pi_k, beta > 0 and i = 2, in
     float64, so that any difference between two splits above 1e-10 is an error, not rounding. ``ranks``: this
     process's share of the prompts among several (tests/llm/test_distributed.py)."""
@@ -125,7 +126,8 @@ def optimise_case(loss_type, ratio_level, mask, micro_batch, checkpointing=False
     config = GRPOConfig(prompts_per_step=3, num_generations=G, loss_type=loss_type, ratio_level=ratio_level,
                         mask_zero_std_groups=mask, beta=0.1, num_iterations=2, epsilon=0.1, max_completion_length=6,
                         per_device_train_batch_size=micro_batch, logit_chunk_tokens=5, group_by_length=by_length,
-                        tv_diagnostics=True, share_prompts=False)  # exact float64 sums (sharing: its own test)
+                        tv_diagnostics=True, share_prompts=False,  # exact float64 sums (sharing: its own test)
+                        padding_free=padding_free)
     passes = Passes.from_config(config, ranks).__class__(**{**Passes.from_config(config, ranks).__dict__,
                                                             "precision": Precision()})
     groups = advantages(np.array([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 1.0, 1.0]]), config.variance_eps, True, mask)

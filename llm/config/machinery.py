@@ -44,6 +44,13 @@ class SamplingConfig:
     sampler: Literal["auto", "vllm", "server", "transformers"] = "auto"
     """'vllm' (in-process engine), 'server' (vLLM's own server in another process, at server_url; start it with
     ``python -m llm.serve MODEL``), 'transformers' (generate on a copy of the weights), 'auto': vllm if importable."""
+    use_transformers_continuous_batching: bool = False
+    """The transformers sampler generates through transformers' continuous batching (``generate_batch``: a paged KV
+    cache sized to the call, requests scheduled as they finish, a group's prompt cached once) instead of
+    ``generate`` over a padded batch (TRL 1.16's name; its older alias ``use_transformers_paged`` is accepted). The
+    same distribution and log alpha (tested against the trainer's recomputation under temperature, top-k and top-p);
+    the draws come from one seeded stream per call, not one per sequence, so a sample depends on the schedule.
+    Implies --sampler transformers where the sampler is 'auto'."""
     vllm_gpu_memory_utilization: float = 0.3
     """Share of the GPU's memory the in-process engine may take (TRL's name and default; CUDA only: on a CPU the KV
     cache is sized from the window, or by vllm_kv_cache_gb)."""
@@ -80,6 +87,9 @@ class SamplingConfig:
                 "(start one with python -m llm.serve)")
         require(self, not self.server_url or self.sampler == "server", "server_url",
                 f"given, but the sampler is {self.sampler!r}; add --sampler server")
+        require(self, not self.use_transformers_continuous_batching or self.sampler in ("auto", "transformers"),
+                "use_transformers_continuous_batching", f"is a mode of the transformers sampler, but the sampler is "
+                f"{self.sampler!r}; drop one of them")
         require(self, self.server_timeout > 0, "server_timeout", "must be > 0")
         require(self, 0 < self.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization", "must lie in (0, 1]")
         require(self, self.vllm_tensor_parallel_size >= 1, "vllm_tensor_parallel_size", "must be >= 1")
@@ -115,11 +125,20 @@ class MachineConfig:
     (transformers' name; the passes are chosen to minimise padded positions plus a fixed cost per pass). The
     gradient and every logged number are the same as without it, up to float rounding. Off: consecutive
     completions per pass, padded to the step's longest."""
-    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = resumable("auto")
+    padding_free: bool = resumable(False)
+    """Run each forward and backward pass of the trainer over its sequences packed into one row, without padding
+    (TRL's SFT name): position ids restart at every sequence and attention stays within it (flash attention's
+    variable-length kernel with --attn-implementation flash_attention_2, flex attention's block mask with
+    flex_attention, and with sdpa or eager a block-diagonal causal mask: the fallback, whose size grows with the
+    square of the row's length). The same log-probs, loss and gradient as the padded passes up to float rounding
+    (tested for every model family of the suite; a model whose attention ignores the packing is refused at
+    start-up). Prompts are then not shared (--share-prompts needs the padded layout)."""
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flex_attention"] = resumable("auto")
     """The trainer's attention kernel (transformers' name; the sampler's is the engine's own). auto: transformers'
     choice (sdpa where the family has it). eager keeps a (length x length) score matrix per head, so prefer sdpa for
     long sequences; on a CPU eager can be the faster in bfloat16 (docs/benchmarks.md). flash_attention_2 needs a
-    CUDA device and the flash-attn package."""
+    CUDA device and the flash-attn package; flex_attention (torch's, compiled at its first calls) skips the blocks a
+    --padding-free row's mask leaves empty."""
     gradient_checkpointing: bool = resumable(False)
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (transformers'
     gradient checkpointing): activation memory of a micro-batch drops from about one layer's worth per layer
@@ -184,4 +203,4 @@ class MachineConfig:
     @property
     def prompts_shared(self) -> bool:
         """Whether passes share prompts (``share_prompts``, unless FSDP or gradient checkpointing rules it out)."""
-        return self.share_prompts and not self.fsdp and not self.gradient_checkpointing
+        return self.share_prompts and not self.fsdp and not self.gradient_checkpointing and not self.padding_free

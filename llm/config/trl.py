@@ -21,10 +21,11 @@ TRL_NAMES: dict[str, tuple[str, dict | None]] = {
     "entropy_coeff": ("entropy_coef", None),  # verl's
 }
 #: TRL's switches: name -> (field, value when on, value when off).
-TRL_SWITCHES: dict[str, tuple[str, str, str | None]] = {
+TRL_SWITCHES: dict[str, tuple[str, str | bool, str | bool | None]] = {
     "bf16": ("dtype", "bfloat16", "float32"),
     "use_vllm": ("sampler", "vllm", "transformers"),
     "sync_ref_model": ("ref_sync_steps", "", "0"),  # on: ref_model_sync_steps (TRL's default 512)
+    "use_transformers_paged": ("use_transformers_continuous_batching", True, False),  # TRL's deprecated alias
 }
 #: TRL's default ref_model_sync_steps, used when sync_ref_model is on without it.
 TRL_REF_MODEL_SYNC_STEPS = 512
@@ -86,7 +87,7 @@ def translate_trl_args(argv: list[str]) -> list[str]:
         i += 1
     out = []
     for field, value in _trl_values(given).items():
-        out += [flag(field), str(value)]
+        out += [flag(field if value else f"no_{field}")] if isinstance(value, bool) else [flag(field), str(value)]
     return rest + out
 
 

@@ -307,21 +307,49 @@ def completion_hidden(model, batch: Batch, share: bool = True) -> torch.Tensor:
     return torch.cat([last, rest.last_hidden_state], dim=1)
 
 
+def packed_completion_hidden(model, batch: Batch) -> torch.Tensor:
+    """The decoder's final hidden states that predict the real completion tokens, (n, H) in the row-major order of
+    ``batch.completion_mask``, from one pass over the batch's sequences packed into a single row without padding
+    (``padding_free``): each sequence's real tokens one after another, its position ids restarting at 0, and no
+    attention mask, from which transformers' attention keeps each token within its own sequence (flash attention's
+    variable-length kernel, flex attention's block mask, or a block-diagonal causal mask for sdpa and eager: the
+    fallback, whose cost grows with the square of the row's length). ``check_packing`` refuses, at start-up, a model
+    whose attention ignores the packing."""
+    real_tokens = batch.attention_mask > 0
+    ids = batch.input_ids[real_tokens][None]
+    pos = batch.position_ids[real_tokens][None]
+    # the packed index of every real position; a completion token is predicted from the real position before it
+    packed_index = real_tokens.flatten().long().cumsum(0).view(real_tokens.shape) - 1
+    lp, T = batch.prompt_width, batch.completion_ids.shape[1]
+    at = packed_index[:, lp - 1: lp - 1 + T][batch.completion_mask > 0]
+    out = model.get_decoder()(input_ids=ids, position_ids=pos, use_cache=False)
+    return out.last_hidden_state[0, at]
+
+
 def forward_completions(model, batch: Batch, temperature: float, precision: Precision = Precision(),
                         chunk_tokens: int = 0, entropy: bool = False, keep_hidden: bool = False,
                         share_prompts: bool = True, token_filter: TokenFilter = NO_FILTER,
-                        entropy_grad: bool = False) -> Forward:
+                        entropy_grad: bool = False, packed: bool = False) -> Forward:
     """log softmax(logits / T) of the completion tokens of ``batch`` in one pass of ``model`` (gradients follow
     torch's grad mode), of the distribution ``token_filter`` leaves (top-k, top-p, min-p); the output layer runs on
     the real completion tokens only, in chunks. ``share_prompts``: run each distinct prompt once
-    (``completion_hidden``); ``entropy_grad``: the entropy carries a gradient (an entropy bonus)."""
+    (``completion_hidden``); ``packed``: run the sequences packed into one row without padding
+    (``packed_completion_hidden``; prompts are then not shared); ``entropy_grad``: the entropy carries a gradient (an
+    entropy bonus)."""
     device = batch.input_ids.device
+    real = batch.completion_mask > 0
     with precision.autocast(device):
-        hidden = completion_hidden(model, batch, share_prompts)
-        real = batch.completion_mask > 0
-        logp_real, ent_real = token_logprobs(LogitHead(model, temperature, token_filter), hidden[real],
+        if packed:
+            hidden_real = packed_completion_hidden(model, batch)
+        else:
+            hidden = completion_hidden(model, batch, share_prompts)
+            hidden_real = hidden[real]
+        logp_real, ent_real = token_logprobs(LogitHead(model, temperature, token_filter), hidden_real,
                                              batch.completion_ids[real], chunk_tokens, entropy, entropy_grad)
     zeros = torch.zeros(real.shape, dtype=logp_real.dtype, device=device)
+    if keep_hidden and packed:
+        hidden = hidden_real.new_zeros((*real.shape, hidden_real.shape[-1])).masked_scatter(real[..., None],
+                                                                                            hidden_real)
     return Forward(zeros.masked_scatter(real, logp_real),
                    zeros.masked_scatter(real, ent_real) if entropy else None,
                    hidden.detach() if keep_hidden else None)
@@ -332,11 +360,12 @@ def completion_logprobs(model, batch: Batch, temperature: float, precision: Prec
                         micro_batch: int = 0, chunk_tokens: int = 0, entropy: bool = False,
                         keep_hidden: bool = False, by_length: bool = False, rows: torch.Tensor | None = None,
                         ranks: Ranks = SINGLE, share_prompts: bool = True,
-                        token_filter: TokenFilter = NO_FILTER) -> Forward:
+                        token_filter: TokenFilter = NO_FILTER, packed: bool = False) -> Forward:
     """``forward_completions`` without gradients, ``micro_batch`` sequences per pass (0: no limit); ``by_length``:
     sequences of similar length share a pass, padded only to the longest of them (``Batch.passes``); ``rows``: only
-    these sequences (a rank's share; the others' values are zero). Under FSDP (``ranks``) this rank also runs the
-    idle passes that give every rank as many passes (``Ranks.idle_passes``)."""
+    these sequences (a rank's share; the others' values are zero); ``packed``: each pass's sequences in one row
+    without padding. Under FSDP (``ranks``) this rank also runs the idle passes that give every rank as many passes
+    (``Ranks.idle_passes``)."""
     rows = batch.passes(micro_batch, by_length, rows)
     idle_passes(ranks.idle_passes(len(rows)), model, batch, temperature, precision, chunk_tokens,
                 token_filter=token_filter)
@@ -345,7 +374,7 @@ def completion_logprobs(model, batch: Batch, temperature: float, precision: Prec
         return Forward(zeros, zeros.clone() if entropy else None, None)
     return Forward.assemble(batch, rows, [forward_completions(model, batch.take(r), temperature, precision,
                                                               chunk_tokens, entropy, keep_hidden, share_prompts,
-                                                              token_filter)
+                                                              token_filter, packed=packed)
                                           for r in micro_batches(rows)])
 
 
@@ -405,4 +434,20 @@ def check_head(model, batch: Batch, temperature: float = 1.0, tolerance: float =
         raise ValueError(f"model_name_or_path: {arch}'s output layer applies a transform the trainer's chunked "
                          f"log-probabilities do not know (gap {gap:.2e} to the model's own logits); "
                          "it is not supported")
+    return gap
+
+
+@torch.no_grad()
+def check_packing(model, batch: Batch, temperature: float = 1.0, tolerance: float = HEAD_CHECK_TOLERANCE) -> float:
+    """``padding_free``: the packed pass against the padded one on ``batch`` (two sequences or more); returns the
+    worst log-prob gap and raises ``ValueError`` naming the architecture if it exceeds ``tolerance``: an attention
+    that lets the packed sequences see each other (its kernel ignores the position ids' restarts)."""
+    padded = forward_completions(model, batch, temperature, share_prompts=False).logp
+    packed = forward_completions(model, batch, temperature, packed=True).logp
+    gap = float((packed - padded).abs().max())
+    if not gap <= tolerance:
+        raise ValueError(f"padding_free: {architecture(model)} with attention "
+                         f"{getattr(model.config, '_attn_implementation', '?')} does not keep sequences packed into "
+                         f"one row apart (log-prob gap {gap:.2e} to the padded pass); run without --padding-free or "
+                         "choose another --attn-implementation")
     return gap

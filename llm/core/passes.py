@@ -31,6 +31,7 @@ class Passes:
     group_size: int = 1  # num_generations: a rank's share is whole groups
     ranks: Ranks = SINGLE
     token_filter: TokenFilter = NO_FILTER  # top_k, top_p, min_p: every policy is the filtered distribution
+    padding_free: bool = False  # padding_free: each pass's sequences packed into one row
 
     @classmethod
     def from_config(cls, config, ranks: Ranks = SINGLE) -> "Passes":
@@ -38,7 +39,7 @@ class Passes:
         machine, sampling = config.machine, config.sampling
         return cls(sampling.temperature, Precision.from_config(machine), machine.per_device_train_batch_size,
                    machine.logit_chunk_tokens, machine.group_by_length, machine.prompts_shared, sampling.num_generations,
-                   ranks, sampling.token_filter)
+                   ranks, sampling.token_filter, machine.padding_free)
 
     def rows(self, batch: Batch) -> torch.Tensor | None:
         """This rank's rows of ``batch`` (None: every row, one process)."""
@@ -50,13 +51,14 @@ class Passes:
         out = completion_logprobs(model, batch, self.temperature, self.precision, micro_batch=self.micro_batch,
                                   chunk_tokens=self.chunk_tokens, by_length=self.by_length, rows=self.rows(batch),
                                   ranks=self.ranks, share_prompts=self.share_prompts, token_filter=self.token_filter,
-                                  **kw)
+                                  packed=self.padding_free, **kw)
         return self.whole_batch(out)
 
     def forward(self, model: torch.nn.Module, batch: Batch, **kw) -> Forward:
         """One pass of ``model`` over ``batch`` with gradients (a micro-batch of the optimiser)."""
         return forward_completions(model, batch, self.temperature, self.precision, self.chunk_tokens,
-                                   share_prompts=self.share_prompts, token_filter=self.token_filter, **kw)
+                                   share_prompts=self.share_prompts, token_filter=self.token_filter,
+                                   packed=self.padding_free, **kw)
 
     def whole_batch(self, fwd: Forward) -> Forward:
         """The ranks' per-token log-probs and entropies (each zero outside its rows) summed into the whole batch's."""

@@ -138,9 +138,11 @@ def arithmetic(config, n_params: int, n_trained: int, device, sampler_name: str,
     lora = (f", LoRA r={model.lora_r} on {' '.join(model.lora_target_modules)}: {n_trained / 1e6:.3f}M trained"
             if model.use_peft else "")
     t = task.task
+    modes = ((" (continuous batching)" if config.sampling.use_transformers_continuous_batching else "")
+             + (", padding-free passes" if machine.padding_free else ""))
     lines = [f"off-policy GRPO: model {model_path} ({n_params / 1e6:.2f}M params{lora}, {machine.dtype}, {device}), "
-             f"sampler {sampler_name}, task {t.name} ({len(t.prompts)} training prompts, {len(t.test_prompts)} test"
-             f"{', exact J' if t.has_exact_j and config.diagnostics.exact_j else ''})"]
+             f"sampler {sampler_name}{modes}, task {t.name} ({len(t.prompts)} training prompts, {len(t.test_prompts)} "
+             f"test{', exact J' if t.has_exact_j and config.diagnostics.exact_j else ''})"]
     if heldout:
         lines.append(f"  held-out: {heldout} extra prompts x G={G} per step, drawn independently, "
                      "never in the loss: estimates free of in-sample bias (heldout/*)")

@@ -38,7 +38,7 @@ from runkit.interrupt import GracefulStop
 
 from llm.config import GRPOConfig
 from llm.core.batch import make_batch
-from llm.core.logprobs import check_head
+from llm.core.logprobs import check_head, check_packing
 from llm.core.passes import Passes
 from llm.evaluation import EvalSpec, evaluate
 from llm.models import pretrained
@@ -166,8 +166,10 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
     if config.machine.compile:
         log(f"compile: {compile_blocks(policy)} decoder blocks compile at their first passes (minutes on a CPU)")
     bound = task.bind(tokenizer, config.data.chat_template)  # prompt tokens once; indexed by prompt every step
-    check_head(policy, make_batch(bound.prompt_ids[:2], [p[:3] for p in bound.prompt_ids[:2]], tokenizer.pad_token_id,
-                                  device), config.sampling.temperature)  # the chunked log-probs know this output layer
+    probe = make_batch(bound.prompt_ids[:2], [p[:3] for p in bound.prompt_ids[:2]], tokenizer.pad_token_id, device)
+    check_head(policy, probe, config.sampling.temperature)  # the chunked log-probs know this output layer
+    if config.machine.padding_free:  # the attention keeps packed sequences apart
+        check_packing(policy, probe, config.sampling.temperature)
     if config.diagnostics.exact_j and bound.max_accepted_length > config.sampling.max_completion_length:
         raise ValueError(f"max_completion_length: the task's accepted completions need {bound.max_accepted_length} "
                          f"tokens, more than {config.sampling.max_completion_length}; raise it or pass --no-exact-j")

@@ -1,6 +1,7 @@
 """Samplers: who holds alpha and generates the completions (docs/theory.md, §1 and §7).
 
 - ``hf_generate.TransformersSampler``: a frozen copy of the policy sampled with ``transformers.generate``;
+- ``hf_continuous.ContinuousBatchingSampler``: the same copy sampled through transformers' continuous batching;
 - ``vllm_engine.VLLMSampler``: an in-process vLLM engine with a verified weight sync;
 - ``server.ServerSampler``: vLLM's own server in another process (``python -m llm.serve``), synced through
   vLLM's weight-transfer API.
@@ -28,6 +29,8 @@ def resolved_sampler(config) -> str:
     """The sampler a run uses: ``config.sampling.sampler``, with 'auto' resolved (vLLM in process when it imports)."""
     if config.sampling.sampler != "auto":
         return config.sampling.sampler
+    if config.sampling.use_transformers_continuous_batching:
+        return "transformers"
     from llm.sampling.vllm_engine import vllm_available
 
     return "vllm" if vllm_available() else "transformers"
@@ -63,6 +66,10 @@ def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, ma
                            tensor_parallel_size=config.sampling.vllm_tensor_parallel_size,
                            enable_sleep_mode=config.sampling.vllm_enable_sleep_mode,
                            kv_cache_bytes=int(config.sampling.vllm_kv_cache_gb * 2**30))
+    if config.sampling.use_transformers_continuous_batching:
+        from llm.sampling.hf_continuous import ContinuousBatchingSampler
+
+        return ContinuousBatchingSampler(policy, tokenizer.eos_token_id, tokenizer.pad_token_id)
     return TransformersSampler(policy, tokenizer.eos_token_id, tokenizer.pad_token_id,
                                batch_size=config.machine.per_device_train_batch_size)
 

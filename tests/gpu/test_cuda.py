@@ -176,3 +176,52 @@ def test_a_checkpoint_written_on_cuda_resumes_on_a_cpu(tmp_path):
     rows = read_metrics(cfg.output_dir)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert all(math.isfinite(r["loss"]) for r in rows)
+
+
+def test_packed_passes_equal_the_padded_ones_on_cuda():
+    """--padding-free on the GPU in float32 (TF32 off): the packed pass's log-probs within the start-up check's
+    tolerance of the padded pass's, the gradients to 1e-3 relative."""
+    from llm.core.logprobs import HEAD_CHECK_TOLERANCE
+
+    policy, tok = load_policy(str(tiny_model_dir()), torch.device("cuda"))
+    prompts, comps = sequences(tok, 12, seed=4)
+    batch = make_batch(prompts, comps, tok.pad_token_id, "cuda")
+    grads = []
+    for packed in (False, True):
+        policy.zero_grad(set_to_none=True)
+        fwd = forward_completions(policy, batch, 0.7, share_prompts=False, packed=packed)
+        fwd.logp.sum().backward()
+        grads.append((fwd.logp.detach(), [p.grad.clone() for p in policy.parameters()]))
+    (a, ga), (b, gb) = grads
+    assert float((a - b).abs().max()) <= HEAD_CHECK_TOLERANCE
+    assert all(same_gradient(x, y, 1e-3) for x, y in zip(ga, gb, strict=True))
+
+
+def test_continuous_batching_reports_the_trainers_log_alpha_on_cuda():
+    """The continuous-batching sampler on the GPU: every drawn token's log alpha within the sync tolerance of the
+    trainer's recomputation, at T = 0.8 with top-k 8 and top-p 0.95, in float32."""
+    from llm.core.batch import padded
+    from llm.core.logprobs import completion_logprobs
+    from llm.core.token_filter import TokenFilter
+    from llm.sampling.hf_continuous import ContinuousBatchingSampler
+    from tests.helpers import SYNC_ATOL
+
+    policy, tok = load_policy(str(tiny_model_dir()), torch.device("cuda"))
+    sampler = ContinuousBatchingSampler(policy, tok.eos_token_id, tok.pad_token_id)
+    prompts = [tok(f"{a}+{b}=").input_ids for a, b in [(12, 34), (5, 7), (40, 41), (3, 99)]]
+    f = TokenFilter(top_k=8, top_p=0.95)
+    roll = sampler.generate(prompts, 8, 6, 0.8, 0, token_filter=f)
+    batch = make_batch([p for p in prompts for _ in range(8)], roll.completion_ids, tok.pad_token_id, "cuda")
+    logp = completion_logprobs(policy, batch, 0.8, token_filter=f).logp
+    gap = ((padded(roll.logprobs, logp.shape[1], "cuda") - logp) * batch.completion_mask).abs().max()
+    sampler.close()
+    assert float(gap) <= SYNC_ATOL
+
+
+def test_the_builtin_task_learns_on_cuda_with_both_speed_paths(tmp_path):
+    """80 steps at v = 4, --padding-free and --use-transformers-continuous-batching, float32 on the GPU: exact J rises
+    by the learning margin and every window's sync check holds."""
+    rows = read_metrics(train(_config(tmp_path, "speed", max_steps=80, sync_period=4, padding_free=True,
+                                      use_transformers_continuous_batching=True), log=lambda *a: None))
+    assert rows[-1]["j/pi_new"] - rows[0]["j/pi_k"] >= LEARNING_MARGIN, (rows[0]["j/pi_k"], rows[-1]["j/pi_new"])
+    assert max(r["sampling/logp_diff_max"] for r in rows if "sampling/logp_diff_max" in r) < 1e-4

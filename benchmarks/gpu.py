@@ -19,7 +19,12 @@ adds Qwen2.5-1.5B's shape) on the GPU:
    The optimise phase's trained tokens/s (prompt + completion tokens) and its share of the bf16 rate at 6N FLOPs
    per token; the sampler's generated tokens/s and its share at 2N per token; the run's peak CUDA memory.
 
-TRL's GRPOTrainer is not run here (its wheels and datasets' are not on the GPU image; see docs/benchmarks.md).
+4. ``--speed`` (0.5B shape): the same workload at v = 1 and v = 4 for our trainer with plain ``generate``, with
+   ``--use-transformers-continuous-batching``, and with that and ``--padding-free``; then TRL 1.16's GRPOTrainer
+   in a child process on the same GPU, model and prompts (its default: transformers ``generate``; then its
+   ``use_transformers_continuous_batching``), steps 2.. timed. Ratios are steps per second over TRL's default and
+   over TRL's continuous batching, all rows from this one call. TRL needs trl, datasets, dill and multiprocess
+   importable (carried as wheels to a GPU machine without them: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from memory import GSM8K, QWEN05, STATIC_BYTES_PER_PARAM, activation_bytes, build_model  # noqa: E402
-from throughput import Workload, run_ours  # noqa: E402
+from throughput import Workload, run_ours, run_trl  # noqa: E402
 
 #: Qwen2.5-1.5B's published configuration (config.json of Qwen/Qwen2.5-1.5B-Instruct).
 QWEN15 = dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
@@ -147,6 +152,79 @@ def trainer_end_to_end(model_dir: Path, work: Path, rate: float, log=print) -> d
     return out
 
 
+#: Part 4's rows of our trainer: (name, extra GRPOConfig fields), each at v = 1 and v = 4.
+SPEED_ROWS = [("ours generate", {}),
+              ("ours continuous batching", {"use_transformers_continuous_batching": True}),
+              ("ours continuous batching + padding-free", {"use_transformers_continuous_batching": True,
+                                                           "padding_free": True})]
+
+
+def speed_against_trl(model_dir: Path, work: Path, rate: float, log=print, save=lambda rows: None,
+                      device: str = "cuda", workload: Workload = WORKLOAD) -> list[dict]:
+    """Part 4: our rows (``SPEED_ROWS`` at v = 1 and 4) and TRL's two, each a dict of s/step, phases and shares;
+    ``save(rows)`` after each row, so a call cut short keeps what it measured. ``device`` 'cpu' (with a small
+    ``workload``) tries the part out without a GPU."""
+    cuda = device == "cuda"
+    n_params = saved_parameters(model_dir)
+    rows = []
+
+    def add(row: dict) -> None:
+        rows.append(row)
+        save(rows)
+        phases = ", ".join(f"{k[5:]} {v:.2f}" for k, v in row.get("phases", {}).items() if v >= 0.005)
+        log(f"  {row['name']}: {row['s_per_step']:.2f} s/step ({phases}); {row['gen_tokens']:.0f} generated tokens "
+            f"a step", flush=True)
+
+    for name, extra in SPEED_ROWS:
+        for v in (1, 4):
+            shutil.rmtree(work / "runs", ignore_errors=True)
+            if cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            try:
+                r = run_ours(name.replace(" ", "_") + f"_v{v}", model_dir, "transformers", v, "bfloat16",
+                             work / "runs", windows=2, workload=workload, device=device, **extra)
+            except Exception as exc:  # a failing row is reported and the others still run
+                log(f"  {name} v={v} failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                continue
+            optimise, generate = r.phases["time/optimise"], r.phases["time/generate"]
+            add({"name": f"{name} v={v}", "v": v, "s_per_step": 1 / r.steps_per_s, "phases": r.phases,
+                 "gen_tokens": r.gen_tokens, "train_tokens": r.train_tokens,
+                 "sampler_tokens_per_s": r.gen_tokens / generate,
+                 "sampler_share": 2 * n_params * r.gen_tokens / generate / rate,
+                 "optimise_tokens_per_s": r.train_tokens / optimise,
+                 "optimise_share": 6 * n_params * r.train_tokens / optimise / rate,
+                 "peak_gb": torch.cuda.max_memory_allocated() / GB if cuda else float("nan")})
+    if cuda:
+        torch.cuda.empty_cache()
+    for continuous in (False, True):
+        trl, note = run_trl(model_dir, "bfloat16", work, sys.executable, steps=6, workload=workload, vllm=False,
+                            device=device, continuous_batching=continuous)
+        if trl is None:
+            log(f"  TRL {'continuous batching' if continuous else 'default'}: {note}", flush=True)
+            continue
+        add({"name": trl.name, "s_per_step": 1 / trl.steps_per_s, "gen_tokens": trl.gen_tokens,
+             "train_tokens": trl.train_tokens})
+    base = {r["name"]: r["s_per_step"] for r in rows if r["name"].startswith("TRL")}
+    for r in rows:
+        for key, trl_name in (("x_trl_default", "TRL transformers generate"),
+                              ("x_trl_continuous_batching", "TRL continuous batching")):
+            if trl_name in base:
+                r[key] = base[trl_name] / r["s_per_step"]
+    save(rows)
+    log("\n| row | s/step | generate s | optimise s | sampler tok/s | sampler share | optimise share | x TRL default "
+        "| x TRL continuous batching |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
+    for r in rows:
+        ph = r.get("phases", {})
+        cells = [f"{r['s_per_step']:.2f}", f"{ph.get('time/generate', float('nan')):.2f}",
+                 f"{ph.get('time/optimise', float('nan')):.3f}", f"{r.get('sampler_tokens_per_s', float('nan')):.0f}",
+                 f"{100 * r.get('sampler_share', float('nan')):.2f}%",
+                 f"{100 * r.get('optimise_share', float('nan')):.1f}%",
+                 f"{r.get('x_trl_default', float('nan')):.2f}", f"{r.get('x_trl_continuous_batching', float('nan')):.2f}"]
+        log(f"| {r['name']} | " + " | ".join(cells) + " |", flush=True)
+    return rows
+
+
 def saved_parameters(model_dir: Path) -> int:
     """N of the arithmetic counts: the parameters in the model's safetensors files (tied embeddings once)."""
     import math
@@ -165,6 +243,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="0.5b", help="comma-separated: 0.5b, 1.5b")
     ap.add_argument("--work", default="/tmp/offpolicy_grpo_gpu_bench", help="model files and run directories")
     ap.add_argument("--json", default="", help="write every number here too")
+    ap.add_argument("--speed", action="store_true", help="part 4 only (0.5B shape): ours against TRL 1.16")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/gpu.py needs a CUDA device (torch.cuda.is_available() is False)")
@@ -184,6 +263,16 @@ def main() -> int:
     result["bf16_flops"] = rate
     print(f"{result['gpu']}, torch {torch.__version__}, transformers {transformers.__version__}: bf16 matmul "
           f"{rate / 1e12:.0f} TFLOP/s (8192^3, median of 10)", flush=True)
+    if args.speed:
+        model_dir = build_model(work / "qwen_0.5b", shape=QWEN05, max_positions=1024)
+
+        def save(rows):
+            result["speed"] = rows
+            if args.json:
+                Path(args.json).write_text(json.dumps(result, indent=1))
+
+        speed_against_trl(model_dir, work, rate, save=save)
+        return 0
     for shape in shapes:
         t0 = time.perf_counter()
         model_dir = build_model(work / f"qwen_{shape}", shape=SHAPES[shape], max_positions=1024)

@@ -231,6 +231,7 @@ model_dir, out, use_vllm, dtype, steps = sys.argv[1], sys.argv[2], sys.argv[3] =
 sys.path.insert(0, sys.argv[6])
 attn = sys.argv[7]
 spec = json.loads(open(sys.argv[8]).read())
+on_cuda, continuous = sys.argv[9] == "cuda", sys.argv[10] == "1"
 import llm.tasks
 score = getattr(llm.tasks, spec["reward"])
 ds = Dataset.from_dict({"prompt": spec["prompts"], "answer": spec["answers"]})
@@ -246,7 +247,8 @@ class Len(TrainerCallback):
         if logs and "completions/mean_length" in logs: lengths.append(logs["completions/mean_length"])
 cfg = GRPOConfig(output_dir=out, per_device_train_batch_size=spec["batch"], num_generations=spec["generations"],
                  max_completion_length=spec["max_tokens"], beta=0.0, num_iterations=1, learning_rate=1e-5,
-                 max_steps=steps, logging_steps=1, report_to=[], save_strategy="no", use_cpu=True,
+                 max_steps=steps, logging_steps=1, report_to=[], save_strategy="no", use_cpu=not on_cuda,
+                 use_transformers_continuous_batching=continuous,
                  bf16=dtype == "bfloat16", use_vllm=use_vllm, vllm_mode="colocate", temperature=spec["temperature"],
                  top_k=0, top_p=1.0, dataloader_num_workers=0, shuffle_dataset=False,
                  model_init_kwargs=None if attn == "auto" else {"attn_implementation": attn})
@@ -265,20 +267,24 @@ KEPT = ", freed memory kept"
 
 def run_trl(model_dir: Path, dtype: str, out: Path, python: str, steps: int = 5,
             attn: str = "auto", workload: Workload = BENCH, vllm: bool = True,
-            keep_freed_memory: bool = False) -> tuple[Row | None, str]:
+            keep_freed_memory: bool = False, device: str = "cpu",
+            continuous_batching: bool = False) -> tuple[Row | None, str]:
     """TRL's GRPOTrainer on ``workload`` in ``python``'s environment: first with its vLLM colocate mode (``vllm``),
-    then generating with transformers; steps 2.. are timed (the first includes start-up). ``keep_freed_memory``:
-    glibc set as our trainer sets it (``KEEP_FREED_ENV``; the row's name ends with ``KEPT``)."""
+    then generating with transformers (``continuous_batching``: TRL's use_transformers_continuous_batching); steps
+    2.. are timed (the first includes start-up). ``keep_freed_memory``: glibc set as our trainer sets it
+    (``KEEP_FREED_ENV``; the row's name ends with ``KEPT``). ``device``: 'cuda' runs TRL on the GPU."""
     script, spec = out / "trl_bench.py", out / "trl_workload.json"
     script.write_text(TRL_SCRIPT)
     spec.write_text(json.dumps(workload.trl_spec()))
     notes = []
     for use_vllm in (True, False) if vllm else (False,):
-        mode = "TRL vLLM colocate" if use_vllm else "TRL transformers generate"
+        mode = ("TRL vLLM colocate" if use_vllm else "TRL continuous batching" if continuous_batching
+                else "TRL transformers generate")
         env = {**os.environ, **(KEEP_FREED_ENV if keep_freed_memory else {})}
         res = subprocess.run([python, str(script), str(model_dir), str(out / "trl"), "1" if use_vllm else "0",
-                              dtype, str(steps), str(ROOT), attn, str(spec)], capture_output=True, text=True,
-                             timeout=3600, env=env)
+                              dtype, str(steps), str(ROOT), attn, str(spec), device,
+                              "1" if continuous_batching else "0"], capture_output=True, text=True, timeout=3600,
+                             env=env)
         line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
         if res.returncode != 0 or not line:
             err = [ln.strip() for ln in (res.stderr or "").splitlines() if "Error" in ln or "error:" in ln]

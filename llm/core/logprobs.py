@@ -307,23 +307,62 @@ def completion_hidden(model, batch: Batch, share: bool = True) -> torch.Tensor:
     return torch.cat([last, rest.last_hidden_state], dim=1)
 
 
+#: With a dense attention mask (sdpa, eager), the packed sequences go into rows of about this many tokens (the longest
+#: sequence's length if that is more), so the block-diagonal masks cost rows x width^2 rather than (all tokens)^2.
+PACK_ROW_TOKENS = 1024
+#: Attention kernels that run a packed row without a dense mask (variable-length or block-sparse): one row for all.
+PACKING_KERNELS = ("flash_attention_2", "flash_attention_3", "flex_attention")
+
+
+def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Sequences of ``lengths`` dealt into ceil(total / capacity) rows (at least the longest length each), longest
+    first, each to the row with the fewest tokens so far (balanced rows, so little filler pads them to the widest).
+    Returns each row's sequence indices in batch order."""
+    rows = max(1, -(-sum(lengths) // max(capacity, max(lengths, default=1))))
+    load, members = [0] * rows, [[] for _ in range(rows)]
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        r = min(range(rows), key=load.__getitem__)
+        load[r] += lengths[i]
+        members[r].append(i)
+    return [sorted(m) for m in members if m]
+
+
 def packed_completion_hidden(model, batch: Batch) -> torch.Tensor:
     """The decoder's final hidden states that predict the real completion tokens, (n, H) in the row-major order of
-    ``batch.completion_mask``, from one pass over the batch's sequences packed into a single row without padding
-    (``padding_free``): each sequence's real tokens one after another, its position ids restarting at 0, and no
-    attention mask, from which transformers' attention keeps each token within its own sequence (flash attention's
-    variable-length kernel, flex attention's block mask, or a block-diagonal causal mask for sdpa and eager: the
-    fallback, whose cost grows with the square of the row's length). ``check_packing`` refuses, at start-up, a model
-    whose attention ignores the packing."""
+    ``batch.completion_mask``, from one pass over the batch's sequences packed without padding (``padding_free``):
+    each sequence's real tokens one after another, its position ids restarting at 0, and no attention mask, from
+    which transformers' attention keeps each token within its own sequence. With flash attention's variable-length
+    kernel or flex attention's block mask (``PACKING_KERNELS``) every sequence goes into one row; with sdpa or eager
+    (a dense block-diagonal causal mask: the fallback) into balanced rows of about ``PACK_ROW_TOKENS`` tokens
+    (``pack_rows``), each filled up to the widest with a filler sequence of pad tokens whose outputs are dropped.
+    ``check_packing`` refuses, at start-up, a model whose attention ignores the packing."""
     real_tokens = batch.attention_mask > 0
-    ids = batch.input_ids[real_tokens][None]
-    pos = batch.position_ids[real_tokens][None]
-    # the packed index of every real position; a completion token is predicted from the real position before it
-    packed_index = real_tokens.flatten().long().cumsum(0).view(real_tokens.shape) - 1
+    lengths = real_tokens.sum(dim=1).tolist()
+    one_row = getattr(model.config, "_attn_implementation", "") in PACKING_KERNELS
+    rows = [list(range(batch.size))] if one_row else pack_rows(lengths, PACK_ROW_TOKENS)
+    width = max(sum(lengths[i] for i in r) for r in rows)
+    row_start = torch.empty(batch.size, 2, dtype=torch.long)  # each sequence's row and first column
+    pos = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, members in enumerate(rows):
+        col = 0
+        for i in members:
+            row_start[i, 0], row_start[i, 1] = r, col
+            col += lengths[i]
+        pos[r, col:] = torch.arange(width - col)  # the filler: a sequence of its own, its outputs never read
+    device = batch.input_ids.device
+    pos = pos.to(device)
+    ids = torch.zeros_like(pos)  # the filler's tokens: any id (nothing attends to them)
+    where = row_start.to(device)[torch.arange(batch.size, device=device)[:, None].expand_as(real_tokens)[real_tokens]]
+    row_of, col_of = where[:, 0], where[:, 1] + batch.position_ids[real_tokens]  # positions count 0.. per sequence
+    ids[row_of, col_of] = batch.input_ids[real_tokens]
+    pos[row_of, col_of] = batch.position_ids[real_tokens]
+    # a completion token is predicted from the real position before it
     lp, T = batch.prompt_width, batch.completion_ids.shape[1]
-    at = packed_index[:, lp - 1: lp - 1 + T][batch.completion_mask > 0]
+    index = torch.zeros(real_tokens.shape, dtype=torch.long, device=device)
+    index[real_tokens] = row_of * width + col_of
+    at = index[:, lp - 1: lp - 1 + T][batch.completion_mask > 0]
     out = model.get_decoder()(input_ids=ids, position_ids=pos, use_cache=False)
-    return out.last_hidden_state[0, at]
+    return out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[at]
 
 
 def forward_completions(model, batch: Batch, temperature: float, precision: Precision = Precision(),

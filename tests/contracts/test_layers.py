@@ -10,7 +10,7 @@ from tests.helpers import ROOT
 LAYERS = [
     ["runkit", "runkit.cli", "runkit.host_memory", "runkit.interrupt", "runkit.net", "runkit.quiet", "runkit.runio",
      "runkit.tables", "runkit.validation"],
-    ["grpo_theory.validation", "grpo_theory.numerics", "grpo_theory.core", "grpo_theory.estimators",
+    ["grpo_theory.validation", "grpo_theory.numerics", "grpo_theory.core", "grpo_theory.betting", "grpo_theory.estimators",
      "grpo_theory.amplification", "grpo_theory.instances", "grpo_theory.symbolic", "grpo_theory.corrections",
      "grpo_theory.sync_policy", "grpo_theory.truncation", "grpo_theory"],
     ["grpo_theory.simulate", "grpo_theory.check", "grpo_theory.sigma_bias", "grpo_theory.experiments",
@@ -26,8 +26,8 @@ LAYERS = [
     ["llm.core.token_filter", "llm.core.batch", "llm.core.logprobs", "llm.core.loss", "llm.core.diagnostics",
      "llm.core.passes"],  # core/: the tensors of a step and the passes that compute them
     ["llm.sampling.token_filter", "llm.sampling.base", "llm.sampling.vllm_settings", "llm.sampling.weight_transfer",
-     "llm.sampling.hf_generate", "llm.sampling.vllm_engine", "llm.sampling.server", "llm.sampling",
-     "llm.sampling.launch"],  # sampling/: who holds alpha
+     "llm.sampling.hf_generate", "llm.sampling.hf_continuous", "llm.sampling.vllm_engine", "llm.sampling.server",
+     "llm.sampling", "llm.sampling.launch"],  # sampling/: who holds alpha
     ["llm.evaluation.exact", "llm.evaluation.passk", "llm.evaluation.test_set", "llm.evaluation"],  # evaluation/
     ["llm.optim.schedule", "llm.optim.update", "llm.optim"],  # optim/: the optimiser steps on the loss
     ["llm.step.clock", "llm.step.rollout", "llm.step.phases", "llm.step.weights"],  # step/: one step, phase by phase

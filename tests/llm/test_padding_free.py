@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from llm import GRPOConfig, train
+from llm.core import logprobs
 from llm.core.batch import make_batch
-from llm.core.logprobs import check_packing, forward_completions
+from llm.core.logprobs import check_packing, forward_completions, pack_rows
 from llm.models.model import load_policy
 from llm.models.tiny import FAMILIES, build_family_model, tiny_model_dir
 from llm.run.rundir import read_metrics
@@ -26,10 +27,12 @@ def _ragged_batch(tok, rng):
 
 
 @pytest.mark.parametrize("family", ["builtin"] + sorted(FAMILIES))
-def test_the_packed_pass_equals_the_padded_pass_for_every_family(family, tmp_path):
+@pytest.mark.parametrize("row_tokens", [1024, 12])
+def test_the_packed_pass_equals_the_padded_pass_for_every_family(family, row_tokens, tmp_path, monkeypatch):
     """In float64: log-probs, entropies and hidden states of the packed pass equal the padded pass's to 1e-10,
     gradients to ``SHARED_GRAD_RTOL`` (Gemma's own float32 constants differ at 1e-7 between any two layouts,
-    each sequence alone included)."""
+    each sequence alone included); in one row, and in rows of about 12 tokens with filler (sdpa's rows)."""
+    monkeypatch.setattr(logprobs, "PACK_ROW_TOKENS", row_tokens)
     path = tiny_model_dir() if family == "builtin" else build_family_model(family, tmp_path / family)
     model, tok = load_policy(str(path), torch.device("cpu"))
     model.double()
@@ -71,6 +74,39 @@ def test_the_packed_row_restarts_positions_and_keeps_no_padding(monkeypatch):
     assert seen["input_ids"].shape == (1, sum(lengths)) and seen.get("attention_mask") is None
     assert seen["position_ids"][0].tolist() == [i for n in lengths for i in range(n)]
     assert seen["input_ids"][0].tolist() == batch.input_ids[batch.attention_mask > 0].tolist()
+
+
+def test_rows_of_the_dense_mask_fallback_hold_every_sequence_once_and_are_balanced(monkeypatch):
+    """sdpa's packed rows: every sequence once, in batch order within a row, rows of at least the longest sequence,
+    their widths within the longest sequence of each other; what the decoder receives: each sequence's tokens and
+    positions 0.. contiguous in its row, the rest of a row a filler sequence counting from 0."""
+    lengths = [5, 17, 3, 9, 9, 1, 12, 4]
+    rows = pack_rows(lengths, 20)
+    assert sorted(i for r in rows for i in r) == list(range(8)) and all(r == sorted(r) for r in rows)
+    loads = [sum(lengths[i] for i in r) for r in rows]
+    assert len(rows) == 3 and max(loads) - min(loads) <= max(lengths)
+    assert len(pack_rows(lengths, 1)) == 4 and pack_rows(lengths, 10**6) == [list(range(8))]  # rows >= 17 tokens
+
+    monkeypatch.setattr(logprobs, "PACK_ROW_TOKENS", 12)
+    model, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))
+    batch = _ragged_batch(tok, np.random.default_rng(5))
+    decoder, seen = model.get_decoder(), {}
+    forward = decoder.forward
+    monkeypatch.setattr(decoder, "forward", lambda *a, **kw: seen.update(kw) or forward(*a, **kw))
+    forward_completions(model, batch, 1.0, packed=True)
+    lengths = batch.attention_mask.sum(dim=1).tolist()
+    ids, pos = seen["input_ids"], seen["position_ids"]
+    assert seen.get("attention_mask") is None
+    rows = pack_rows(lengths, 12)
+    assert ids.shape[0] == len(rows) > 1
+    for r, members in enumerate(rows):
+        col = 0
+        for i in members:
+            real = batch.attention_mask[i] > 0
+            assert ids[r, col:col + lengths[i]].tolist() == batch.input_ids[i][real].tolist()
+            assert pos[r, col:col + lengths[i]].tolist() == list(range(lengths[i]))
+            col += lengths[i]
+        assert pos[r, col:].tolist() == list(range(ids.shape[1] - col))
 
 
 @pytest.mark.parametrize("loss_type,ratio_level,mask", CASES[:4])

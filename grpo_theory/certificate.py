@@ -1,12 +1,13 @@
 """How often the improvement certificate certifies a step that did not improve J, and how often one that did
 (docs/theory.md, §8.6): ``python -m grpo_theory.certificate`` prints the coverage table.
 
-The certificate is ``estimators.lower_confidence_bound`` over P per-prompt estimates, each unbiased for the step's
-change in J. Its false-certificate rate is measured at a true change of 0 or below (the bound certifies when it is
-positive), its power at a positive change, over per-prompt distributions of five shapes, each scaled to standard
-deviation 1 (the bound is scale-free), and over the held-out improvement estimator itself on a table where the
-update moves probability off a rarely sampled correct answer (``RARE_LOSS``): most prompts never sample it and see a
-small gain, a few see the loss. Every cell is a Monte-Carlo rate over ``reps`` replications with its standard error.
+The certificate is ``estimators.lower_confidence_bound`` over P independent per-prompt values of a known range: by
+default the betting bound (``grpo_theory.betting``) on values in [-1, 1], whose level is a theorem. The table tries to
+break it where a bound built from the sample's spread breaks: families whose mass sits at the ends of the range (a
+rare harm at -1 that a small sample misses, a point mass carrying a zero mean), and the held-out estimators
+themselves on tables where the update moves probability off a rarely sampled correct answer. Every cell is a
+Monte-Carlo rate over ``reps`` replications with its standard error, beside the two unguaranteed bounds (Student's t
+and Cantelli's with the sample standard deviation) on the same values.
 """
 
 from __future__ import annotations
@@ -16,31 +17,36 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .estimators import CERTIFICATE_MIN_PROMPTS, DEFAULT_LCB_METHOD, improvement_estimate, lower_confidence_bound
+from .estimators import (CERTIFICATE_MIN_PROMPTS, DEFAULT_LCB_METHOD, DEFAULT_LCB_RANGE, IMPROVEMENT_WEIGHT_CAP,
+                         capped_improvement_estimate, improvement_estimate, lower_confidence_bound)
 
 #: Prompt counts of the table.
-PROMPT_COUNTS = (2, 4, 8, 16, 32)
-#: The parametric families' shift for power: half a per-prompt standard deviation.
-POWER_SHIFT = 0.5
+PROMPT_COUNTS = (16, 32, 64, 128)
 
 
-def _lognormal(sigma: float, sign: float) -> Callable:
-    mean, sd = np.exp(sigma**2 / 2), np.sqrt((np.exp(sigma**2) - 1) * np.exp(sigma**2))
-    return lambda rng, shape: sign * (rng.lognormal(0.0, sigma, shape) - mean) / sd
+def _two_point(low: float, p_low: float, high: float) -> Callable:
+    """-> a sampler of ``low`` with probability ``p_low``, else ``high`` (values in [-1, 1])."""
+    return lambda rng, shape: np.where(rng.random(shape) < p_low, low, high)
 
 
-def _skewness_of_lognormal(sigma: float) -> float:
-    return float((np.exp(sigma**2) + 2) * np.sqrt(np.exp(sigma**2) - 1))
-
-
-#: Per-prompt estimates of mean 0 and standard deviation 1, by shape.
-FAMILIES: dict[str, Callable] = {
-    "symmetric (normal)": lambda rng, shape: rng.standard_normal(shape),
-    f"left-skewed (reflected lognormal, skewness -{_skewness_of_lognormal(0.5):.1f})": _lognormal(0.5, -1.0),
-    f"strongly left-skewed (reflected lognormal, skewness -{_skewness_of_lognormal(1.0):.1f})": _lognormal(1.0, -1.0),
-    f"right-skewed (lognormal, skewness {_skewness_of_lognormal(1.0):.1f})": _lognormal(1.0, 1.0),
-    "heavy-tailed (Student t, 3 degrees of freedom)": lambda rng, shape: rng.standard_t(3, shape) / np.sqrt(3.0),
+#: Per-prompt values in [-1, 1] whose mean is at or below 0 (false certificates) and, for each, one above 0 (power).
+#: The first four put their mass at the ends of the range; the last is spread.
+FAMILIES: dict[str, tuple[Callable, Callable]] = {
+    "rare harm (-1 w.p. 2%, else +0.01; mean -0.0102)": (_two_point(-1.0, 0.02, 0.01), _two_point(-1.0, 0.02, 0.1)),
+    "zero mean, rarer harm (-1 w.p. 0.5%, else +0.005025)": (_two_point(-1.0, 0.005, 0.005 / 0.995),
+                                                             _two_point(-1.0, 0.005, 0.1)),
+    "ends of the range (-1 or +1, mean 0)": (_two_point(-1.0, 0.5, 1.0), _two_point(-1.0, 0.4, 1.0)),
+    "small gain, rare total loss (+0.2 w.p. 83.3%, else -1; mean 0)": (_two_point(-1.0, 1 / 6, 0.2),
+                                                                       _two_point(-1.0, 0.1, 0.2)),
+    "spread (uniform on [-1, 1])": (lambda rng, shape: rng.uniform(-1.0, 1.0, shape),
+                                    lambda rng, shape: rng.uniform(-0.6, 1.0, shape)),
 }
+#: The power families' means (the false ones' are in the names).
+POWER_MEANS = {"rare harm (-1 w.p. 2%, else +0.01; mean -0.0102)": -0.02 + 0.98 * 0.1,
+               "zero mean, rarer harm (-1 w.p. 0.5%, else +0.005025)": -0.005 + 0.995 * 0.1,
+               "ends of the range (-1 or +1, mean 0)": 0.2,
+               "small gain, rare total loss (+0.2 w.p. 83.3%, else -1; mean 0)": -0.1 + 0.9 * 0.2,
+               "spread (uniform on [-1, 1])": 0.2}
 
 
 @dataclass(frozen=True)
@@ -57,9 +63,13 @@ class TableCase:
     def change(self) -> float:
         return float(np.dot(np.subtract(self.pi_new, self.alpha), self.reward))
 
-    def estimates(self, rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
+    def estimates(self, rng: np.random.Generator, shape: tuple[int, int], capped: bool = False) -> np.ndarray:
+        """Per-prompt held-out estimates (lag 0: w_k = 1): the unbiased ``improvement_estimate``, or (``capped``) the
+        certificate's ``capped_improvement_estimate`` at W = 2, in [-1, 1]."""
         alpha, r, w = np.array(self.alpha), np.array(self.reward), np.divide(self.pi_new, self.alpha)
         y = rng.choice(len(alpha), p=alpha, size=(*shape, self.G))
+        if capped:
+            return capped_improvement_estimate(r[y], w[y], np.ones(y.shape), IMPROVEMENT_WEIGHT_CAP)
         return improvement_estimate(r[y], w[y], np.ones(y.shape))
 
 
@@ -69,7 +79,13 @@ class TableCase:
 RARE_LOSS = TableCase((0.4, 0.03, 0.57), (1.0, 1.0, 0.0), (0.41, 0.0075, 0.5825))
 #: Its power counterpart: the same loss on the rare answer, and 0.04 added to the common one (J changes by +0.0175).
 RARE_GAIN = TableCase((0.4, 0.03, 0.57), (1.0, 1.0, 0.0), (0.44, 0.0075, 0.5525))
-TABLE_NAME = "left-skewed table (a rare correct answer loses mass)"
+#: A rarer correct answer (0.005) that the update takes nine tenths of, with 0.004 added to the common one: J changes
+#: by -0.0005; most groups never sample the rare answer and see a small gain.
+RARER_LOSS = TableCase((0.5, 0.005, 0.495), (1.0, 1.0, 0.0), (0.504, 0.0005, 0.4955))
+#: The tables of the coverage study: name -> (no improvement, improvement).
+TABLES = {"table: a rare correct answer loses mass (-0.0125 / +0.0175)": (RARE_LOSS, RARE_GAIN),
+          "table: a rarer one (-0.0005 / +0.0175)": (RARER_LOSS, RARE_GAIN)}
+TABLE_NAME = next(iter(TABLES))
 
 
 @dataclass(frozen=True)
@@ -89,35 +105,53 @@ class Rate:
 
 
 def certified(x: np.ndarray, level: float, method: str = DEFAULT_LCB_METHOD,
-              min_count: int = CERTIFICATE_MIN_PROMPTS) -> np.ndarray:
+              min_count: int = CERTIFICATE_MIN_PROMPTS, low: float = DEFAULT_LCB_RANGE[0],
+              high: float = DEFAULT_LCB_RANGE[1]) -> np.ndarray:
     """Whether the bound over each row of ``x`` (reps, P) certifies (> 0; an abstention, nan, does not); by default
-    the certificate the trainer logs."""
-    bound = lower_confidence_bound(x, level, method=method, min_count=min_count)
+    the certificate the trainer logs: the betting bound on values in [``low``, ``high``] = [-1, 1], which holds its
+    level for every distribution there."""
+    bound = lower_confidence_bound(x, level, method=method, min_count=min_count, low=low, high=high)
     return np.nan_to_num(np.asarray(bound), nan=-np.inf) > 0
 
 
-def false_and_power(family: str, P: int, reps: int, level: float = 0.95, method: str = DEFAULT_LCB_METHOD,
-                    min_count: int = CERTIFICATE_MIN_PROMPTS, seed: int = 0) -> tuple[Rate, Rate]:
-    """The false-certificate rate (true change <= 0) and the power of one family at P prompts."""
+#: The bounds of the table: name -> lower_confidence_bound's method.
+BOUNDS = {"betting": "betting", "t (no guarantee)": "t_unguaranteed",
+          "Cantelli (no guarantee)": "cantelli_unguaranteed"}
+
+
+def false_and_power(family: str, P: int, reps: int, level: float = 0.95,
+                    seed: int = 0) -> dict[str, tuple[Rate, Rate]]:
+    """Per bound (``BOUNDS``), the false-certificate rate (true change <= 0) and the power of one family (or table)
+    at P prompts, on the same draws. On a table the betting bound sees the capped estimates, the others the unbiased
+    ones (what the trainer gives each)."""
     rng = np.random.default_rng([seed, P, sum(map(ord, family))])
-    if family == TABLE_NAME:
-        null, alt = RARE_LOSS.estimates(rng, (reps, P)), RARE_GAIN.estimates(rng, (reps, P))
+    if family in TABLES:
+        null_case, alt_case = TABLES[family]
+        state = rng.bit_generator.state
+        values = {}
+        for capped in (False, True):
+            rng.bit_generator.state = state  # the same responses for both estimators
+            values[capped] = (null_case.estimates(rng, (reps, P), capped), alt_case.estimates(rng, (reps, P), capped))
+        pick = lambda method: values[method == "betting"]  # noqa: E731
     else:
-        null = FAMILIES[family](rng, (reps, P))
-        alt = FAMILIES[family](rng, (reps, P)) + POWER_SHIFT
-    return Rate.of(certified(null, level, method, min_count)), Rate.of(certified(alt, level, method, min_count))
+        null_draw, alt_draw = FAMILIES[family]
+        both = (null_draw(rng, (reps, P)), alt_draw(rng, (reps, P)))
+        pick = lambda method: both  # noqa: E731
+    out = {}
+    for name, method in BOUNDS.items():
+        null, alt = pick(method)
+        out[name] = (Rate.of(certified(null, level, method)), Rate.of(certified(alt, level, method)))
+    return out
 
 
 def coverage_table(reps: int = 4000, level: float = 0.95, counts=PROMPT_COUNTS) -> str:
-    """The markdown table: per family and prompt count, the certificate's false-certificate rate and power, beside
-    the Student-t bound's without abstention."""
-    lines = [f"| per-prompt estimates | P | certificate: false | certificate: power | t bound: false | t bound: power |",
-             "|---|---|---|---|---|---|"]
-    for family in (*FAMILIES, TABLE_NAME):
+    """The markdown table: per family and prompt count, each bound's false-certificate rate and power."""
+    head = " | ".join(f"{b}: false | {b}: power" for b in BOUNDS)
+    lines = [f"| per-prompt values | P | {head} |", "|---|---|" + "---|---|" * len(BOUNDS)]
+    for family in (*FAMILIES, *TABLES):
         for P in counts:
-            f, p = false_and_power(family, P, reps, level)
-            tf, tp = false_and_power(family, P, reps, level, method="t", min_count=2)
-            lines.append(f"| {family} | {P} | {f} | {p} | {tf} | {tp} |")
+            rates = false_and_power(family, P, reps, level)
+            lines.append(f"| {family} | {P} | " + " | ".join(f"{f} | {p}" for f, p in rates.values()) + " |")
     return "\n".join(lines)
 
 
@@ -142,9 +176,10 @@ def main(argv: list[str] | None = None) -> int:
             require(self, 0.5 <= self.level < 1, "level", "must be in [0.5, 1)")
 
     args = parse(CoverageArgs, argv, prog="python -m grpo_theory.certificate", description=CoverageArgs.__doc__)
-    print(f"level {args.level}, {args.reps} replications per cell; the certificate abstains below "
-          f"{CERTIFICATE_MIN_PROMPTS} prompts; power at +{POWER_SHIFT} sd (table: at a change of "
-          f"+{RARE_GAIN.change:.4f}; false certificates at {RARE_LOSS.change:.4f})")
+    print(f"level {args.level}, {args.reps} replications per cell; the unguaranteed bounds abstain below "
+          f"{CERTIFICATE_MIN_PROMPTS} prompts; power means: "
+          + "; ".join(f"{k.split(' (')[0]} {v:+.4f}" for k, v in POWER_MEANS.items())
+          + f"; tables: G = 8, the betting bound on the capped estimates (W = {IMPROVEMENT_WEIGHT_CAP:g})")
     print(coverage_table(args.reps, args.level))
     return 0
 

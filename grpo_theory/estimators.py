@@ -11,8 +11,11 @@ estimates and its bias are stated in its docstring and pinned by exact-expectati
 - ``improvement_estimate``: mean_g (w_g - w_k,g)(r_g - rbar_{-g}), unbiased for J(pi) - J(pi_k), exactly 0 when the
   group's rewards are all equal (rbar_{-g}: the mean of the other G - 1 rewards, a leave-one-out baseline);
 - ``mean_and_standard_error``: the mean of independent estimates and its standard error (every ``*_se``);
-- ``lower_confidence_bound``: a one-sided lower confidence bound on the mean of independent per-prompt estimates
-  that abstains (nan) below ``CERTIFICATE_MIN_PROMPTS`` (the improvement certificate: docs/theory.md, §8.6);
+- ``capped_improvement_estimate``: mean_g [min(w_g, W) r_g + min(w_k,g, W)(1 - r_g) - 1], in [-1, W - 1], biased
+  low by a stated amount: its expectation is a lower bound on J(pi) - J(pi_k) (the certificate's quantity);
+- ``lower_confidence_bound``: a one-sided lower confidence bound on the mean of independent values; by default the
+  betting bound on values of a known range, whose level is a theorem (the improvement certificate: docs/theory.md,
+  §8.6);
 - ``bound_estimates``: Theorem 1's surrogate, TV penalty, lag penalty and lower bound. The only non-linear
   ingredient is 1/s; it is estimated for each response from the *other* G - 1 rewards (``inverse_sigma``), so it
   is independent of that response's weight and the estimate's expectation is exactly the bound's formula with
@@ -97,6 +100,30 @@ def improvement_estimate(r, w_new, w_k) -> np.ndarray:
     return np.mean((np.asarray(w_new) - np.asarray(w_k)) * (r - leave_one_out_mean(r)), axis=-1)
 
 
+#: W: the importance weights in ``capped_improvement_estimate`` are capped at this, so each response's value lies in
+#: [-1, W - 1] and the certificate's betting bound needs no assumption beyond the range (docs/theory.md, §8.6).
+IMPROVEMENT_WEIGHT_CAP = 2.0
+
+
+def capped_improvement_estimate(r, w_new, w_k, cap: float = IMPROVEMENT_WEIGHT_CAP) -> np.ndarray:
+    """mean_g [min(w_new,g, W) r_g + min(w_k,g, W) (1 - r_g) - 1] for rewards r in [0, 1] and W = ``cap``: a value in
+    [-1, W - 1] whose expectation is a lower bound on J(pi) - J(pi_k), exactly
+
+        J(pi) - J(pi_k) - E = sum_y (pi(y) - W alpha(y))^+ r(y) + sum_y (pi_k(y) - W alpha(y))^+ (1 - r(y)) >= 0
+
+    (each policy's mass above W times alpha's, pi's where the reward is high and pi_k's where it is low; plus the mass
+    either policy puts off alpha's support), since E_alpha[min(w, W) r] <= E_pi[r] and E_alpha[min(w_k, W)(1 - r)] <=
+    E_pi_k[1 - r]. It is 0 when pi = pi_k = alpha and needs no leave-one-out baseline; the bias is one-sided, so a
+    lower confidence bound on its mean is one on the improvement."""
+    r = np.asarray(r, dtype=np.float64)
+    if r.size and (r.min() < 0 or r.max() > 1):
+        raise ValueError("r: the capped estimate needs rewards in [0, 1] (rescale them first)")
+    if not cap >= 1:
+        raise ValueError(f"cap: must be >= 1, got {cap}")
+    capped = lambda w: np.minimum(np.asarray(w, dtype=np.float64), cap)  # noqa: E731
+    return np.mean(capped(w_new) * r + capped(w_k) * (1.0 - r) - 1.0, axis=-1)
+
+
 def mean_and_standard_error(values) -> tuple[float, float]:
     """The mean of independent estimates ``values`` and its standard error, the sample standard deviation (ddof 1)
     over sqrt(n): nan for both when there are none, nan for the error below 2."""
@@ -106,54 +133,111 @@ def mean_and_standard_error(values) -> tuple[float, float]:
     return float(x.mean()), (float(x.std(ddof=1) / np.sqrt(x.size)) if x.size > 1 else float("nan"))
 
 
-#: The fewest independent per-prompt estimates from which ``lower_confidence_bound`` bounds their mean; below it the
-#: certificate abstains (nan). Measured (``grpo_theory.certificate``, docs/theory.md §8.6): a harm that shows in few
-#: prompts is invisible in a small sample whatever the interval: with a change of -0.0125 whose per-prompt estimates
-#: are negative on 21% of prompts and slightly positive on the rest, every interval tried certified 14.9-15% of the
-#: steps at 8 prompts, 2.1-2.3% at 16.
+#: The fewest independent per-prompt estimates from which the unguaranteed bounds (``t_unguaranteed``,
+#: ``cantelli_unguaranteed``) bound their mean; below it they abstain (nan). The betting bound needs no such floor: its
+#: level holds at every n, and with few values it simply does not certify (``certificate_floor`` says from where).
 CERTIFICATE_MIN_PROMPTS = 16
-#: The bound's methods: ``cantelli``, mean - sqrt(level/(1 - level)) sd/sqrt(n) (the one-sided Chebyshev-Cantelli
-#: inequality with the sample standard deviation: it assumes no shape, and kept the level on every distribution
-#: measured from 16 prompts on, strongly left-skewed ones included); ``t``, mean - t_{n-1}(level) sd/sqrt(n) (exact for
-#: normal estimates, and far more powerful, but it certified 9-18% of the steps on left-skewed estimates at 16-32
-#: prompts, at level 0.95). Declared once: the trainer's and the simulator's configs take the type and the default here.
-LcbMethod = Literal["cantelli", "t"]
-LCB_METHODS: tuple[str, ...] = get_args(LcbMethod)
-DEFAULT_LCB_METHOD: LcbMethod = "cantelli"
+#: The bound's methods: ``betting`` (default), the betting lower confidence bound on values of a stated range
+#: (``grpo_theory.betting``: Waudby-Smith and Ramdas 2024), whose level is a theorem for every distribution on the
+#: range; ``t_unguaranteed``, mean - t_{n-1}(level) sd/sqrt(n), exact for normal values only; ``cantelli_unguaranteed``,
+#: mean - sqrt(level/(1 - level)) sd/sqrt(n), Cantelli's inequality with the sample's own standard deviation. The last
+#: two are built on the sample's spread alone and have no level over every distribution (Bahadur and Savage 1956):
+#: a harm carried by a rare point mass that the sample missed is certified as an improvement (docs/theory.md, §8.6,
+#: measures how often). Declared once: the trainer's and the simulator's configs take the type and the default here.
+LcbMethod = Literal["betting", "t_unguaranteed", "cantelli_unguaranteed", "t", "cantelli"]
+#: The earlier names of the unguaranteed methods, still accepted (with a warning) for their new names.
+RENAMED_LCB_METHODS = {"t": "t_unguaranteed", "cantelli": "cantelli_unguaranteed"}
+LCB_METHODS: tuple[str, ...] = tuple(m for m in get_args(LcbMethod) if m not in RENAMED_LCB_METHODS)
+DEFAULT_LCB_METHOD: LcbMethod = "betting"
+#: The betting bound's default range: the capped improvement estimate's at W = 2 ([-1, W - 1]).
+DEFAULT_LCB_RANGE = (-1.0, IMPROVEMENT_WEIGHT_CAP - 1.0)
 
 
-def certificate_abstains(n: int, min_count: int = CERTIFICATE_MIN_PROMPTS) -> str | None:
-    """Why ``lower_confidence_bound`` gives nan for ``n`` estimates (None when it gives a bound): one line."""
+def lcb_method(name: str) -> str:
+    """``name`` as one of ``LCB_METHODS`` (an earlier name with a one-line warning); ValueError otherwise."""
+    if name in RENAMED_LCB_METHODS:
+        import warnings
+
+        warnings.warn(f"lcb method {name!r} is now called {RENAMED_LCB_METHODS[name]!r} (it has no guarantee)",
+                      DeprecationWarning, stacklevel=3)
+        return RENAMED_LCB_METHODS[name]
+    if name not in LCB_METHODS:
+        raise ValueError(f"method: expected one of {', '.join(LCB_METHODS)}, got {name!r}")
+    return name
+
+
+def certificate_abstains(n: int, min_count: int = CERTIFICATE_MIN_PROMPTS, method: str = DEFAULT_LCB_METHOD
+                         ) -> str | None:
+    """Why ``lower_confidence_bound`` gives nan for ``n`` estimates (None when it gives a bound): one line. The
+    betting bound abstains only without values."""
+    if method == "betting":
+        return None if n >= 1 else "no held-out prompts: heldout/improvement_lcb is nan"
     if n >= max(min_count, 2):
         return None
-    return (f"{n} held-out prompt{'s' if n != 1 else ''} per step: the certificate needs at least {max(min_count, 2)} "
-            "(with fewer, a harm that shows on few prompts goes unseen whatever the interval; docs/theory.md, §8.6); "
-            "heldout/improvement_lcb is nan")
+    return (f"{n} held-out prompt{'s' if n != 1 else ''} per step: the {method} bound needs at least "
+            f"{max(min_count, 2)}; heldout/improvement_lcb is nan")
+
+
+def certificate_floor(n: int, level: float = 0.95, low: float = DEFAULT_LCB_RANGE[0],
+                      high: float = DEFAULT_LCB_RANGE[1]) -> float:
+    """The smallest change the betting certificate can certify from ``n`` values in [``low``, ``high``]: n values all
+    equal to it are certified, any sample of n values with a smaller mean is not (``betting.smallest_certified_mean``).
+    """
+    from .betting import smallest_certified_mean
+
+    return smallest_certified_mean(n, level, low, high)
 
 
 def lower_confidence_bound(values, level: float = 0.95, *, method: LcbMethod = DEFAULT_LCB_METHOD,
+                           low: float = DEFAULT_LCB_RANGE[0], high: float = DEFAULT_LCB_RANGE[1],
                            min_count: int = CERTIFICATE_MIN_PROMPTS) -> float:
-    """A one-sided lower confidence bound at ``level`` on the expectation of n independent estimates ``values`` (each
-    unbiased for the same quantity, e.g. the per-prompt ``improvement_estimate`` of held-out prompts; an array
-    (..., n) gives one bound per row): ``method``
-    ``cantelli`` (default) mean - sqrt(level/(1 - level)) sd/sqrt(n), or ``t`` mean - t_{n-1}(level) sd/sqrt(n)
-    (``LCB_METHODS``). nan (the certificate abstains) below ``min_count`` values (``CERTIFICATE_MIN_PROMPTS``; at
-    least 2). Neither method is exact for every distribution: their false-certificate rates and power, measured over
-    symmetric, skewed and heavy-tailed estimates, are docs/theory.md §8.6's table (``grpo_theory.certificate``)."""
+    """A one-sided lower confidence bound at ``level`` on the expectation of n independent values ``values`` (each
+    with the same expectation, e.g. the per-prompt ``capped_improvement_estimate`` of held-out prompts; an array
+    (..., n) gives one bound per row).
+
+    ``betting`` (default): the values must lie in [``low``, ``high``] (default [-1, 1], the capped estimate's range
+    at W = 2; a value outside raises ValueError) and then, by the theorem of ``grpo_theory.betting``, the bound is
+    below the expectation with probability at least ``level`` whatever their distribution on that range, at every n.
+    ``t_unguaranteed`` and ``cantelli_unguaranteed`` (earlier ``t``, ``cantelli``) ignore the range and have no
+    such guarantee (``LcbMethod``); they abstain (nan) below ``min_count`` values."""
     if not 0.5 <= level < 1:
         raise ValueError(f"level: must be in [0.5, 1), got {level}")
-    if method not in LCB_METHODS:
-        raise ValueError(f"method: expected one of {', '.join(LCB_METHODS)}, got {method!r}")
+    method = lcb_method(method)
     x = np.asarray(values, dtype=np.float64)
     x = x.reshape(-1) if x.ndim <= 1 else x  # (..., n): one bound per row, vectorised for coverage studies
     n = x.shape[-1]
-    if certificate_abstains(n, min_count) is not None:
+    if certificate_abstains(n, min_count, method) is not None:
         return float("nan") if x.ndim == 1 else np.full(x.shape[:-1], np.nan)
+    if method == "betting":
+        from .betting import betting_lower_bound
+
+        return betting_lower_bound(x, level, low, high)
     from scipy import stats
 
-    width = np.sqrt(level / (1 - level)) if method == "cantelli" else stats.t.ppf(level, n - 1)
+    width = np.sqrt(level / (1 - level)) if method == "cantelli_unguaranteed" else stats.t.ppf(level, n - 1)
     bound = x.mean(axis=-1) - width * x.std(axis=-1, ddof=1) / np.sqrt(n)
     return float(bound) if x.ndim == 1 else bound
+
+
+def improvement_certificate(r, w_new, w_k, level: float = 0.95, method: LcbMethod = DEFAULT_LCB_METHOD,
+                            cap: float = IMPROVEMENT_WEIGHT_CAP) -> dict[str, float]:
+    """The improvement certificate of one step from P independent groups (rewards ``r`` in [0, 1], weights (P, G)):
+    ``lcb``, a lower confidence bound at ``level`` on J(pi) - J(pi_k) (positive: the step is certified), and with the
+    betting method ``e_value`` (the betting capital against "no improvement": >= 1/(1 - level) exactly when certified;
+    an e-value, so steps' values combine across a run) and ``capped`` (the mean of the capped estimates, a lower
+    bound's estimate). Betting bounds ``capped_improvement_estimate`` at ``cap`` on its range [-1, cap - 1]; the
+    unguaranteed methods bound the unbiased ``improvement_estimate``."""
+    method = lcb_method(method)
+    if method != "betting":
+        return {"lcb": lower_confidence_bound(improvement_estimate(r, w_new, w_k), level, method=method)}
+    from .betting import e_value
+
+    per = capped_improvement_estimate(r, w_new, w_k, cap)
+    low, high = -1.0, cap - 1.0
+    if per.size == 0 or np.isnan(per).any():  # no groups, or a broken weight (nan): no certificate, not a crash
+        return {"lcb": float("nan"), "e_value": float("nan"), "capped": float("nan")}
+    return {"lcb": lower_confidence_bound(per, level, low=low, high=high),
+            "e_value": e_value(per, level, low, high), "capped": float(np.mean(per))}
 
 
 def kish_ess_fraction(w, axis=None) -> np.ndarray:

@@ -30,8 +30,7 @@ from runkit.validation import require, require_finite
 
 from . import core
 from . import estimators as ge
-from .corrections import (M2_THRESHOLD, MODES, ImportanceSamplingMode, correction, require_correction_settings,
-                          second_moment_keep)
+from .corrections import M2_THRESHOLD, MODES, ImportanceSamplingMode, correction, require_correction_settings
 from .numerics import rounding_tolerance
 from .sync_policy import SyncPolicy, projected_tv
 from .validation import EPS_MAX
@@ -108,7 +107,10 @@ class SimConfig:
     improvement_lcb_level: float = 0.95
     """Confidence level of ``heldout/improvement_lcb``."""
     improvement_lcb_method: ge.LcbMethod = ge.DEFAULT_LCB_METHOD
-    """The certificate's bound (``estimators.lower_confidence_bound``; nan below its fewest prompts)."""
+    """The certificate's bound (``estimators.improvement_certificate``): betting on the capped estimates (a theorem's
+    level), or an unguaranteed one on the unbiased estimates."""
+    improvement_lcb_weight_cap: float = ge.IMPROVEMENT_WEIGHT_CAP
+    """W: the certificate's importance weights are capped at W (its values then lie in [-1, W - 1])."""
     seed: int = 0
     """Seed of the bandit and of sampling."""
     output_dir: str = ""
@@ -138,6 +140,9 @@ class SimConfig:
         require(self, self.max_steps >= 1, "max_steps", "must be >= 1")
         require(self, self.heldout_prompts >= 0, "heldout_prompts", "must be >= 0")
         require(self, 0.5 <= self.improvement_lcb_level < 1, "improvement_lcb_level", "must be in [0.5, 1)")
+        require(self, self.improvement_lcb_weight_cap > 1, "improvement_lcb_weight_cap",
+                "must be > 1 (the capped estimates lie in [-1, W - 1]: W <= 1 could never certify)")
+        object.__setattr__(self, "improvement_lcb_method", ge.lcb_method(self.improvement_lcb_method))
         require(self, self.seed >= 0, "seed", "must be >= 0 (numpy's generators take non-negative seeds)")
 
 
@@ -210,11 +215,15 @@ def heldout_improvement(config: SimConfig, bandit: Bandit, pi_new, pi_k, alpha,
     standard error and its lower confidence bound (``estimators.lower_confidence_bound``)."""
     xs, ys, r = sample_groups(config, bandit, alpha, rng, config.heldout_prompts)
     a = alpha[xs[:, None], ys]
-    per = ge.improvement_estimate(r, pi_new[xs[:, None], ys] / a, pi_k[xs[:, None], ys] / a)
-    mean, se = ge.mean_and_standard_error(per)
-    return {"heldout/improvement": mean, "heldout/improvement_se": se,
-            "heldout/improvement_lcb": ge.lower_confidence_bound(per, config.improvement_lcb_level,
-                                                                 method=config.improvement_lcb_method)}
+    w_new, w_k = pi_new[xs[:, None], ys] / a, pi_k[xs[:, None], ys] / a
+    mean, se = ge.mean_and_standard_error(ge.improvement_estimate(r, w_new, w_k))
+    cert = ge.improvement_certificate(r, w_new, w_k, config.improvement_lcb_level, config.improvement_lcb_method,
+                                      config.improvement_lcb_weight_cap)
+    out = {"heldout/improvement": mean, "heldout/improvement_se": se, "heldout/improvement_lcb": cert["lcb"]}
+    if "e_value" in cert:
+        out["heldout/improvement_e"] = cert["e_value"]
+        out["heldout/improvement_capped"] = cert["capped"]
+    return out
 
 
 def kl_gradient(pi, ref):
@@ -243,7 +252,8 @@ def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, 
         m2 = None
         if mode.step_mask:  # the batch's mask in the limit: every prompt's actions, weighted rho alpha
             weight = rho[:, None] * alpha
-            m2 = second_moment_keep(np.log(ratio_k).ravel(), weight.ravel(), config.m2_threshold).reshape(alpha.shape)
+            m2 = mode.keep(np.log(ratio_k).ravel(), np.broadcast_to(adv, alpha.shape).ravel(), weight.ravel(),
+                           config.m2_threshold).reshape(alpha.shape)
         slope, low, high = mode.slope(ratio, ratio_k, adv, keep=m2, **caps)
         g_y = alpha * ratio * slope  # d/dr of the objective, times dr/dlogit's r, alpha-weighted, per action
         g = g_y - pi * g_y.sum(axis=1, keepdims=True)  # chain rule through softmax
@@ -258,7 +268,8 @@ def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, 
         m2 = None
         if mode.step_mask:  # the plain mean over every sample of the step (the paper's batch; AReaL's loss mask
             # keeps zero-advantage groups), whatever the zero-variance mask then keeps in the objective
-            m2 = second_moment_keep(np.log(ratio_k).ravel(), None, config.m2_threshold).reshape(B, G)
+            m2 = mode.keep(np.log(ratio_k).ravel(), np.broadcast_to(adv, (B, G)).ravel(), None,
+                           config.m2_threshold).reshape(B, G)
         slope, low, high = mode.slope(ratio, ratio_k, adv, keep=m2, **caps)
         coef = slope * ratio * keep[:, None] / max(int(keep.sum()) * G, 1)  # (B, G)
         onehot_sum = np.zeros((B, theta.shape[1]))
@@ -417,7 +428,7 @@ def main(args: list[str] | None = None) -> int:
           f"{np.mean([r['bound/lower_tight'] > 0 for r in rows]):.1%} (tight) of steps; "
           f"steps with bound > improvement: {viol} (paper), {viol_t} (tight)")
     if config.heldout_prompts:
-        if (why := ge.certificate_abstains(config.heldout_prompts)) is not None:
+        if (why := ge.certificate_abstains(config.heldout_prompts, method=config.improvement_lcb_method)) is not None:
             print(f"certificate: {why}")
         lcb = np.array([r["heldout/improvement_lcb"] for r in rows])
         exact = np.array([r["improvement"] for r in rows])

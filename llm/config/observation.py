@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from grpo_theory.estimators import DEFAULT_LCB_METHOD, LcbMethod
+from grpo_theory.estimators import DEFAULT_LCB_METHOD, IMPROVEMENT_WEIGHT_CAP, LcbMethod, lcb_method
 
 from llm.config.fields import MAX_TEMPERATURE, MIN_TEMPERATURE, require, require_finite, resumable
 
@@ -22,12 +22,21 @@ class DiagnosticsConfig:
     surrogate and the bound carry a stated bias of their 1/s~ (docs/theory.md, §8.2 and §8.5). 0: off."""
     improvement_lcb_level: float = 0.95
     """Confidence level of ``heldout/improvement_lcb``, the one-sided lower confidence bound on the step's improvement
-    J(pi_{k+1}) - J(pi_k) from the held-out prompts' estimates: a positive value certifies the step improved J at this
-    level, without Theorem 1. nan (abstains) below 16 held-out prompts (docs/theory.md, §8.6)."""
+    J(pi_{k+1}) - J(pi_k) from the held-out prompts: a positive value certifies the step improved J at this level,
+    without Theorem 1 (docs/theory.md, §8.6). Each step's certificate holds at this level on its own; across a run,
+    ``llm.report`` counts the steps certified under a guarantee for the whole run (e-BH on ``heldout/improvement_e``)."""
     improvement_lcb_method: LcbMethod = DEFAULT_LCB_METHOD
-    """The certificate's bound (docs/theory.md, §8.6): cantelli, mean - sqrt(level/(1 - level)) x its standard error,
-    which kept its level on every per-prompt distribution measured, skewed ones included; t, mean - t_{P-1}(level) x
-    its standard error, far more powerful but above its level on left-skewed estimates (9-18% at level 0.95)."""
+    """The certificate's bound: betting (Waudby-Smith and Ramdas's betting bound on the capped estimates, whose range
+    is known, so its level is a theorem for every distribution of the rewards and weights: docs/theory.md, §8.6;
+    the smallest change it can certify from P prompts is printed at start-up); t_unguaranteed or
+    cantelli_unguaranteed (a Student-t or Cantelli bound from the sample's own spread, on the unbiased estimates: no
+    level holds over every distribution, and they certify harms that a rare point mass carries). The earlier names t
+    and cantelli are accepted for the last two, with a warning."""
+    improvement_lcb_weight_cap: float = IMPROVEMENT_WEIGHT_CAP
+    """W of the betting certificate: the held-out estimate it bounds caps every importance weight at W, so each
+    prompt's value lies in [-1, W - 1] (units of the reward range) and its expectation is at most the improvement
+    (the cap's bias is one-sided: docs/theory.md, §8.6). Larger W: less bias where weights are large, a wider range
+    (a larger smallest certifiable change)."""
     verify_sync: bool = True
     """Right after every sync, recompute log alpha with the trainer and compare with the sampler's
     (sampling/logp_diff_*; a loud warning if they disagree). One forward pass per v steps."""
@@ -54,6 +63,9 @@ class DiagnosticsConfig:
         require_finite(self)
         require(self, self.heldout_prompts >= 0, "heldout_prompts", "must be >= 0")
         require(self, 0.5 <= self.improvement_lcb_level < 1, "improvement_lcb_level", "must be in [0.5, 1)")
+        require(self, self.improvement_lcb_weight_cap > 1, "improvement_lcb_weight_cap",
+                "must be > 1 (the capped estimates lie in [-1, W - 1]: W <= 1 could never certify)")
+        object.__setattr__(self, "improvement_lcb_method", lcb_method(self.improvement_lcb_method))
         require(self, self.insample_diagnostics_steps >= 1, "insample_diagnostics_steps", "must be >= 1")
 
 

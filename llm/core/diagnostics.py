@@ -250,15 +250,17 @@ def per_prompt_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np
 @_overflow_is_the_answer
 def bound_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndarray, eps: float,
                     reward_range: RewardRange = UNIT_RANGE, standard_errors: bool = False,
-                    lcb_level: float | None = None, lcb_method: str = "cantelli") -> dict[str, float]:
+                    lcb_level: float | None = None, lcb_method: str = ge.DEFAULT_LCB_METHOD,
+                    lcb_cap: float = ge.IMPROVEMENT_WEIGHT_CAP) -> dict[str, float]:
     """The prompt means of ``per_prompt_estimates`` (callers prefix them with ``insample/`` or ``heldout/``, which
     decides the bias: module docstring), the same over the prompts with varied rewards (``*_nonzero_std``), the
     share of those whose estimated tight bound is positive, and the Kish effective sample size of each weight
     (``ess/*``, a fraction of the completions). ``standard_errors``: also ``<key>_se`` for every mean (prompts are
     independent draws, so the standard error of a mean over them is their sample standard deviation over
     sqrt(P)). ``lcb_level``: also ``improvement_lcb``, the one-sided lower confidence bound on the improvement at
-    that level by ``lcb_method`` (``grpo_theory.estimators.lower_confidence_bound``, nan below its fewest prompts;
-    meaningful on held-out prompts only, whose per-prompt estimates are independent and unbiased)."""
+    that level by ``lcb_method`` (``grpo_theory.estimators.improvement_certificate``; with betting, on the estimates
+    capped at ``lcb_cap``, also ``improvement_e``, its e-value, and ``improvement_capped``, their mean; meaningful on
+    held-out prompts only, whose groups are independent of the update)."""
     per = per_prompt_estimates(rewards, log_w_k, log_w_new, eps, reward_range)
     varied = np.ptp(np.asarray(rewards, np.float64), axis=1) > 0  # the prompts the zero-variance mask keeps
     means = {key: v for key, v in per.items()}
@@ -269,7 +271,13 @@ def bound_estimates(rewards: np.ndarray, log_w_k: np.ndarray, log_w_new: np.ndar
         if standard_errors:
             out[f"{key}_se"] = se
     if lcb_level is not None:
-        out["improvement_lcb"] = ge.lower_confidence_bound(per["improvement"], lcb_level, method=lcb_method)
+        w = lambda log_w: np.exp(np.asarray(log_w, np.float64))  # noqa: E731
+        cert = ge.improvement_certificate(reward_range.rescale(rewards), w(log_w_new), w(log_w_k), lcb_level,
+                                          lcb_method, lcb_cap)
+        out["improvement_lcb"] = reward_range.width * cert["lcb"]  # units of the reward, as every J-unit term
+        if "e_value" in cert:
+            out["improvement_e"] = cert["e_value"]
+            out["improvement_capped"] = reward_range.width * cert["capped"]
     tight = per["bound_est/lower_tight"][varied]
     out["bound_est/frac_lower_tight_positive_nonzero_std"] = float(np.mean(tight > 0)) if tight.size else float("nan")
     out["ess/pi_k_alpha"] = float(ge.kish_ess_fraction(np.exp(np.asarray(log_w_k, np.float64))))

@@ -22,12 +22,16 @@ def deterministic(row: dict) -> dict:
     return {k: v for k, v in row.items() if not k.startswith("time/")}
 
 
-def certificate_shares(rows: list[dict]) -> dict[str, float]:
+def certificate_shares(rows: list[dict], level: float = 0.95) -> dict[str, float]:
     """How the improvement certificate (``heldout/improvement_lcb``) went over the steps that logged it, one
-    convention for every reader: ``certified``, the share with a positive bound; ``abstained``, the share where it
-    abstained (nan: too few held-out prompts, docs/theory.md §8.6), which counts as not certified; ``above_exact``,
-    where the exact improvement is logged, the share whose bound exceeded it (an abstention never does); ``steps``,
-    how many steps logged it (0: every share nan)."""
+    convention for every reader: ``certified``, the share with a positive bound (each step's own claim at the run's
+    level); ``abstained``, the share where it abstained (nan: an unguaranteed bound below its fewest prompts, docs/
+    theory.md §8.6), which counts as not certified; ``above_exact``, where the exact improvement is logged, the share
+    whose bound exceeded it (an abstention never does); with the betting certificate's e-values
+    (``heldout/improvement_e``), ``e_bh``, the share certified by e-BH over the run at ``level`` (the expected share
+    of false certificates among them at most 1 - level), and ``spending``, the share certified by alpha-spending
+    (no false certificate at all with probability >= level); ``steps``, how many steps logged it (0: every share
+    nan)."""
     import math
 
     logged = [r for r in rows if "heldout/improvement_lcb" in r]
@@ -38,4 +42,10 @@ def certificate_shares(rows: list[dict]) -> dict[str, float]:
            "abstained": share([not math.isfinite(x) for x in lcb])}
     if logged and all("improvement" in r for r in logged):
         out["above_exact"] = share([x > r["improvement"] for x, r in zip(lcb, logged)])
+    if logged and all("heldout/improvement_e" in r for r in logged):  # the betting certificate's e-values
+        from grpo_theory.betting import alpha_spending, e_bh
+
+        e = [r["heldout/improvement_e"] for r in logged]
+        out["e_bh"] = share(e_bh(e, level).tolist())
+        out["spending"] = share(alpha_spending(e, level).tolist())
     return out

@@ -51,12 +51,15 @@ def answer_key(text: str) -> str:
 
 
 def evaluate(model, task: TokenizedTask, spec: EvalSpec, *, seed: int, pad: int, precision: Precision = Precision(),
-             exact: bool = True, sampler=None, batch_size: int = 0) -> dict[str, float]:
+             exact: bool = True, sampler=None, batch_size: int = 0,
+             per_prompt: dict | None = None) -> dict[str, float]:
     """``eval/*`` metrics of the policy ``model`` on the task's test prompts, sampled as ``spec`` says: exact J and
     exact pass@k (when the task allows it), the sampled accuracy (the mean reward of ``spec.generations``
     completions per prompt), ``eval/pass@k`` and ``eval/maj@k`` from them, and the greedy accuracy. ``sampler``: a
     sampler holding ``model``'s weights (the run's vLLM engine or server); None: ``generate`` on ``model`` itself,
-    ``batch_size`` sequences at a time (0: all)."""
+    ``batch_size`` sequences at a time (0: all). ``per_prompt``: a dict that receives each test prompt's mean reward
+    per accuracy (``accuracy_sampled``, ``accuracy_greedy``: arrays in test-prompt order), for the run's certificate
+    (``improvement_bounds``)."""
     prompts = task.test_prompt_ids
     if not prompts:
         return {}
@@ -73,7 +76,35 @@ def evaluate(model, task: TokenizedTask, spec: EvalSpec, *, seed: int, pad: int,
         texts = task.tokenizer.batch_decode(roll.completion_ids, skip_special_tokens=True)
         rewards = task.score([i for i in idx for _ in range(n)], texts, roll.completion_ids, test=True)
         out[f"eval/{name}"] = float(rewards.mean())
+        if per_prompt is not None:
+            per_prompt[name] = np.asarray(rewards, dtype=np.float64).reshape(len(prompts), n).mean(axis=1)
         if not greedy:
             keys = [[answer_key(t) for t in texts[p * n:(p + 1) * n]] for p in idx]
             out.update(pass_and_maj(np.asarray(rewards).reshape(len(prompts), n), keys, spec.pass_ks))
+    return out
+
+
+#: The accuracies the run's certificate bounds, and the suffix of their metric (``eval/improvement_lcb<suffix>``).
+CERTIFIED_ACCURACIES = {"accuracy_sampled": "", "accuracy_greedy": "_greedy"}
+
+
+def improvement_bounds(now: dict, initial: dict, level: float, look: int) -> dict[str, float]:
+    """The run's certificate at its ``look``-th evaluation (1, 2, ...): for the sampled and the greedy accuracy, a lower
+    confidence bound on the improvement since the first evaluation, from the test prompts' paired differences (each
+    prompt's accuracy now minus before, in [-1, 1] for rewards in [0, 1]), by the betting bound at the spent level
+    ``grpo_theory.betting.spent_level(level, look)``: every evaluation's bound holds at once with probability >=
+    ``level``, however many are read (docs/theory.md, §8.6). Assumes the test prompts are a sample of the task's
+    prompts and rewards lie in [0, 1]; nan otherwise."""
+    from grpo_theory.betting import spent_level
+    from grpo_theory.estimators import lower_confidence_bound
+
+    out = {}
+    for name, suffix in CERTIFIED_ACCURACIES.items():
+        if name not in now or name not in initial or len(now[name]) != len(initial[name]):
+            continue
+        d = np.asarray(now[name]) - np.asarray(initial[name])
+        inside = np.all((np.asarray(now[name]) >= 0) & (np.asarray(now[name]) <= 1)) and np.all(
+            (np.asarray(initial[name]) >= 0) & (np.asarray(initial[name]) <= 1))
+        out[f"eval/improvement_lcb{suffix}"] = (lower_confidence_bound(d, spent_level(level, look), low=-1.0, high=1.0)
+                                                if inside and d.size else float("nan"))
     return out

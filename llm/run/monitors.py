@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from grpo_theory.estimators import certificate_abstains
+from grpo_theory.estimators import certificate_abstains, certificate_floor
 
 from llm.core import diagnostics as dg
 from llm.core.diagnostics import SYNC_CHECKS
@@ -146,11 +146,20 @@ def arithmetic(config, n_params: int, n_trained: int, device, sampler_name: str,
     if heldout:
         lines.append(f"  held-out: {heldout} extra prompts x G={G} per step, drawn independently, "
                      "never in the loss: estimates free of in-sample bias (heldout/*)")
+        diag = config.diagnostics
         if heldout == 1:
-            lines.append("  held-out: 1 prompt gives the estimates but no standard errors (heldout/*_se need 2) and no "
-                         "certificate (heldout/improvement_lcb needs 16): they are nan")
-        elif (why := certificate_abstains(heldout)) is not None:
+            lines.append("  held-out: 1 prompt gives the estimates but no standard errors (heldout/*_se need 2): nan")
+        if (why := certificate_abstains(heldout, method=diag.improvement_lcb_method)) is not None:
             lines.append(f"  certificate: {why}")
+        elif diag.improvement_lcb_method == "betting":
+            cap = diag.improvement_lcb_weight_cap
+            floor = certificate_floor(heldout, diag.improvement_lcb_level, -1.0, cap - 1.0)
+            lines.append(f"  certificate (heldout/improvement_lcb, level {diag.improvement_lcb_level:g}): betting bound "
+                         f"on the held-out estimates with weights capped at W={cap:g}, each in [-1, {cap - 1:g}] x the "
+                         f"reward range; from {heldout} prompts it certifies no step whose estimates average below "
+                         f"{floor:.3g} x the range (docs/theory.md, §8.6)")
+        else:
+            lines.append(f"  certificate: {diag.improvement_lcb_method} has no guaranteed level (docs/theory.md, §8.6)")
     lines.append(
         f"  per step: {P} prompts x G={G} = {config.sampling.completions_per_step} completions, "
         f"<= {config.sampling.completions_per_step * config.sampling.max_completion_length} generated tokens, "

@@ -133,8 +133,9 @@ class RunDir:
             old_path = self.path / "config.json"
             if old_path.is_file():
                 new = json.loads(self.config.to_json())
-                # A field the stored config lacks was added after that run started, which ran with its default.
-                old = {**json.loads(GRPOConfig().to_json()), **json.loads(old_path.read_text())}
+                # A field the stored config lacks was added after that run started, which ran with its default; a
+                # renamed value (improvement_lcb_method's t and cantelli) reads as its new name.
+                old = json.loads(GRPOConfig.from_json_file(old_path).to_json())
                 diff = sorted(k for k in set(old) | set(new) if k not in RESUMABLE_FIELDS and old.get(k) != new.get(k))
                 if diff:
                     raise ValueError(

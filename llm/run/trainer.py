@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +41,7 @@ from llm.core.batch import make_batch
 from llm.core.logprobs import check_head, check_packing
 from llm.core.passes import Passes
 from llm.evaluation import EvalSpec, evaluate
+from llm.evaluation.test_set import improvement_bounds
 from llm.models import pretrained
 from llm.models.distributed import SINGLE, Ranks, close_ranks, collective_failure, init_ranks
 from llm.models.model import add_lora, compile_blocks, load_policy, resolve_device
@@ -198,6 +199,7 @@ class Run:
     start: int
     device: torch.device
     schedule: Schedule
+    eval_initial: dict = field(default_factory=dict)  # the first evaluation's per-prompt accuracies (the certificate's)
 
 
 def run_loop(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_path: str, ckpt: dict | None,
@@ -275,13 +277,16 @@ def start_run(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_p
                    task.tokenizer.pad_token_id, passes.precision, config.sampling.token_filter)
     ranges = RangeTracker(bool(task.task.reward_funcs), output.kept_rows() if start else [], output.log)
     rollouts = RolloutWindow(config, task.task, task.prompt_ids, weights.sampler, clock)
+    initial = {k: np.asarray(v) for k, v in (ckpt or {}).get("eval_initial", {}).items()}
     return Run(config, weights, task, clock, passes, Objective.from_config(config), rollouts,
-               exact, ranges, Warnings(config.machine.dtype), output, start, next(iter(params)).device, schedule)
+               exact, ranges, Warnings(config.machine.dtype), output, start, next(iter(params)).device, schedule,
+               initial)
 
 
 def save(run: Run, next_step: int, samples: list[dict]) -> None:
     """Checkpoint the weights (every rank takes part under FSDP) and the last step's samples (rank 0 writes)."""
     run.output.save_checkpoint({"step": next_step, "clock": run.clock.state(), "schedule": run.schedule.state(next_step),
+                                "eval_initial": {k: v.tolist() for k, v in run.eval_initial.items()},
                                 **run.weights.state()}, samples)
 
 
@@ -341,7 +346,8 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
                                           optimised.pi_k.logp, behaviour.dists, eps, reward_range))
         if heldout is not None:
             row.update(heldout_estimates(passes, weights.policy, heldout, eps, reward_range,
-                                         diagnostics.improvement_lcb_level, diagnostics.improvement_lcb_method))
+                                         diagnostics.improvement_lcb_level, diagnostics.improvement_lcb_method,
+                                         diagnostics.improvement_lcb_weight_cap))
         row.update(run.exact.after_update())
     every = config.evaluation.eval_steps
     evaluate_now = every and ((step + 1) % every == 0 or step + 1 == config.max_steps)
@@ -450,7 +456,9 @@ def run_evaluation(run: Run, policy_step: int) -> dict[str, float]:
     is the policy after that step's update; row 0 also holds ``eval_initial/*``, the policy before any. The run's
     sampler generates: a vLLM engine or server gets the policy's weights for it and alpha's back afterwards (before
     the first update it holds the policy already); a generation in flight finishes first. Under FSDP every rank calls
-    it (to gather the weights into rank 0's whole copy) and rank 0 evaluates."""
+    it (to gather the weights into rank 0's whole copy) and rank 0 evaluates. From the second evaluation on, the row
+    also holds the run's certificate (``eval/improvement_lcb``, ``eval/improvement_lcb_greedy``: the improvement since
+    the first evaluation, paired per prompt, valid at every evaluation at once)."""
     config, weights = run.config, run.weights
     engine = resolved_sampler(config) in ("vllm", "server")
     if engine and weights.ranks.main:
@@ -458,7 +466,14 @@ def run_evaluation(run: Run, policy_step: int) -> dict[str, float]:
     with weights.policy_in_sampler(engine, swap=policy_step > 0) as policy:
         if not weights.ranks.main:
             return {}
-        return evaluate(policy, run.task, EvalSpec.from_config(config), seed=config.seed + policy_step,
-                        pad=run.task.tokenizer.pad_token_id, precision=run.passes.precision,
-                        exact=config.diagnostics.exact_j, sampler=weights.sampler if engine else None,
-                        batch_size=config.machine.per_device_train_batch_size)
+        per_prompt = {}
+        out = evaluate(policy, run.task, EvalSpec.from_config(config), seed=config.seed + policy_step,
+                       pad=run.task.tokenizer.pad_token_id, precision=run.passes.precision,
+                       exact=config.diagnostics.exact_j, sampler=weights.sampler if engine else None,
+                       batch_size=config.machine.per_device_train_batch_size, per_prompt=per_prompt)
+    if policy_step == 0:
+        run.eval_initial = per_prompt
+    elif run.eval_initial:  # the run's certificate, its level spent over the evaluations (the look-th after step 0)
+        look = -(-policy_step // config.evaluation.eval_steps)
+        out.update(improvement_bounds(per_prompt, run.eval_initial, config.diagnostics.improvement_lcb_level, look))
+    return out

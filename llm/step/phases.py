@@ -254,18 +254,19 @@ def heldout_before_update(passes: Passes, policy: torch.nn.Module, alpha: torch.
 
 def heldout_estimates(passes: Passes, policy: torch.nn.Module, heldout: Heldout, eps: float,
                       reward_range: dg.RewardRange, lcb_level: float = 0.95,
-                      lcb_method: str = "cantelli") -> dict[str, float]:
+                      lcb_method: str = "betting", lcb_cap: float = 2.0) -> dict[str, float]:
     """``heldout/*``: the bound's terms, TV distances and improvement estimated on prompts drawn independently of the
     training prompts, whose completions never entered the loss (docs/theory.md, §8.2), each with its standard error:
     the TV, improvement and lag-penalty estimates are unbiased over the prompt distribution; the surrogate, the TV
     penalty and the lower bound carry the bias of their 1/s~ (docs/theory.md, §8.5). ``improvement_lcb``: the
-    improvement's lower confidence bound at ``lcb_level`` by ``lcb_method`` (the certificate, §8.6)."""
+    improvement's lower confidence bound at ``lcb_level`` by ``lcb_method`` (the certificate, §8.6; betting: on the
+    estimates with weights capped at ``lcb_cap``, with its e-value ``improvement_e``)."""
     logp_new = passes.logprobs(policy, heldout.batch).logp
     cm = heldout.batch.completion_mask
     P, G = heldout.rewards.shape
     log_w = lambda logp: dg.sequence_log_ratio(logp, heldout.logp_alpha, cm, P, G)  # noqa: E731
     est = dg.bound_estimates(heldout.rewards, log_w(heldout.logp_k), log_w(logp_new), eps, reward_range,
-                             standard_errors=True, lcb_level=lcb_level, lcb_method=lcb_method)
+                             standard_errors=True, lcb_level=lcb_level, lcb_method=lcb_method, lcb_cap=lcb_cap)
     rewards = heldout.rewards.mean(axis=1)
     est["reward"], est["reward_se"] = mean_and_standard_error(rewards)
     return dg.prefixed("heldout", est)

@@ -105,3 +105,49 @@ def test_the_transformers_sampler_in_micro_batches_samples_what_the_unsplit_call
     assert a.completion_ids == b.completion_ids and len(a.completion_ids) == 4 * len(prompts)
     assert max(abs(x - y) for la, lb in zip(a.logprobs, b.logprobs) for x, y in zip(la, lb)) < 1e-5
     assert whole.generate(prompts, 4, 6, 1.0, seed=4).completion_ids != a.completion_ids
+
+
+# ---- the run's certificate ------------------------------------------------------------------------------------
+
+
+def test_the_runs_certificate_is_the_betting_bound_on_paired_differences_at_the_spent_level():
+    """``improvement_bounds``: for each accuracy, the betting bound on the per-prompt differences now - before at
+    the level spent on the look-th evaluation (so every look's bound holds at once); nan when an accuracy leaves
+    [0, 1]; accuracies without a first evaluation are skipped; a later look is never less strict."""
+    import numpy as np
+
+    from grpo_theory.betting import spent_level
+    from grpo_theory.estimators import lower_confidence_bound
+    from llm.evaluation.test_set import improvement_bounds
+
+    g = np.random.default_rng(0)
+    before = {"accuracy_sampled": g.uniform(0, 0.4, 113), "accuracy_greedy": (g.random(113) < 0.2).astype(float)}
+    now = {"accuracy_sampled": np.clip(before["accuracy_sampled"] + g.uniform(0, 0.6, 113), 0, 1),
+           "accuracy_greedy": np.maximum(before["accuracy_greedy"], (g.random(113) < 0.5).astype(float))}
+    out = improvement_bounds(now, before, 0.95, 4)
+    d = now["accuracy_sampled"] - before["accuracy_sampled"]
+    assert out["eval/improvement_lcb"] == pytest.approx(lower_confidence_bound(d, spent_level(0.95, 4), low=-1,
+                                                                               high=1))
+    assert 0 < out["eval/improvement_lcb"] < d.mean() and 0 < out["eval/improvement_lcb_greedy"]
+    assert improvement_bounds(now, before, 0.95, 40)["eval/improvement_lcb"] <= out["eval/improvement_lcb"]
+    wide = {**now, "accuracy_sampled": now["accuracy_sampled"] * 2.0}
+    assert np.isnan(improvement_bounds(wide, before, 0.95, 1)["eval/improvement_lcb"])
+    assert improvement_bounds(now, {"accuracy_greedy": before["accuracy_greedy"]}, 0.95, 1).keys() == {
+        "eval/improvement_lcb_greedy"}
+
+
+def test_a_run_logs_its_certificate_at_every_evaluation_after_the_first_and_after_a_resume(tmp_path):
+    """Evaluations every 2 steps of 6: eval/improvement_lcb (and _greedy) at steps 1, 3 and 5, none at step 0 (the
+    first evaluation is the baseline); a run stopped after step 3 and resumed logs it at step 5 too, from the
+    checkpointed baseline, equal to the uninterrupted run's."""
+    from llm import GRPOConfig, train
+    from llm.run.rundir import read_metrics
+
+    kw = dict(sampler="transformers", max_steps=6, eval_steps=2, progress=False, logging_steps=1000, save_steps=2)
+    rows = read_metrics(train(GRPOConfig(output_dir=str(tmp_path / "whole"), **kw), log=lambda *a: None))
+    logged = [r["step"] for r in rows if "eval/improvement_lcb" in r]
+    assert logged == [1, 3, 5] and all("eval/improvement_lcb_greedy" in rows[s] for s in logged)
+    assert all(-1 <= rows[s]["eval/improvement_lcb"] <= 1 for s in logged)
+    train(GRPOConfig(output_dir=str(tmp_path / "cut"), **{**kw, "max_steps": 4}), log=lambda *a: None)
+    resumed = read_metrics(train(GRPOConfig(output_dir=str(tmp_path / "cut"), **kw), log=lambda *a: None))
+    assert resumed[5]["eval/improvement_lcb"] == pytest.approx(rows[5]["eval/improvement_lcb"], abs=1e-9)

@@ -103,3 +103,22 @@ def test_a_short_run_is_summarised_and_drawn_as_what_it_is(tmp_path):
             t for t in self.get_legend_handles_labels()[1]) or real_legend(self, *a, **k)):
         plot_runs([run], tmp_path / "out2", window=10)
     assert "short (mean of 5 steps)" in labels
+
+
+def test_the_report_reads_the_certificates_across_the_run_and_says_which_guarantee():
+    """With e-values logged, the report counts the steps certified by e-BH and by alpha-spending and says what each
+    guarantees; with an evaluation certificate logged it prints the last one. A step whose e-value reaches 20 at level
+    0.95 among 3 steps is certified by e-BH only if it reaches 3/0.05 = 60."""
+    from llm.analysis.report import certificate_lines
+    from llm.core.metrics import certificate_shares
+
+    rows = [{"step": 0, "heldout/improvement_lcb": 0.01, "heldout/improvement_e": 70.0},
+            {"step": 1, "heldout/improvement_lcb": 0.001, "heldout/improvement_e": 25.0},
+            {"step": 2, "heldout/improvement_lcb": -0.2, "heldout/improvement_e": 0.3, "eval/improvement_lcb": 0.12,
+             "eval/improvement_lcb_greedy": 0.2}]
+    shares = certificate_shares(rows)
+    assert shares["certified"] == pytest.approx(2 / 3) and shares["e_bh"] == pytest.approx(1 / 3)
+    assert shares["spending"] == pytest.approx(1 / 3)  # 70 >= 32.9 at j = 1; 25 < 131.6 at j = 2
+    text = "\n".join(certificate_lines(rows))
+    assert "33% by e-BH" in text and "by alpha-spending (none false" in text and "each step's own claim" in text
+    assert "improved by at least 0.1200, greedy by at least 0.2000 (certified)" in text

@@ -11,11 +11,13 @@ window around r' = pi_k/alpha: the importance weight pi_k/alpha is exact and nev
 A lower cap c (TRL's ``vllm_importance_sampling_clip_min``; with token_mask and [c, C] = [0.5, 5] it is IcePop's
 two-sided mask) truncates to clip(r', c, C) or masks to 1[c <= r' <= C] r'; c = 0 is none.
 
-M2PO (Zheng et al., arXiv 2510.01161, the objective J_M2PO of its method section; mode ``m2po``) keeps the
-importance ratio against the behaviour policy, r = pi/alpha, unclipped, and masks samples: it maximises
-keep(y) r(y) A(y), where keep removes the samples with the largest M_2 = (log pi_k/alpha)^2 until the plain mean of
-M_2 over the rest is below a threshold tau (the paper's 0.04; ``second_moment_keep``). The edges follow AReaL's
-implementation (areal/trainer/ppo/actor.py: ``_apply_m2po_masking`` and ``_get_m2po_loss_mask``): the mean must be
+M2PO (Zheng et al., arXiv 2510.01161, the objective J_M2PO of its method section) keeps the importance ratio against
+the behaviour policy, r = pi/alpha, unclipped, and masks samples: it maximises keep(y) r(y) A(y). Mode ``m2po`` is the
+paper's Algorithm 1 (``trust_region_second_moment_keep``): only trust-region samples (A > 0 with r > 1, A < 0 with
+r < 1, r = pi_k/alpha when the mask is taken) enter the mean of M_2 = (log r)^2 and can be dropped, largest first,
+while that mean is above tau (the paper's 0.04); the loss averages over all N tokens. Mode ``m2po_areal`` is AReaL's
+implementation (areal/trainer/ppo/actor.py: ``_apply_m2po_masking`` and ``_get_m2po_loss_mask``;
+``second_moment_keep``): every sample, A = 0 ones included, enters the mean and can be dropped, until the mean is
 strictly below tau, and when even the smallest M_2 is not, the one sample with the smallest M_2 is kept. Its surrogate
 on a table is sum_y alpha(y) keep(y) (pi(y)/alpha(y)) A(y), and at pi = pi_k its gradient is
 E_alpha[keep (pi_k/alpha) grad log pi A]: the policy gradient under pi_k over the kept responses, the importance
@@ -52,7 +54,8 @@ from .core import as_policy, check_same_actions, clip_flags, clip_objective, whi
 
 #: The importance-sampling modes, declared once: the LLM trainer's config, the loss and the bandit simulator take their
 #: type from here, and ``REGISTRY`` (below) holds one object per name.
-ImportanceSamplingMode = Literal["paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "m2po"]
+ImportanceSamplingMode = Literal["paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "m2po",
+                                 "m2po_areal"]
 MODES: tuple[str, ...] = get_args(ImportanceSamplingMode)
 #: M2PO's threshold on the mean of (log w)^2 over the kept samples (the paper's default).
 M2_THRESHOLD = 0.04
@@ -96,6 +99,34 @@ def second_moment_keep(log_w, weight=None, threshold: float = M2_THRESHOLD) -> n
     return keep
 
 
+def trust_region_second_moment_keep(log_w, adv, weight=None, threshold: float = M2_THRESHOLD) -> np.ndarray:
+    """M2PO's mask as its paper states it (Zheng et al., arXiv 2510.01161, Algorithm 1 and "only constrain
+    trust-region tokens"): the candidates are the trust-region samples, A > 0 with log w > 0 or A < 0 with log w < 0
+    (``log_w`` = log pi_k/alpha, ``adv`` = A, 1-D); while the ``weight``-mean of (log w)^2 over the candidates still in
+    is above ``threshold``, the candidate with the largest (log w)^2 is dropped (ties: the earlier index first), so
+    an empty trust region drops nothing and a region whose every candidate is above the threshold is dropped whole.
+    Every other sample (A = 0, or log w on the other side) is kept. True where kept; samples of weight 0 are never
+    kept (they are not in the batch)."""
+    log_w = np.asarray(log_w, dtype=np.float64)
+    adv = np.broadcast_to(np.asarray(adv, dtype=np.float64), log_w.shape)
+    wt = np.ones_like(log_w) if weight is None else np.asarray(weight, dtype=np.float64)
+    if log_w.ndim != 1 or wt.shape != log_w.shape:
+        raise ValueError("log_w, adv and weight: one 1-D array of samples each, of one length")
+    on = wt > 0
+    keep = on.copy()
+    candidates = np.flatnonzero(on & (((adv > 0) & (log_w > 0)) | ((adv < 0) & (log_w < 0))))
+    if candidates.size == 0:
+        return keep
+    m = log_w**2
+    order = candidates[np.argsort(-m[candidates], kind="stable")]
+    mass = np.cumsum((wt * m)[order][::-1])[::-1]  # after dropping the first j of the order
+    total = np.cumsum(wt[order][::-1])[::-1]
+    within = mass <= threshold * total
+    dropped = int(np.argmax(within)) if within.any() else order.size
+    keep[order[:dropped]] = False
+    return keep
+
+
 @dataclass(frozen=True)
 class Correction:
     """One importance-sampling mode, everything that varies between modes in one object (docs/theory.md, §6.1):
@@ -108,7 +139,18 @@ class Correction:
     trl: bool = False
     truncate: bool = False
     level: Literal["token", "sequence"] = "token"
-    step_mask: bool = False
+    step_mask: Literal["", "trust_region", "all"] = ""
+    """M2PO's step mask: "trust_region" (the paper's: only trust-region tokens are candidates), "all" (AReaL's: every
+    token), "" (none)."""
+
+    def keep(self, log_w, adv, weight=None, threshold: float = M2_THRESHOLD) -> np.ndarray | None:
+        """The mode's step mask over 1-D samples (None for a mode without one): ``trust_region_second_moment_keep``
+        or ``second_moment_keep``."""
+        if self.step_mask == "trust_region":
+            return trust_region_second_moment_keep(log_w, adv, weight, threshold)
+        if self.step_mask == "all":
+            return second_moment_keep(log_w, weight, threshold)
+        return None
 
     def weight(self, ratio_k, cap: float, cap_min: float = 0.0) -> np.ndarray:
         """The weight on the clipped ratio: clip(w, c, C) (truncate) or w 1[c <= w <= C] (mask) for w = ``ratio_k`` =
@@ -162,7 +204,8 @@ REGISTRY: dict[str, Correction] = {c.name: c for c in (
     Correction("token_mask", trl=True, level="token"),
     Correction("sequence_truncate", trl=True, truncate=True, level="sequence"),
     Correction("sequence_mask", trl=True, level="sequence"),
-    Correction("m2po", step_mask=True),
+    Correction("m2po", step_mask="trust_region"),
+    Correction("m2po_areal", step_mask="all"),
 )}
 assert tuple(REGISTRY) == MODES
 #: TRL's vllm_importance_sampling_mode values: a weight pi_k/alpha truncated or masked, times PPO's clip.
@@ -213,6 +256,7 @@ def corrected_surrogate(pi, pi_k, alpha, r, eps, clip, mode: ImportanceSamplingM
         keep = np.zeros(log_w.shape, dtype=bool)
         for idx in np.ndindex(log_w.shape[:-1]):
             live_i = live[idx]
-            keep[idx][live_i] = second_moment_keep(log_w[idx][live_i], alpha[idx][live_i], m2_threshold)
+            keep[idx][live_i] = correction(mode).keep(log_w[idx][live_i], a[idx][live_i], alpha[idx][live_i],
+                                                      m2_threshold)
     f = corrected_objective(pi / safe_a, safe_k / safe_a, a, clip, mode, cap, clip_high, delta, cap_min, keep)
     return np.sum(np.where(live, alpha * f, 0.0), axis=-1)

@@ -57,6 +57,7 @@ FRONTIER_CORRECTIONS = {
     "TRL mask (C=3)": dict(importance_sampling_mode="token_mask", importance_sampling_cap=3.0),
     ICEPOP_LABEL: dict(ICEPOP),
     "M2PO (tau=0.04)": dict(importance_sampling_mode="m2po", m2_threshold=0.04),
+    "M2PO, AReaL's mask (tau=0.04)": dict(importance_sampling_mode="m2po_areal", m2_threshold=0.04),
 }
 #: Held-out prompts per step in the frontier runs (the certificate's sample: its fewest, below which it abstains).
 FRONTIER_HELDOUT = CERTIFICATE_MIN_PROMPTS

@@ -63,7 +63,8 @@ CORRECTIONS = {
     "sequence_truncate": dict(importance_sampling_mode="sequence_truncate"),
     "sequence_mask": dict(importance_sampling_mode="sequence_mask"),
     "sequence_normalised (GSPO)": dict(ratio_level="sequence_normalised", loss_type="grpo"),
-    "m2po": dict(importance_sampling_mode="m2po"),
+    "m2po": dict(importance_sampling_mode="m2po", mask_zero_std_groups=False),  # the paper's 1/N over all tokens
+    "m2po_areal": dict(importance_sampling_mode="m2po_areal"),
     ICEPOP_LABEL: dict(ICEPOP),
 }
 CORRECTIONS_V = 4

@@ -94,12 +94,16 @@ class ObjectiveConfig:
     f_eps(pi/alpha, pi_k/alpha, A), whose clip window sits around pi_k/alpha; the weight is exact. The TRL modes
     (vllm_importance_sampling_mode): PPO's clip of pi/pi_k in [1 - epsilon, 1 + epsilon_high] times the weight
     w = pi_k/alpha per token (token_*) or per completion (sequence_*: exp of the summed log-weights), truncated at
-    importance_sampling_cap (*_truncate: min(w, cap)) or zeroed above it (*_mask). m2po: M2PO as published (arXiv
-    2510.01161; AReaL's mask): the unclipped ratio pi/alpha on the tokens left after removing those with the largest
-    (log pi_k/alpha)^2 until the plain mean over the rest is below m2_threshold (§6.1)."""
+    importance_sampling_cap (*_truncate: min(w, cap)) or zeroed above it (*_mask). m2po: M2PO as its paper's
+    Algorithm 1 states it (arXiv 2510.01161): the unclipped ratio pi/alpha, with only the trust-region tokens (A > 0
+    and pi_k/alpha > 1, or A < 0 and pi_k/alpha < 1) in the mean of (log pi_k/alpha)^2 and dropped, largest first,
+    while that mean is above m2_threshold; the paper averages the loss over all N tokens of the batch, which here is
+    loss_type dapo with --no-mask-zero-std-groups (the default zero-variance mask and the grpo and dr_grpo
+    normalisers divide by other counts). m2po_areal: AReaL's implementation, every token (A = 0 ones included) a
+    candidate until the mean is strictly below the threshold (§6.1)."""
     m2_threshold: float = 0.04
-    """M2PO's threshold on the plain mean (log pi_k/alpha)^2 over the step's completion tokens it keeps
-    (importance_sampling_mode m2po; AReaL's name, the paper's default)."""
+    """M2PO's threshold tau on the mean of (log pi_k/alpha)^2 over the step's tokens it considers (the trust-region
+    tokens with m2po, every token with m2po_areal; AReaL's name, the paper's default)."""
     importance_sampling_cap: float = 3.0
     """The cap C of the TRL importance-sampling modes (TRL's vllm_importance_sampling_clip_max, formerly
     vllm_importance_sampling_cap)."""
@@ -156,7 +160,7 @@ class ObjectiveConfig:
                 f"must exceed 1 + epsilon_high = {1 + self.clip_high} (or be 0: off)")
         require_correction_settings(self)
         require(self, not correction(self.importance_sampling_mode).step_mask or self.ratio_level == "token",
-                "importance_sampling_mode", "m2po masks tokens: it needs ratio_level token")
+                "importance_sampling_mode", f"{self.importance_sampling_mode} masks tokens: it needs ratio_level token")
         require(self, 0 <= self.epsilon < 10, "epsilon", "the clip width must lie in [0, 10)")
         require(self, self.beta >= 0, "beta", "must be >= 0")
         require(self, 0 <= self.variance_eps <= EPS_MAX, "variance_eps", "must lie in [0, 3/4] (Theorem 1)")

@@ -120,6 +120,41 @@ def second_moment_keep_torch(log_w: torch.Tensor, weight: torch.Tensor, threshol
     return out.reshape(weight.shape)
 
 
+def trust_region_second_moment_keep_torch(log_w: torch.Tensor, adv: torch.Tensor, weight: torch.Tensor,
+                                          threshold: float) -> torch.Tensor:
+    """M2PO's mask as its paper states it over tokens (B, T): the torch twin of
+    ``grpo_theory.corrections.trust_region_second_moment_keep`` (tested equal, ties and edges included). ``adv``
+    (B, T) or (B,): each token's advantage; ``weight`` (B, T): 1 on the step's tokens, 0 off them (never kept).
+    Candidates are the trust-region tokens (A > 0 with log w > 0, A < 0 with log w < 0); while the weight-mean of
+    (log w)^2 over those still in is above ``threshold`` the largest is dropped. Computed once over the whole step."""
+    flat_w = weight.detach().double().reshape(-1)
+    lw = log_w.detach().double().reshape(-1)
+    a = (adv if adv.dim() == log_w.dim() else adv[:, None].expand_as(log_w)).detach().double().reshape(-1)
+    on = flat_w > 0
+    keep = on.clone()
+    cand = torch.nonzero(on & (((a > 0) & (lw > 0)) | ((a < 0) & (lw < 0)))).reshape(-1)
+    if cand.numel():
+        m = lw[cand] ** 2
+        order = cand[torch.sort(-m, stable=True).indices]
+        mass = (flat_w[order] * lw[order] ** 2).flip(0).cumsum(0).flip(0)
+        total = flat_w[order].flip(0).cumsum(0).flip(0)
+        within = mass <= threshold * total
+        dropped = int(torch.nonzero(within)[0]) if bool(within.any()) else order.numel()
+        keep[order[:dropped]] = False
+    return keep.reshape(weight.shape)
+
+
+def step_mask_torch(correction: Correction, log_w: torch.Tensor, adv: torch.Tensor, weight: torch.Tensor,
+                    threshold: float) -> torch.Tensor | None:
+    """The mode's step mask over the step's tokens (``Correction.step_mask``): the paper's (``m2po``), AReaL's
+    (``m2po_areal``), or None."""
+    if correction.step_mask == "trust_region":
+        return trust_region_second_moment_keep_torch(log_w, adv, weight, threshold)
+    if correction.step_mask == "all":
+        return second_moment_keep_torch(log_w, weight, threshold)
+    return None
+
+
 def k3_kl(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimate of KL(pi || pi_ref) on tokens sampled from pi: e^d - d - 1, d = ref - logp, with d
     clamped to [-KL_LOG_MAX, KL_LOG_MAX] (the term is held at its value there: at most 2.4e17, or 39 nats when

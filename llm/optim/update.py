@@ -22,7 +22,7 @@ from runkit.host_memory import micro_batches
 
 from llm.core.batch import Batch
 from llm.core.logprobs import Forward, TokenDists, idle_passes
-from llm.core.loss import Clip, LossStats, grpo_loss, loss_weights, second_moment_keep_torch
+from llm.core.loss import Clip, LossStats, grpo_loss, loss_weights, step_mask_torch
 from llm.core.passes import Passes
 from llm.models.distributed import Ranks, clip_gradients
 
@@ -108,7 +108,8 @@ def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, opti
     token_keep = None  # M2PO at lag 0 (alpha = pi_k, every log w = 0) keeps every token: no mask, no extra pass
     if objective.clip.correction.step_mask and logp_alpha is not None:
         logp_k = passes.logprobs(policy, batch).logp  # one pass more: pi_k on every micro-batch before the first loss
-        token_keep = second_moment_keep_torch(logp_k - logp_alpha, tokens, objective.clip.m2_threshold)
+        token_keep = step_mask_torch(objective.clip.correction, logp_k - logp_alpha, adv.reshape(-1, 1).expand_as(
+            tokens), tokens, objective.clip.m2_threshold)
     ranks, first, result = passes.ranks, [], Optimised(None, None, LossStats(), 0.0)
     for it in range(objective.num_iterations):
         optimizer.zero_grad(set_to_none=True)

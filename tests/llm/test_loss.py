@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import grpo_theory as gt
-from grpo_theory.corrections import MODES, corrected_surrogate, second_moment_keep
+from grpo_theory.corrections import (MODES, REGISTRY, corrected_surrogate, second_moment_keep,
+                                     trust_region_second_moment_keep)
 from llm import GRPOConfig
 from llm.core.loss import (
     Clip,
@@ -19,6 +20,8 @@ from llm.core.loss import (
     k3_kl,
     loss_weights,
     second_moment_keep_torch,
+    step_mask_torch,
+    trust_region_second_moment_keep_torch,
 )
 
 B, T = 8, 5
@@ -274,16 +277,16 @@ def test_every_mode_on_one_token_rows_weighted_by_alpha_is_the_exact_tabular_obj
     spec = Clip(0.2, extra.get("epsilon_high"), extra.get("delta", 0.0), "token", mode, 1.5, extra.get("cap_min", 0.0),
                 m2_threshold=0.04)
     weights = torch.tensor(alpha)[:, None]
-    keep = second_moment_keep_torch(col(pi_k) - col(alpha), weights, 0.04) if mode == "m2po" else None
+    keep = step_mask_torch(REGISTRY[mode], col(pi_k) - col(alpha), torch.tensor(adv)[:, None], weights, 0.04)
     loss, stats = grpo_loss(col(pi), col(pi_k), col(alpha), torch.tensor(adv), weights, clip=spec, token_keep=keep)
     want = corrected_surrogate(pi, pi_k, alpha, r, 1e-4, 0.2, mode, 1.5, extra.get("epsilon_high"),
                                extra.get("delta", 0.0), extra.get("cap_min", 0.0), m2_threshold=0.04)
     assert -float(loss) == pytest.approx(want, abs=1e-12)
     w = pi_k / alpha
     outside = np.mean((w > 1.5) | (w < extra.get("cap_min", 0.0)))
-    if mode == "m2po":  # the dropped tokens; the table's mask drops some here (mean (log w)^2 over 0.04)
+    if mode.startswith("m2po"):  # the dropped tokens (AReaL's mask drops some on every table here)
         outside = float(np.mean(~keep.numpy()))
-        assert outside > 0
+        assert outside > 0 or mode == "m2po"
     assert stats.metrics()["is_correction/frac_above_cap"] == pytest.approx(0.0 if mode == "paper" else outside)
 
 
@@ -333,6 +336,63 @@ def test_the_m2po_mask_in_torch_is_grpo_theorys(seed, threshold, weighted):
     want = np.zeros_like(on)
     want[on] = second_moment_keep(log_w[on], weight[on], threshold)
     assert (got == want).all()
+
+
+def m2po_by_algorithm_1(log_w, adv, weight, threshold):
+    """M2PO's mask transcribed from its paper's Algorithm 1, one sample at a time: the trust-region samples are the
+    candidates; while the weighted mean of (log w)^2 over the candidates left exceeds the threshold, remove the
+    candidate with the largest (log w)^2 (the first of equals). Everything else stays."""
+    keep = [w > 0 for w in weight]
+    left = [i for i in range(len(log_w)) if weight[i] > 0 and ((adv[i] > 0 and log_w[i] > 0)
+                                                               or (adv[i] < 0 and log_w[i] < 0))]
+    while left:
+        mean = sum(weight[i] * log_w[i] ** 2 for i in left) / sum(weight[i] for i in left)
+        if not mean > threshold:
+            break
+        worst = max(left, key=lambda i: (log_w[i] ** 2, -i))
+        left.remove(worst)
+        keep[worst] = False
+    return np.array(keep)
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.01, 0.04, 0.3, 10.0]), st.booleans())
+def test_the_paper_m2po_mask_is_algorithm_1_in_numpy_and_in_torch(seed, threshold, weighted):
+    """``trust_region_second_moment_keep`` (numpy) and its torch twin equal a direct transcription of the paper's
+    Algorithm 1 on random steps with their edges: ties in (log w)^2, zero advantages, tokens of weight 0, an empty
+    trust region (all advantages 0), every candidate above the threshold (threshold 0: the whole region dropped) and
+    none (threshold 10: nothing dropped); non-candidates are never dropped."""
+    g = np.random.default_rng(seed)
+    log_w = np.round(g.normal(scale=0.4, size=(6, 5)), 1)  # rounded: ties in (log w)^2
+    adv = np.repeat(g.choice([-1.0, 0.0, 0.5], size=(6, 1)), 5, axis=1)
+    if seed % 5 == 0:
+        adv[:] = 0.0  # an empty trust region
+    weight = g.random((6, 5)) if weighted else np.ones((6, 5))
+    weight[g.random((6, 5)) < 0.2] = 0.0
+    want = m2po_by_algorithm_1(log_w.ravel(), adv.ravel(), weight.ravel(), threshold).reshape(6, 5)
+    assert (trust_region_second_moment_keep(log_w.ravel(), adv.ravel(), weight.ravel(), threshold).reshape(6, 5)
+            == want).all()
+    got = trust_region_second_moment_keep_torch(torch.tensor(log_w), torch.tensor(adv), torch.tensor(weight),
+                                                threshold).numpy()
+    assert (got == want).all()
+    outside = (weight > 0) & ~(((adv > 0) & (log_w > 0)) | ((adv < 0) & (log_w < 0)))
+    assert want[outside].all()
+    if threshold == 0.0:
+        assert not want[(weight > 0) & ~outside & (log_w != 0)].any()
+
+
+def test_the_paper_m2po_drops_fewer_tokens_than_areals_on_synthetic_steps():
+    """On synthetic steps (log w ~ N(0, 0.3^2) per token, advantages of both signs and zero groups) AReaL's every-
+    token mask drops more tokens than the paper's, most of its extra drops outside the trust region (issue's figure:
+    2-4x)."""
+    g = np.random.default_rng(0)
+    ratios = []
+    for _ in range(20):
+        log_w = g.normal(scale=0.3, size=(16, 20))
+        adv = np.repeat(g.choice([-1.0, 0.0, 1.0], size=(16, 1)), 20, axis=1)
+        paper = trust_region_second_moment_keep(log_w.ravel(), adv.ravel(), None, 0.04)
+        areal = second_moment_keep(log_w.ravel(), None, 0.04)
+        ratios.append((~areal).sum() / max((~paper).sum(), 1))
+    assert np.median(ratios) > 1.5, ratios
 
 
 def test_m2po_leaves_the_dropped_tokens_out_and_does_not_clip():

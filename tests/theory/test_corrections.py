@@ -14,6 +14,7 @@ from grpo_theory.corrections import (
     corrected_surrogate,
     corrected_weight,
     second_moment_keep,
+    trust_region_second_moment_keep,
 )
 
 EPS = 1e-4
@@ -139,20 +140,24 @@ def test_the_m2po_mask_follows_areals_edges():
     assert second_moment_keep([0.0, 1.0], [0.0, 1.0], threshold=0.04).tolist() == [False, True]
 
 
-@given(tables)
-def test_m2po_on_a_table_is_the_published_objective(rng):
+@pytest.mark.parametrize("mode", ["m2po", "m2po_areal"])
+@given(rng=tables)
+def test_m2po_on_a_table_is_the_published_objective(rng, mode):
     """corrected_surrogate(m2po) = sum_y alpha keep (pi/alpha) A_alpha = sum_y keep pi A_alpha (arXiv 2510.01161: the
     mask times the unclipped ratio against the behaviour policy), keep the alpha-weighted mask of the table's
-    log pi_k/alpha; at pi = pi_k it is sum_y keep pi_k A: pi_k's expectation over the kept responses. With nothing
-    dropped (a threshold above every M_2) it is the importance-sampled surrogate sum_y pi A, exact."""
+    log pi_k/alpha: the paper's trust-region mask (m2po) or AReaL's every-sample mask (m2po_areal); at pi = pi_k it
+    is sum_y keep pi_k A: pi_k's expectation over the kept responses. With nothing dropped (a threshold above every
+    M_2) it is the importance-sampled surrogate sum_y pi A, exact."""
     pi, pi_k, alpha, r = table(rng)
     a = whitened_advantage(alpha, r, EPS)
-    keep = second_moment_keep(np.log(pi_k / alpha), alpha, 0.04)
+    log_w = np.log(pi_k / alpha)
+    keep = (trust_region_second_moment_keep(log_w, a, alpha, 0.04) if mode == "m2po"
+            else second_moment_keep(log_w, alpha, 0.04))
     want = np.sum(alpha * keep * (pi / alpha) * a)
-    assert corrected_surrogate(pi, pi_k, alpha, r, EPS, 0.2, "m2po") == pytest.approx(want, abs=TOL)
-    at_k = corrected_surrogate(pi_k, pi_k, alpha, r, EPS, 0.2, "m2po")
+    assert corrected_surrogate(pi, pi_k, alpha, r, EPS, 0.2, mode) == pytest.approx(want, abs=TOL)
+    at_k = corrected_surrogate(pi_k, pi_k, alpha, r, EPS, 0.2, mode)
     assert at_k == pytest.approx(np.sum(keep * pi_k * a), abs=TOL)
-    unmasked = corrected_surrogate(pi, pi_k, alpha, r, EPS, 0.2, "m2po", m2_threshold=1e9)
+    unmasked = corrected_surrogate(pi, pi_k, alpha, r, EPS, 0.2, mode, m2_threshold=1e9)
     assert unmasked == pytest.approx(np.sum(pi * a), abs=TOL)
 
 

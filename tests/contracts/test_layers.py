@@ -37,6 +37,7 @@ LAYERS = [
     ["llm.commands.train", "llm.commands.serve", "llm.commands.report", "llm.commands.ablation",
      "llm.commands.options", "llm.commands.tiny", "llm.commands.pretrained", "llm.train", "llm.serve", "llm.report",
      "llm.ablation", "llm.options", "llm.tiny", "llm.pretrained"],  # commands/: parse, then call; llm/*.py: python -m
+    ["llm.commands.console"],  # offpolicy-grpo: every command by name (imported by name, at dispatch)
 ]
 
 

@@ -8,11 +8,11 @@ from typing import Literal
 from grpo_theory.corrections import ImportanceSamplingMode, correction, require_correction_settings
 from grpo_theory.validation import EPS_MAX
 
-from llm.config.fields import require, require_finite, resumable
+from llm.config.fields import ConfigGroup, require, require_finite, resumable
 
 
 @dataclasses.dataclass
-class SyncConfig:
+class SyncConfig(ConfigGroup):
     """Alpha and pi_ref: when the sampler's and the reference model's weights follow the trainer's."""
 
     sync_period: int = 1
@@ -78,7 +78,7 @@ class SyncConfig:
 
 
 @dataclasses.dataclass
-class ObjectiveConfig:
+class ObjectiveConfig(ConfigGroup):
     """The loss: the clipped surrogate, its importance weights, advantages, normaliser and KL term."""
 
     epsilon: float = 0.2
@@ -172,7 +172,7 @@ class ObjectiveConfig:
 
 
 @dataclasses.dataclass
-class OptimConfig:
+class OptimConfig(ConfigGroup):
     """The optimiser: i steps of AdamW per batch on a learning-rate schedule."""
 
     num_iterations: int = 1

@@ -17,7 +17,7 @@ from typing import Annotated
 import tyro
 
 from llm.config.algorithm import ObjectiveConfig, OptimConfig, SyncConfig
-from llm.config.fields import require, resumable
+from llm.config.fields import nearest_name, require, resumable
 from llm.config.machinery import MachineConfig, SamplingConfig
 from llm.config.model import DataConfig, ModelConfig
 from llm.config.observation import DiagnosticsConfig, EvaluationConfig, OutputConfig
@@ -73,6 +73,7 @@ class GRPOConfig:
             if base is not None and not isinstance(base, cls):
                 raise TypeError(f"GRPOConfig: {name} must be a {cls.__name__}, got {type(base).__name__}")
             group = cls(**flat[name]) if base is None else dataclasses.replace(base, **flat[name])
+            object.__setattr__(group, "_owner", self)  # its assignments are checked against the other groups too
             object.__setattr__(self, name, group)
         self._check_across_groups()
 
@@ -84,9 +85,30 @@ class GRPOConfig:
         return getattr(object.__getattribute__(self, owner), name)
 
     def __setattr__(self, name: str, value) -> None:
+        """An assignment is checked as construction is (TRL's habit of setting ``args.x = ...`` keeps working for a
+        valid value): a group's field is set in its group (``ConfigGroup``: its own checks and the rules across
+        groups; a held group sees the change), a field of GRPOConfig itself or a whole group is checked across the
+        groups; a refused value leaves the config as it was; an unknown name, or a derived value, raises."""
         if name in FIELD_GROUP:
-            name, value = FIELD_GROUP[name], dataclasses.replace(getattr(self, FIELD_GROUP[name]), **{name: value})
+            setattr(getattr(self, FIELD_GROUP[name]), name, value)
+            return
+        if name in GROUPS and not isinstance(value, GROUPS[name]):
+            raise TypeError(f"GRPOConfig: {name} must be a {GROUPS[name].__name__}, got {type(value).__name__}")
+        if name not in TOP_FIELDS and name not in GROUPS:
+            known = [*TOP_FIELDS, *FIELD_GROUP]
+            derived = name in GROUP_PROPERTIES or isinstance(getattr(type(self), name, None), property)
+            raise AttributeError(f"GRPOConfig: {name!r} " + ("is derived from the fields, not set" if derived else
+                                                           f"is not an option{nearest_name(name, known)}"))
+        old = object.__getattribute__(self, name)
+        if name in GROUPS:
+            value = dataclasses.replace(value)  # the config's own object, tied to it
+            object.__setattr__(value, "_owner", self)
         object.__setattr__(self, name, value)
+        try:
+            self._check_across_groups()
+        except Exception:
+            object.__setattr__(self, name, old)
+            raise
 
     def _check_across_groups(self) -> None:
         """The rules that tie two groups together."""

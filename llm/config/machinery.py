@@ -8,11 +8,11 @@ from typing import Literal
 
 from grpo_theory.truncation import TokenFilter
 
-from llm.config.fields import MAX_TEMPERATURE, MIN_TEMPERATURE, require, require_finite, resumable
+from llm.config.fields import ConfigGroup, MAX_TEMPERATURE, MIN_TEMPERATURE, require, require_finite, resumable
 
 
 @dataclasses.dataclass
-class SamplingConfig:
+class SamplingConfig(ConfigGroup):
     """The completions: how many per step, how they are drawn from alpha, and by which sampler."""
 
     prompts_per_step: int = 32
@@ -106,7 +106,7 @@ class SamplingConfig:
 
 
 @dataclasses.dataclass
-class MachineConfig:
+class MachineConfig(ConfigGroup):
     """The trainer's machine: device, precision, passes, kernels and memory (the same numbers up to float rounding,
     except dtype)."""
 

@@ -6,11 +6,11 @@ import dataclasses
 import math
 from typing import Literal
 
-from llm.config.fields import require, require_finite, resumable
+from llm.config.fields import ConfigGroup, require, require_finite, resumable
 
 
 @dataclasses.dataclass
-class ModelConfig:
+class ModelConfig(ConfigGroup):
     """The policy's weights: where they come from, and which of them train."""
 
     model_name_or_path: str = ""
@@ -39,7 +39,7 @@ class ModelConfig:
 
 
 @dataclasses.dataclass
-class DataConfig:
+class DataConfig(ConfigGroup):
     """The prompts, their test split and their rewards."""
 
     dataset: str = "arithmetic"

@@ -7,11 +7,11 @@ from typing import Literal
 
 from grpo_theory.estimators import DEFAULT_LCB_METHOD, IMPROVEMENT_WEIGHT_CAP, LcbMethod, lcb_method
 
-from llm.config.fields import MAX_TEMPERATURE, MIN_TEMPERATURE, require, require_finite, resumable
+from llm.config.fields import ConfigGroup, MAX_TEMPERATURE, MIN_TEMPERATURE, require, require_finite, resumable
 
 
 @dataclasses.dataclass
-class DiagnosticsConfig:
+class DiagnosticsConfig(ConfigGroup):
     """The estimates of TV distances, the bound's terms and the improvement, and the checks on alpha."""
 
     heldout_prompts: int = 0
@@ -70,7 +70,7 @@ class DiagnosticsConfig:
 
 
 @dataclasses.dataclass
-class EvaluationConfig:
+class EvaluationConfig(ConfigGroup):
     """The test prompts' evaluation: how often, and sampled how."""
 
     eval_steps: int = 0
@@ -102,7 +102,7 @@ class EvaluationConfig:
 
 
 @dataclasses.dataclass
-class OutputConfig:
+class OutputConfig(ConfigGroup):
     """The run directory, its checkpoints, and what is printed and tracked."""
 
     output_dir: str = resumable("runs/arithmetic")

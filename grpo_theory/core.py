@@ -12,7 +12,8 @@ Conventions pinned here (and nowhere else):
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Literal, NamedTuple, get_args
 
 import numpy as np
 
@@ -110,6 +111,19 @@ def whitened_advantage(alpha, r, eps) -> np.ndarray:
     return standardised_reward(r, _reward_mean(alpha, r), reward_std(alpha, r)[..., None], eps[..., None])
 
 
+#: The advantage estimators (the config's ``scale_rewards``, TRL's name), declared once: how the centred rewards of a
+#: group are scaled. ``ADVANTAGE_SCALES`` holds one function per name: (rewards r, centred r - mean, eps, axis) -> the
+#: divisor (1 for none).
+ScaleRewards = Literal["group", "batch", "none"]
+ADVANTAGE_SCALES: dict[str, Callable] = {
+    "group": lambda r, centred, eps, axis: np.sqrt(r.var(axis=axis, ddof=1, keepdims=True) + eps),
+    "batch": lambda r, centred, eps, axis: np.sqrt(np.full_like(r.mean(axis=axis, keepdims=True), r.var(ddof=1))
+                                                   + eps),
+    "none": lambda r, centred, eps, axis: np.ones_like(r.mean(axis=axis, keepdims=True)),
+}
+assert tuple(ADVANTAGE_SCALES) == get_args(ScaleRewards)
+
+
 def group_advantages(rewards, eps, *, scale: bool | str = True, axis: int = -1) -> np.ndarray:
     """Advantages of a sampled group of G rewards: (r - mean) / sqrt(var + eps), var unbiased (ddof=1).
 
@@ -127,15 +141,14 @@ def group_advantages(rewards, eps, *, scale: bool | str = True, axis: int = -1) 
     if not np.isfinite(eps) or eps < 0:
         raise ValueError(f"eps: must be >= 0, got {eps!r}")
     mode = {True: "group", False: "none"}.get(scale, scale) if isinstance(scale, bool) else scale
-    if mode not in ("group", "batch", "none"):
-        raise ValueError(f"scale: expected group, batch or none, got {scale!r}")
+    if mode not in ADVANTAGE_SCALES:
+        raise ValueError(f"scale: expected {', '.join(ADVANTAGE_SCALES)}, got {scale!r}")
     mean = r.mean(axis=axis, keepdims=True)
     zero_std = np.ptp(r, axis=axis, keepdims=True) == 0
     centred = np.where(zero_std, 0.0, r - mean)
     if mode == "none":
         return centred
-    var = r.var(axis=axis, ddof=1, keepdims=True) if mode == "group" else np.full_like(mean, r.var(ddof=1))
-    denom = np.sqrt(var + eps)
+    denom = ADVANTAGE_SCALES[mode](r, centred, eps, axis)
     return np.where(zero_std, 0.0, centred / np.where(zero_std, 1.0, denom))
 
 

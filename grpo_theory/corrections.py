@@ -121,7 +121,7 @@ def trust_region_second_moment_keep(log_w, adv, weight=None, threshold: float = 
     order = candidates[np.argsort(-m[candidates], kind="stable")]
     mass = np.cumsum((wt * m)[order][::-1])[::-1]  # after dropping the first j of the order
     total = np.cumsum(wt[order][::-1])[::-1]
-    within = mass <= threshold * total
+    within = mass / total <= threshold  # the mean, as Algorithm 1 computes it
     dropped = int(np.argmax(within)) if within.any() else order.size
     keep[order[:dropped]] = False
     return keep

@@ -6,9 +6,11 @@ import dataclasses
 from typing import Literal
 
 from grpo_theory.corrections import ImportanceSamplingMode, correction, require_correction_settings
+from grpo_theory.core import ScaleRewards
 from grpo_theory.validation import EPS_MAX
 
 from llm.config.fields import ConfigGroup, require, require_finite, resumable
+from llm.core.loss_types import LossTypeName
 
 
 @dataclasses.dataclass
@@ -116,12 +118,12 @@ class ObjectiveConfig(ConfigGroup):
     """Multiply the per-token k3 by pi/alpha (TRL's name): the tokens are sampled from alpha, and only with the
     correction is each token's term an estimate of KL(pi || pi_ref) at its position (per-token, along alpha's
     prefixes; docs/theory.md, §8.4)."""
-    loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = "dapo"
+    loss_type: LossTypeName = "dapo"
     """Normaliser: grpo = mean over each sequence's tokens then over sequences; dapo = over all
     tokens of the step; dr_grpo = over (sequences x max_completion_length); bnpo = over each micro-batch's own
     tokens (TRL's local normaliser: the step's gradient then depends on per_device_train_batch_size; dapo for a step
     in one pass)."""
-    scale_rewards: Literal["group", "batch", "none"] = "group"
+    scale_rewards: ScaleRewards = "group"
     """group: A = (r - mean)/sqrt(var + variance_eps) per group (the paper's whitening); batch: (r - group mean) over
     the standard deviation of the step's rewards (TRL's batch); none: r - mean."""
     mask_truncated_completions: bool = False

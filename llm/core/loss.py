@@ -41,7 +41,10 @@ import torch
 
 from grpo_theory.corrections import MODES, REGISTRY, Correction, ImportanceSamplingMode
 
-LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo"]
+from llm.core.loss_types import LossTypeName
+from llm.core.loss_types import loss_type as registered_loss_type
+
+LossType = LossTypeName  # declared once, in llm.core.loss_types
 RatioLevel = Literal["token", "sequence", "sequence_normalised"]
 
 
@@ -138,7 +141,7 @@ def trust_region_second_moment_keep_torch(log_w: torch.Tensor, adv: torch.Tensor
         order = cand[torch.sort(-m, stable=True).indices]
         mass = (flat_w[order] * lw[order] ** 2).flip(0).cumsum(0).flip(0)
         total = flat_w[order].flip(0).cumsum(0).flip(0)
-        within = mass <= threshold * total
+        within = mass / total <= threshold  # the mean, as Algorithm 1 computes it
         dropped = int(torch.nonzero(within)[0]) if bool(within.any()) else order.numel()
         keep[order[:dropped]] = False
     return keep.reshape(weight.shape)
@@ -173,18 +176,21 @@ def loss_weights(completion_mask: torch.Tensor, loss_type: LossType, max_complet
     Sequences with ``sequence_mask`` 0 (masked groups) weigh 0 and count in no normaliser.
     Compute it once from the masks of the whole step (never per micro-batch).
     """
+    normaliser = registered_loss_type(loss_type).normaliser
     mask = completion_mask.float()
     if sequence_mask is not None:
         mask = mask * sequence_mask.float()[:, None]
     seq_tokens = mask.sum(dim=1, keepdim=True)
     n_seq = (seq_tokens > 0).sum().clamp(min=1)
-    if loss_type in ("dapo", "bnpo"):
-        return mask / mask.sum().clamp(min=1.0)
-    if loss_type == "dr_grpo":
-        return mask / (n_seq * max_completion_length)
-    if loss_type == "grpo":
-        return mask / seq_tokens.clamp(min=1.0) / n_seq
-    raise ValueError(f"loss_type: expected grpo, dapo, dr_grpo or bnpo, got {loss_type!r}")
+    return NORMALISERS[normaliser](mask, seq_tokens, n_seq, max_completion_length)
+
+
+#: Each ``LossType.normaliser``'s token weights: (mask, per-sequence token counts, sequences, length budget) -> (B, T).
+NORMALISERS = {
+    "tokens": lambda mask, seq_tokens, n_seq, budget: mask / mask.sum().clamp(min=1.0),
+    "budget": lambda mask, seq_tokens, n_seq, budget: mask / (n_seq * budget),
+    "sequence": lambda mask, seq_tokens, n_seq, budget: mask / seq_tokens.clamp(min=1.0) / n_seq,
+}
 
 
 def level_log_ratio(token_log_ratio: torch.Tensor, real: torch.Tensor, level: str) -> torch.Tensor:

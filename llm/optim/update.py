@@ -22,6 +22,7 @@ from runkit.host_memory import micro_batches
 
 from llm.core.batch import Batch
 from llm.core.logprobs import Forward, TokenDists, idle_passes
+from llm.core.loss_types import loss_type
 from llm.core.loss import Clip, LossStats, grpo_loss, loss_weights, step_mask_torch
 from llm.core.passes import Passes
 from llm.models.distributed import Ranks, clip_gradients
@@ -96,7 +97,7 @@ def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, opti
     seq_mask = torch.tensor(seq, dtype=torch.float32, device=device)
     weights = loss_weights(batch.completion_mask, objective.loss_type, objective.max_completion_length, seq_mask)
     parts = batch.passes(passes.micro_batch, passes.by_length, passes.rows(batch))
-    if objective.loss_type == "bnpo":  # each pass's loss tokens are its own normaliser (TRL's local batch)
+    if loss_type(objective.loss_type).per_pass:  # bnpo: each pass's loss tokens are its own normaliser
         weights = bnpo_weights(batch.completion_mask * seq_mask[:, None], parts, passes.ranks)
     # every completion token but those truncation masking drops, zero-variance groups included: TRL's completion
     # mask, the tokens of its entropy bonus and entropy quantile, and M2PO's N tokens of the batch

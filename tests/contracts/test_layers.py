@@ -17,7 +17,7 @@ LAYERS = [
      "grpo_theory.certificate"],
     # llm/, its folders in the order of a step's data flow
     ["llm.config.fields", "llm.config.model", "llm.config.algorithm", "llm.config.machinery", "llm.config.observation",
-     "llm.config.grpo", "llm.config.trl", "llm.config", "llm.core.metrics",
+     "llm.config.grpo", "llm.config.trl", "llm.config", "llm.core.metrics", "llm.core.loss_types",
      "llm.core", "llm.models", "llm.step", "llm.run", "llm.commands"],  # settings and conventions, no torch
     ["llm.tasks.data", "llm.rewards.functions", "llm.rewards.overlong", "llm.rewards.model", "llm.rewards",
      "llm.tasks.procedural", "llm.tasks.sources", "llm.tasks"],  # tasks/, rewards/: prompts and their rewards

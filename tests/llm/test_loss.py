@@ -355,12 +355,13 @@ def m2po_by_algorithm_1(log_w, adv, weight, threshold):
     return np.array(keep)
 
 
-@given(st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.01, 0.04, 0.3, 10.0]), st.booleans())
+@given(st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.011, 0.041, 0.29, 10.0]), st.booleans())
 def test_the_paper_m2po_mask_is_algorithm_1_in_numpy_and_in_torch(seed, threshold, weighted):
     """``trust_region_second_moment_keep`` (numpy) and its torch twin equal a direct transcription of the paper's
     Algorithm 1 on random steps with their edges: ties in (log w)^2, zero advantages, tokens of weight 0, an empty
     trust region (all advantages 0), every candidate above the threshold (threshold 0: the whole region dropped) and
-    none (threshold 10: nothing dropped); non-candidates are never dropped."""
+    none (threshold 10: nothing dropped); non-candidates are never dropped. The thresholds are off the squares of
+    the rounded log-weights (0.01, 0.04, ...), where the two ways of summing a mean may round to either side."""
     g = np.random.default_rng(seed)
     log_w = np.round(g.normal(scale=0.4, size=(6, 5)), 1)  # rounded: ties in (log w)^2
     adv = np.repeat(g.choice([-1.0, 0.0, 0.5], size=(6, 1)), 5, axis=1)
@@ -442,3 +443,28 @@ def test_m2po_gradient_is_the_published_objectives(threshold, seed):
     assert np.allclose(theta.grad.numpy(), published, atol=1e-12)
     variant = alpha * k * adv - pi_k * np.sum(alpha * k * adv)  # keep (pi/pi_k) A, the weight dropped: alpha's
     assert not np.allclose(published, variant, atol=1e-3)
+
+
+def test_loss_types_and_advantage_scales_are_registries_declared_once():
+    """One object per loss type (``llm.core.loss_types.LOSS_TYPES``) and one function per advantage scale
+    (``grpo_theory.core.ADVANTAGE_SCALES``), their names the config's Literal types themselves; every loss type's
+    weights follow its normaliser, and bnpo alone is normalised per pass."""
+    import dataclasses
+    import typing
+
+    from grpo_theory.core import ADVANTAGE_SCALES, ScaleRewards
+    from llm.config import ObjectiveConfig
+    from llm.core.loss_types import LOSS_TYPES, LossTypeName
+
+    hints = typing.get_type_hints(ObjectiveConfig)
+    assert hints["loss_type"] is LossTypeName and hints["scale_rewards"] is ScaleRewards
+    assert {f.name for f in dataclasses.fields(ObjectiveConfig)} >= {"loss_type", "scale_rewards"}
+    assert tuple(LOSS_TYPES) == typing.get_args(LossTypeName)
+    assert tuple(ADVANTAGE_SCALES) == typing.get_args(ScaleRewards)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    want = {"tokens": mask / 3, "sequence": torch.tensor([[0.25, 0.25, 0.0], [0.5, 0.0, 0.0]]), "budget": mask / 6}
+    for name, lt in LOSS_TYPES.items():
+        assert torch.allclose(loss_weights(mask, name, 3), want[lt.normaliser]), name
+    assert [n for n, lt in LOSS_TYPES.items() if lt.per_pass] == ["bnpo"]
+    with pytest.raises(ValueError, match="loss_type: expected one of grpo, dapo, dr_grpo, bnpo"):
+        loss_weights(mask, "mean", 3)

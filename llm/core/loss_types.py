@@ -1,0 +1,39 @@
+"""The loss types (TRL's ``loss_type``), one object per name, declared once: how a step's per-token losses are
+normalised. The torch weights of each normaliser are ``llm.core.loss.loss_weights``; the config's ``loss_type``
+takes its type from ``LossTypeName`` here (no torch at this layer)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+LossTypeName = Literal["grpo", "dapo", "dr_grpo", "bnpo"]
+
+
+@dataclass(frozen=True)
+class LossType:
+    """``normaliser``: what the token losses are divided by: ``sequence`` (each sequence's token count, then the
+    number of sequences), ``tokens`` (the step's token count), ``budget`` (sequences x max_completion_length).
+    ``per_pass``: each micro-batch is its own normaliser (TRL's local batch; the gradient then depends on the split)."""
+
+    name: str
+    normaliser: Literal["sequence", "tokens", "budget"]
+    per_pass: bool = False
+    doc: str = ""
+
+
+#: One object per loss type, by name.
+LOSS_TYPES: dict[str, LossType] = {t.name: t for t in (
+    LossType("grpo", "sequence", doc="mean over each sequence's tokens, then over the sequences that have any"),
+    LossType("dapo", "tokens", doc="sum over the step's tokens over their number"),
+    LossType("dr_grpo", "budget", doc="sum over (sequences x max_completion_length)"),
+    LossType("bnpo", "tokens", per_pass=True, doc="each micro-batch's sum over its own tokens (TRL's local batch)"),
+)}
+assert tuple(LOSS_TYPES) == get_args(LossTypeName)
+
+
+def loss_type(name: str) -> LossType:
+    """The registered loss type ``name``; ValueError naming them otherwise."""
+    if name not in LOSS_TYPES:
+        raise ValueError(f"loss_type: expected one of {', '.join(LOSS_TYPES)}, got {name!r}")
+    return LOSS_TYPES[name]

@@ -25,12 +25,12 @@ def main() -> None:
     ap.add_argument("--top-p", type=float, default=0.9)
     ap.add_argument("--skip-syncs", action="store_true", help="the engine never gets the synced weights")
     args = ap.parse_args()
-    import llm.step.phases as phases
+    import llm.core.diagnostics as dg
     from llm import GRPOConfig, train
     from llm.core.token_filter import ON_SET_LOGP
     from llm.models.pretrained import smollm2_dir
 
-    plain = phases.dg.sampler_gap
+    plain = dg.sampler_gap
 
     def report(logp_sampler, logp_trainer, mask):  # the trainer's comparison of the two, every step with --tv-diagnostics
         on = mask > 0
@@ -42,7 +42,7 @@ def main() -> None:
               f"(standard error {float(d.std() / d.numel() ** 0.5):.1e})", flush=True)
         return plain(logp_sampler, logp_trainer, mask)
 
-    phases.dg.sampler_gap = report
+    dg.sampler_gap = report
     config = GRPOConfig(
         model_name_or_path=str(smollm2_dir(log=lambda *a: None)), dataset="reasoning_gym:basic_arithmetic",
         generator_kwargs=("min_terms=2", "max_terms=2", "min_digits=1", "max_digits=1"), generator_test_size=150,

@@ -22,8 +22,8 @@ import torch
 CONSTANT_SCHEDULES = ("constant", "constant_with_warmup")
 
 
-def make_optimizer(config, params) -> torch.optim.Optimizer:
-    """AdamW with the config's rate, betas, epsilon and weight decay. Where some parameters are FSDP's DTensors (the
+def make_optimizer(optim, params) -> torch.optim.Optimizer:
+    """AdamW with the optim group's rate, betas, epsilon and weight decay (``OptimConfig``). Where some parameters are FSDP's DTensors (the
     sharded blocks) and others plain tensors (embeddings, final norm), the per-tensor update: the multi-tensor one
     torch picks for CUDA tensors refuses the mix ("got mixed torch.Tensor and DTensor", on an H200, 2026-11-26);
     CPU tensors take the per-tensor update either way."""
@@ -31,7 +31,6 @@ def make_optimizer(config, params) -> torch.optim.Optimizer:
 
     params = list(params)
     mixed = len({isinstance(p, DTensor) for p in params}) > 1
-    optim = config.optim
     return torch.optim.AdamW(params, lr=optim.learning_rate, betas=(optim.adam_beta1, optim.adam_beta2),
                              eps=optim.adam_epsilon, weight_decay=optim.weight_decay,
                              foreach=False if mixed else None)

@@ -103,9 +103,10 @@ def missing(name: str, why: str = "") -> ValueError:
                       f"(pip install {PACKAGES[name]}{'; ' + why if why else ''})")
 
 
-def check_trackers(config: GRPOConfig) -> None:
-    """Refuse, in one line, a tracker of ``report_to`` whose package is not installed (before any is started)."""
-    for name in config.output.report_to:
+def check_trackers(output) -> None:
+    """Refuse, in one line, a tracker of the output group's ``report_to`` whose package is not installed (before any
+    is started)."""
+    for name in output.report_to:
         if name != "none" and importlib.util.find_spec(PACKAGES[name]) is None:
             raise missing(name)
 

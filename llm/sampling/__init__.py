@@ -25,11 +25,12 @@ __all__ = ["Rollout", "Sampler", "TransformersSampler", "check_vllm_supports", "
            "probe_sync", "resolved_sampler"]
 
 
-def resolved_sampler(config) -> str:
-    """The sampler a run uses: ``config.sampling.sampler``, with 'auto' resolved (vLLM in process when it imports)."""
-    if config.sampling.sampler != "auto":
-        return config.sampling.sampler
-    if config.sampling.use_transformers_continuous_batching:
+def resolved_sampler(sampling) -> str:
+    """The sampler a run uses: the sampling group's ``sampler`` (``SamplingConfig``), with 'auto' resolved
+    (transformers with --use-transformers-continuous-batching, else vLLM in process when it imports)."""
+    if sampling.sampler != "auto":
+        return sampling.sampler
+    if sampling.use_transformers_continuous_batching:
         return "transformers"
     from llm.sampling.vllm_engine import vllm_available
 
@@ -40,14 +41,14 @@ def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, ma
     """The sampler ``config.sampling.sampler`` names ('auto': vLLM when it imports), holding alpha = the initial policy;
     a server holds whatever it was last sent until ``load_weights`` (``llm.step.weights.Weights.build`` sends the
     policy)."""
-    kind = resolved_sampler(config)
+    kind = resolved_sampler(config.sampling)
     if kind in ("vllm", "server"):
         check_vllm_supports(policy)
     if kind == "server":
         from llm.sampling.server import ServerSampler
 
         return ServerSampler(config.sampling.server_url, model_path, eos_token_id=tokenizer.eos_token_id,
-                             max_model_len=max_model_len(policy, config, max_prompt_tokens),
+                             max_model_len=max_model_len(policy, config.sampling, max_prompt_tokens),
                              timeout=config.sampling.server_timeout, sync_host=config.sampling.server_sync_address)
     if kind == "vllm":
         from llm.sampling.vllm_engine import VLLMSampler
@@ -57,7 +58,7 @@ def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, ma
                              "(AttributeError 'do_not_compile'); use --sampler transformers or --sampler server")
 
         return VLLMSampler(model_path, dtype=config.machine.dtype, seed=config.seed,
-                           max_model_len=max_model_len(policy, config, max_prompt_tokens),
+                           max_model_len=max_model_len(policy, config.sampling, max_prompt_tokens),
                            eos_token_id=tokenizer.eos_token_id, model_config=policy.config,
                            sequences=window_completions(config), group=config.sampling.num_generations,
                            prompt_tokens=max_prompt_tokens, trust_remote_code=config.model.trust_remote_code,
@@ -80,13 +81,13 @@ def window_completions(config) -> int:
     return config.sync.steps_per_call * prompts * config.sampling.num_generations
 
 
-def max_model_len(model: torch.nn.Module, config, max_prompt_tokens: int) -> int:
-    """Longest sequence the engine must hold: the longest prompt plus the completion budget."""
+def max_model_len(model: torch.nn.Module, sampling, max_prompt_tokens: int) -> int:
+    """Longest sequence the engine must hold: the longest prompt plus the sampling group's completion budget."""
     limit = int(getattr(model.config, "max_position_embeddings", 1 << 20))
-    need = max_prompt_tokens + config.sampling.max_completion_length
+    need = max_prompt_tokens + sampling.max_completion_length
     if need > limit:
         raise ValueError(f"max_completion_length: the longest prompt ({max_prompt_tokens} tokens) plus "
-                         f"{config.sampling.max_completion_length} generated exceed the model's {limit} positions; "
+                         f"{sampling.max_completion_length} generated exceed the model's {limit} positions; "
                          "shorten the prompts or lower it")
     return need
 

@@ -61,7 +61,7 @@ class Weights:
         if ranks.fsdp:
             shard_blocks(policy)
         trainable = [p for p in policy.parameters() if p.requires_grad]  # all, or the LoRA adapters
-        optimizer = make_optimizer(config, trainable)
+        optimizer = make_optimizer(config.optim, trainable)
         return cls(policy, optimizer, sampler, alpha, ref, ranks, alpha_next, staging)
 
     # ---- the sampler's weights ------------------------------------------------------------------

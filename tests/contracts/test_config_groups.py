@@ -36,10 +36,10 @@ def test_every_part_of_the_trainer_reads_a_setting_through_its_group():
 
 
 def test_the_check_finds_a_flat_read():
-    source = (ROOT / "llm" / "run" / "trainer.py").read_text()
+    source = (ROOT / "llm" / "step" / "step.py").read_text()
     assert "config.sampling.num_generations" in source
     bad = source.replace("config.sampling.num_generations", "config.num_generations", 1)
-    assert len(flat_reads("llm/run/trainer.py", bad)) == 1
+    assert len(flat_reads("llm/step/step.py", bad)) == 1
 
 
 def test_each_group_checks_its_own_fields_and_the_config_the_rules_across_them():

@@ -30,7 +30,9 @@ LAYERS = [
      "llm.sampling", "llm.sampling.launch"],  # sampling/: who holds alpha
     ["llm.evaluation.exact", "llm.evaluation.passk", "llm.evaluation.test_set", "llm.evaluation"],  # evaluation/
     ["llm.optim.schedule", "llm.optim.update", "llm.optim"],  # optim/: the optimiser steps on the loss
-    ["llm.step.clock", "llm.step.rollout", "llm.step.phases", "llm.step.weights"],  # step/: one step, phase by phase
+    ["llm.step.clock", "llm.step.rollout", "llm.step.score", "llm.step.behaviour", "llm.step.diagnose",
+     "llm.step.phases", "llm.step.weights", "llm.step.monitors"],  # step/: one step's stages, phase by phase
+    ["llm.step.step"],  # step/step.py: run_step, the stages in order
     ["llm.run.rundir", "llm.run.trackers", "llm.run.monitors"],
     ["llm.run.trainer"],  # run/: the loop over steps
     ["llm", "llm.analysis.report", "llm.analysis.ablation", "llm.analysis.warning", "llm.analysis"],  # analysis/

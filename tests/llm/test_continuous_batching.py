@@ -107,7 +107,7 @@ def test_syncs_reach_it(policy):
 
 
 def test_the_option_is_trls_and_is_refused_beside_another_sampler():
-    assert resolved_sampler(GRPOConfig(use_transformers_continuous_batching=True)) == "transformers"
+    assert resolved_sampler(GRPOConfig(use_transformers_continuous_batching=True).sampling) == "transformers"
     assert translate_trl_args(["--use-transformers-paged"]) == ["--use-transformers-continuous-batching"]
     assert translate_trl_args(["--no-use-transformers-paged"]) == ["--no-use-transformers-continuous-batching"]
     assert from_trl(use_transformers_paged=True).use_transformers_continuous_batching

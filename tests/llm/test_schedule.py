@@ -34,7 +34,7 @@ def test_the_rate_of_each_optimiser_step_is_transformers_schedule_stepped_that_f
 
 def test_the_optimiser_takes_the_configs_betas_and_epsilon():
     cfg = GRPOConfig(adam_beta1=0.8, adam_beta2=0.95, adam_epsilon=1e-6, weight_decay=0.1)
-    group = make_optimizer(cfg, [torch.nn.Parameter(torch.zeros(2))]).param_groups[0]
+    group = make_optimizer(cfg.optim, [torch.nn.Parameter(torch.zeros(2))]).param_groups[0]
     assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.8, 0.95), 1e-6, 0.1)
 
 

@@ -1,0 +1,103 @@
+"""A step's diagnose stage, after the update: TV distances, Theorem 1's estimated terms on the training batch
+(``diagnose``, ``insample_estimates``) and on the held-out prompts (``heldout_before_update``, then
+``heldout_estimates`` with the improvement certificate)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from grpo_theory.estimators import mean_and_standard_error
+
+from llm.core import diagnostics as dg
+from llm.core.batch import Batch
+from llm.core.logprobs import TokenDists
+from llm.core.passes import Passes
+from llm.optim import Optimised
+from llm.sampling import Rollout
+from llm.step.behaviour import Behaviour, sampler_logprobs
+from llm.step.score import Groups, Scored
+
+
+def diagnose(batch: Batch, scored: Scored, groups: Groups, roll: Rollout, eos: int, log_alpha: torch.Tensor,
+             behaviour: Behaviour, optimised: Optimised, eps: float, reward_range: dg.RewardRange) -> dict[str, float]:
+    """Metrics of the step on the training batch that need no further pass: rollout statistics, the loss's
+    statistics, the unbiased pi_k quantities (TV(pi_k, alpha), weights, sigma) and the sync check."""
+    cm = batch.completion_mask
+    P, G = scored.rewards.shape
+    log_w_k = dg.sequence_log_ratio(optimised.pi_k.logp, log_alpha, cm, P, G)
+    row = dg.rollout_metrics(scored.rewards, groups.zero_std, roll.completion_ids, eos)
+    row["entropy"] = dg.mean_entropy(optimised.pi_k.entropy, cm)
+    row["grad_norm"] = optimised.grad_norm
+    row["skipped_updates"] = optimised.skipped
+    row.update(optimised.stats.metrics())
+    row.update(dg.weight_metrics(optimised.pi_k.logp, log_alpha, cm))
+    row.update(dg.group_metrics(scored.rewards, log_w_k, eps, reward_range))
+    if optimised.chain_tv_k is not None:
+        row["tv/pi_k_alpha_chain_ub_est"] = optimised.chain_tv_k
+    if behaviour.from_sampler is not None and behaviour.recomputed is not None:
+        n = behaviour.checked_rows or cm.shape[0]
+        row.update(dg.sampler_gap(behaviour.from_sampler[:n], behaviour.recomputed[:n], cm[:n]))
+    return row
+
+
+def insample_estimates(passes: Passes, policy: torch.nn.Module, batch: Batch, rewards: np.ndarray,
+                       log_alpha: torch.Tensor, logp_k: torch.Tensor, alpha_dists: TokenDists | None, eps: float,
+                       reward_range: dg.RewardRange) -> dict[str, float]:
+    """``insample/*``: the estimates involving pi_{k+1} on the training batch it was fitted to (biased upwards;
+    docs/theory.md, §8), from one more forward pass of the updated policy."""
+    cm = batch.completion_mask
+    P, G = rewards.shape
+    new = passes.logprobs(policy, batch, keep_hidden=alpha_dists is not None)
+    est = dg.bound_estimates(rewards, dg.sequence_log_ratio(logp_k, log_alpha, cm, P, G),
+                             dg.sequence_log_ratio(new.logp, log_alpha, cm, P, G), eps, reward_range)
+    for same in ("tv/pi_k_alpha", "ess/pi_k_alpha"):  # the same numbers as the top-level (unbiased) ones
+        del est[same]
+    if alpha_dists is not None:
+        est["tv/pi_new_alpha_chain_ub_est"] = passes.chain_tv(passes.dists(policy, new.hidden), alpha_dists, cm)
+    return dg.prefixed("insample", est)
+
+
+@dataclass
+class Heldout:
+    """The held-out prompts of a step: their rewards (P_h, G), batch, log alpha and log pi_k (before the update)."""
+
+    rewards: np.ndarray
+    batch: Batch
+    logp_alpha: torch.Tensor
+    logp_k: torch.Tensor
+
+
+def heldout_before_update(passes: Passes, policy: torch.nn.Module, alpha: torch.nn.Module, batch: Batch,
+                          rewards: np.ndarray, roll: Rollout, lag: int, recompute: bool) -> Heldout:
+    """log pi_k of the held-out completions, and log alpha: the sampler's, or (``recompute``, or a sampler that
+    reports none) the trainer's (pi_k's at lag 0, a forward of alpha's weights after)."""
+    logp_k = passes.logprobs(policy, batch).logp
+    from_sampler = sampler_logprobs(roll, batch)
+    if not (recompute or from_sampler is None):
+        logp_alpha = from_sampler
+    else:
+        logp_alpha = logp_k if lag == 0 else passes.logprobs(alpha, batch).logp
+    return Heldout(rewards, batch, logp_alpha, logp_k)
+
+
+def heldout_estimates(passes: Passes, policy: torch.nn.Module, heldout: Heldout, eps: float,
+                      reward_range: dg.RewardRange, lcb_level: float = 0.95,
+                      lcb_method: str = "betting", lcb_cap: float = 2.0) -> dict[str, float]:
+    """``heldout/*``: the bound's terms, TV distances and improvement estimated on prompts drawn independently of the
+    training prompts, whose completions never entered the loss (docs/theory.md, §8.2), each with its standard error:
+    the TV, improvement and lag-penalty estimates are unbiased over the prompt distribution; the surrogate, the TV
+    penalty and the lower bound carry the bias of their 1/s~ (docs/theory.md, §8.5). ``improvement_lcb``: the
+    improvement's lower confidence bound at ``lcb_level`` by ``lcb_method`` (the certificate, §8.6; betting: on the
+    estimates with weights capped at ``lcb_cap``, with its e-value ``improvement_e``)."""
+    logp_new = passes.logprobs(policy, heldout.batch).logp
+    cm = heldout.batch.completion_mask
+    P, G = heldout.rewards.shape
+    log_w = lambda logp: dg.sequence_log_ratio(logp, heldout.logp_alpha, cm, P, G)  # noqa: E731
+    est = dg.bound_estimates(heldout.rewards, log_w(heldout.logp_k), log_w(logp_new), eps, reward_range,
+                             standard_errors=True, lcb_level=lcb_level, lcb_method=lcb_method, lcb_cap=lcb_cap)
+    rewards = heldout.rewards.mean(axis=1)
+    est["reward"], est["reward_se"] = mean_and_standard_error(rewards)
+    return dg.prefixed("heldout", est)

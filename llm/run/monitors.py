@@ -44,10 +44,12 @@ def arithmetic(config, n_params: int, n_trained: int, device, sampler_name: str,
         elif diag.improvement_lcb_method == "betting":
             cap = diag.improvement_lcb_weight_cap
             floor = certificate_floor(heldout, diag.improvement_lcb_level, -1.0, cap - 1.0)
+            reach = (f"from {heldout} prompts it certifies no step whose estimates average below {floor:.3g} x the "
+                     "range" if floor != float("inf") else f"{heldout} prompts can never certify a step at this level "
+                     "(too few bets to reach it; the run's eval/improvement_lcb still certifies the run)")
             lines.append(f"  certificate (heldout/improvement_lcb, level {diag.improvement_lcb_level:g}): betting bound "
                          f"on the held-out estimates with weights capped at W={cap:g}, each in [-1, {cap - 1:g}] x the "
-                         f"reward range; from {heldout} prompts it certifies no step whose estimates average below "
-                         f"{floor:.3g} x the range (docs/theory.md, §8.6)")
+                         f"reward range; {reach} (docs/theory.md, §8.6)")
         else:
             lines.append(f"  certificate: {diag.improvement_lcb_method} has no guaranteed level (docs/theory.md, §8.6)")
     lines.append(

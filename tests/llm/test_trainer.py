@@ -236,3 +236,22 @@ def test_a_run_shorter_than_save_steps_writes_its_samples(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "short" / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and {r["step"] for r in rows} == {2}
     assert all(set(r) == {"step", "prompt", "completion", "reward"} and r["prompt"].endswith("=") for r in rows)
+
+
+@pytest.mark.parametrize("heldout,says", [(4, "4 prompts can never certify a step at this level"),
+                                          (16, "from 16 prompts it certifies no step whose estimates average below "
+                                               "0.412 x the range"),
+                                          (16, "cantelli_unguaranteed has no guaranteed level")])
+def test_start_up_says_what_the_certificate_can_certify(heldout, says):
+    """The start-up lines state the betting certificate's smallest certifiable change at the run's held-out prompt
+    count (or that it can never certify there), or that an unguaranteed bound has no level."""
+    from types import SimpleNamespace
+
+    from llm.run.monitors import arithmetic
+    from llm.tasks import arithmetic_task
+
+    method = "cantelli_unguaranteed" if "cantelli" in says else "betting"
+    config = GRPOConfig(heldout_prompts=heldout, improvement_lcb_method=method)
+    task = SimpleNamespace(task=arithmetic_task())
+    lines = arithmetic(config, 10, 10, "cpu", "transformers", task, "builtin")
+    assert any(says in line for line in lines), lines

@@ -48,7 +48,7 @@ class Workload:
     """What a benchmark step does, the same for ours and TRL's: ``prompts`` x ``generations`` completions of up to
     ``max_tokens`` tokens from prompts of ``prompt_tokens`` tokens on average (for the arithmetic count), the
     task as further GRPOConfig fields (``config``), and TRL's copy of it: the same prompts as text, their answers
-    and a reward of ``llm.tasks`` (``trl_reward``: a function name there)."""
+    and a reward of ``llm.tasks`` or ``llm.rewards.functions`` (``trl_reward``: a function name there)."""
 
     prompts: int = PROMPTS
     generations: int = G
@@ -232,8 +232,8 @@ sys.path.insert(0, sys.argv[6])
 attn = sys.argv[7]
 spec = json.loads(open(sys.argv[8]).read())
 on_cuda, continuous = sys.argv[9] == "cuda", sys.argv[10] == "1"
-import llm.tasks
-score = getattr(llm.tasks, spec["reward"])
+import llm.rewards.functions, llm.tasks
+score = getattr(llm.tasks, spec["reward"], None) or getattr(llm.rewards.functions, spec["reward"])
 ds = Dataset.from_dict({"prompt": spec["prompts"], "answer": spec["answers"]})
 def reward(completions, answer, **kw):
     return [float(score(c, a)) for c, a in zip(completions, answer)]

@@ -166,9 +166,57 @@ def llm_runs(llm_dirs: list[Path]) -> None:
     save(fig, "llm_tv_bound.png")
 
 
+def trm_bounds_vs_length(lengths=range(1, 11), seeds: int = 20) -> None:
+    """Every bound of arXiv 2512.23075 and Theorem 1 against the exact improvement on tabular autoregressive models
+    (``grpo_theory.trm``): V = 2, every prefix's logits N(0, 1), Bernoulli(0.3) rewards, and pi one step of size 0.2
+    up mu's advantages (logits + 0.2 A^mu(c, a) at every prefix: an improving step); the median over ``seeds`` pairs
+    at each length T."""
+    from grpo_theory import trm
+
+    rows = {k: [] for k in ("improvement", "surrogate_gain", "theorem1", "theorem1_paper") + trm.BOUND_NAMES
+            + ("unified",)}
+    for T in lengths:
+        per_seed = {k: [] for k in rows}
+        for seed in range(seeds):
+            rng = np.random.default_rng(1000 * T + seed)
+            base = trm.random_tree(rng, 2, T)
+            mu = trm.TokenTree.from_logits(base)
+            reward = (rng.random(2 ** T) < 0.3).astype(float)
+            v = mu.values(reward)
+            pi = trm.TokenTree.from_logits([z + 0.2 * (v[t + 1].reshape(z.shape) - v[t][:, None])
+                                            for t, z in enumerate(base)])
+            e = trm.exact_bounds(pi, mu, reward)
+            per_seed["improvement"].append(e["improvement"])
+            per_seed["surrogate_gain"].append(e["surrogate_gain"])
+            for k in trm.BOUND_NAMES + ("unified",):
+                per_seed[k].append(e[f"lower/{k}"])
+            for key, tight in (("theorem1", True), ("theorem1_paper", False)):
+                per_seed[key].append(float(gt.improvement_lower_bound(
+                    pi.sequence_probs(), mu.sequence_probs(), mu.sequence_probs(), reward, 0.0, tight=tight)))
+        for k in rows:
+            rows[k].append(float(np.median(per_seed[k])))
+    T = list(lengths)
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    ax.plot(T, rows["improvement"], "k-", lw=2, label="exact improvement J(pi) - J(mu)")
+    ax.plot(T, rows["surrogate_gain"], "k:", label="surrogate gain L_mu(pi) - J(mu)")
+    for k in trm.BOUND_NAMES + ("unified",):
+        ax.plot(T, rows[k], marker="o", ms=3, label=f"TRM {k}" if k != "unified" else "TRM unified (min)")
+    ax.plot(T, rows["theorem1"], "s--", ms=3, label="Theorem 1, tight constant (alpha = mu)")
+    ax.plot(T, rows["theorem1_paper"], "^--", ms=3, label="Theorem 1, paper constant c = 2")
+    ax.set_yscale("symlog", linthresh=1e-3)
+    ax.set_xlabel("sequence length T (V = 2)")
+    ax.set_ylabel("lower bound on the improvement (median of 20 pairs)")
+    ax.set_title("every curve must lie below the exact improvement")
+    ax.legend(fontsize=7)
+    save(fig, "trm_bounds_vs_length.png")
+    for k, v in rows.items():
+        print(f"  {k:>16}: " + " ".join(f"{x:+.2e}" for x in v))
+
+
 def main(argv: list[str]) -> int:
     root = Path(argv[0]) if argv else Path("runs")
     penalty_weight()
+    trm_bounds_vs_length()
     success_amplification()
     if (root / "bandit" / "vsweep").is_dir():
         bound_vs_improvement(root / "bandit")

@@ -23,6 +23,7 @@ COLUMNS = ["reward", "j/pi_new", "improvement", "heldout/improvement", "insample
            "insample/tv/pi_new_alpha", "ess/pi_k_alpha", "heldout/ess/pi_new_alpha",
            "heldout/bound_est/lower_tight", "heldout/bound_est/lower_tight_nonzero_std",
            "heldout/bound_est/frac_lower_tight_positive_nonzero_std", "insample/bound_est/lower_tight",
+           "heldout/tv/token_max", "heldout/tv/token_mean", "heldout/bound_est/trm_lower",
            "is_weight/max", "sampling/mismatch_kl", "is_correction/frac_above_cap", "kl", "kl/k3",
            "sampling/logp_diff_max"]
 #: A held-out estimate is judged against the exact value in units of its standard error.
@@ -164,6 +165,12 @@ def exact_comparison(rows: list[dict]) -> list[str]:
                 se = np.array([r[f"{key}_se"] for r in rows])
                 line += f"; by more than {SE_MULTIPLE:g} standard errors on {_share(bound - exact > SE_MULTIPLE * se)}"
             lines.append(line)
+    if "heldout/bound_est/trm_lower" in rows[0]:
+        trm = np.array([r["heldout/bound_est/trm_lower"] for r in rows])
+        tight = np.array([r.get("heldout/bound_est/lower_tight", np.nan) for r in rows])
+        lines.append(f"  heldout/bound_est/trm_lower (Trust Region Masking's unified bound) above the exact improvement "
+                     f"on {_share(trm > exact)} steps, positive on {_share(trm > 0)}; above Theorem 1's held-out tight "
+                     f"bound on {_share(trm > tight)}")
     return lines
 
 
@@ -175,9 +182,11 @@ def exact_comparison(rows: list[dict]) -> list[str]:
 TV_CURVES = [("tv/pi_k_alpha", "TV(pi_k, alpha), IS estimate", "-"),
              ("tv/pi_k_alpha_chain_ub_est", "TV(pi_k, alpha), chain-rule bound (est.)", "--"),
              ("heldout/tv/pi_new_alpha", "TV(pi_k+1, alpha), held-out", "-."),
-             ("insample/tv/pi_new_alpha", "TV(pi_k+1, alpha), in-sample (biased up)", ":")]
-BOUND_ESTIMATES = [("heldout/bound_est/lower_tight", "held-out estimate"),
-                   ("insample/bound_est/lower_tight", "in-sample estimate (biased up)")]
+             ("insample/tv/pi_new_alpha", "TV(pi_k+1, alpha), in-sample (biased up)", ":"),
+             ("heldout/tv/token_max", "max per-token TV(pi_k, pi_k+1), held-out prefixes", "x-")]
+BOUND_ESTIMATES = [("heldout/bound_est/lower_tight", "Theorem 1, held-out estimate"),
+                   ("insample/bound_est/lower_tight", "Theorem 1, in-sample estimate (biased up)"),
+                   ("heldout/bound_est/trm_lower", "TRM unified bound, held-out estimate")]
 EVAL_CURVES = [("eval/j", "exact J", "-"), ("eval/accuracy_sampled", "accuracy, sampled", "--"),
                ("eval/accuracy_greedy", "accuracy, greedy", ":")]
 
@@ -308,7 +317,7 @@ def bound_figure(fig, drawn, window: int) -> None:
         if real is not None:
             k, imp = series(rows, real[0])
             cum.plot(k, np.cumsum(imp), color=color, label=f"{label}: {real[1]}")
-        for (key, name), marker, style in zip(BOUND_ESTIMATES, "o^", ("--", ":")):
+        for (key, name), marker, style in zip(BOUND_ESTIMATES, "o^s", ("--", ":", "-.")):
             pts = [(r[key], r[real[0]] if real else 0.0, r["step"]) for r in rows if key in r and (
                 real is None or real[0] in r)]
             if not pts:
@@ -321,13 +330,13 @@ def bound_figure(fig, drawn, window: int) -> None:
                            label=f"{label}: {name} ({float(np.mean(b > i)):.0%} of steps above)")
             cum.plot(steps, np.cumsum(b), style, color=color, label=f"{label}: bound, {name}")
     if by_step:
-        ax.set(xlabel="step", ylabel="tight lower bound (estimated)",
-               title="Theorem 1 per step (no realised improvement logged to compare with)")
+        ax.set(xlabel="step", ylabel="lower bound (estimated)",
+               title="Theorem 1 and TRM per step (no realised improvement logged to compare with)")
     else:
         lims = ax.get_xlim()
         ax.plot(lims, lims, "k-", lw=0.8, label="bound = improvement")
-        ax.set(xlabel="realised improvement of the step", ylabel="tight lower bound (estimated)",
-               title="Theorem 1 per step: points below the line are bounds that hold")
+        ax.set(xlabel="realised improvement of the step", ylabel="lower bound (estimated)",
+               title="Theorem 1 and TRM per step: points below the line are bounds that hold")
         ax.set_xscale("symlog", linthresh=1e-3)
     ax.set_yscale("symlog", linthresh=1e-3)
     cum.set(xlabel="step", ylabel="sum over steps", title="cumulative improvement and bound")

@@ -49,6 +49,7 @@ import torch
 
 import grpo_theory as gt
 import grpo_theory.estimators as ge
+from grpo_theory import trm
 
 from llm.core.logprobs import TokenDists
 from llm.core.token_filter import ON_SET_LOGP
@@ -188,6 +189,58 @@ def chain_tv_sum(a: TokenDists, b: TokenDists, mask: torch.Tensor, chunk_tokens:
     batch."""
     pairs = zip(a.chunks(mask, chunk_tokens), b.chunks(mask, chunk_tokens))
     return sum(float(tv_rows(pa, pb).sum()) for pa, pb in pairs)
+
+
+@torch.no_grad()
+def token_divergences(a: TokenDists, b: TokenDists, mask: torch.Tensor, chunk_tokens: int = 0) -> tuple[np.ndarray,
+                                                                                                          np.ndarray]:
+    """TV(a_t, b_t) and KL(a_t || b_t) at every completion position where ``mask`` (B, T) is 1, exact over the
+    vocabulary (the distributions expanded ``chunk_tokens`` positions at a time): two float64 arrays (B, T), 0
+    elsewhere. A token ``b``'s filter drops and ``a`` keeps gives KL of order 10^4 x its probability (``OFF_SET_LOGP``):
+    the true KL is infinite."""
+    on = (mask > 0).cpu()
+    tv, kl = np.zeros(tuple(mask.shape)), np.zeros(tuple(mask.shape))
+    parts_tv, parts_kl = [], []
+    for pa, pb in zip(a.chunks(mask, chunk_tokens), b.chunks(mask, chunk_tokens)):
+        pa, pb = pa.float(), pb.float()
+        parts_tv.append(tv_rows(pa, pb).double().cpu())
+        parts_kl.append((pa.exp() * (pa - pb)).sum(dim=-1).clamp(min=0.0).double().cpu())  # >= 0 but for rounding
+    if parts_tv:
+        tv[on.numpy()] = torch.cat(parts_tv).numpy()
+        kl[on.numpy()] = torch.cat(parts_kl).numpy()
+    return tv, kl
+
+
+def trm_estimates(tv: np.ndarray, kl: np.ndarray, mask: torch.Tensor, logp_k: torch.Tensor, logp_new: torch.Tensor,
+                  log_w_k: np.ndarray, rewards: np.ndarray, horizon: int,
+                  reward_range: RewardRange = UNIT_RANGE) -> dict[str, float]:
+    """Trust Region Masking's quantities (arXiv 2512.23075; ``grpo_theory.trm``) between pi_k and pi_{k+1} from the
+    per-token TV and KL(pi_k || pi_{k+1}) at sampled prefixes (``tv``, ``kl`` (B, T): ``token_divergences``), the
+    token log-probs of both, the sequence log-weights log pi_k/alpha (``log_w_k`` (P, G)), the rewards (P, G) and
+    the horizon T the bounds take (the longest completion allowed). Biases, stated: ``tv/token_max`` and
+    ``kl/token_max`` are maxima over the sampled prefixes only, so they underestimate the maxima over every prefix
+    the bounds need, and every bound built on them is biased low; ``tv/token_mean`` is the plain mean over the
+    sampled tokens (alpha's prefixes). The sequence KL, the per-position mean TV and the surrogate gain
+    (``bound_est/trm_surrogate``, with a leave-one-out group baseline) are means weighted by pi_k/alpha, unbiased
+    for pi_k's prefixes. ``bound_est/trm_<bound>``: each bound and their minimum (``trm_unified``);
+    ``bound_est/trm_lower``: the gain minus the unified bound. J-unit terms in units of the reward."""
+    on = (mask > 0).cpu().numpy()
+    if not on.any():
+        return {}
+    w = np.exp(np.asarray(log_w_k, np.float64)).reshape(-1)
+    r = reward_range.rescale(rewards)
+    baseline = trm.leave_one_out_baseline(r).reshape(-1)
+    gain = trm.surrogate_gain_samples(logp_new.double().cpu().numpy(), logp_k.double().cpu().numpy(), r.reshape(-1),
+                                      baseline, on)
+    div = trm.Divergences(float(tv[on].max()), float(kl[on].max()), float(np.mean(w * kl.sum(axis=1))),
+                          (w[:, None] * tv).mean(axis=0))
+    bounds = trm.trm_bounds(div, max(horizon, tv.shape[1]))
+    width = reward_range.width
+    out = {"tv/token_max": div.eps, "tv/token_mean": float(tv[on].mean()), "kl/token_max": div.delta,
+           "kl/sequence": div.seq_kl, "bound_est/trm_surrogate": width * float(np.mean(w * gain))}
+    out.update({f"bound_est/trm_{name}": width * value for name, value in bounds.items()})
+    out["bound_est/trm_lower"] = out["bound_est/trm_surrogate"] - out["bound_est/trm_unified"]
+    return out
 
 
 def chain_tv_estimate(total: float, sequences: int) -> float:

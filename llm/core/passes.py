@@ -6,6 +6,7 @@ summed into the whole batch's, so every caller sees whole-batch tensors; hidden 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -73,6 +74,18 @@ class Passes:
         ``hidden``."""
         return None if hidden is None else TokenDists(LogitHead(model, self.temperature, self.token_filter), hidden,
                                                       self.precision)
+
+    def frozen_dists(self, model: torch.nn.Module, hidden: torch.Tensor | None) -> TokenDists | None:
+        """``dists`` with a copy of the output layer as it is now, readable after an update changes the model's."""
+        if hidden is None:
+            return None
+        head = LogitHead(model, self.temperature, self.token_filter)
+        head.layer = copy.deepcopy(head.layer).requires_grad_(False)
+        return TokenDists(head, hidden, self.precision)
+
+    def token_divergences(self, a: TokenDists, b: TokenDists, mask: torch.Tensor):
+        """``llm.core.diagnostics.token_divergences`` at this pass's chunk size."""
+        return dg.token_divergences(a, b, mask, self.chunk_tokens)
 
     def chain_tv(self, a: TokenDists, b: TokenDists, mask: torch.Tensor) -> float:
         """``llm.core.diagnostics.chain_tv_estimate`` over the whole batch: each rank sums over its own rows (where its

@@ -62,42 +62,54 @@ def insample_estimates(passes: Passes, policy: torch.nn.Module, batch: Batch, re
 
 @dataclass
 class Heldout:
-    """The held-out prompts of a step: their rewards (P_h, G), batch, log alpha and log pi_k (before the update)."""
+    """The held-out prompts of a step: their rewards (P_h, G), batch, log alpha and log pi_k (before the update), and
+    pi_k's next-token distributions at every completion position (``dists_k``, for the per-token divergences of
+    Trust Region Masking's bounds; None under several processes)."""
 
     rewards: np.ndarray
     batch: Batch
     logp_alpha: torch.Tensor
     logp_k: torch.Tensor
+    dists_k: TokenDists | None = None
 
 
 def heldout_before_update(passes: Passes, policy: torch.nn.Module, alpha: torch.nn.Module, batch: Batch,
                           rewards: np.ndarray, roll: Rollout, lag: int, recompute: bool) -> Heldout:
     """log pi_k of the held-out completions, and log alpha: the sampler's, or (``recompute``, or a sampler that
     reports none) the trainer's (pi_k's at lag 0, a forward of alpha's weights after)."""
-    logp_k = passes.logprobs(policy, batch).logp
+    token_level = not passes.ranks.active  # each rank holds only its rows' hidden states: one process only
+    pi_k = passes.logprobs(policy, batch, keep_hidden=token_level)
+    logp_k = pi_k.logp
     from_sampler = sampler_logprobs(roll, batch)
     if not (recompute or from_sampler is None):
         logp_alpha = from_sampler
     else:
         logp_alpha = logp_k if lag == 0 else passes.logprobs(alpha, batch).logp
-    return Heldout(rewards, batch, logp_alpha, logp_k)
+    return Heldout(rewards, batch, logp_alpha, logp_k, passes.frozen_dists(policy, pi_k.hidden))
 
 
 def heldout_estimates(passes: Passes, policy: torch.nn.Module, heldout: Heldout, eps: float,
                       reward_range: dg.RewardRange, lcb_level: float = 0.95,
-                      lcb_method: str = "betting", lcb_cap: float = 2.0) -> dict[str, float]:
+                      lcb_method: str = "betting", lcb_cap: float = 2.0, horizon: int = 0) -> dict[str, float]:
     """``heldout/*``: the bound's terms, TV distances and improvement estimated on prompts drawn independently of the
     training prompts, whose completions never entered the loss (docs/theory.md, §8.2), each with its standard error:
     the TV, improvement and lag-penalty estimates are unbiased over the prompt distribution; the surrogate, the TV
     penalty and the lower bound carry the bias of their 1/s~ (docs/theory.md, §8.5). ``improvement_lcb``: the
     improvement's lower confidence bound at ``lcb_level`` by ``lcb_method`` (the certificate, §8.6; betting: on the
-    estimates with weights capped at ``lcb_cap``, with its e-value ``improvement_e``)."""
-    logp_new = passes.logprobs(policy, heldout.batch).logp
+    estimates with weights capped at ``lcb_cap``, with its e-value ``improvement_e``). With pi_k's distributions
+    kept, Trust Region Masking's per-token divergences and bounds for sequences of ``horizon`` tokens
+    (``tv/token_*``, ``bound_est/trm_*``: ``llm.core.diagnostics.trm_estimates``)."""
+    new = passes.logprobs(policy, heldout.batch, keep_hidden=heldout.dists_k is not None)
+    logp_new = new.logp
     cm = heldout.batch.completion_mask
     P, G = heldout.rewards.shape
     log_w = lambda logp: dg.sequence_log_ratio(logp, heldout.logp_alpha, cm, P, G)  # noqa: E731
     est = dg.bound_estimates(heldout.rewards, log_w(heldout.logp_k), log_w(logp_new), eps, reward_range,
                              standard_errors=True, lcb_level=lcb_level, lcb_method=lcb_method, lcb_cap=lcb_cap)
+    if heldout.dists_k is not None:
+        tv, kl = passes.token_divergences(heldout.dists_k, passes.dists(policy, new.hidden), cm)
+        est.update(dg.trm_estimates(tv, kl, cm, heldout.logp_k, logp_new, log_w(heldout.logp_k), heldout.rewards,
+                                    horizon, reward_range))
     rewards = heldout.rewards.mean(axis=1)
     est["reward"], est["reward_se"] = mean_and_standard_error(rewards)
     return dg.prefixed("heldout", est)

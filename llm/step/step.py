@@ -133,7 +133,7 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
         if heldout is not None:
             row.update(heldout_estimates(passes, weights.policy, heldout, eps, reward_range,
                                          diagnostics.improvement_lcb_level, diagnostics.improvement_lcb_method,
-                                         diagnostics.improvement_lcb_weight_cap))
+                                         diagnostics.improvement_lcb_weight_cap, config.sampling.max_completion_length))
         row.update(run.exact.after_update())
     every = config.evaluation.eval_steps
     evaluate_now = every and ((step + 1) % every == 0 or step + 1 == config.max_steps)

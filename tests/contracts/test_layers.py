@@ -11,7 +11,7 @@ LAYERS = [
     ["runkit", "runkit.cli", "runkit.host_memory", "runkit.interrupt", "runkit.net", "runkit.quiet", "runkit.runio",
      "runkit.tables", "runkit.validation"],
     ["grpo_theory.validation", "grpo_theory.numerics", "grpo_theory.core", "grpo_theory.betting", "grpo_theory.estimators",
-     "grpo_theory.amplification", "grpo_theory.instances", "grpo_theory.symbolic", "grpo_theory.corrections",
+     "grpo_theory.amplification", "grpo_theory.instances", "grpo_theory.symbolic", "grpo_theory.corrections", "grpo_theory.trm",
      "grpo_theory.sync_policy", "grpo_theory.truncation", "grpo_theory"],
     ["grpo_theory.simulate", "grpo_theory.check", "grpo_theory.sigma_bias", "grpo_theory.experiments",
      "grpo_theory.certificate"],

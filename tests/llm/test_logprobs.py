@@ -239,3 +239,29 @@ def test_the_scaled_head_under_bf16_autocast_is_as_accurate_as_autograd():
     new, old = err[False], err[True]
     assert max(new) < 1e-2  # bf16 rounding
     assert new[0] <= 1.01 * old[0] and new[2] <= 1.01 * old[2] and new[3] <= old[3], (new, old)
+
+
+def test_per_token_divergences_are_exact_across_an_update():
+    """``Passes.frozen_dists`` keeps pi_k's output layer: after the weights move (output layer included), the per-token
+    TV and KL(pi_k || pi_new) at every completion position equal those of the two models' own full logits, and are 0
+    off the completions."""
+    from tests.helpers import plain_full
+
+    model, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))
+    batch = make_batch(*sequences(tok, 6), tok.pad_token_id, "cpu")
+    passes = Passes(0.7, chunk_tokens=3)
+    before = passes.logprobs(model, batch, keep_hidden=True)
+    dists_k = passes.frozen_dists(model, before.hidden)
+    full_k = plain_full(model, batch, 0.7).detach()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    after = passes.logprobs(model, batch, keep_hidden=True)
+    tv, kl = passes.token_divergences(dists_k, passes.dists(model, after.hidden), batch.completion_mask)
+    full_new = plain_full(model, batch, 0.7).detach()
+    on = batch.completion_mask.bool()
+    want_tv = 0.5 * (full_k.exp() - full_new.exp()).abs().sum(-1)
+    want_kl = (full_k.exp() * (full_k - full_new)).sum(-1)
+    assert np.allclose(tv[on.numpy()], want_tv[on].double().numpy(), atol=1e-5)
+    assert np.allclose(kl[on.numpy()], want_kl[on].double().numpy(), atol=1e-5)
+    assert tv[~on.numpy()].sum() == 0 and kl[~on.numpy()].sum() == 0 and tv[on.numpy()].min() > 0

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from grpo_theory.trm import BOUND_NAMES as TRM_BOUNDS
 from llm import GRPOConfig, train
 from llm.core.batch import make_batch
 from llm.core.diagnostics import SYNC_CHECKS
@@ -70,6 +71,11 @@ def test_off_policy_diagnostics_follow_the_sync_cycle(tmp_path):
             assert r["heldout/tv/pi_k_alpha"] > 1e-3
         assert r["insample/tv/pi_new_alpha"] > 0 and r["heldout/tv/pi_new_alpha"] > 0
         assert all(np.isfinite(r[k]) for k in ("insample/bound_est/lower", "heldout/bound_est/lower", "improvement"))
+        # Trust Region Masking's per-token divergences between pi_k and pi_{k+1} on the held-out prefixes
+        assert 0 < r["heldout/tv/token_mean"] <= r["heldout/tv/token_max"] <= 1
+        assert r["heldout/bound_est/trm_unified"] == min(r[f"heldout/bound_est/trm_{n}"] for n in TRM_BOUNDS)
+        assert r["heldout/bound_est/trm_lower"] == pytest.approx(
+            r["heldout/bound_est/trm_surrogate"] - r["heldout/bound_est/trm_unified"])
     for key in ("time/generate", "time/optimise", "time/sync", "entropy", "kl", "kl/k3", "kl/k3_is",
                 "clip_ratio/low_mean", "clip_ratio/high_mean", "frac_reward_zero_std", "completions/mean_length",
                 "j/pi_k", "j/pi_new", "insample/improvement", "heldout/improvement", "heldout/reward",

@@ -30,6 +30,13 @@ the authors' own verl-based code (Infini-AI-Lab/M2PO, verl/trainer/ppo/core_algo
 does not mask at all: it turns the M_2 budget into a PPO clip range on the tokens the clip would act on. AReaL
 computes the mask per micro-batch; here it is the step's (the paper's batch of N tokens).
 
+Trust Region Masking (Li et al., arXiv 2512.23075) masks every sequence with any token outside the trust region and
+ascends M r A on the rest, r = pi/alpha unclipped, normalised over the whole batch: mode ``seq_max_k2``, after verl's
+sample estimate of the per-token divergence (``rollout_rs="seq_max_k2"``: k2 = (log pi_k/alpha)^2 / 2 at the sampled
+token, a sequence kept when its largest k2 is at most ``rollout_rs_threshold``; ``max_k2_keep``). The paper's gate is
+the exact per-token KL over the vocabulary; k2 is its sample estimate at the token drawn, so the mask is the paper's
+only where the sampled token's k2 and the KL agree on the side of the threshold.
+
 On a table (one response per sample, so token and sequence levels coincide) the expected objective over y ~ alpha
 is ``corrected_surrogate``. Three facts the tests pin:
 
@@ -55,10 +62,14 @@ from .core import as_policy, check_same_actions, clip_flags, clip_objective, whi
 #: The importance-sampling modes, declared once: the LLM trainer's config, the loss and the bandit simulator take their
 #: type from here, and ``REGISTRY`` (below) holds one object per name.
 ImportanceSamplingMode = Literal["paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "m2po",
-                                 "m2po_areal"]
+                                 "m2po_areal", "seq_max_k2"]
 MODES: tuple[str, ...] = get_args(ImportanceSamplingMode)
 #: M2PO's threshold on the mean of (log w)^2 over the kept samples (the paper's default).
 M2_THRESHOLD = 0.04
+#: Trust Region Masking's gate (mode ``seq_max_k2``, verl's rollout_rs name): a sequence is masked when any of its
+#: tokens has k2 = (log pi_k/alpha)^2 / 2 above this; 0.5 (log 2)^2 masks a sequence with a token ratio outside
+#: [1/2, 2].
+ROLLOUT_RS_THRESHOLD = 0.5 * float(np.log(2.0)) ** 2
 #: IcePop's two-sided mask as a preset of the TRL modes: a token kept when 0.5 <= pi_k/alpha <= 5. The bandit's and the
 #: language model's frontier tables both take it from here, under this label.
 ICEPOP_LABEL = "icepop (token_mask [0.5, 5])"
@@ -70,6 +81,7 @@ def require_correction_settings(config) -> None:
     configs name them alike): a cap C > 0, a lower cap in [0, C), an M2PO threshold > 0; one-line errors."""
     require(config, config.importance_sampling_cap > 0, "importance_sampling_cap", "must be > 0")
     require(config, config.m2_threshold > 0, "m2_threshold", "must be > 0")
+    require(config, config.rollout_rs_threshold > 0, "rollout_rs_threshold", "must be > 0")
     require(config, 0 <= config.importance_sampling_cap_min < config.importance_sampling_cap,
             "importance_sampling_cap_min", f"must lie in [0, importance_sampling_cap = {config.importance_sampling_cap})")
 
@@ -97,6 +109,16 @@ def second_moment_keep(log_w, weight=None, threshold: float = M2_THRESHOLD) -> n
     first = int(np.argmax(below)) if below.any() else order.size - 1
     keep[order[first:]] = True
     return keep
+
+
+def max_k2_keep(log_w, threshold: float = ROLLOUT_RS_THRESHOLD, weight=None) -> np.ndarray:
+    """Trust Region Masking's gate (arXiv 2512.23075, with verl's sample estimate ``rollout_rs="seq_max_k2"``): a
+    sample is kept when k2 = (log w)^2 / 2 <= ``threshold`` for ``log_w`` = log pi_k/alpha (1-D; on a table a response
+    is one token, so the sequence's max is its own k2; the LLM loss takes the max over each sequence's tokens).
+    Samples of ``weight`` 0 are never kept."""
+    log_w = np.asarray(log_w, dtype=np.float64)
+    keep = 0.5 * log_w**2 <= threshold
+    return keep if weight is None else keep & (np.asarray(weight, dtype=np.float64) > 0)
 
 
 def trust_region_second_moment_keep(log_w, adv, weight=None, threshold: float = M2_THRESHOLD) -> np.ndarray:
@@ -139,13 +161,20 @@ class Correction:
     trl: bool = False
     truncate: bool = False
     level: Literal["token", "sequence"] = "token"
-    step_mask: Literal["", "trust_region", "all"] = ""
-    """M2PO's step mask: "trust_region" (the paper's: only trust-region tokens are candidates), "all" (AReaL's: every
-    token), "" (none)."""
+    step_mask: Literal["", "trust_region", "all", "seq_max_k2"] = ""
+    """The step's mask on the unclipped ratio: M2PO's "trust_region" (the paper's: only trust-region tokens are
+    candidates) or "all" (AReaL's: every token), Trust Region Masking's "seq_max_k2" (whole sequences), "" (none)."""
+
+    def threshold(self, config) -> float:
+        """The threshold the mode's step mask reads from ``config``: rollout_rs_threshold (seq_max_k2), else
+        m2_threshold."""
+        return config.rollout_rs_threshold if self.step_mask == "seq_max_k2" else config.m2_threshold
 
     def keep(self, log_w, adv, weight=None, threshold: float = M2_THRESHOLD) -> np.ndarray | None:
-        """The mode's step mask over 1-D samples (None for a mode without one): ``trust_region_second_moment_keep``
-        or ``second_moment_keep``."""
+        """The mode's step mask over 1-D samples (None for a mode without one): ``trust_region_second_moment_keep``,
+        ``second_moment_keep`` or ``max_k2_keep``."""
+        if self.step_mask == "seq_max_k2":
+            return max_k2_keep(log_w, threshold, weight)
         if self.step_mask == "trust_region":
             return trust_region_second_moment_keep(log_w, adv, weight, threshold)
         if self.step_mask == "all":
@@ -206,6 +235,7 @@ REGISTRY: dict[str, Correction] = {c.name: c for c in (
     Correction("sequence_mask", trl=True, level="sequence"),
     Correction("m2po", step_mask="trust_region"),
     Correction("m2po_areal", step_mask="all"),
+    Correction("seq_max_k2", step_mask="seq_max_k2"),
 )}
 assert tuple(REGISTRY) == MODES
 #: TRL's vllm_importance_sampling_mode values: a weight pi_k/alpha truncated or masked, times PPO's clip.
@@ -238,7 +268,8 @@ def corrected_slope(ratio, ratio_k, adv, clip, mode: ImportanceSamplingMode = "p
 
 def corrected_surrogate(pi, pi_k, alpha, r, eps, clip, mode: ImportanceSamplingMode = "paper", cap: float = 3.0,
                         clip_high=None, delta: float = 0.0, cap_min: float = 0.0,
-                        m2_threshold: float = M2_THRESHOLD) -> np.ndarray:
+                        m2_threshold: float = M2_THRESHOLD,
+                        rollout_rs_threshold: float = ROLLOUT_RS_THRESHOLD) -> np.ndarray:
     """E_{y ~ alpha} of ``corrected_objective`` with A = A_alpha (whitened with ``eps``): the objective each mode
     ascends, exact on a table. Shapes (..., n) -> (...). alpha and pi_k must be positive wherever pi or pi_k is.
     With mode paper it is ``core.clipped_surrogate``; with m2po the mask is ``second_moment_keep`` of the table's
@@ -257,6 +288,6 @@ def corrected_surrogate(pi, pi_k, alpha, r, eps, clip, mode: ImportanceSamplingM
         for idx in np.ndindex(log_w.shape[:-1]):
             live_i = live[idx]
             keep[idx][live_i] = correction(mode).keep(log_w[idx][live_i], a[idx][live_i], alpha[idx][live_i],
-                                                      m2_threshold)
+                                                      rollout_rs_threshold if mode == "seq_max_k2" else m2_threshold)
     f = corrected_objective(pi / safe_a, safe_k / safe_a, a, clip, mode, cap, clip_high, delta, cap_min, keep)
     return np.sum(np.where(live, alpha * f, 0.0), axis=-1)

@@ -58,6 +58,7 @@ FRONTIER_CORRECTIONS = {
     ICEPOP_LABEL: dict(ICEPOP),
     "M2PO (tau=0.04)": dict(importance_sampling_mode="m2po", m2_threshold=0.04),
     "M2PO, AReaL's mask (tau=0.04)": dict(importance_sampling_mode="m2po_areal", m2_threshold=0.04),
+    "TRM seq_max_k2 (k2 <= 0.24)": dict(importance_sampling_mode="seq_max_k2"),
 }
 #: Held-out prompts per step in the frontier runs (the certificate's sample: its fewest, below which it abstains).
 FRONTIER_HELDOUT = CERTIFICATE_MIN_PROMPTS

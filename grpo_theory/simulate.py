@@ -30,7 +30,8 @@ from runkit.validation import require, require_finite
 
 from . import core
 from . import estimators as ge
-from .corrections import M2_THRESHOLD, MODES, ImportanceSamplingMode, correction, require_correction_settings
+from .corrections import (M2_THRESHOLD, MODES, ROLLOUT_RS_THRESHOLD, ImportanceSamplingMode, correction,
+                          require_correction_settings)
 from .numerics import rounding_tolerance
 from .sync_policy import SyncPolicy, projected_tv
 from .validation import EPS_MAX
@@ -88,6 +89,8 @@ class SimConfig:
     """The lower cap c of the TRL modes (0: none; token_mask with [0.5, 5] is IcePop's mask)."""
     m2_threshold: float = M2_THRESHOLD
     """M2PO's threshold on the mean (log pi_k/alpha)^2 of the kept samples."""
+    rollout_rs_threshold: float = ROLLOUT_RS_THRESHOLD
+    """Trust Region Masking's gate (mode seq_max_k2): a sample kept when (log pi_k/alpha)^2 / 2 is at most this."""
     beta: float = 0.0
     """KL(pi || pi_ref) weight."""
     ref_sync_steps: int = 0
@@ -253,7 +256,7 @@ def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, 
         if mode.step_mask:  # the batch's mask in the limit: every prompt's actions, weighted rho alpha
             weight = rho[:, None] * alpha
             m2 = mode.keep(np.log(ratio_k).ravel(), np.broadcast_to(adv, alpha.shape).ravel(), weight.ravel(),
-                           config.m2_threshold).reshape(alpha.shape)
+                           mode.threshold(config)).reshape(alpha.shape)
         slope, low, high = mode.slope(ratio, ratio_k, adv, keep=m2, **caps)
         g_y = alpha * ratio * slope  # d/dr of the objective, times dr/dlogit's r, alpha-weighted, per action
         g = g_y - pi * g_y.sum(axis=1, keepdims=True)  # chain rule through softmax
@@ -269,7 +272,7 @@ def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, 
         if mode.step_mask:  # the plain mean over every sample of the step (the paper's batch; AReaL's loss mask
             # keeps zero-advantage groups), whatever the zero-variance mask then keeps in the objective
             m2 = mode.keep(np.log(ratio_k).ravel(), np.broadcast_to(adv, (B, G)).ravel(), None,
-                           config.m2_threshold).reshape(B, G)
+                           mode.threshold(config)).reshape(B, G)
         slope, low, high = mode.slope(ratio, ratio_k, adv, keep=m2, **caps)
         coef = slope * ratio * keep[:, None] / max(int(keep.sum()) * G, 1)  # (B, G)
         onehot_sum = np.zeros((B, theta.shape[1]))

@@ -65,6 +65,7 @@ CORRECTIONS = {
     "sequence_normalised (GSPO)": dict(ratio_level="sequence_normalised", loss_type="grpo"),
     "m2po": dict(importance_sampling_mode="m2po", mask_zero_std_groups=False),  # the paper's 1/N over all tokens
     "m2po_areal": dict(importance_sampling_mode="m2po_areal"),
+    "seq_max_k2 (TRM)": dict(importance_sampling_mode="seq_max_k2"),
     ICEPOP_LABEL: dict(ICEPOP),
 }
 CORRECTIONS_V = 4

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from grpo_theory.corrections import ImportanceSamplingMode, correction, require_correction_settings
+from grpo_theory.corrections import (ROLLOUT_RS_THRESHOLD, ImportanceSamplingMode, correction,
+                                     require_correction_settings)
 from grpo_theory.core import ScaleRewards
 from grpo_theory.validation import EPS_MAX
 
@@ -102,10 +103,15 @@ class ObjectiveConfig(ConfigGroup):
     while that mean is above m2_threshold; the paper averages the loss over all N tokens of the batch, which here is
     loss_type dapo with --no-mask-zero-std-groups (the default zero-variance mask and the grpo and dr_grpo
     normalisers divide by other counts). m2po_areal: AReaL's implementation, every token (A = 0 ones included) a
-    candidate until the mean is strictly below the threshold (§6.1)."""
+    candidate until the mean is strictly below the threshold (§6.1). seq_max_k2: Trust Region Masking (arXiv
+    2512.23075) with verl's gate (rollout_rs="seq_max_k2"): a completion whose largest token k2 = (log pi_k/alpha)^2/2
+    exceeds rollout_rs_threshold leaves the loss whole, the others take the unclipped pi/alpha (§6.1)."""
     m2_threshold: float = 0.04
     """M2PO's threshold tau on the mean of (log pi_k/alpha)^2 over the step's tokens it considers (the trust-region
     tokens with m2po, every token with m2po_areal; AReaL's name, the paper's default)."""
+    rollout_rs_threshold: float = ROLLOUT_RS_THRESHOLD
+    """Trust Region Masking's gate (mode seq_max_k2; verl's name): a completion is masked when any token's
+    (log pi_k/alpha)^2 / 2 exceeds this; the default 0.5 (ln 2)^2 = 0.24 masks a token ratio outside [1/2, 2]."""
     importance_sampling_cap: float = 3.0
     """The cap C of the TRL importance-sampling modes (TRL's vllm_importance_sampling_clip_max, formerly
     vllm_importance_sampling_cap)."""

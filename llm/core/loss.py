@@ -39,7 +39,7 @@ from typing import Literal
 
 import torch
 
-from grpo_theory.corrections import MODES, REGISTRY, Correction, ImportanceSamplingMode
+from grpo_theory.corrections import MODES, REGISTRY, ROLLOUT_RS_THRESHOLD, Correction, ImportanceSamplingMode
 
 from llm.core.loss_types import LossTypeName
 from llm.core.loss_types import loss_type as registered_loss_type
@@ -147,10 +147,22 @@ def trust_region_second_moment_keep_torch(log_w: torch.Tensor, adv: torch.Tensor
     return keep.reshape(weight.shape)
 
 
+def max_k2_keep_torch(log_w: torch.Tensor, weight: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Trust Region Masking's gate over sequences (rows of ``log_w`` = log pi_k/alpha, (B, T); ``weight`` (B, T): the
+    tokens that count): every token of a row is kept when the row's largest k2 = (log w)^2 / 2 over its tokens is at
+    most ``threshold``, else none. The torch twin of ``grpo_theory.corrections.max_k2_keep`` with a row's max (tested
+    equal on one-token rows)."""
+    on = weight > 0
+    k2 = torch.where(on, 0.5 * log_w.double() ** 2, torch.zeros_like(log_w, dtype=torch.float64))
+    return on & (k2.amax(dim=1, keepdim=True) <= threshold)
+
+
 def step_mask_torch(correction: Correction, log_w: torch.Tensor, adv: torch.Tensor, weight: torch.Tensor,
                     threshold: float) -> torch.Tensor | None:
     """The mode's step mask over the step's tokens (``Correction.step_mask``): the paper's (``m2po``), AReaL's
-    (``m2po_areal``), or None."""
+    (``m2po_areal``), Trust Region Masking's (``seq_max_k2``: ``max_k2_keep_torch``), or None."""
+    if correction.step_mask == "seq_max_k2":
+        return max_k2_keep_torch(log_w, weight, threshold)
     if correction.step_mask == "trust_region":
         return trust_region_second_moment_keep_torch(log_w, adv, weight, threshold)
     if correction.step_mask == "all":
@@ -219,6 +231,7 @@ class Clip:
     importance_sampling_cap: float = 3.0
     importance_sampling_cap_min: float = 0.0  # the lower cap (TRL's clip_min, IcePop's band); 0: none
     m2_threshold: float = 0.04  # M2PO's threshold on the kept tokens' mean (log w)^2 (mode m2po)
+    rollout_rs_threshold: float = ROLLOUT_RS_THRESHOLD  # TRM's gate on a sequence's largest k2 (mode seq_max_k2)
 
     @property
     def high(self) -> float:

@@ -49,7 +49,7 @@ class Objective:
         max_completion_length, the chain-rule TV the diagnostics group's switch)."""
         o = config.objective
         clip = Clip(o.epsilon, o.clip_high, o.delta, o.ratio_level, o.importance_sampling_mode, o.importance_sampling_cap,
-                    o.importance_sampling_cap_min, o.m2_threshold)
+                    o.importance_sampling_cap_min, o.m2_threshold, o.rollout_rs_threshold)
         return cls(config.optim.num_iterations, clip, o.beta, o.use_bias_correction_kl, o.loss_type,
                    config.sampling.max_completion_length, config.optim.max_grad_norm, config.diagnostics.tv_diagnostics,
                    o.top_entropy_quantile, o.entropy_coef)
@@ -110,7 +110,7 @@ def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, opti
     if objective.clip.correction.step_mask and logp_alpha is not None:
         logp_k = passes.logprobs(policy, batch).logp  # one pass more: pi_k on every micro-batch before the first loss
         token_keep = step_mask_torch(objective.clip.correction, logp_k - logp_alpha, adv.reshape(-1, 1).expand_as(
-            tokens), tokens, objective.clip.m2_threshold)
+            tokens), tokens, objective.clip.correction.threshold(objective.clip))
     ranks, first, result = passes.ranks, [], Optimised(None, None, LossStats(), 0.0)
     for it in range(objective.num_iterations):
         optimizer.zero_grad(set_to_none=True)

@@ -4,6 +4,7 @@
 import contextlib
 import io
 import json
+import math
 import re
 import shutil
 import warnings
@@ -16,7 +17,8 @@ from tests.helpers import ROOT
 BEFORE = ROOT / "tests" / "data" / "before_groups"
 #: Options added since the snapshot (each with a default that keeps the earlier behaviour): they come on top of the
 #: saved flags and configs.
-ADDED_FIELDS = {"padding_free": False, "use_transformers_continuous_batching": False, "improvement_lcb_weight_cap": 2.0}
+ADDED_FIELDS = {"padding_free": False, "use_transformers_continuous_batching": False, "improvement_lcb_weight_cap": 2.0,
+                "rollout_rs_threshold": 0.5 * math.log(2.0) ** 2}
 ADDED_FLAGS = {f"--{p}{name.replace('_', '-')}" for name, default in ADDED_FIELDS.items()
                for p in (("", "no-") if isinstance(default, bool) else ("",))}
 #: Defaults changed since the snapshot: field -> (then, now). The certificate's bound is now the betting bound, whose

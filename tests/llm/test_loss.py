@@ -277,16 +277,17 @@ def test_every_mode_on_one_token_rows_weighted_by_alpha_is_the_exact_tabular_obj
     spec = Clip(0.2, extra.get("epsilon_high"), extra.get("delta", 0.0), "token", mode, 1.5, extra.get("cap_min", 0.0),
                 m2_threshold=0.04)
     weights = torch.tensor(alpha)[:, None]
-    keep = step_mask_torch(REGISTRY[mode], col(pi_k) - col(alpha), torch.tensor(adv)[:, None], weights, 0.04)
+    keep = step_mask_torch(REGISTRY[mode], col(pi_k) - col(alpha), torch.tensor(adv)[:, None], weights,
+                           REGISTRY[mode].threshold(spec))
     loss, stats = grpo_loss(col(pi), col(pi_k), col(alpha), torch.tensor(adv), weights, clip=spec, token_keep=keep)
     want = corrected_surrogate(pi, pi_k, alpha, r, 1e-4, 0.2, mode, 1.5, extra.get("epsilon_high"),
                                extra.get("delta", 0.0), extra.get("cap_min", 0.0), m2_threshold=0.04)
     assert -float(loss) == pytest.approx(want, abs=1e-12)
     w = pi_k / alpha
     outside = np.mean((w > 1.5) | (w < extra.get("cap_min", 0.0)))
-    if mode.startswith("m2po"):  # the dropped tokens (AReaL's mask drops some on every table here)
+    if REGISTRY[mode].step_mask:  # the dropped tokens (AReaL's mask drops some on every table here)
         outside = float(np.mean(~keep.numpy()))
-        assert outside > 0 or mode == "m2po"
+        assert outside > 0 or mode in ("m2po", "seq_max_k2")
     assert stats.metrics()["is_correction/frac_above_cap"] == pytest.approx(0.0 if mode == "paper" else outside)
 
 
@@ -468,3 +469,29 @@ def test_loss_types_and_advantage_scales_are_registries_declared_once():
     assert [n for n, lt in LOSS_TYPES.items() if lt.per_pass] == ["bnpo"]
     with pytest.raises(ValueError, match="loss_type: expected one of grpo, dapo, dr_grpo, bnpo"):
         loss_weights(mask, "mean", 3)
+
+
+def test_trust_region_masking_drops_whole_completions_by_their_largest_k2():
+    """mode seq_max_k2: a completion with one token's (log pi_k/alpha)^2 / 2 above the threshold leaves the loss whole;
+    the others count every token with the unclipped pi/alpha; padding never decides; on one-token rows the torch mask is
+    ``grpo_theory.corrections.max_k2_keep``."""
+    from grpo_theory.corrections import ROLLOUT_RS_THRESHOLD, max_k2_keep
+    from llm.core.loss import max_k2_keep_torch
+
+    log_w = torch.tensor([[0.1, -0.2, 0.0], [0.1, 0.8, 0.0], [0.1, 0.0, 5.0], [-0.69, 0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0], [1, 0, 0]], dtype=torch.float64)
+    keep = max_k2_keep_torch(log_w, mask, ROLLOUT_RS_THRESHOLD)
+    assert keep.tolist() == [[True] * 3, [False] * 3, [True, True, False], [True, False, False]]
+    col = log_w[:, :1]
+    one_token = max_k2_keep_torch(col, torch.ones_like(col), 0.1)[:, 0]
+    assert one_token.tolist() == max_k2_keep(col[:, 0].numpy(), 0.1).tolist()
+    logp, logp_k, logp_alpha, adv, m = _inputs(5)
+    w_tok = loss_weights(m, "dapo", T)
+    keep = max_k2_keep_torch(logp_k - logp_alpha, m, 0.05)
+    loss, _ = grpo_loss(logp, logp_k, logp_alpha, adv, w_tok, clip=Clip(0.2, importance_sampling_mode="seq_max_k2"),
+                        token_keep=keep)
+    want = -(keep.double() * torch.exp(logp - logp_alpha).detach().double() * adv.double()[:, None] * w_tok.double())
+    assert float(loss.detach()) == pytest.approx(float(want.sum()), rel=1e-6)
+    rows = keep.any(dim=1)
+    assert 0 < float(rows.float().mean()) < 1
+    assert bool(((keep == rows[:, None]) | (m == 0)).all())  # all of a completion's tokens, or none

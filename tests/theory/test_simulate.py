@@ -201,6 +201,7 @@ CORRECTIONS = {
     "icepop-like two-sided mask": dict(importance_sampling_mode="token_mask", importance_sampling_cap=1.03,
                                        importance_sampling_cap_min=0.97),
     "m2po": dict(importance_sampling_mode="m2po", m2_threshold=2e-4),
+    "seq_max_k2 (TRM)": dict(importance_sampling_mode="seq_max_k2", rollout_rs_threshold=1e-4),
 }
 
 
@@ -217,7 +218,8 @@ def test_population_gradient_of_each_correction_is_the_gradient_of_its_exact_sur
     theta, pi_k, alpha, ref = _policies(b, 2)
     roll = sample_rollout(cfg, b, alpha, np.random.default_rng(0))
     caps = dict(mode=kw["importance_sampling_mode"], cap=cfg.importance_sampling_cap,
-                cap_min=cfg.importance_sampling_cap_min, m2_threshold=cfg.m2_threshold)
+                cap_min=cfg.importance_sampling_cap_min, m2_threshold=cfg.m2_threshold,
+                rollout_rs_threshold=cfg.rollout_rs_threshold)
 
     def objective(th):
         return float(corrected_surrogate(softmax(th), pi_k, alpha, b.table, cfg.variance_eps, cfg.epsilon, **caps)[0])
@@ -232,9 +234,9 @@ def test_population_gradient_of_each_correction_is_the_gradient_of_its_exact_sur
 @pytest.mark.parametrize("name", list(CORRECTIONS))
 def test_sampled_gradient_of_each_correction_is_the_gradient_of_its_batch_objective(name):
     """Sampled mode: the gradient equals finite differences of the mean over the kept groups' samples of
-    ``corrected_objective``; M2PO's mask is ``second_moment_keep`` of every sample's log pi_k/alpha (the kept groups'
-    and the masked ones': the paper's batch)."""
-    from grpo_theory.corrections import corrected_objective, second_moment_keep
+    ``corrected_objective``; a step mask (M2PO's, TRM's) is the mode's ``keep`` of every sample's log pi_k/alpha (the
+    kept groups' and the masked ones': the paper's batch)."""
+    from grpo_theory.corrections import corrected_objective, correction
 
     kw = CORRECTIONS[name]
     cfg = SimConfig(n_prompts=4, n_actions=5, rewards="continuous", seed=4, prompts_per_step=6, num_generations=4,
@@ -247,7 +249,9 @@ def test_sampled_gradient_of_each_correction_is_the_gradient_of_its_batch_object
     kept = np.flatnonzero(keep)
     ratio_k = pi_k[xs[kept, None], ys[kept]] / alpha[xs[kept, None], ys[kept]]
     every_k = pi_k[xs[:, None], ys] / alpha[xs[:, None], ys]
-    m2 = second_moment_keep(np.log(every_k).ravel(), threshold=cfg.m2_threshold).reshape(every_k.shape)[kept]
+    mode = correction(kw["importance_sampling_mode"])
+    m2 = None if not mode.step_mask else mode.keep(np.log(every_k).ravel(), np.broadcast_to(adv, every_k.shape).ravel(),
+                                                   None, mode.threshold(cfg)).reshape(every_k.shape)[kept]
 
     def objective(th):
         pi = softmax(th)
@@ -258,7 +262,7 @@ def test_sampled_gradient_of_each_correction_is_the_gradient_of_its_batch_object
 
     grad, _, _ = objective_gradient(cfg, b, roll, theta, pi_k, alpha, ref)
     assert np.allclose(grad, _finite_difference(objective, theta), atol=1e-6)
-    if name == "m2po":
+    if mode.step_mask:
         assert 0 < m2.sum() < m2.size  # the mask drops some samples and keeps others
 
 

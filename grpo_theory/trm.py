@@ -1,4 +1,4 @@
-"""Trust Region Masking's bounds, exact on a tabular autoregressive model (docs/theory.md, §9).
+"""Trust Region Masking's bounds, exact on a tabular autoregressive model (docs/theory.md, §8.7).
 
 Li, Liu, Xu, Tong, Li, Liu and Wang, "Trust Region Masking for Long-Horizon LLM Reinforcement Learning" (arXiv
 2512.23075) bound the error of the token-level surrogate of a rollout policy mu = pi_roll,

@@ -25,7 +25,8 @@ from torch.utils.checkpoint import checkpoint
 from runkit.host_memory import micro_batches
 
 from llm.core.batch import Batch
-from llm.core.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, filtered_log_softmax, kept_boundary, kept_from
+from llm.core.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, apply_swaps, filtered_log_softmax, kept_mask, \
+    swap_in_targets
 from llm.models.distributed import SINGLE, Ranks
 from llm.models.model import Precision, architecture
 
@@ -85,10 +86,11 @@ class _ScaledHeadLogprobs(torch.autograd.Function):
     """log softmax(s x hidden W^T) at the target tokens, chunk by chunk, with the softmax's gradient written out.
 
     Forward, per chunk of ``rows`` rows: the logits z (the matmul in the compute dtype: autocast's, else the
-    weight's), widened to float32 at least, filtered (``token_filter``: -inf off the kept set, whose threshold tau
-    per row is kept), their log-softmax, the targets' log-probs (``OFF_SET_LOGP`` for a target off the kept set),
-    the log-normaliser lse and, if asked, the entropy -sum p log p of the (filtered) distribution; lse (n,) and tau
-    are kept. Backward: the chunk's logits again, the gradient g (onehot - p) s of the logits in one buffer (no
+    weight's), widened to float32 at least, filtered (``token_filter``: -inf off the sampler's kept set, a target tied
+    at its boundary swapped in, the swapped columns kept), their log-softmax, the targets' log-probs (``OFF_SET_LOGP``
+    for a target off the kept set), the log-normaliser lse and, if asked, the entropy -sum p log p of the (filtered)
+    distribution; lse (n,) is kept. Backward: the chunk's logits again (filtered by the same sort and swaps), the
+    gradient g (onehot - p) s of the logits in one buffer (no
     gradient through a target off the kept set: its log-probability is a constant), plus, when the entropy is
     differentiated (an entropy bonus), g_H (-p (log p + H)) s, and the two matmuls in the compute dtype. With one
     chunk the probabilities p are kept instead of recomputed (at most ``LOGIT_CHUNK_BYTES``). The same casts and
@@ -106,17 +108,17 @@ class _ScaledHeadLogprobs(torch.autograd.Function):
         filtered = token_filter.active
         with torch.autocast(device, enabled=False):
             w = weight.to(compute)
-            logp, lse, ent, taus, firsts, on, kept = [], [], [], [], [], [], None
+            logp, lse, ent, swaps, on, kept = [], [], [], [], [], None
             for s in range(0, hidden.shape[0], rows):
                 z = _wide_logits(hidden[s:s + rows], w, compute, wide, scale)
                 t = targets[s:s + rows, None]
-                if filtered:  # the kept set by the sampler's rule; a target tied at its boundary counts as kept
-                    tau, first = kept_boundary(z, token_filter)
-                    taus.append(tau)
-                    firsts.append(first)
+                if filtered:  # the sampler's kept set; a target tied at its boundary is swapped in (token_filter)
+                    keep = kept_mask(z, token_filter)
+                    target_on, swapped = swap_in_targets(z, keep, t[:, 0])
+                    on.append(target_on)
+                    swaps.append(swapped)
                     z_t = z.gather(-1, t).squeeze(-1)
-                    on.append(z_t >= tau)
-                    z.masked_fill_(~kept_from(z, tau, first), -math.inf)
+                    z.masked_fill_(~keep, -math.inf)
                 logq = torch.log_softmax(z, dim=-1)  # one kernel: 50 ms a SmolLM2 chunk against logsumexp's 65
                 if filtered:  # the row's largest logit is always kept: the log-normaliser from it
                     top = z.amax(dim=-1, keepdim=True)
@@ -137,18 +139,18 @@ class _ScaledHeadLogprobs(torch.autograd.Function):
         if filtered:  # a NaN (a broken pass) stays NaN: the trainer skips such an update
             out = torch.where(target_kept | torch.isnan(out), out, torch.full_like(out, OFF_SET_LOGP))
         ent = torch.cat(ent) if entropy else out.new_zeros(0)
-        tau = torch.cat(taus) if filtered else torch.empty(0)
-        first = torch.cat(firsts) if filtered else torch.empty(0, dtype=torch.long)
-        ctx.save_for_backward(hidden, weight, targets, lse, kept if kept is not None else torch.empty(0), tau, first,
+        swapped = torch.cat(swaps) if filtered else torch.empty(0, dtype=torch.long)
+        ctx.save_for_backward(hidden, weight, targets, lse, kept if kept is not None else torch.empty(0), swapped,
                               target_kept, ent)
         ctx.meta = (compute, wide, scale, rows, kept is not None, filtered)
+        ctx.token_filter = token_filter
         if not entropy:
             ctx.mark_non_differentiable(ent)
         return out, ent
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
-        hidden, weight, targets, lse, kept, tau, first, target_kept, ent = ctx.saved_tensors
+        hidden, weight, targets, lse, kept, swapped, target_kept, ent = ctx.saved_tensors
         compute, wide, scale, rows, have_p, filtered = ctx.meta
         need_h, need_w = ctx.needs_input_grad[:2]
         grad_h = torch.empty_like(hidden) if need_h else None
@@ -163,8 +165,9 @@ class _ScaledHeadLogprobs(torch.autograd.Function):
                 gz = kept * (-g[:, None])
             else:
                 z = _wide_logits(h, w, compute, wide, scale)
-                if filtered:
-                    z.masked_fill_(~kept_from(z, tau[s:s + rows], first[s:s + rows]), -math.inf)
+                if filtered:  # the forward's kept set again: the same sort of the same logits, the same swaps
+                    keep = apply_swaps(kept_mask(z, ctx.token_filter), t, swapped[s:s + rows])
+                    z.masked_fill_(~keep, -math.inf)
                 logq = z.sub_(lse[s:s + rows, None])
                 if with_entropy:  # dH/dz = -p (log p + H), with p = 0 (and so no term) off the kept set
                     g_h = grad_entropy[s:s + rows].to(wide)[:, None]

@@ -1,8 +1,8 @@
 """The samplers' entry point to the kept sets: ``llm.core.token_filter`` (the module itself sits below the samplers, beside
 the models, since the trainer's log-probabilities use it too)."""
 
-from llm.core.token_filter import (NO_FILTER, OFF_SET_LOGP, TokenFilter, filtered_log_softmax, filtered_logits, kept_boundary,
-                            kept_from, kept_mask)
+from llm.core.token_filter import (NO_FILTER, OFF_SET_LOGP, TokenFilter, boundary_value, filtered_log_softmax,
+                                   filtered_logits, kept_mask)
 
-__all__ = ["NO_FILTER", "OFF_SET_LOGP", "TokenFilter", "filtered_log_softmax", "filtered_logits", "kept_boundary",
-           "kept_from", "kept_mask"]
+__all__ = ["NO_FILTER", "OFF_SET_LOGP", "TokenFilter", "boundary_value", "filtered_log_softmax", "filtered_logits",
+           "kept_mask"]

@@ -166,34 +166,48 @@ def transformers_kept(z: torch.Tensor, f: TokenFilter) -> torch.Tensor:
     return torch.isfinite(z)
 
 
-def _same_up_to_boundary_ties(ours: torch.Tensor, theirs: torch.Tensor, z: torch.Tensor, f: TokenFilter) -> None:
-    """The same number of kept tokens in every row, and the same tokens above and below the boundary value: only
-    which of the tokens tied at the boundary are kept may differ (the samplers' sorts order ties arbitrarily), which
-    changes no probability of a kept token."""
-    from llm.core.token_filter import kept_boundary
+def column_order_kept(z: torch.Tensor, f: TokenFilter) -> torch.Tensor:
+    """The rule before 2026-11-27: the same cut, ties at the top-p boundary ordered by column (a stable sort), which
+    keeps as many tied tokens as the samplers but not always the same ones."""
+    from llm.core.token_filter import _min_p
 
-    tau = kept_boundary(z, f)[0][:, None]
-    assert torch.equal(ours.sum(-1), theirs.sum(-1))
-    assert torch.equal(ours & (z != tau), theirs & (z != tau))
+    masked = _min_p(z, f)
+    if f.top_k:
+        masked = masked.masked_fill(masked < masked.topk(f.top_k, dim=-1).values[..., -1:], -float("inf"))
+    if f.top_p >= 1:
+        return ~torch.isneginf(masked)
+    srt, idx = masked.sort(dim=-1, stable=True)
+    drop = srt.softmax(dim=-1).cumsum(dim=-1) <= 1 - torch.tensor(f.top_p, dtype=z.dtype)
+    drop[..., -1] = False
+    return ~drop.scatter(-1, idx, drop)
 
 
 @pytest.mark.parametrize("token_filter", TIE_FILTERS)
 def test_the_kept_sets_are_vllms_and_transformers_on_bf16_logits_with_ties(token_filter):
-    """1,000 rows of 8,192 bf16-rounded logits: the kept set is vLLM's and transformers' own, row for row, up to which
-    tied tokens at the boundary (the count, so the normaliser, equal); with top-p some rows split a tie there, where
-    the earlier rule ({z >= tau}, the whole tie) kept more tokens than the samplers."""
-    from llm.core.token_filter import kept_boundary, kept_mask
+    """1,000 rows of 8,192 bf16-rounded logits: the kept set is vLLM's own, row for row, tied tokens at the boundary
+    included, whether the rows come in one batch or in chunks of 7, and transformers' warpers' too except with top-k
+    and top-p together (transformers sorts the top-k-masked logits, vLLM the unmasked ones, so the two samplers order
+    ties otherwise: there the same count); with top-p some rows split a tie there (where the whole tie, {z >= tau},
+    would keep more tokens than the samplers), and ordering the tie by column keeps other tied tokens than the
+    samplers on some rows."""
+    from llm.core.token_filter import boundary_value, kept_mask
 
     z = _bf16_rows()
     ours = kept_mask(z, token_filter)
-    for theirs in (vllms_kept(z, token_filter), transformers_kept(z, token_filter)):
-        _same_up_to_boundary_ties(ours, theirs, z, token_filter)
-    whole_tie = z >= kept_boundary(z, token_filter)[0][:, None]
-    split = (whole_tie.sum(-1) > ours.sum(-1)).float().mean()
-    if token_filter.top_p < 1:
-        assert split > 0.05, split  # the case matters: many rows split a tie
+    assert torch.equal(torch.cat([kept_mask(z[s:s + 7], token_filter) for s in range(0, len(z), 7)]), ours)
+    assert torch.equal(ours, vllms_kept(z, token_filter))
+    theirs = transformers_kept(z, token_filter)
+    if token_filter.top_k and token_filter.top_p < 1:
+        assert torch.equal(ours.sum(-1), theirs.sum(-1))
     else:
-        assert split == 0  # top-k and min-p keep ties whole, as the samplers do
+        assert torch.equal(ours, theirs)
+    whole_tie = z >= boundary_value(z, ours)[:, None]
+    split = (whole_tie.sum(-1) > ours.sum(-1)).float().mean()
+    by_column = (column_order_kept(z, token_filter) != ours).any(-1).float().mean()
+    if token_filter.top_p < 1:
+        assert split > 0.05 and by_column > 0.05, (split, by_column)  # the case matters: many rows split a tie
+    else:
+        assert split == 0 and by_column == 0  # top-k and min-p keep ties whole, as the samplers do
 
 
 def test_log_probs_of_vllms_samples_equal_vllms_on_bf16_logits():
@@ -203,7 +217,7 @@ def test_log_probs_of_vllms_samples_equal_vllms_on_bf16_logits():
     pi_k/alpha at lag 0 has no bias from the rule; the earlier rule's normaliser (the whole tie at the boundary) put it
     below vLLM's, on average by more than 1e-4 nats a token here."""
     from llm.core.logprobs import _ScaledHeadLogprobs
-    from llm.core.token_filter import kept_boundary
+    from llm.core.token_filter import boundary_value, kept_mask
     from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
 
     f = TokenFilter(top_p=0.9)
@@ -214,6 +228,38 @@ def test_log_probs_of_vllms_samples_equal_vllms_on_bf16_logits():
     vllm_logp = logq.gather(-1, y[:, None])[:, 0]
     got, _ = _ScaledHeadLogprobs.apply(z, torch.eye(z.shape[1]), y, 1.0, 64, False, f)
     assert torch.allclose(got, vllm_logp, atol=1e-5), (got - vllm_logp).abs().max()
-    tau = kept_boundary(z, f)[0][:, None]
+    tau = boundary_value(z, kept_mask(z, f))[:, None]
     whole_tie = z.masked_fill(z < tau, -float("inf")).log_softmax(dim=-1).gather(-1, y[:, None])[:, 0]
     assert float((whole_tie - vllm_logp).mean()) < -1e-4
+
+
+def test_a_target_tied_at_the_boundary_gets_the_gradient_of_a_set_that_kept_it():
+    """A sampled token tied with the boundary value but outside the trainer's cut (its logits rounded otherwise than
+    the sampler's): the filtered head swaps it in for a tied token of the same value, so its log-probability and its
+    gradient are those of log softmax over a kept set holding it (autograd, the set held fixed), and no column keeps
+    the -p term of a token the distribution does not hold."""
+    from llm.core.logprobs import _ScaledHeadLogprobs
+    from llm.core.token_filter import boundary_value, kept_mask, swap_in_targets
+
+    f = TokenFilter(top_p=0.9)
+    z = _bf16_rows(400, vocab=2048).double()
+    keep = kept_mask(z, f)
+    tau = boundary_value(z, keep)
+    tied_out = (z == tau[:, None]) & ~keep
+    rows = torch.nonzero(tied_out.any(-1)).squeeze(-1)
+    assert rows.numel() > 20  # rows where the cut splits a tie
+    y = torch.zeros(len(z), dtype=torch.long)
+    y[rows] = tied_out[rows].to(torch.uint8).argmax(-1)  # a tied token the cut left out
+    y[~tied_out.any(-1)] = z[~tied_out.any(-1)].argmax(-1)
+    x = z.clone().requires_grad_(True)
+    got, _ = _ScaledHeadLogprobs.apply(x, torch.eye(z.shape[1], dtype=torch.float64), y, 1.0, 64, False, f)
+    got.sum().backward()
+    swapped = keep.clone()
+    on, _ = swap_in_targets(z, swapped, y)
+    assert bool(on.all()) and torch.equal(swapped.sum(-1), keep.sum(-1))
+    ref = z.clone().requires_grad_(True)
+    want = ref.masked_fill(~swapped, -float("inf")).log_softmax(-1).gather(-1, y[:, None])[:, 0]
+    want.sum().backward()
+    assert torch.allclose(got, want, atol=1e-12)
+    assert torch.allclose(x.grad, ref.grad, atol=1e-12)
+    assert bool((x.grad[rows].gather(-1, y[rows, None]) > 0).all())  # the drawn token's own column: 1 - p > 0

@@ -62,6 +62,7 @@ def main() -> int:
                     help="Python of an environment with TRL installed ('' skips TRL)")
     ap.add_argument("--out", default=str(ROOT / "runs" / "benchmark_real"))
     ap.add_argument("--skip-bf16", action="store_true", help="float32 rows only")
+    ap.add_argument("--skip-float32", action="store_true", help="bfloat16 rows only")
     ap.add_argument("--skip-heldout", action="store_true", help="skip the row with held-out estimates")
     ap.add_argument("--skip-defaults", action="store_true", help="skip the rows with the default diagnostics")
     ap.add_argument("--skip-trl-kept", action="store_true",
@@ -80,7 +81,7 @@ def main() -> int:
     model_dir = smollm2_dir(log=lambda *a: None)
     work = real_workload(model_dir)
     n_params = count_parameters(model_dir)
-    dtypes = ("float32",) if args.skip_bf16 else ("float32", "bfloat16")
+    dtypes = tuple(d for d, skip in (("float32", args.skip_float32), ("bfloat16", args.skip_bf16)) if not skip)
     print(f"model: SmolLM2-135M-Instruct, {n_params / 1e6:.1f}M parameters; {TASK}, prompts {work.prompt_tokens:.1f} "
           f"tokens on average; {work.prompts} prompts x G={work.generations}, <= {work.max_tokens} tokens, v={V}; "
           f"torch threads {torch.get_num_threads()}", flush=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from llm.core import diagnostics as dg
@@ -84,8 +85,18 @@ class Passes:
         return TokenDists(head, hidden, self.precision)
 
     def token_divergences(self, a: TokenDists, b: TokenDists, mask: torch.Tensor):
-        """``llm.core.diagnostics.token_divergences`` at this pass's chunk size."""
-        return dg.token_divergences(a, b, mask, self.chunk_tokens)
+        """``llm.core.diagnostics.token_divergences`` over the whole batch at this pass's chunk size: each rank
+        expands its own rows (where its hidden states are) and the ranks' arrays, zero off their rows, are summed."""
+        rows = self.ranks.rows(mask.shape[0], self.group_size)
+        if rows is not None:
+            mine = torch.zeros_like(mask)
+            mine[rows.to(mask.device)] = mask[rows.to(mask.device)]
+            mask = mine
+        tv, kl = dg.token_divergences(a, b, mask, self.chunk_tokens)
+        if self.ranks.active:
+            both = self.ranks.sum(torch.from_numpy(np.stack([tv, kl])).to(mask.device))
+            tv, kl = both.cpu().double().numpy()
+        return tv, kl
 
     def chain_tv(self, a: TokenDists, b: TokenDists, mask: torch.Tensor) -> float:
         """``llm.core.diagnostics.chain_tv_estimate`` over the whole batch: each rank sums over its own rows (where its

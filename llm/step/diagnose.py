@@ -64,7 +64,7 @@ def insample_estimates(passes: Passes, policy: torch.nn.Module, batch: Batch, re
 class Heldout:
     """The held-out prompts of a step: their rewards (P_h, G), batch, log alpha and log pi_k (before the update), and
     pi_k's next-token distributions at every completion position (``dists_k``, for the per-token divergences of
-    Trust Region Masking's bounds; None under several processes)."""
+    Trust Region Masking's bounds; under several processes each rank holds its own rows')."""
 
     rewards: np.ndarray
     batch: Batch
@@ -77,8 +77,7 @@ def heldout_before_update(passes: Passes, policy: torch.nn.Module, alpha: torch.
                           rewards: np.ndarray, roll: Rollout, lag: int, recompute: bool) -> Heldout:
     """log pi_k of the held-out completions, and log alpha: the sampler's, or (``recompute``, or a sampler that
     reports none) the trainer's (pi_k's at lag 0, a forward of alpha's weights after)."""
-    token_level = not passes.ranks.active  # each rank holds only its rows' hidden states: one process only
-    pi_k = passes.logprobs(policy, batch, keep_hidden=token_level)
+    pi_k = passes.logprobs(policy, batch, keep_hidden=True)  # each rank: its own rows' hidden states
     logp_k = pi_k.logp
     from_sampler = sampler_logprobs(roll, batch)
     if not (recompute or from_sampler is None):

@@ -151,3 +151,18 @@ def test_trls_default_correction_learns_off_policy(tmp_path):
     assert rows[-1]["j/pi_new"] - rows[0]["j/pi_k"] >= LEARNING_MARGIN
     assert all(math.isnan(r["is_correction/frac_above_cap"]) or 0 <= r["is_correction/frac_above_cap"] <= 1
                for r in rows)  # nan: a step whose groups were all masked
+
+
+@pytest.mark.slow
+def test_trust_region_masking_learns_off_policy(tmp_path):
+    """seq_max_k2 (Trust Region Masking's gate) at v = 4, 16 prompts a step, a tight threshold so that the gate acts:
+    exact J rises by the margin, completions are dropped whole on lagged steps (``is_correction/frac_above_cap`` > 0)
+    and none at lag 0 (alpha = pi_k, every k2 is 0)."""
+    rows = read_metrics(train(_config(tmp_path, "trm", max_steps=80, sync_period=4, prompts_per_step=16,
+                                      importance_sampling_mode="seq_max_k2", rollout_rs_threshold=0.005,
+                                      heldout_prompts=0), log=lambda *a: None))
+    assert rows[-1]["j/pi_new"] - rows[0]["j/pi_k"] >= LEARNING_MARGIN
+    dropped = [r["is_correction/frac_above_cap"] for r in rows if not math.isnan(r["is_correction/frac_above_cap"])]
+    assert max(dropped) > 0
+    assert all(r["is_correction/frac_above_cap"] == 0 for r in rows if r["lag"] == 0
+               and not math.isnan(r["is_correction/frac_above_cap"]))

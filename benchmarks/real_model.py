@@ -10,7 +10,7 @@ logged and need no pass), and at the defaults plus held-out estimates (``--heldo
 terms); with ``--server`` also vLLM's server in its own process (diagnostics off); TRL's GRPOTrainer at the same
 settings, and again with glibc keeping freed memory as our trainer's ``keep_freed_memory`` does (``KEEP_FREED_ENV``:
 how much of the ratio to TRL the allocator setting alone would give TRL). bfloat16: ours with the diagnostics off
-and both TRL rows. ``--compile`` adds a row per dtype with the trainer's ``--compile``, diagnostics off. Then the
+and both TRL rows (``--bf16-defaults``: also at the defaults). ``--compile`` adds a row per dtype with the trainer's ``--compile``, diagnostics off. Then the
 ratios the docs quote (ours over TRL, bfloat16 over float32) and the sampler's rate as a share of the matmul rate.
 
 The end-to-end efficiency, x TRL and the phase columns are those of ``benchmarks/throughput.py`` (its docstring).
@@ -63,6 +63,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "runs" / "benchmark_real"))
     ap.add_argument("--skip-bf16", action="store_true", help="float32 rows only")
     ap.add_argument("--skip-float32", action="store_true", help="bfloat16 rows only")
+    ap.add_argument("--bf16-defaults", action="store_true", help="add a bfloat16 row at the trainer's defaults")
     ap.add_argument("--skip-heldout", action="store_true", help="skip the row with held-out estimates")
     ap.add_argument("--skip-defaults", action="store_true", help="skip the rows with the default diagnostics")
     ap.add_argument("--skip-trl-kept", action="store_true",
@@ -112,9 +113,9 @@ def main() -> int:
                                log=lambda *a: None, log_file=out / "server.log") as server:
                 done(dtype, run_ours(f"ours server v={V} diag off", model_dir, "server", V, dtype, out / dtype,
                                      server_url=server.url, verify_sync=False, **common))
-        if dtype == "float32" and not args.skip_defaults:
+        if not args.skip_defaults and (dtype == "float32" or args.bf16_defaults):
             done(dtype, run_ours(f"ours vLLM v={V} defaults", model_dir, "vllm", V, dtype, out / dtype, **common))
-            if not args.skip_heldout:
+            if not args.skip_heldout and dtype == "float32":
                 done(dtype, run_ours(f"ours vLLM v={V} defaults +heldout", model_dir, "vllm", V, dtype, out / dtype,
                                      heldout_prompts=2, **common))
         for kept in trl_arms:
@@ -174,7 +175,7 @@ def report(rows: list[tuple[str, Row]], n_params: int, peak: dict[str, float], c
     print(f"  ours bfloat16 / ours float32 (diagnostics off): {ratio(('bfloat16', off), ('float32', off))} "
           "(target 2x)")
     print(f"  ours bfloat16 / TRL bfloat16: {ratio(('bfloat16', off), trl16)}; / TRL{KEPT}: "
-          f"{ratio(('bfloat16', off), kept16)}")
+          f"{ratio(('bfloat16', off), kept16)}; at the defaults: {ratio(('bfloat16', defaults), trl16)}")
     if any(name.endswith("+compile") for _, name in by):
         comp = off + " +compile"
         print(f"  --compile: bfloat16 / float32: {ratio(('bfloat16', comp), ('float32', comp))}; bfloat16 over "

@@ -39,21 +39,15 @@ def main() -> None:
     print(f"exact: improvement {exact['improvement']:+.4f}, surrogate gain {exact['surrogate_gain']:+.4f}, "
           f"max token TV {div.eps:.3f}, unified bound {exact['bound/unified']:.4f}, "
           f"its lower bound {exact['lower/unified']:+.4f}")
-    tv_table = [0.5 * np.abs(p - q).sum(1) for p, q in zip(mu.levels, pi.levels)]
-    kl_table = [(p * np.log(p / q)).sum(1) for p, q in zip(mu.levels, pi.levels)]
     rng = np.random.default_rng(0)
     for n in (16, 64, 256):
         low = above = 0
         for _ in range(4000):
             ys = trm.sample_sequences(mu, n, rng)
-            prefix = np.zeros(n, dtype=np.int64)
-            tv, kl = np.zeros((n, mu.T)), np.zeros((n, mu.T))
-            for t in range(mu.T):
-                tv[:, t], kl[:, t] = tv_table[t][prefix], kl_table[t][prefix]
-                prefix = prefix * mu.V + ys[:, t]
+            tv, kl = trm.sampled_divergences(pi, mu, ys)
             est = trm_estimates(tv, kl, torch.ones(n, mu.T), torch.tensor(trm.token_logprobs(mu, ys)),
                                 torch.tensor(trm.token_logprobs(pi, ys)), np.zeros((n // 8, 8)),
-                                reward[prefix].reshape(n // 8, 8), mu.T)
+                                reward[trm.sequence_index(mu, ys)].reshape(n // 8, 8), mu.T)
             low += est["tv/token_max"] < div.eps - 1e-9
             above += est["bound_est/trm_lower"] > exact["improvement"]
         print(f"batches of {n:>3} sequences: estimated max TV below the true max on {low / 4000:.1%}, estimated "

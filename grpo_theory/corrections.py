@@ -165,10 +165,9 @@ class Correction:
     """The step's mask on the unclipped ratio: M2PO's "trust_region" (the paper's: only trust-region tokens are
     candidates) or "all" (AReaL's: every token), Trust Region Masking's "seq_max_k2" (whole sequences), "" (none)."""
 
-    def threshold(self, config) -> float:
-        """The threshold the mode's step mask reads from ``config``: rollout_rs_threshold (seq_max_k2), else
-        m2_threshold."""
-        return config.rollout_rs_threshold if self.step_mask == "seq_max_k2" else config.m2_threshold
+    def threshold(self, m2_threshold: float, rollout_rs_threshold: float) -> float:
+        """The threshold the mode's step mask reads: ``rollout_rs_threshold`` (seq_max_k2), else ``m2_threshold``."""
+        return rollout_rs_threshold if self.step_mask == "seq_max_k2" else m2_threshold
 
     def keep(self, log_w, adv, weight=None, threshold: float = M2_THRESHOLD) -> np.ndarray | None:
         """The mode's step mask over 1-D samples (None for a mode without one): ``trust_region_second_moment_keep``,
@@ -281,13 +280,13 @@ def corrected_surrogate(pi, pi_k, alpha, r, eps, clip, mode: ImportanceSamplingM
     a = whitened_advantage(alpha, r, eps)
     live = (alpha > 0) & (pi_k > 0)
     safe_a, safe_k = np.where(live, alpha, 1.0), np.where(live, pi_k, 1.0)
-    keep = None
-    if correction(mode).step_mask:
+    keep, corr = None, correction(mode)
+    if corr.step_mask:
         log_w = np.log(safe_k / safe_a)
         keep = np.zeros(log_w.shape, dtype=bool)
+        threshold = corr.threshold(m2_threshold, rollout_rs_threshold)
         for idx in np.ndindex(log_w.shape[:-1]):
             live_i = live[idx]
-            keep[idx][live_i] = correction(mode).keep(log_w[idx][live_i], a[idx][live_i], alpha[idx][live_i],
-                                                      rollout_rs_threshold if mode == "seq_max_k2" else m2_threshold)
+            keep[idx][live_i] = corr.keep(log_w[idx][live_i], a[idx][live_i], alpha[idx][live_i], threshold)
     f = corrected_objective(pi / safe_a, safe_k / safe_a, a, clip, mode, cap, clip_high, delta, cap_min, keep)
     return np.sum(np.where(live, alpha * f, 0.0), axis=-1)

@@ -256,7 +256,7 @@ def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, 
         if mode.step_mask:  # the batch's mask in the limit: every prompt's actions, weighted rho alpha
             weight = rho[:, None] * alpha
             m2 = mode.keep(np.log(ratio_k).ravel(), np.broadcast_to(adv, alpha.shape).ravel(), weight.ravel(),
-                           mode.threshold(config)).reshape(alpha.shape)
+                           mode.threshold(config.m2_threshold, config.rollout_rs_threshold)).reshape(alpha.shape)
         slope, low, high = mode.slope(ratio, ratio_k, adv, keep=m2, **caps)
         g_y = alpha * ratio * slope  # d/dr of the objective, times dr/dlogit's r, alpha-weighted, per action
         g = g_y - pi * g_y.sum(axis=1, keepdims=True)  # chain rule through softmax
@@ -272,7 +272,7 @@ def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, 
         if mode.step_mask:  # the plain mean over every sample of the step (the paper's batch; AReaL's loss mask
             # keeps zero-advantage groups), whatever the zero-variance mask then keeps in the objective
             m2 = mode.keep(np.log(ratio_k).ravel(), np.broadcast_to(adv, (B, G)).ravel(), None,
-                           mode.threshold(config)).reshape(B, G)
+                           mode.threshold(config.m2_threshold, config.rollout_rs_threshold)).reshape(B, G)
         slope, low, high = mode.slope(ratio, ratio_k, adv, keep=m2, **caps)
         coef = slope * ratio * keep[:, None] / max(int(keep.sum()) * G, 1)  # (B, G)
         onehot_sum = np.zeros((B, theta.shape[1]))

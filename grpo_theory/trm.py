@@ -111,14 +111,32 @@ class Divergences:
     mean_tv: np.ndarray
 
 
+def divergence_tables(pi: TokenTree, mu: TokenTree) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per position t, TV(mu(.|c), pi(.|c)) and KL(mu(.|c) || pi(.|c)) of every prefix c of t tokens, (V^t,) each."""
+    out = []
+    for p, q in zip(mu.levels, pi.levels):
+        kl = np.sum(np.where(p > 0, p * (np.log(np.where(p > 0, p, 1.0)) - np.log(q)), 0.0), axis=1)
+        out.append((0.5 * np.abs(p - q).sum(axis=1), kl))
+    return out
+
+
+def sampled_divergences(pi: TokenTree, mu: TokenTree, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The per-token TV and KL(mu || pi) at each prefix of sequences ``ys`` (n, T): what a language-model run computes
+    at its sampled prefixes (``llm.core.diagnostics.token_divergences``), exactly, two (n, T) arrays."""
+    tv, kl = np.zeros(ys.shape), np.zeros(ys.shape)
+    prefix = np.zeros(ys.shape[0], dtype=np.int64)
+    for t, (tv_t, kl_t) in enumerate(divergence_tables(pi, mu)):
+        tv[:, t], kl[:, t] = tv_t[prefix], kl_t[prefix]
+        prefix = prefix * mu.V + ys[:, t]
+    return tv, kl
+
+
 def exact_divergences(pi: TokenTree, mu: TokenTree) -> Divergences:
     """``Divergences`` by enumeration of every prefix."""
     d = mu.prefix_probs()
     eps = delta = seq_kl = 0.0
     mean_tv = np.zeros(mu.T)
-    for t, (p, q) in enumerate(zip(mu.levels, pi.levels)):
-        tv = 0.5 * np.abs(p - q).sum(axis=1)
-        kl = np.sum(np.where(p > 0, p * (np.log(np.where(p > 0, p, 1.0)) - np.log(q)), 0.0), axis=1)
+    for t, (tv, kl) in enumerate(divergence_tables(pi, mu)):
         eps, delta = max(eps, float(tv.max())), max(delta, float(kl.max()))
         seq_kl += float(d[t] @ kl)  # the chain rule: KL over sequences is the d^mu-mean of the per-token KLs
         mean_tv[t] = float(d[t] @ tv)
@@ -167,6 +185,12 @@ def sample_sequences(tree: TokenTree, n: int, rng: np.random.Generator) -> np.nd
         ys[:, t] = np.minimum((rng.random(n)[:, None] > cdf).sum(axis=1), tree.V - 1)
         prefix = prefix * tree.V + ys[:, t]
     return ys
+
+
+def sequence_index(tree: TokenTree, ys: np.ndarray) -> np.ndarray:
+    """The index of each sequence of ``ys`` (n, T) among the V^T (its tokens as base-V digits, first most
+    significant): the position of its probability in ``sequence_probs`` and of its reward in a reward table."""
+    return (ys * tree.V ** np.arange(tree.T - 1, -1, -1)).sum(axis=1)
 
 
 def token_logprobs(tree: TokenTree, ys: np.ndarray) -> np.ndarray:

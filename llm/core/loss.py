@@ -243,6 +243,11 @@ class Clip:
         return REGISTRY[self.importance_sampling_mode]
 
     @property
+    def step_threshold(self) -> float:
+        """The threshold of the mode's step mask (``Correction.threshold``)."""
+        return self.correction.threshold(self.m2_threshold, self.rollout_rs_threshold)
+
+    @property
     def loss(self) -> "CorrectionLoss":
         """The mode's torch twin (``LOSSES``)."""
         return LOSSES[self.importance_sampling_mode]

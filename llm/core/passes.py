@@ -78,21 +78,25 @@ class Passes:
 
     def frozen_dists(self, model: torch.nn.Module, hidden: torch.Tensor | None) -> TokenDists | None:
         """``dists`` with a copy of the output layer as it is now, readable after an update changes the model's."""
-        if hidden is None:
-            return None
-        head = LogitHead(model, self.temperature, self.token_filter)
-        head.layer = copy.deepcopy(head.layer).requires_grad_(False)
-        return TokenDists(head, hidden, self.precision)
+        dists = self.dists(model, hidden)
+        if dists is not None:
+            dists.head.layer = copy.deepcopy(dists.head.layer).requires_grad_(False)
+        return dists
+
+    def own_rows(self, mask: torch.Tensor) -> torch.Tensor:
+        """``mask`` (B, T) zeroed off this rank's rows (``mask`` itself in one process): the rows whose hidden states
+        this rank holds."""
+        rows = self.ranks.rows(mask.shape[0], self.group_size)
+        if rows is None:
+            return mask
+        mine = torch.zeros_like(mask)
+        mine[rows.to(mask.device)] = mask[rows.to(mask.device)]
+        return mine
 
     def token_divergences(self, a: TokenDists, b: TokenDists, mask: torch.Tensor):
         """``llm.core.diagnostics.token_divergences`` over the whole batch at this pass's chunk size: each rank
         expands its own rows (where its hidden states are) and the ranks' arrays, zero off their rows, are summed."""
-        rows = self.ranks.rows(mask.shape[0], self.group_size)
-        if rows is not None:
-            mine = torch.zeros_like(mask)
-            mine[rows.to(mask.device)] = mask[rows.to(mask.device)]
-            mask = mine
-        tv, kl = dg.token_divergences(a, b, mask, self.chunk_tokens)
+        tv, kl = dg.token_divergences(a, b, self.own_rows(mask), self.chunk_tokens)
         if self.ranks.active:
             both = self.ranks.sum(torch.from_numpy(np.stack([tv, kl])).to(mask.device))
             tv, kl = both.cpu().double().numpy()
@@ -101,10 +105,5 @@ class Passes:
     def chain_tv(self, a: TokenDists, b: TokenDists, mask: torch.Tensor) -> float:
         """``llm.core.diagnostics.chain_tv_estimate`` over the whole batch: each rank sums over its own rows (where its
         hidden states are) and the sums are added up."""
-        sequences = mask.shape[0]
-        rows = self.ranks.rows(sequences, self.group_size)
-        if rows is not None:
-            mine = torch.zeros_like(mask)
-            mine[rows.to(mask.device)] = mask[rows.to(mask.device)]
-            mask = mine
-        return dg.chain_tv_estimate(self.ranks.sum_float(dg.chain_tv_sum(a, b, mask, self.chunk_tokens)), sequences)
+        total = dg.chain_tv_sum(a, b, self.own_rows(mask), self.chunk_tokens)
+        return dg.chain_tv_estimate(self.ranks.sum_float(total), mask.shape[0])

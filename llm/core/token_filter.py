@@ -89,15 +89,14 @@ def swap_in_targets(z: torch.Tensor, kept: torch.Tensor, targets: torch.Tensor) 
     out = torch.full_like(targets, -1)
     if bool(swap.any()):
         r = rows[swap]
-        tied = kept[r] & (z[r] == tau[r, None])
-        out[r] = tied.to(torch.uint8).argmax(dim=-1)
-        kept[r, out[r]] = False
-        kept[r, targets[r]] = True
+        out[r] = (kept[r] & (z[r] == tau[r, None])).to(torch.uint8).argmax(dim=-1)
+        apply_swaps(kept, targets, out)
     return in_set | swap, out
 
 
 def apply_swaps(kept: torch.Tensor, targets: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``swap_in_targets``' change again, from its returned columns (in place; returns ``kept``)."""
+    """``swap_in_targets``' change from its returned columns: each row's target kept and its column ``out`` not (in
+    place; returns ``kept``); the backward re-applies the forward's swaps with it."""
     r = torch.nonzero(out >= 0).squeeze(-1)
     if r.numel():
         kept[r, out[r]] = False

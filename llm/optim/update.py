@@ -110,7 +110,7 @@ def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, opti
     if objective.clip.correction.step_mask and logp_alpha is not None:
         logp_k = passes.logprobs(policy, batch).logp  # one pass more: pi_k on every micro-batch before the first loss
         token_keep = step_mask_torch(objective.clip.correction, logp_k - logp_alpha, adv.reshape(-1, 1).expand_as(
-            tokens), tokens, objective.clip.correction.threshold(objective.clip))
+            tokens), tokens, objective.clip.step_threshold)
     ranks, first, result = passes.ranks, [], Optimised(None, None, LossStats(), 0.0)
     for it in range(objective.num_iterations):
         optimizer.zero_grad(set_to_none=True)

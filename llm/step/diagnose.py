@@ -103,12 +103,13 @@ def heldout_estimates(passes: Passes, policy: torch.nn.Module, heldout: Heldout,
     cm = heldout.batch.completion_mask
     P, G = heldout.rewards.shape
     log_w = lambda logp: dg.sequence_log_ratio(logp, heldout.logp_alpha, cm, P, G)  # noqa: E731
-    est = dg.bound_estimates(heldout.rewards, log_w(heldout.logp_k), log_w(logp_new), eps, reward_range,
+    log_w_k = log_w(heldout.logp_k)
+    est = dg.bound_estimates(heldout.rewards, log_w_k, log_w(logp_new), eps, reward_range,
                              standard_errors=True, lcb_level=lcb_level, lcb_method=lcb_method, lcb_cap=lcb_cap)
     if heldout.dists_k is not None:
         tv, kl = passes.token_divergences(heldout.dists_k, passes.dists(policy, new.hidden), cm)
-        est.update(dg.trm_estimates(tv, kl, cm, heldout.logp_k, logp_new, log_w(heldout.logp_k), heldout.rewards,
-                                    horizon, reward_range))
+        est.update(dg.trm_estimates(tv, kl, cm, heldout.logp_k, logp_new, log_w_k, heldout.rewards, horizon,
+                                    reward_range))
     rewards = heldout.rewards.mean(axis=1)
     est["reward"], est["reward_se"] = mean_and_standard_error(rewards)
     return dg.prefixed("heldout", est)

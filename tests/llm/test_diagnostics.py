@@ -208,18 +208,13 @@ def test_the_trm_estimates_against_a_token_tree():
     pi = trm.TokenTree.from_logits([z + 0.3 * rng.standard_normal(z.shape) for z in base])
     reward = (rng.random(V ** T) < 0.4).astype(float)
     exact, div = trm.exact_surrogate_gain(pi, mu, reward), trm.exact_divergences(pi, mu)
-    tv_table = [0.5 * np.abs(p - q).sum(1) for p, q in zip(mu.levels, pi.levels)]
-    kl_table = [(p * np.log(p / q)).sum(1) for p, q in zip(mu.levels, pi.levels)]
     gains, seq_kls = [], []
     for _ in range(400):
         ys = trm.sample_sequences(mu, P * G, rng)
-        prefix = np.zeros(P * G, dtype=np.int64)
-        tv, kl = np.zeros((P * G, T)), np.zeros((P * G, T))
-        for t in range(T):
-            tv[:, t], kl[:, t] = tv_table[t][prefix], kl_table[t][prefix]
-            prefix = prefix * V + ys[:, t]
+        tv, kl = trm.sampled_divergences(pi, mu, ys)
         est = trm_estimates(tv, kl, torch.ones(P * G, T), torch.tensor(trm.token_logprobs(mu, ys)),
-                            torch.tensor(trm.token_logprobs(pi, ys)), np.zeros((P, G)), reward[prefix].reshape(P, G), T)
+                            torch.tensor(trm.token_logprobs(pi, ys)), np.zeros((P, G)),
+                            reward[trm.sequence_index(mu, ys)].reshape(P, G), T)
         assert est["tv/token_max"] <= div.eps + 1e-12 and est["kl/token_max"] <= div.delta + 1e-12
         assert est["bound_est/trm_lower"] == pytest.approx(
             est["bound_est/trm_surrogate"] - est["bound_est/trm_unified"])

@@ -278,7 +278,7 @@ def test_every_mode_on_one_token_rows_weighted_by_alpha_is_the_exact_tabular_obj
                 m2_threshold=0.04)
     weights = torch.tensor(alpha)[:, None]
     keep = step_mask_torch(REGISTRY[mode], col(pi_k) - col(alpha), torch.tensor(adv)[:, None], weights,
-                           REGISTRY[mode].threshold(spec))
+                           spec.step_threshold)
     loss, stats = grpo_loss(col(pi), col(pi_k), col(alpha), torch.tensor(adv), weights, clip=spec, token_keep=keep)
     want = corrected_surrogate(pi, pi_k, alpha, r, 1e-4, 0.2, mode, 1.5, extra.get("epsilon_high"),
                                extra.get("delta", 0.0), extra.get("cap_min", 0.0), m2_threshold=0.04)

@@ -250,8 +250,9 @@ def test_sampled_gradient_of_each_correction_is_the_gradient_of_its_batch_object
     ratio_k = pi_k[xs[kept, None], ys[kept]] / alpha[xs[kept, None], ys[kept]]
     every_k = pi_k[xs[:, None], ys] / alpha[xs[:, None], ys]
     mode = correction(kw["importance_sampling_mode"])
+    threshold = mode.threshold(cfg.m2_threshold, cfg.rollout_rs_threshold)
     m2 = None if not mode.step_mask else mode.keep(np.log(every_k).ravel(), np.broadcast_to(adv, every_k.shape).ravel(),
-                                                   None, mode.threshold(cfg)).reshape(every_k.shape)[kept]
+                                                   None, threshold).reshape(every_k.shape)[kept]
 
     def objective(th):
         pi = softmax(th)

@@ -18,6 +18,8 @@ from grpo_theory.trm import (
     leave_one_out_baseline,
     random_tree,
     sample_sequences,
+    sampled_divergences,
+    sequence_index,
     surrogate_gain_samples,
     token_logprobs,
     trm_bounds,
@@ -100,7 +102,7 @@ def test_the_sample_gain_is_unbiased():
     rng = np.random.default_rng(0)
     exact = exact_surrogate_gain(pi, mu, reward)
     ys = sample_sequences(mu, 80_000, rng)
-    index = (ys * mu.V ** np.arange(mu.T - 1, -1, -1)).sum(axis=1)
+    index = sequence_index(mu, ys)
     lp_new, lp_roll, r = token_logprobs(pi, ys), token_logprobs(mu, ys), reward[index]
     for baseline in (np.full(len(ys), 0.5), leave_one_out_baseline(r.reshape(-1, 8)).reshape(-1)):
         terms = surrogate_gain_samples(lp_new, lp_roll, r, baseline)
@@ -114,8 +116,20 @@ def test_the_sampler_draws_the_tree():
 
     pi, _, _ = _pair(5, 2, 3, 1.0, 0.1)
     ys = sample_sequences(pi, 40_000, np.random.default_rng(1))
-    counts = np.bincount((ys * 2 ** np.arange(2, -1, -1)).sum(axis=1), minlength=8)
+    counts = np.bincount(sequence_index(pi, ys), minlength=8)
     assert chisquare(counts, 40_000 * pi.sequence_probs()).pvalue > 1e-4
+
+
+def test_sampled_divergences_are_the_tables_at_each_prefix():
+    """``sampled_divergences`` reads each sequence's prefixes: at the first position every row has the root's TV and KL,
+    and every value is one of its position's table entries."""
+    pi, mu, _ = _pair(2, 3, 3, 1.0, 0.5)
+    ys = sample_sequences(mu, 50, np.random.default_rng(0))
+    tv, kl = sampled_divergences(pi, mu, ys)
+    root = exact_divergences(pi, TokenTree(mu.levels[:1]))
+    assert np.allclose(tv[:, 0], 0.5 * np.abs(mu.levels[0] - pi.levels[0]).sum()) and np.allclose(kl[:, 0], root.delta)
+    second = 0.5 * np.abs(mu.levels[1] - pi.levels[1]).sum(axis=1)
+    assert np.allclose(tv[:, 1], second[ys[:, 0]])
 
 
 def test_theorem_1_and_the_unified_bound_on_one_table():

@@ -17,8 +17,8 @@ import torch
 from runkit.cli import parse
 from runkit.validation import require
 
-from llm.models.tiny import (BUILTIN_DIR, WARMUP_BAND, WARMUP_TARGET, TinySpec, build_model, build_tokenizer,
-                             write_checksums)
+from llm.models.tiny import (AGENT_DIR, BUILTIN_DIR, WARMUP_BAND, WARMUP_TARGET, TinySpec, build_model,
+                             build_tokenizer, tiny_model_dir, write_checksums)
 from llm.sampling import TransformersSampler
 from llm.tasks import Task, arithmetic_task
 
@@ -103,6 +103,69 @@ def build_tiny_model(spec: TinySpec, dest: Path, log=print, replace: bool = True
     return dest
 
 
+#: The agent model's warm-up: AdamW steps of this many episodes at this rate, exact J read every this many steps.
+AGENT_WARMUP = {"batch": 64, "lr": 1e-3, "max_steps": 2000, "eval_every": 10, "seed": 0}
+
+
+def build_agent_model(dest: Path, log=print) -> Path:
+    """The built-in agent model: the built-in model (its weights, ``tiny_model_dir``) with the tool-call chat template
+    and response template of ``llm.agents.builtin`` in its tokenizer, warmed up on the accepted episodes of the
+    ``arithmetic_tools`` training prompts (labels on the policy's tokens only: the environment's are given) until
+    the exact J over the training prompts (temperature 1) reaches WARMUP_TARGET."""
+    from transformers import AutoModelForCausalLM
+
+    from llm.models.model import load_tokenizer
+
+    from llm.agents.builtin import BUILTIN_CHAT_TEMPLATE, BUILTIN_RESPONSE_TEMPLATE, arithmetic_tools_task
+    from llm.agents.setup import build_agent
+    from llm.config.agent import AgentConfig
+    from llm.evaluation.exact import mean_exact_j
+
+    w = AGENT_WARMUP
+    torch.manual_seed(w["seed"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir(), dtype=torch.float32)
+    tokenizer = load_tokenizer(str(tiny_model_dir()))
+    tokenizer.chat_template = BUILTIN_CHAT_TEMPLATE
+    tokenizer.response_template = BUILTIN_RESPONSE_TEMPLATE
+    task = arithmetic_tools_task()
+    bound = task.bind(tokenizer, agent=build_agent(AgentConfig(), task, tokenizer, log))
+    pad = tokenizer.pad_token_id
+    opt = torch.optim.AdamW(model.parameters(), lr=w["lr"])
+    rng = np.random.default_rng(w["seed"])
+    j = 0.0
+    for step in range(1, w["max_steps"] + 1):
+        model.train()
+        idx = task.sample(rng, w["batch"])
+        seqs = [(bound.prompt_ids[i], bound.accepted_ids[i][0], bound.accepted_masks[i][0]) for i in idx]
+        n = max(len(p) + len(c) for p, c, _ in seqs)
+        x = torch.tensor([p + c + [pad] * (n - len(p) - len(c)) for p, c, _ in seqs])
+        y = torch.tensor([[-100] * len(p) + [t if m else -100 for t, m in zip(c, mk)] + [-100] * (n - len(p) - len(c))
+                          for p, c, mk in seqs])
+        loss = model(input_ids=x, attention_mask=(x != pad).long(), labels=y).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % w["eval_every"] == 0:
+            model.eval()
+            j = mean_exact_j(model, bound, 1.0, pad)
+            log(f"  agent warm-up step {step}: loss {loss.item():.3f}, exact J {j:.1%}")
+            if j >= WARMUP_TARGET:
+                break
+    if not WARMUP_BAND[0] <= j <= WARMUP_BAND[1]:
+        raise RuntimeError(f"agent model warm-up ended at exact J {j:.1%}, outside {WARMUP_BAND}")
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in dest.iterdir():
+        f.unlink()
+    model.save_pretrained(dest, safe_serialization=True)
+    tokenizer.save_pretrained(dest)
+    (dest / "warmup.json").write_text(json.dumps({"from": "builtin_model", "warmup": w, "exact_j": j,
+                                                  "task": "arithmetic_tools"}, indent=1))
+    for f in dest.iterdir():
+        f.chmod(0o644)
+    log(f"agent model: exact J after warm-up {j:.1%}")
+    return dest
+
+
 @dataclass
 class BuildArgs:
     """Build the default tiny model (TinySpec()) with its checksums. The shipped one in llm/models/builtin_model/ was
@@ -113,6 +176,8 @@ class BuildArgs:
     """A directory for the new model (replaced if it exists)."""
     ship: bool = False
     """Rebuild llm/models/builtin_model/ itself instead."""
+    agent: bool = False
+    """Build the built-in agent model (llm/models/builtin_agent_model/ with --ship) from the built-in model."""
 
     def __post_init__(self):
         require(self, (self.out is None) == self.ship, "out", "give exactly one of --out DIR and --ship")
@@ -120,8 +185,11 @@ class BuildArgs:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(BuildArgs, argv, prog=PROG, description=BuildArgs.__doc__)
-    dest = BUILTIN_DIR if args.ship else args.out.resolve()
-    build_tiny_model(TinySpec(), dest)
+    dest = (AGENT_DIR if args.agent else BUILTIN_DIR) if args.ship else args.out.resolve()
+    if args.agent:
+        build_agent_model(dest)
+    else:
+        build_tiny_model(TinySpec(), dest)
     write_checksums(dest)
     print(dest)
     return 0

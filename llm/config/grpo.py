@@ -16,6 +16,7 @@ from typing import Annotated
 
 import tyro
 
+from llm.config.agent import AgentConfig
 from llm.config.algorithm import ObjectiveConfig, OptimConfig, SyncConfig
 from llm.config.fields import nearest_name, require, resumable
 from llm.config.machinery import MachineConfig, SamplingConfig
@@ -25,7 +26,8 @@ from llm.config.observation import DiagnosticsConfig, EvaluationConfig, OutputCo
 #: The groups, by the attribute that holds each; the command line shows their fields without a prefix.
 GROUPS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "sync": SyncConfig, "objective": ObjectiveConfig,
                            "optim": OptimConfig, "sampling": SamplingConfig, "machine": MachineConfig,
-                           "diagnostics": DiagnosticsConfig, "evaluation": EvaluationConfig, "output": OutputConfig}
+                           "diagnostics": DiagnosticsConfig, "evaluation": EvaluationConfig, "output": OutputConfig,
+                           "agent": AgentConfig}
 
 
 def _group(cls):
@@ -51,6 +53,7 @@ class GRPOConfig:
     diagnostics: Annotated[DiagnosticsConfig, tyro.conf.OmitArgPrefixes] = _group(DiagnosticsConfig)
     evaluation: Annotated[EvaluationConfig, tyro.conf.OmitArgPrefixes] = _group(EvaluationConfig)
     output: Annotated[OutputConfig, tyro.conf.OmitArgPrefixes] = _group(OutputConfig)
+    agent: Annotated[AgentConfig, tyro.conf.OmitArgPrefixes] = _group(AgentConfig)
 
     def __init__(self, **given):
         """Groups (``optim=OptimConfig(...)``), flat fields (``learning_rate=1e-5``) or both: a flat field replaces
@@ -122,6 +125,12 @@ class GRPOConfig:
         require(self, not (self.sampling.filter_groups and self.sync.async_generation), "filter_groups",
                 "draws more rounds from alpha during the step, while asynchronous generation's sampler already holds "
                 "the next window's weights; drop one of --filter-groups and --async-generation")
+        require(self, not (self.agent.environment_factory and self.data.dataset == "arithmetic_tools"),
+                "environment_factory", "the built-in task arithmetic_tools has its own tool and reward; give its tools "
+                "with --tools, or an environment with your own --dataset")
+        require(self, not (self.agent.chat_template_path and self.data.dataset == "arithmetic_tools"
+                           and not self.model.model_name_or_path), "chat_template_path",
+                "the built-in agent model knows its own template only; drop it or give --model-name-or-path")
         require(self, self.sync.sync_policy != "divergence" or self.diagnostics.heldout_prompts > 0, "sync_policy",
                 "divergence decides from the held-out TV estimate; add --heldout-prompts (e.g. 8)")
 

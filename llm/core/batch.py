@@ -58,8 +58,17 @@ class Batch:
     attention_mask: torch.Tensor  # (B, Lp + T)
     position_ids: torch.Tensor    # (B, Lp + T), counted from each sequence's first real token
     completion_ids: torch.Tensor  # (B, T)
-    completion_mask: torch.Tensor  # (B, T) float, 1 on generated tokens (EOS included)
+    completion_mask: torch.Tensor  # (B, T) float, 1 on the completion's tokens (EOS included), 0 on padding
     prompt_width: int
+    tool_mask: torch.Tensor | None = None
+    """(B, T) float, TRL's name: 1 on the policy's own tokens, 0 on an agent episode's environment tokens (a tool's
+    result and the chat template's glue around it, ``llm.agents``); None: every completion token is the policy's."""
+
+    @property
+    def policy_mask(self) -> torch.Tensor:
+        """1 on the tokens the policy drew: ``completion_mask`` times ``tool_mask``. The loss, the importance weights,
+        the TV distances and every bound term run over these tokens only (docs/theory.md, §8.8)."""
+        return self.completion_mask if self.tool_mask is None else self.completion_mask * self.tool_mask
 
     @property
     def size(self) -> int:
@@ -88,10 +97,14 @@ class Batch:
         t = max(1, int(self.completion_mask[rows].sum(dim=1).max()))
         cols = slice(left, lp + t)
         return Batch(self.input_ids[rows, cols], attn[:, cols], self.position_ids[rows, cols],
-                     self.completion_ids[rows, :t], self.completion_mask[rows, :t], lp - left)
+                     self.completion_ids[rows, :t], self.completion_mask[rows, :t], lp - left,
+                     None if self.tool_mask is None else self.tool_mask[rows, :t])
 
 
-def make_batch(prompt_ids: list[list[int]], completions: list[list[int]], pad: int, device) -> Batch:
+def make_batch(prompt_ids: list[list[int]], completions: list[list[int]], pad: int, device,
+               tool_masks: list[list[int]] | None = None) -> Batch:
+    """The batch of ``prompt_ids[j] + completions[j]``; ``tool_masks`` (an agent's episodes): 1 on the policy's
+    tokens and 0 on the environment's, one per completion token."""
     lp = max(map(len, prompt_ids))
     t = max(1, max(map(len, completions)))
     rows, masks, comp, cmask = [], [], [], []
@@ -102,8 +115,13 @@ def make_batch(prompt_ids: list[list[int]], completions: list[list[int]], pad: i
         cmask.append([1.0] * len(c) + [0.0] * (t - len(c)))
     attn = torch.tensor(masks, device=device)
     pos = (attn.cumsum(dim=1) - 1).clamp(min=0)
+    tool = None
+    if tool_masks is not None:
+        if any(len(m) != len(c) for m, c in zip(tool_masks, completions, strict=True)):
+            raise ValueError("tool_masks: one entry per completion token")
+        tool = torch.tensor([[float(x) for x in m] + [0.0] * (t - len(m)) for m in tool_masks], device=device)
     return Batch(torch.tensor(rows, device=device), attn, pos, torch.tensor(comp, device=device),
-                 torch.tensor(cmask, device=device), lp)
+                 torch.tensor(cmask, device=device), lp, tool)
 
 
 def padded(rows: list[list[float]], t: int, device) -> torch.Tensor:

@@ -106,6 +106,49 @@ def rollout_metrics(rewards: np.ndarray, zero_std: np.ndarray, completions: list
     }
 
 
+def tool_metrics(tool_mask: list[list[int]], calls: list[int], failures: list[int]) -> dict[str, float]:
+    """An agent's episodes: ``tools/call_frequency`` (calls per episode) and ``tools/failure_frequency`` (failed calls
+    per call; 0 without calls), TRL's names and definitions, the environment's share of the completion tokens and the
+    policy's turns per episode."""
+    n_calls = float(sum(calls))
+    tokens = sum(len(m) for m in tool_mask)
+    return {"tools/call_frequency": n_calls / max(len(calls), 1),
+            "tools/failure_frequency": float(sum(failures)) / n_calls if n_calls else 0.0,
+            "tools/env_token_frac": float(sum(len(m) - sum(m) for m in tool_mask)) / max(tokens, 1),
+            "tools/turns_mean": float(np.mean([len(turn_spans(m)) for m in tool_mask]))}
+
+
+def turn_spans(policy: list[int]) -> list[tuple[int, int]]:
+    """The policy's turns in an episode's mask (1: the policy's token): [start, stop) of each run of ones."""
+    spans, start = [], None
+    for t, m in enumerate(list(policy) + [0]):
+        if m and start is None:
+            start = t
+        elif not m and start is not None:
+            spans.append((start, t))
+            start = None
+    return spans
+
+
+@torch.no_grad()
+def episode_metrics(logp_k: torch.Tensor, logp_alpha: torch.Tensor, policy_mask: torch.Tensor) -> dict[str, float]:
+    """An agent's episodes, per episode and per turn: the log of pi_k/alpha over each episode's own tokens (the
+    sequence ratio the sequence-level modes and ``ess/pi_k_alpha`` use; it collapses on long episodes) and over each
+    turn's, ``episode/log_ratio_min|max``, ``episode/turn_log_ratio_min|max``, and the effective sample size of the
+    turns' ratios as a share of the turns, ``episode/turn_ess``: beside ``ess/pi_k_alpha``, it shows whether a
+    collapsed episode ratio is one turn's or every turn's."""
+    lw = ((logp_k - logp_alpha) * policy_mask).double().cpu().numpy()
+    masks = policy_mask.cpu().numpy()
+    episodes = lw.sum(axis=1)
+    turns = np.array([lw[b, a:c].sum() for b in range(len(lw)) for a, c in turn_spans(masks[b].astype(int).tolist())])
+    if not turns.size:
+        return {}
+    w = np.exp(turns - turns.max())
+    return {"episode/log_ratio_min": float(episodes.min()), "episode/log_ratio_max": float(episodes.max()),
+            "episode/turn_log_ratio_min": float(turns.min()), "episode/turn_log_ratio_max": float(turns.max()),
+            "episode/turn_ess": float(w.sum() ** 2 / (w ** 2).sum() / len(w))}
+
+
 #: Token log-weights are clamped to +-this before w - 1 - log w (the KL term's clamp, ``llm.core.loss.KL_LOG_MAX``).
 MISMATCH_LOG_MAX = 40.0
 

@@ -70,11 +70,18 @@ def evaluate(model, task: TokenizedTask, spec: EvalSpec, *, seed: int, pad: int,
         out.update({f"eval/pass@{k}_exact": float(exact_pass_at_k(j, k).mean()) for k in spec.pass_ks})
     sampler = sampler or TransformersSampler(model, task.eos, pad, copy=False, batch_size=batch_size)
     idx = list(range(len(prompts)))
+    rows = {}
+    if task.agent is not None:  # episodes, with each test prompt's row for its environment
+        from llm.agents.episodes import AgentSampler
+
+        sampler = sampler if isinstance(sampler, AgentSampler) else AgentSampler(sampler, task.agent)
+        rows = {"rows": task.task.rows(idx, test=True)}
     for name, n, greedy in (("accuracy_sampled", spec.generations, False), ("accuracy_greedy", 1, True)):
         roll = sampler.generate(prompts, n, spec.max_tokens, spec.temperature, seed, greedy=greedy,
-                                token_filter=spec.token_filter)
+                                token_filter=spec.token_filter, **rows)
         texts = task.tokenizer.batch_decode(roll.completion_ids, skip_special_tokens=True)
-        rewards = task.score([i for i in idx for _ in range(n)], texts, roll.completion_ids, test=True)
+        rewards = task.score_parts([i for i in idx for _ in range(n)], texts, roll.completion_ids, test=True,
+                                   env_rewards=roll.env_rewards)[0]
         out[f"eval/{name}"] = float(rewards.mean())
         if per_prompt is not None:
             per_prompt[name] = np.asarray(rewards, dtype=np.float64).reshape(len(prompts), n).mean(axis=1)

@@ -61,6 +61,32 @@ def quiet_transformers():
             hf_logging.enable_progress_bar()
 
 
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    """``path``'s tokenizer, as ``load_policy`` loads it (``saved_tokenizer_class``)."""
+    from transformers import AutoTokenizer
+
+    return saved_tokenizer_class(path, AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code))
+
+
+def saved_tokenizer_class(path: str, tokenizer):
+    """The tokenizer as saved: transformers 5 loads a directory whose tokenizer_config.json names its generic
+    ``TokenizersBackend`` (a tokenizer.json alone, as the built-in models' character tokenizer) with the class of
+    config.json's model type instead (Qwen2's byte-level pre-tokenizer for the built-in models), which drops
+    every space and newline of the character vocabulary; reload it with the generic class."""
+    import json
+    from pathlib import Path
+
+    from transformers import PreTrainedTokenizerFast
+
+    config = Path(path) / "tokenizer_config.json"
+    if not config.is_file():
+        return tokenizer
+    saved = json.loads(config.read_text()).get("tokenizer_class")
+    if saved in ("TokenizersBackend", "PreTrainedTokenizerFast") and type(tokenizer).__name__ != saved:
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    return tokenizer
+
+
 def load_policy(path: str, device: torch.device, trust_remote_code: bool = False, attn_implementation: str = "auto"):
     """The policy with float32 master weights and its tokenizer (a pad token is added if missing).
 
@@ -74,6 +100,7 @@ def load_policy(path: str, device: torch.device, trust_remote_code: bool = False
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise ValueError(f"model_name_or_path: cannot load a tokenizer from {path!r} ({_why(exc)})") from None
+    tokenizer = saved_tokenizer_class(path, tokenizer)
     if len(tokenizer) < 2 or not tokenizer("a 1").input_ids:  # transformers builds an empty one from no files
         raise ValueError(f"model_name_or_path: {path!r} holds no tokenizer (tokenizer.json, vocab or merges files)")
     try:

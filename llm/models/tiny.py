@@ -75,6 +75,9 @@ def cache_root() -> Path:
 
 #: The shipped built-in model (TinySpec() built by ``python -m llm.tiny``) and the file of its checksums.
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin_model"
+#: The shipped built-in agent model: the built-in model warmed up further on tool-calling episodes of
+#: ``--dataset arithmetic_tools`` (``python -m llm.tiny --agent``), its tokenizer holding the tool-call template.
+AGENT_DIR = Path(__file__).resolve().parent / "builtin_agent_model"
 CHECKSUMS = "SHA256SUMS"
 
 
@@ -113,6 +116,13 @@ def _checked_builtin() -> Path:
     """The shipped model's directory, its checksums verified (once per process)."""
     verify_checksums(BUILTIN_DIR)
     return BUILTIN_DIR
+
+
+@functools.cache
+def agent_model_dir() -> Path:
+    """Path of the built-in agent model (the default model of ``--dataset arithmetic_tools``), checksums verified."""
+    verify_checksums(AGENT_DIR)
+    return AGENT_DIR
 
 #: Tiny random models of the families users train with GRPO, for the sync tests: 2 layers, hidden 128, 2 heads of
 #: 64 (a head size vLLM's CPU attention supports), the built-in character tokenizer. What each one exercises

@@ -95,13 +95,13 @@ def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, opti
     if sequence_keep is not None:
         seq = seq * np.asarray(sequence_keep, dtype=np.float32)
     seq_mask = torch.tensor(seq, dtype=torch.float32, device=device)
-    weights = loss_weights(batch.completion_mask, objective.loss_type, objective.max_completion_length, seq_mask)
+    weights = loss_weights(batch.policy_mask, objective.loss_type, objective.max_completion_length, seq_mask)
     parts = batch.passes(passes.micro_batch, passes.by_length, passes.rows(batch))
     if loss_type(objective.loss_type).per_pass:  # bnpo: each pass's loss tokens are its own normaliser
-        weights = bnpo_weights(batch.completion_mask * seq_mask[:, None], parts, passes.ranks)
+        weights = bnpo_weights(batch.policy_mask * seq_mask[:, None], parts, passes.ranks)
     # every completion token but those truncation masking drops, zero-variance groups included: TRL's completion
     # mask, the tokens of its entropy bonus and entropy quantile, and M2PO's N tokens of the batch
-    tokens = batch.completion_mask * (1.0 if sequence_keep is None else torch.tensor(
+    tokens = batch.policy_mask * (1.0 if sequence_keep is None else torch.tensor(
         np.asarray(sequence_keep, dtype=np.float32), device=device)[:, None])
     per_pass = objective.entropy_coef and objective.top_entropy_quantile < 1.0  # TRL: a mean per pass, accumulated
     entropy = EntropyTerms(objective.top_entropy_quantile, objective.entropy_coef, tokens,
@@ -120,7 +120,7 @@ def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, opti
             result.pi_k = passes.whole_batch(Forward.assemble(batch, parts, first))
             if objective.keep_hidden:  # alpha's distributions None: alpha = pi_k (lag 0), whose chain TV is 0
                 result.chain_tv_k = 0.0 if alpha_dists is None else passes.chain_tv(
-                    passes.dists(policy, result.pi_k.hidden), alpha_dists, batch.completion_mask)
+                    passes.dists(policy, result.pi_k.hidden), alpha_dists, batch.policy_mask)
         result.stats = reduce_stats(ranks, stats)
         ranks.sum_grads(policy.parameters())  # the ranks' shares add up to the whole step's gradient
         if result.stats.tokens == 0:

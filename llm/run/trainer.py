@@ -28,11 +28,13 @@ from runkit.host_memory import keep_freed_memory, release_freed_memory
 from runkit.interrupt import GracefulStop
 
 from llm.config import GRPOConfig
+from llm.agents.setup import build_agent, read_chat_template
 from llm.core.batch import make_batch
 from llm.core.logprobs import check_head, check_packing
 from llm.core.passes import Passes
 from llm.models import pretrained
 from llm.models.distributed import SINGLE, Ranks, close_ranks, collective_failure, init_ranks
+from llm.models.tiny import agent_model_dir
 from llm.models.model import add_lora, compile_blocks, load_policy, resolve_device
 from llm.models.vml import resolve_vml_dispatch
 from llm.optim import Objective, Schedule
@@ -135,10 +137,12 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
                              "process) or --sampler transformers")
     data = config.data
     task = load_task(data.dataset, data.reward_fn, data.eval_dataset, data.reward_funcs, data.reward_weights,
-                     data.answer_check, GeneratorSpec.from_config(data), RewardContext.from_config(config))
+                     data.answer_check, GeneratorSpec.from_config(data), RewardContext.from_config(config),
+                     environment_reward=bool(config.agent.environment_factory))
     if not ranks.main:
         ranks.barrier()  # rank 0 builds the built-in model's files first
-    model_path = pretrained.resolve_model_path(config.model.model_name_or_path, log=log)
+    name = config.model.model_name_or_path or (str(agent_model_dir()) if task.tools else "")
+    model_path = pretrained.resolve_model_path(name, log=log)
     if ranks.main:
         ranks.barrier()
     policy, tokenizer = load_policy(model_path, device, config.model.trust_remote_code,
@@ -150,17 +154,22 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
         policy = add_lora(policy, config.model.lora_r, config.model.lora_alpha, config.model.lora_target_modules)
     if config.machine.compile:
         log(f"compile: {compile_blocks(policy)} decoder blocks compile at their first passes (minutes on a CPU)")
-    bound = task.bind(tokenizer, config.data.chat_template)  # prompt tokens once; indexed by prompt every step
+    agent = build_agent(config.agent, task, tokenizer, log)
+    if agent is None and config.agent.chat_template_path:
+        tokenizer.chat_template = read_chat_template(config.agent.chat_template_path)
+    bound = task.bind(tokenizer, config.data.chat_template, agent)  # prompt tokens once; indexed by prompt every step
     probe = make_batch(bound.prompt_ids[:2], [p[:3] for p in bound.prompt_ids[:2]], tokenizer.pad_token_id, device)
     check_head(policy, probe, config.sampling.temperature)  # the chunked log-probs know this output layer
     if config.machine.padding_free:  # the attention keeps packed sequences apart
         check_packing(policy, probe, config.sampling.temperature)
+    if agent is not None and config.sampling.filter_groups:
+        raise ValueError("filter_groups: dynamic sampling with tools is not supported yet; drop --filter-groups")
     if config.diagnostics.exact_j and bound.max_accepted_length > config.sampling.max_completion_length:
         raise ValueError(f"max_completion_length: the task's accepted completions need {bound.max_accepted_length} "
                          f"tokens, more than {config.sampling.max_completion_length}; raise it or pass --no-exact-j")
     longest = max(map(len, bound.prompt_ids + bound.test_prompt_ids))
     max_model_len(policy, config.sampling, longest)  # the longest prompt plus a whole completion fit the model's positions
-    weights = Weights.build(config, ranks, policy, tokenizer, model_path, bound.prompt_ids[:2], longest)
+    weights = Weights.build(config, ranks, policy, tokenizer, model_path, bound.prompt_ids[:2], longest, agent)
     return weights, bound, model_path
 
 

@@ -126,10 +126,10 @@ def probe_sync(sampler: Sampler, policy: torch.nn.Module, prompts: list[list[int
             unsynced = (completion_logprobs(policy, batch, temperature, precision, token_filter=token_filter).logp
                         if check.floor_factor else None)
         reported = padded(roll.logprobs, logp.shape[1], device)
-        gap = check.gap(reported, logp, batch.completion_mask)
+        gap = check.gap(reported, logp, batch.policy_mask)
     finally:
         sampler.load_weights(policy)
-    apart = check.gap(reported, unsynced, batch.completion_mask) if unsynced is not None else None
+    apart = check.gap(reported, unsynced, batch.policy_mask) if unsynced is not None else None
     if not (gap <= check.tolerance or (apart is not None and PROBE_SEPARATION * gap <= apart)):
         arch = architecture(policy)
         raise ValueError(f"sampler: weights synced into the {sampler.name} sampler do not reach its forward pass for "

@@ -9,7 +9,7 @@ recomputes, so the importance weights are exact; ``load_weights`` copies the tra
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 import torch
@@ -24,10 +24,34 @@ class Rollout:
     completion_ids: list[list[int]]
     """Token ids of each completion, ending with EOS when one was generated."""
     logprobs: list[list[float]] | None
-    """Sampler's log alpha of each completion token (None if the sampler does not report them)."""
+    """Sampler's log alpha of each completion token (None if the sampler does not report them; 0.0 on an agent
+    episode's environment tokens, which alpha did not draw)."""
+    tool_mask: list[list[int]] | None = None
+    """An agent's episodes (``llm.agents``): 1 on each completion token the policy drew, 0 on the environment's."""
+    tool_calls: list[int] | None = None
+    """An agent's episodes: the tool calls each one made."""
+    tool_failures: list[int] | None = None
+    """An agent's episodes: its calls that failed (raised, timed out, unknown tool, malformed, over the limit)."""
+    env_rewards: list[float] | None = None
+    """An agent's episodes with an environment (``--environment-factory``): each environment's ``reward`` after it."""
+
+    def select(self, rows) -> "Rollout":
+        """The completions at ``rows`` (indices, in that order)."""
+        rows = list(rows)
+        return Rollout(**{f.name: None if getattr(self, f.name) is None else [getattr(self, f.name)[j] for j in rows]
+                          for f in fields(self)})
 
     def slice(self, start: int, stop: int) -> "Rollout":
-        return Rollout(self.completion_ids[start:stop], None if self.logprobs is None else self.logprobs[start:stop])
+        return self.select(range(start, stop))
+
+    @staticmethod
+    def concat(parts: list["Rollout"]) -> "Rollout":
+        """The completions of ``parts`` one after the other (a field None in any part is None)."""
+        joined = {}
+        for f in fields(Rollout):
+            values = [getattr(p, f.name) for p in parts]
+            joined[f.name] = None if any(v is None for v in values) else [x for v in values for x in v]
+        return Rollout(**joined)
 
 
 class Sampler(Protocol):

@@ -25,7 +25,7 @@ def diagnose(batch: Batch, scored: Scored, groups: Groups, roll: Rollout, eos: i
              behaviour: Behaviour, optimised: Optimised, eps: float, reward_range: dg.RewardRange) -> dict[str, float]:
     """Metrics of the step on the training batch that need no further pass: rollout statistics, the loss's
     statistics, the unbiased pi_k quantities (TV(pi_k, alpha), weights, sigma) and the sync check."""
-    cm = batch.completion_mask
+    cm = batch.policy_mask
     P, G = scored.rewards.shape
     log_w_k = dg.sequence_log_ratio(optimised.pi_k.logp, log_alpha, cm, P, G)
     row = dg.rollout_metrics(scored.rewards, groups.zero_std, roll.completion_ids, eos)
@@ -35,6 +35,9 @@ def diagnose(batch: Batch, scored: Scored, groups: Groups, roll: Rollout, eos: i
     row.update(optimised.stats.metrics())
     row.update(dg.weight_metrics(optimised.pi_k.logp, log_alpha, cm))
     row.update(dg.group_metrics(scored.rewards, log_w_k, eps, reward_range))
+    if roll.tool_mask is not None:  # an agent's episodes (``llm.agents``)
+        row.update(dg.tool_metrics(roll.tool_mask, roll.tool_calls, roll.tool_failures))
+        row.update(dg.episode_metrics(optimised.pi_k.logp, log_alpha, cm))
     if optimised.chain_tv_k is not None:
         row["tv/pi_k_alpha_chain_ub_est"] = optimised.chain_tv_k
     if behaviour.from_sampler is not None and behaviour.recomputed is not None:
@@ -48,7 +51,7 @@ def insample_estimates(passes: Passes, policy: torch.nn.Module, batch: Batch, re
                        reward_range: dg.RewardRange) -> dict[str, float]:
     """``insample/*``: the estimates involving pi_{k+1} on the training batch it was fitted to (biased upwards;
     docs/theory.md, §8), from one more forward pass of the updated policy."""
-    cm = batch.completion_mask
+    cm = batch.policy_mask
     P, G = rewards.shape
     new = passes.logprobs(policy, batch, keep_hidden=alpha_dists is not None)
     est = dg.bound_estimates(rewards, dg.sequence_log_ratio(logp_k, log_alpha, cm, P, G),
@@ -100,7 +103,7 @@ def heldout_estimates(passes: Passes, policy: torch.nn.Module, heldout: Heldout,
     (``tv/token_*``, ``bound_est/trm_*``: ``llm.core.diagnostics.trm_estimates``)."""
     new = passes.logprobs(policy, heldout.batch, keep_hidden=heldout.dists_k is not None)
     logp_new = new.logp
-    cm = heldout.batch.completion_mask
+    cm = heldout.batch.policy_mask
     P, G = heldout.rewards.shape
     log_w = lambda logp: dg.sequence_log_ratio(logp, heldout.logp_alpha, cm, P, G)  # noqa: E731
     log_w_k = log_w(heldout.logp_k)

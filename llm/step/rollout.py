@@ -62,6 +62,10 @@ class RolloutWindow:
         tokens, seconds = sum(c[0] for c in calls), sum(c[1] for c in calls)
         return {"sampling/call_tokens": float(tokens), "time/sampler_tokens_per_s": tokens / max(seconds, 1e-9)}
 
+    def _rows(self, idx: list[int]) -> dict:
+        """An agent's sampler gets each prompt's data row (its environments' ``reset(**row)``)."""
+        return {"rows": self.task.rows(idx)} if getattr(self.sampler, "agent", None) is not None else {}
+
     def prompts_of(self, step: int) -> tuple[list[int], list[int]]:
         """Indices into the task's training prompts of the P training and the held-out prompts of ``step``,
         drawn from independent streams of ``(seed, step)``."""
@@ -89,7 +93,8 @@ class RolloutWindow:
         t0 = time.perf_counter()
         roll = self.sampler.generate([self.prompt_tokens[i] for i in idx], cfg.sampling.num_generations,
                                      cfg.sampling.max_completion_length, cfg.sampling.temperature,
-                                     step_seed(cfg.seed, step) + 7919 * round_, token_filter=cfg.sampling.token_filter)
+                                     step_seed(cfg.seed, step) + 7919 * round_, token_filter=cfg.sampling.token_filter,
+                                     **self._rows(idx))
         self._calls.append((sum(map(len, roll.completion_ids)), time.perf_counter() - t0))
         return StepRollout(idx, roll, [], Rollout([], []))
 
@@ -125,7 +130,8 @@ class RolloutWindow:
         t0 = time.perf_counter()
         sampling = cfg.sampling
         roll = self.sampler.generate([self.prompt_tokens[i] for i in idx], G, sampling.max_completion_length,
-                                     sampling.temperature, step_seed(cfg.seed, w0), token_filter=sampling.token_filter)
+                                     sampling.temperature, step_seed(cfg.seed, w0), token_filter=sampling.token_filter,
+                                     **self._rows(idx))
         self._calls.append((sum(map(len, roll.completion_ids)), time.perf_counter() - t0))
         ready, start = {}, 0
         for s in steps:

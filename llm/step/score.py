@@ -31,7 +31,8 @@ def score(task: TokenizedTask, prompt_idx: list[int], roll: Rollout, G: int, ran
 
     def on_rank0() -> Scored:
         texts = task.tokenizer.batch_decode(roll.completion_ids, skip_special_tokens=True)
-        rewards, parts = task.score_parts([i for i in prompt_idx for _ in range(G)], texts, roll.completion_ids)
+        rewards, parts = task.score_parts([i for i in prompt_idx for _ in range(G)], texts, roll.completion_ids,
+                                          env_rewards=roll.env_rewards)
         return Scored(rewards.reshape(len(prompt_idx), G), texts, parts)
 
     return ranks.from_main(on_rank0)
@@ -49,8 +50,7 @@ class VariedGroups:
     want: int
     G: int
     prompt_idx: list[int] = field(default_factory=list)
-    completion_ids: list[list[int]] = field(default_factory=list)
-    logprobs: list[list[float]] | None = field(default_factory=list)
+    rollouts: list[Rollout] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     rewards: list[np.ndarray] = field(default_factory=list)
     parts: dict[str, list[np.ndarray]] = field(default_factory=dict)
@@ -71,8 +71,7 @@ class VariedGroups:
                 continue
             cols = slice(g * G, (g + 1) * G)
             self.prompt_idx.append(i)
-            self.completion_ids += roll.completion_ids[cols]
-            self.logprobs = None if roll.logprobs is None or self.logprobs is None else self.logprobs + roll.logprobs[cols]
+            self.rollouts.append(roll.slice(cols.start, cols.stop))
             self.texts += scored.texts[cols]
             self.rewards.append(r)
             for name, values in scored.parts.items():
@@ -82,7 +81,7 @@ class VariedGroups:
         G = self.G
         rewards = np.array(self.rewards).reshape(-1, G)
         parts = {name: np.concatenate(v) for name, v in self.parts.items()}
-        return self.prompt_idx, Rollout(self.completion_ids, self.logprobs), Scored(rewards, self.texts, parts)
+        return self.prompt_idx, Rollout.concat(self.rollouts), Scored(rewards, self.texts, parts)
 
     def metrics(self) -> dict[str, float]:
         drawn, first = np.concatenate(self.drawn), self.drawn[0]
@@ -95,7 +94,7 @@ class VariedGroups:
 def group_batch(task: TokenizedTask, prompt_idx: list[int], roll: Rollout, G: int, device) -> Batch:
     """The batch of the P x G sequences: each prompt's tokens before each of its G completions."""
     return make_batch([task.prompt_ids[i] for i in prompt_idx for _ in range(G)], roll.completion_ids,
-                      task.tokenizer.pad_token_id, device)
+                      task.tokenizer.pad_token_id, device, roll.tool_mask)
 
 
 def reward_metrics(parts: dict[str, np.ndarray]) -> dict[str, float]:

@@ -41,7 +41,7 @@ class Weights:
 
     @classmethod
     def build(cls, config, ranks: Ranks, policy: torch.nn.Module, tokenizer, model_path: str,
-              probe_prompts: list[list[int]], longest_prompt: int) -> "Weights":
+              probe_prompts: list[list[int]], longest_prompt: int, agent=None) -> "Weights":
         """Start the sampler on rank 0 (alpha = the policy, proven to reach it for this architecture by
         ``probe_sync``), make the copies and the optimiser; under FSDP shard each copy as soon as it is made (one whole
         copy besides the policy at a time) and keep rank 0's whole copy in CPU memory."""
@@ -53,6 +53,10 @@ class Weights:
         elif sampler is not None and sampler.name == "server":  # a server's weights may be anyone's
             sampler.load_weights(policy)
         own = isinstance(sampler, TransformersSampler) and not config.sync.async_generation and not ranks.active
+        if sampler is not None and agent is not None:  # every completion an episode (``llm.agents``)
+            from llm.agents.episodes import AgentSampler
+
+            sampler = AgentSampler(sampler, agent)
         copy = (lambda: shard_blocks(frozen_copy(policy))) if ranks.fsdp else (lambda: frozen_copy(policy))
         alpha = sampler.model if own else copy()  # asynchronous: the sampler runs ahead of alpha
         alpha_next = copy() if config.sync.async_generation else None

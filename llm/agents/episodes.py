@@ -34,6 +34,7 @@ class Episode:
     rounds: int = 0  # tool-calling rounds so far
     done: bool = False
     reported: bool = True  # the sampler reported log alpha of every turn
+    messages: list[dict] = field(default_factory=list)  # the episode as messages (TRL's conversational completion)
 
     def add(self, ids, logprobs, policy: bool) -> None:
         self.ids += list(ids)
@@ -105,7 +106,7 @@ class AgentSampler:
         return Rollout([e.ids for e in episodes],
                        None if not all(e.reported for e in episodes) else [e.logprobs for e in episodes],
                        tool_mask=[e.mask for e in episodes], tool_calls=[e.calls for e in episodes],
-                       tool_failures=[e.failures for e in episodes],
+                       tool_failures=[e.failures for e in episodes], messages=[e.messages for e in episodes],
                        env_rewards=None if agent.environment_factory is None else [
                            _env_reward(e.env) for e in episodes])
 
@@ -122,9 +123,13 @@ def take_turn(agent: Agent, e: Episode, ids: list[int], logprobs, max_tokens: in
     environment's tokens), or mark the episode done (module docstring). Returns the tool messages."""
     e.add(ids, logprobs, policy=True)
     if not ids or ids[-1] != agent.template.eos:  # cut by the budget: the episode ends here
+        e.messages.append({"role": "assistant", "content": agent.template.tokenizer.decode(
+            list(ids), skip_special_tokens=True)})
         e.done = True
         return []
     parsed = agent.template.parse(ids)
+    e.messages.append({"role": "assistant", "content": parsed.content, **({"tool_calls": [
+        {"type": "function", "function": c} for c in parsed.calls]} if parsed.calls else {})})
     if parsed.malformed:
         e.failures += 1
         _note(events, first, "malformed call", parsed.malformed)
@@ -149,6 +154,7 @@ def take_turn(agent: Agent, e: Episode, ids: list[int], logprobs, max_tokens: in
             e.failures += 1
             _note(events, first, result.failure, result.detail or call["name"])
         messages.append({"role": "tool", "name": call["name"], "content": result.text})
+    e.messages += messages
     env_ids = agent.template.environment_ids(messages)
     if len(e.ids) + len(env_ids) >= max_tokens:  # no room left for a turn after the answer
         _note(events, first, "answers past the completion budget", f"{len(env_ids)} tokens")

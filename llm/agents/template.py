@@ -35,6 +35,7 @@ class Parsed:
 
     calls: list[dict]
     malformed: str = ""
+    content: str = ""
 
 
 class ToolTemplate:
@@ -122,11 +123,13 @@ class ToolTemplate:
             message = self.tokenizer.parse_response(list(turn_ids), self.response_template, prefix="",
                                                     tools=self.tools or None)
         except Exception as exc:  # a call the format cannot read: the turn is not a valid call
-            return Parsed([], f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+            return Parsed([], f"{type(exc).__name__}: {str(exc).splitlines()[0]}",
+                          self.tokenizer.decode(list(turn_ids), skip_special_tokens=True))
         calls = []
         for call in message.get("tool_calls") or []:
             fn = call.get("function") if isinstance(call, dict) else None
             if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
                 return Parsed([], f"a tool call without a name: {call!r}"[:200])
             calls.append({"name": fn["name"], "arguments": fn.get("arguments", {})})
-        return Parsed(calls)
+        content = message.get("content")
+        return Parsed(calls, content=content if isinstance(content, str) else "")

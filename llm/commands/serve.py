@@ -1,4 +1,4 @@
-"""Command line of the lagged inference server, ``python -m llm.serve [MODEL]``: parses ``ServeConfig``, then runs
+"""Command line of the lagged inference server, ``python -m llm.serve [--model MODEL]``: parses ``ServeConfig``, then runs
 vLLM's server until it is stopped (``llm.sampling.launch``)."""
 
 from __future__ import annotations

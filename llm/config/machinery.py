@@ -43,7 +43,7 @@ class SamplingConfig(ConfigGroup):
     that ends short trains on the groups it has."""
     sampler: Literal["auto", "vllm", "server", "transformers"] = "auto"
     """'vllm' (in-process engine), 'server' (vLLM's own server in another process, at server_url; start it with
-    ``python -m llm.serve MODEL``), 'transformers' (generate on a copy of the weights), 'auto': vllm if importable."""
+    ``python -m llm.serve --model MODEL``), 'transformers' (generate on a copy of the weights), 'auto': vllm if importable."""
     use_transformers_continuous_batching: bool = False
     """The transformers sampler generates through transformers' continuous batching (``generate_batch``: a paged KV
     cache sized to the call, requests scheduled as they finish, a group's prompt cached once) instead of

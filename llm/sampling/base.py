@@ -32,6 +32,9 @@ class Rollout:
     """An agent's episodes: the tool calls each one made."""
     tool_failures: list[int] | None = None
     """An agent's episodes: its calls that failed (raised, timed out, unknown tool, malformed, over the limit)."""
+    messages: list[list[dict]] | None = None
+    """An agent's episodes as messages: each turn of the policy as parsed (content, tool calls), each tool's answer.
+    Text rewards read the last turn's content; reward functions with TRL's signature get the whole list."""
     env_rewards: list[float] | None = None
     """An agent's episodes with an environment (``--environment-factory``): each environment's ``reward`` after it."""
 

@@ -1,4 +1,4 @@
-"""Start vLLM's own OpenAI-compatible server as the lagged inference server: ``python -m llm.serve [MODEL]``.
+"""Start vLLM's own OpenAI-compatible server as the lagged inference server: ``python -m llm.serve [--model MODEL]``.
 
 The trainer talks to it with ``python -m llm.train --sampler server --server-url URL`` (docs/theory.md, §7):
 generation over ``/v1/completions`` (token ids in, token ids and processed log-probs out), weight syncs

@@ -81,7 +81,7 @@ class ServerSampler:
         if not _same_model(served, model_path):
             names = ", ".join(sorted({m.get("root") or m.get("id") for m in served}))
             raise ServerError(f"sampler server: {self.url} serves {names}, but the trainer loads {model_path}; "
-                              "start the server with the trainer's model (python -m llm.serve MODEL)")
+                              "start the server with the trainer's model (python -m llm.serve --model MODEL)")
         self.served_name = served[0]["id"]
         limit = min(int(m.get("max_model_len") or 1 << 30) for m in served)
         if limit < max_model_len:
@@ -100,7 +100,7 @@ class ServerSampler:
                               "(server overloaded or hung; raise --server-timeout or restart it)") from None
         except requests.ConnectionError:
             raise ServerError(f"sampler server: cannot reach {self.url} ({path}): connection refused or lost; start "
-                              "it with python -m llm.serve MODEL (a run stopped by this resumes with the same "
+                              "it with python -m llm.serve --model MODEL (a run stopped by this resumes with the same "
                               "command)") from None
         if response.status_code != 200:
             raise ServerError(f"sampler server: {self.url}{path} answered HTTP {response.status_code}: "

@@ -189,6 +189,14 @@ class TokenizedTask:
         pools = (self.accepted_ids or []) + (self.test_accepted_ids or [])
         return max((len(ids) for acc in pools for ids in acc), default=0)
 
+    def texts(self, completion_ids: Sequence[Sequence[int]], messages: Sequence[list[dict]] | None = None) -> list[str]:
+        """The text a text reward reads of each completion: its decoded tokens, or for an agent's episode
+        (``messages``) the content of its last turn (the calls and the tools' answers before it are not the
+        answer)."""
+        if messages is None:
+            return self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        return [next((m["content"] for m in reversed(ms) if m["role"] == "assistant"), "") for ms in messages]
+
     def score(self, prompt_idx: Sequence[int], texts: Sequence[str], completion_ids: Sequence[Sequence[int]],
               test: bool = False) -> np.ndarray:
         """Rewards (float64) of completions of the given prompts (training pool, or test pool with ``test``).
@@ -198,10 +206,12 @@ class TokenizedTask:
         return self.score_parts(prompt_idx, texts, completion_ids, test)[0]
 
     def score_parts(self, prompt_idx: Sequence[int], texts: Sequence[str], completion_ids: Sequence[Sequence[int]],
-                    test: bool = False, env_rewards: Sequence[float] | None = None) \
+                    test: bool = False, env_rewards: Sequence[float] | None = None,
+                    messages: Sequence[list[dict]] | None = None) \
             -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """``score`` and, with reward functions, each function's values (nan where it returned None; an empty dict
-        for the other rewards); ``env_rewards``: an environment's reward of each episode (``Task.env_reward``)."""
+        for the other rewards); ``env_rewards``: an environment's reward of each episode (``Task.env_reward``);
+        ``messages``: an agent's episodes as messages, the completions reward functions get (TRL's)."""
         if self.task.env_reward:
             if env_rewards is None:
                 raise ValueError("dataset: the reward is the environment's, and these completions have none")
@@ -214,7 +224,8 @@ class TokenizedTask:
             t = self.task
             prompts, columns = (t.test_prompts, t.test_columns) if test else (t.prompts, t.columns)
             columns = ({"answer": answers} if answers else {}) | columns
-            completions = ([[{"role": "assistant", "content": c}] for c in texts] if self.conversational
+            completions = (list(messages) if messages is not None else
+                           [[{"role": "assistant", "content": c}] for c in texts] if self.conversational
                            else list(texts))
             return batch_rewards(t.reward_funcs, [prompts[i] for i in prompt_idx], completions,
                                  [list(c) for c in completion_ids], rows_of(columns, prompt_idx))

@@ -36,17 +36,18 @@ class ReadmeServer:
     """``python -m llm.serve --port P --extra-args '--max-num-seqs 64'``, the README's server command on the built-in
     model: llm.serve in front, vLLM's server and engine its children, everything they print in ``log``."""
 
-    def __init__(self, log: Path):
+    def __init__(self, log: Path, model: str = ""):
         from runkit.net import free_port
 
-        self.port, self.log, self.proc = free_port(), log, None
-        self.url, self.model_path = f"http://127.0.0.1:{self.port}", str(tiny_model_dir())
+        self.port, self.log, self.proc, self.model = free_port(), log, None, model
+        self.url, self.model_path = f"http://127.0.0.1:{self.port}", model or str(tiny_model_dir())
 
     def start(self) -> "ReadmeServer":
         seen = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "a") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "llm.serve", "--port", str(self.port), "--extra-args",
-                                          "--max-num-seqs 64"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+            self.proc = subprocess.Popen([sys.executable, "-m", "llm.serve", *(["--model", self.model] if self.model else []),
+                                          "--port", str(self.port), "--extra-args", "--max-num-seqs 64"],
+                                         stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
         deadline = time.monotonic() + 300
         while f"ready: {self.url}" not in self.log.read_text()[seen:]:
             assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()[-3000:]
@@ -313,3 +314,21 @@ def test_server_killed_mid_run_stops_with_a_clear_error_and_the_run_resumes(serv
     rows = read_metrics(train(cfg, log=lambda *a: None))
     assert [r["step"] for r in rows] == list(range(10))
     assert all(r["sampling/logp_diff_max"] <= 10 * SYNC_ATOL for r in rows if r["lag"] == 0)
+
+
+def test_agent_episodes_against_the_server(tmp_path):
+    """The built-in agent task against vLLM's server serving the built-in agent model, v = 2 for 4 steps: every turn
+    of an episode comes from the server, and right after each sync its log-probs equal the trainer's on the policy's
+    tokens."""
+    from llm.models.tiny import agent_model_dir
+
+    server = ReadmeServer(tmp_path / "agent_server.log", str(agent_model_dir())).start()
+    try:
+        rows = read_metrics(train(_config(tmp_path, server, "agent", dataset="arithmetic_tools",
+                                          max_completion_length=40, max_steps=4, sync_period=2, prompts_per_step=4),
+                                  log=lambda *a: None))
+    finally:
+        server.stop()
+    assert [r["lag"] for r in rows] == [0, 1, 0, 1]
+    assert all(r["sampling/logp_diff_max"] <= 10 * SYNC_ATOL for r in rows if r["lag"] == 0)
+    assert all(r["tools/call_frequency"] > 0 for r in rows)

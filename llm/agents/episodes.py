@@ -1,8 +1,10 @@
 """Multi-turn episodes over any sampler: ``AgentSampler`` (token in, token out).
 
 Each round, every unfinished episode's tokens so far (its prompt, its turns and the environment's tokens, as ids)
-go to the inner sampler's ``generate`` as the prompt of one more turn, which ends at EOS or at the episode's
-remaining budget; the turn's tokens and log alpha are appended as they came. A turn whose parse has tool calls gets
+go to the inner sampler's ``generate`` as the prompt of one more turn, in one call up to the largest remaining budget;
+each turn ends at EOS or is cut at its own episode's remaining budget (the tokens past it are dropped: a stopping rule
+that reads only the tokens before it, so the kept ones are alpha's draws as they are), and its tokens and log alpha
+are appended as they came. A turn whose parse has tool calls gets
 the tools' answers appended as the chat template renders them (``ToolTemplate.environment_ids``, mask 0, log-prob
 0), and the episode goes on; a turn without calls, a turn cut by the budget, a malformed call and a call past
 ``max_tool_calling_iterations`` end it. Because the sampler's weights do not change during a call to ``generate``
@@ -90,13 +92,10 @@ class AgentSampler:
             live = [e for e in episodes if not e.done]
             if not live:
                 break
-            by_budget: dict[int, list[Episode]] = {}
-            for e in live:  # one call per remaining budget: no episode can run past its own
-                by_budget.setdefault(max_tokens - len(e.ids), []).append(e)
-            for budget, group in sorted(by_budget.items()):
-                roll = self.inner.generate([e.prompt + e.ids for e in group], 1, budget, temperature,
-                                           seed + 7919 * turn + budget, greedy=greedy, token_filter=token_filter)
-                self._take(group, roll, max_tokens, events, first)
+            budget = max(max_tokens - len(e.ids) for e in live)  # each turn is then cut to its own episode's
+            roll = self.inner.generate([e.prompt + e.ids for e in live], 1, budget, temperature, seed + 7919 * turn,
+                                       greedy=greedy, token_filter=token_filter)
+            self._take(live, roll, max_tokens, events, first)
             turn += 1
         for kind, count in sorted(events.items()):
             if kind not in self.said:
@@ -113,8 +112,9 @@ class AgentSampler:
     def _take(self, episodes: list[Episode], roll: Rollout, max_tokens: int, events: Counter, first: dict) -> None:
         """Append each episode's new turn (``take_turn``)."""
         for j, e in enumerate(episodes):
-            take_turn(self.agent, e, roll.completion_ids[j], roll.logprobs[j] if roll.logprobs is not None else None,
-                      max_tokens, events, first)
+            room = max_tokens - len(e.ids)  # the tokens past an episode's budget are dropped: a stopping rule
+            take_turn(self.agent, e, roll.completion_ids[j][:room],
+                      roll.logprobs[j][:room] if roll.logprobs is not None else None, max_tokens, events, first)
 
 
 def take_turn(agent: Agent, e: Episode, ids: list[int], logprobs, max_tokens: int, events: Counter,

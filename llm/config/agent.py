@@ -8,6 +8,22 @@ import math
 from llm.config.fields import ConfigGroup, require, require_finite, resumable
 
 
+def import_path(obj, option: str) -> str:
+    """'module:qualname' of a function or class defined at a module's top level (one line otherwise): what a config
+    holds of TRL's ``tools=[f]`` and ``environment_factory=Env``, imported again where the run starts."""
+    import importlib
+
+    module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+    try:
+        found = getattr(importlib.import_module(module), name) if module and "." not in name else None
+    except (ImportError, AttributeError):
+        found = None
+    if found is not obj:
+        raise ValueError(f"{option}: {obj!r} is not defined at the top level of an importable module; define it in "
+                         "one (the run imports it again as 'module:name')")
+    return f"{module}:{name}"
+
+
 @dataclasses.dataclass
 class AgentConfig(ConfigGroup):
     """Tool-calling episodes: the policy's turns, the tools' answers between them (docs/agents.md)."""
@@ -40,6 +56,13 @@ class AgentConfig(ConfigGroup):
         return bool(self.tools or self.environment_factory)
 
     def __post_init__(self):
+        # TRL's trainer takes the functions and the class themselves: kept here by their import path (config.json)
+        if not isinstance(self.tools, tuple) or any(callable(t) for t in self.tools):
+            tools = self.tools if isinstance(self.tools, (list, tuple)) else (self.tools,)
+            object.__setattr__(self, "tools", tuple(import_path(t, "tools") if callable(t) else t for t in tools))
+        if callable(self.environment_factory):
+            object.__setattr__(self, "environment_factory",
+                               import_path(self.environment_factory, "environment_factory"))
         require_finite(self)
         require(self, self.max_tool_calling_iterations is None or self.max_tool_calling_iterations >= 1,
                 "max_tool_calling_iterations", "must be >= 1, or None for no limit")

@@ -84,6 +84,7 @@ class ServerSampler:
                               "start the server with the trainer's model (python -m llm.serve --model MODEL)")
         self.served_name = served[0]["id"]
         limit = min(int(m.get("max_model_len") or 1 << 30) for m in served)
+        self.max_model_len = limit  # a request asks for no more than fits (an agent's later turns ask for the most)
         if limit < max_model_len:
             raise ServerError(f"sampler server: {self.url} holds sequences of up to {limit} tokens, the run needs "
                               f"{max_model_len} (restart it with --max-model-len {max_model_len})")
@@ -170,6 +171,7 @@ class ServerSampler:
     def _complete(self, prompt: list[int], n: int, max_tokens: int, temperature: float, seed: int,
                   token_filter: TokenFilter = NO_FILTER) -> list[dict]:
         """One request: n completions of ``prompt`` (temperature 0: greedy)."""
+        max_tokens = max(1, min(max_tokens, self.max_model_len - len(prompt)))  # the server refuses more
         body = {"model": self.served_name, "prompt": prompt, "n": n, "max_tokens": max_tokens,
                 "temperature": temperature, "top_p": token_filter.top_p, "top_k": token_filter.top_k or -1,
                 "min_p": token_filter.min_p, "logprobs": 0, "seed": seed,

@@ -381,3 +381,20 @@ def test_an_environment_factory_rewards_and_supplies_the_tools(tmp_path):
                   model_name_or_path=str(agent_model_dir()), max_steps=2, sampler="transformers", prompts_per_step=4,
                   exact_j=False, eval_steps=0)
     assert all(r["tools/call_frequency"] > 0 and 0 <= r["reward"] <= 1 for r in rows) and rows[0]["reward"] > 0
+
+
+def test_trls_tools_and_environment_factory_given_as_objects_are_kept_by_import_path():
+    """TRL's GRPOTrainer takes the functions and the class themselves: from_trl and GRPOConfig take them too and keep
+    them by 'module:name' (config.json holds text); a lambda cannot be imported again and is refused in one line."""
+    from llm.config import from_trl
+    from tests.llm import agent_tools
+
+    config = from_trl(tools=[agent_tools.multiply], environment_factory=agent_tools.Calculator,
+                      max_tool_calling_iterations=3)
+    assert config.tools == ("tests.llm.agent_tools:multiply",)
+    assert config.environment_factory == "tests.llm.agent_tools:Calculator"
+    import json
+
+    assert json.loads(config.to_json())["tools"] == ["tests.llm.agent_tools:multiply"]
+    with pytest.raises(ValueError, match="tools: .* not defined at the top level"):
+        GRPOConfig(tools=[lambda a: a])

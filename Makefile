@@ -87,10 +87,11 @@ run-real: $(STAMP)
 
 # The same run with the divergence sync policy: sync when the held-out TV(pi_k, alpha) estimate exceeds 0.25.
 # SmolLM2-135M-Instruct as an agent with a calculator (docs/results.md): a tool-capable ChatML template, 3-digit by
-# 2-digit products, the reward on the last turn's number.
+# 2-digit products; reward: the last turn's number (1) plus a well-formed call that got an answer (0.5).
 REAL_AGENT_RUN := --dataset runs/agent_data/multiply.jsonl --eval-dataset runs/agent_data/multiply-test.jsonl \
 	--tools llm.agents.builtin:multiply --chat-template-path llm/agents/templates/chatml_tools.jinja \
-	--answer-check last_number --max-tool-calling-iterations 2 --temperature 0.7 --max-completion-length 96 \
+	--reward-funcs llm.agents.rewards:last_turn_answer llm.agents.rewards:called_tool --reward-weights 1 0.5 \
+	--max-tool-calling-iterations 2 --temperature 0.7 --max-completion-length 96 \
 	--prompts-per-step 8 --learning-rate 1e-5 --beta 0 --max-steps 40 --heldout-prompts 4 --eval-steps 10 \
 	--num-generations-eval 4
 run-agent-real: $(STAMP)

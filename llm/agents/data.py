@@ -3,7 +3,8 @@
 Rows in TRL's format: ``prompt`` ("What is 347 * 28? ...") and ``answer`` (the product). Three-digit by two-digit
 factors, so that a small model cannot multiply in its head and gains by calling ``multiply`` (``llm.agents.builtin``,
 ``--tools llm.agents.builtin:multiply``); the default reward (``--answer-check last_number``) reads the last turn of the
-episode only (``TokenizedTask.texts``), so the tool's answer alone scores nothing.
+episode only (``TokenizedTask.texts``), so the tool's answer alone scores nothing. The question shows the call's
+format, which SmolLM2-135M-Instruct does not produce unprompted (docs/results.md).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from runkit.cli import parse
 from runkit.validation import require
 
 PROG = "python -m llm.agents.data"
-QUESTION = "What is {a} * {b}? Use the multiply tool, then reply with the product only."
+QUESTION = ('What is {a} * {b}? Call the multiply tool by writing <tool_call>{{"name": "multiply", "arguments": '
+            '{{"a": {a}, "b": {b}}}}}</tool_call>, then reply with the product only.')
 
 
 def multiplication_rows(n: int, seed: int) -> list[dict]:

@@ -57,6 +57,10 @@ class Agent:
     max_tool_calling_iterations: int = 0  # 0: no limit but the budget
     log: object = print
 
+    def accepted_episodes(self, prompt_ids: list[list[int]], scripts) -> tuple[list, list]:
+        """``scripted_episodes`` of this agent (an agent task's accepted episodes, for ``TokenizedTask``)."""
+        return scripted_episodes(self, prompt_ids, scripts)
+
     def start(self, prompt: list[int], row: dict | None) -> Episode:
         if self.environment_factory is None:
             return Episode(list(prompt), self.tools)

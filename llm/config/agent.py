@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from llm.config.fields import ConfigGroup, require, require_finite, resumable
+from llm.config.fields import ConfigGroup, require, require_finite
 
 
 def import_path(obj, option: str) -> str:
@@ -40,7 +40,7 @@ class AgentConfig(ConfigGroup):
     """Tool-calling rounds an episode may make (TRL's name); a turn calling tools past it ends the episode and counts
     as failed calls. None: no limit but the completion budget (max_completion_length counts the policy's and the
     environment's tokens, as TRL's does)."""
-    tool_timeout: float = resumable(10.0)
+    tool_timeout: float = 10.0
     """Seconds a tool call may take; past it the call fails with an error the model reads as the tool's answer, and
     the episode goes on (the hung call is abandoned in its thread). 0: no limit."""
     max_tool_response_length: int = 256

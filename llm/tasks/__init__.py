@@ -143,14 +143,12 @@ class TokenizedTask:
         self.prompt_ids = self._encode(task.prompts)
         self.test_prompt_ids = self._encode(task.test_prompts)
         self.accepted_masks = self.test_accepted_masks = None  # an agent task's: 1 on the policy's tokens
-        if task.accepted_scripts:
-            from llm.agents.episodes import scripted_episodes
-
+        if task.accepted_scripts:  # built by the agent's own episode loop (``llm.agents.episodes.scripted_episodes``)
             if agent is None:
                 raise ValueError(f"dataset: {task.name} is an agent task; it needs its tools (llm.agents)")
-            self.accepted_ids, self.accepted_masks = scripted_episodes(agent, self.prompt_ids, task.accepted_scripts)
-            self.test_accepted_ids, self.test_accepted_masks = scripted_episodes(agent, self.test_prompt_ids,
-                                                                                 task.test_accepted_scripts)
+            self.accepted_ids, self.accepted_masks = agent.accepted_episodes(self.prompt_ids, task.accepted_scripts)
+            self.test_accepted_ids, self.test_accepted_masks = agent.accepted_episodes(self.test_prompt_ids,
+                                                                                       task.test_accepted_scripts)
         else:
             self.accepted_ids = self._accepted_ids(task.answers)
             self.test_accepted_ids = self._accepted_ids(task.test_answers)

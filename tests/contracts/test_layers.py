@@ -17,10 +17,11 @@ LAYERS = [
      "grpo_theory.certificate"],
     # llm/, its folders in the order of a step's data flow
     ["llm.config.fields", "llm.config.model", "llm.config.algorithm", "llm.config.machinery", "llm.config.observation",
-     "llm.config.grpo", "llm.config.trl", "llm.config", "llm.core.metrics", "llm.core.loss_types",
+     "llm.config.agent", "llm.config.grpo", "llm.config.trl", "llm.config", "llm.core.metrics", "llm.core.loss_types",
      "llm.core", "llm.models", "llm.step", "llm.run", "llm.commands"],  # settings and conventions, no torch
     ["llm.tasks.data", "llm.rewards.functions", "llm.rewards.overlong", "llm.rewards.model", "llm.rewards",
-     "llm.tasks.procedural", "llm.tasks.sources", "llm.tasks"],  # tasks/, rewards/: prompts and their rewards
+     "llm.tasks.procedural", "llm.agents.builtin", "llm.agents.rewards", "llm.tasks.sources", "llm.tasks"],  # tasks/, rewards/: prompts and
+    # their rewards (agents/builtin.py: the built-in agent task)
     ["llm.models.distributed", "llm.models.vml", "llm.models.model", "llm.models.tiny",
      "llm.models.pretrained"],  # models/: processes, models, where weights come from (built-in, GGUF, a directory)
     ["llm.core.token_filter", "llm.core.batch", "llm.core.logprobs", "llm.core.loss", "llm.core.diagnostics",
@@ -28,6 +29,8 @@ LAYERS = [
     ["llm.sampling.token_filter", "llm.sampling.base", "llm.sampling.vllm_settings", "llm.sampling.weight_transfer",
      "llm.sampling.hf_generate", "llm.sampling.hf_continuous", "llm.sampling.vllm_engine", "llm.sampling.server",
      "llm.sampling", "llm.sampling.launch"],  # sampling/: who holds alpha
+    ["llm.agents.tools", "llm.agents.template", "llm.agents.episodes", "llm.agents.setup",
+     "llm.agents"],  # agents/: episodes of turns and tool calls over any sampler
     ["llm.evaluation.exact", "llm.evaluation.passk", "llm.evaluation.test_set", "llm.evaluation"],  # evaluation/
     ["llm.optim.schedule", "llm.optim.update", "llm.optim"],  # optim/: the optimiser steps on the loss
     ["llm.step.clock", "llm.step.rollout", "llm.step.score", "llm.step.behaviour", "llm.step.diagnose",
@@ -38,7 +41,7 @@ LAYERS = [
     ["llm", "llm.analysis.report", "llm.analysis.ablation", "llm.analysis.warning", "llm.analysis"],  # analysis/
     ["llm.commands.train", "llm.commands.serve", "llm.commands.report", "llm.commands.ablation",
      "llm.commands.options", "llm.commands.tiny", "llm.commands.pretrained", "llm.train", "llm.serve", "llm.report",
-     "llm.ablation", "llm.options", "llm.tiny", "llm.pretrained"],  # commands/: parse, then call; llm/*.py: python -m
+     "llm.ablation", "llm.options", "llm.tiny", "llm.pretrained", "llm.agents.data"],  # commands/: parse, then call; llm/*.py: python -m
     ["llm.commands.console"],  # offpolicy-grpo: every command by name (imported by name, at dispatch)
 ]
 

@@ -398,3 +398,17 @@ def test_trls_tools_and_environment_factory_given_as_objects_are_kept_by_import_
     assert json.loads(config.to_json())["tools"] == ["tests.llm.agent_tools:multiply"]
     with pytest.raises(ValueError, match="tools: .* not defined at the top level"):
         GRPOConfig(tools=[lambda a: a])
+
+
+def test_the_agent_reward_functions_read_the_last_turn_and_the_tools_answers():
+    from llm.agents.rewards import called_tool, last_turn_answer
+
+    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "multiply"}}]}
+    good = [call, {"role": "tool", "name": "multiply", "content": "5535"}, {"role": "assistant", "content": "5535"}]
+    tool_only = [call, {"role": "tool", "name": "multiply", "content": "5535"}, {"role": "assistant", "content": "ok"}]
+    failed = [call, {"role": "tool", "name": "multiply", "content": '{"error": "ZeroDivisionError: x"}'},
+              {"role": "assistant", "content": "5535"}]
+    direct = [{"role": "assistant", "content": "It is 5535."}]
+    episodes = [good, tool_only, failed, direct]
+    assert last_turn_answer(None, episodes, ["5535"] * 4) == [1.0, 0.0, 1.0, 1.0]
+    assert called_tool(None, episodes) == [1.0, 1.0, 0.0, 0.0]

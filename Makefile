@@ -92,10 +92,10 @@ REAL_AGENT_RUN := --dataset runs/agent_data/multiply.jsonl --eval-dataset runs/a
 	--tools llm.agents.builtin:multiply --chat-template-path llm/agents/templates/chatml_tools.jinja \
 	--reward-funcs llm.agents.rewards:last_turn_answer llm.agents.rewards:called_tool --reward-weights 1 0.5 \
 	--max-tool-calling-iterations 2 --temperature 0.7 --max-completion-length 96 \
-	--prompts-per-step 8 --learning-rate 1e-5 --beta 0 --max-steps 40 --heldout-prompts 4 --eval-steps 10 \
+	--prompts-per-step 4 --learning-rate 1e-5 --beta 0 --max-steps 24 --heldout-prompts 4 --eval-steps 12 \
 	--num-generations-eval 4
 run-agent-real: $(STAMP)
-	$(PY) -m llm.agents.data --out runs/agent_data/multiply.jsonl
+	$(PY) -m llm.agents.data --out runs/agent_data/multiply.jsonl --test-size 32
 	$(PY) -m llm.train --model-name-or-path "$$($(PY) -m llm.pretrained smollm2)" $(REAL_AGENT_RUN) --sync-period 4 \
 		--seed $(SEED) --output-dir runs/real_smollm2_agent_seed$(SEED)
 	$(PY) -m llm.report runs/real_smollm2_agent_seed$(SEED)

@@ -104,8 +104,8 @@ class AgentSampler:
         for kind, count in sorted(events.items()):
             if kind not in self.said:
                 self.said.add(kind)
-                agent.log(f"tools: {count} {kind} (first: {first[kind]}); the episodes went on, each scored by its "
-                          "reward (further ones are counted in tools/failure_frequency, not logged)")
+                agent.log(f"tools: {count} {kind} (first: {first[kind]}); no run stopped, each episode scored by its "
+                          "reward (this kind is not logged again; failed calls count in tools/failure_frequency)")
         return Rollout([e.ids for e in episodes],
                        None if not all(e.reported for e in episodes) else [e.logprobs for e in episodes],
                        tool_mask=[e.mask for e in episodes], tool_calls=[e.calls for e in episodes],

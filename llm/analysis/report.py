@@ -25,7 +25,7 @@ COLUMNS = ["reward", "j/pi_new", "improvement", "heldout/improvement", "insample
            "heldout/bound_est/frac_lower_tight_positive_nonzero_std", "insample/bound_est/lower_tight",
            "heldout/tv/token_max", "heldout/tv/token_mean", "heldout/bound_est/trm_lower",
            "is_weight/max", "sampling/mismatch_kl", "is_correction/frac_above_cap", "kl", "kl/k3",
-           "sampling/logp_diff_max"]
+           "sampling/logp_diff_max", "tools/call_frequency", "tools/failure_frequency", "episode/turn_ess"]
 #: A held-out estimate is judged against the exact value in units of its standard error.
 SE_MULTIPLE = 3.0
 

@@ -341,6 +341,8 @@ def test_the_agent_task_learns_off_policy_with_the_sync_check_on_the_policys_tok
     assert all(r["tools/call_frequency"] > 0.3 for r in rows)
     synced = [r for r in rows if r["lag"] == 0]
     assert len(synced) == 6 and all(r["sampling/logp_diff_max"] < 1e-3 for r in synced)
+    # at lag 0 pi_k/alpha is 1 on every policy token (an environment token, whose log alpha is 0, would not be)
+    assert all(0.999 < r["is_weight/min"] <= r["is_weight/max"] < 1.001 for r in synced)
     lagged = [r for r in rows if r["lag"] > 0]
     assert all(r["episode/log_ratio_min"] <= r["episode/turn_log_ratio_max"] for r in lagged)
     assert all(0 < r["episode/turn_ess"] <= 1 and 0 < r["tools/env_token_frac"] < 0.5 for r in lagged)
@@ -355,6 +357,7 @@ def test_episodes_under_every_sampler(tmp_path, kw):
     rows = _train(tmp_path, "run", max_steps=4, sync_period=2, prompts_per_step=4, **kw)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert rows[0]["sampling/logp_diff_max"] < 1e-3
+    assert 0.999 < rows[0]["is_weight/min"] <= rows[0]["is_weight/max"] < 1.001
     assert all(r["tools/call_frequency"] > 0 and math.isfinite(r["j/pi_new"]) for r in rows)
 
 

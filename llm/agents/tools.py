@@ -112,7 +112,7 @@ class ToolRunner:
         out, error = self._run(tools[name], arguments)
         if error is not None:
             kind, detail = error
-            return CallResult(self._budget(json.dumps({"error": detail})), kind, f"{name}: {detail}")
+            return CallResult(json.dumps({"error": self._budget(detail)}), kind, f"{name}: {detail}")
         if isinstance(out, str):
             text, failure = out, None
         else:

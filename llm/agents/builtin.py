@@ -17,9 +17,7 @@ mod:multiply`` replaces the built-in tool in all three.
 
 from __future__ import annotations
 
-import numpy as np
-
-from llm.tasks import ARITH_A, ARITH_B, ARITH_TEST_FRACTION, Task
+from llm.tasks import Task, arithmetic_split
 
 #: The built-in model's chat template: a user's text as it is, an assistant turn as its text or its calls
 #: ``[name{json arguments}]``, then EOS, a tool's answer as ``=answer|``. No generation prompt, no tools section
@@ -73,13 +71,10 @@ def accepted_plans(a: int, b: int) -> tuple[tuple[tuple[tuple[str, dict], ...], 
 
 def arithmetic_tools_task() -> Task:
     """The built-in agent task (module docstring): the arithmetic task's split of the (a, b) pairs."""
-    pairs = [(a, b) for a in ARITH_A for b in ARITH_B]
-    order = np.random.default_rng(0).permutation(len(pairs))
-    n_test = round(ARITH_TEST_FRACTION * len(pairs))
-    test, train = sorted(order[:n_test]), sorted(order[n_test:])
-    prompts = lambda idx: tuple(tools_prompt(*pairs[i]) for i in idx)  # noqa: E731
-    answers = lambda idx: tuple(str(pairs[i][0] * pairs[i][1]) for i in idx)  # noqa: E731
-    plans = lambda idx: tuple(accepted_plans(*pairs[i]) for i in idx)  # noqa: E731
+    train, test = arithmetic_split()
+    prompts = lambda part: tuple(tools_prompt(a, b) for a, b in part)  # noqa: E731
+    answers = lambda part: tuple(str(a * b) for a, b in part)  # noqa: E731
+    plans = lambda part: tuple(accepted_plans(a, b) for a, b in part)  # noqa: E731
     return Task("arithmetic_tools", prompts(train), answers(train), test_prompts=prompts(test),
                 test_answers=answers(test), accepted_scripts=plans(train), test_accepted_scripts=plans(test),
                 tools=(multiply,))

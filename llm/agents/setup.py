@@ -12,10 +12,8 @@ from llm.agents.tools import ToolRunner, check_environment_factory, environment_
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
-def read_chat_template(path: str) -> str | None:
-    """The template text of ``--chat-template-path`` (None: the tokenizer's own)."""
-    if not path:
-        return None
+def read_chat_template(path: str) -> str:
+    """The template text of ``--chat-template-path``."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise ValueError(f"chat_template_path: no file at {path!r}")
@@ -25,7 +23,10 @@ def read_chat_template(path: str) -> str | None:
 def build_agent(agent_config, task, tokenizer, log=print) -> Agent | None:
     """The run's agent (None without tools, an environment or an agent task): the task's own tools, replaced by a
     user's of the same name, plus the user's others; the environment factory checked on one instance; the template
-    checked to express tool calls and their answers (``ToolTemplate``)."""
+    checked to express tool calls and their answers (``ToolTemplate``). ``--chat-template-path`` becomes the
+    tokenizer's template first (agent or not), so the prompts, the episodes and the saved model use the same one."""
+    if agent_config.chat_template_path:
+        tokenizer.chat_template = read_chat_template(agent_config.chat_template_path)
     own = {t.__name__: t for t in task.tools}
     user = {t.__name__: t for t in load_tools(agent_config.tools)}
     factory = None
@@ -38,8 +39,7 @@ def build_agent(agent_config, task, tokenizer, log=print) -> Agent | None:
         return None
     tools = {**own, **user}
     schemas = list(tools.values()) + (environment_tools(factory()) if factory is not None else [])
-    chat_template = read_chat_template(agent_config.chat_template_path)
-    template = ToolTemplate(tokenizer, schemas, chat_template)
+    template = ToolTemplate(tokenizer, schemas)
     runner = ToolRunner(agent_config.tool_timeout, agent_config.max_tool_response_length, tokenizer)
     if replaced := sorted(set(own) & set(user)):
         log(f"tools: {', '.join(replaced)} given with --tools replace the task's own")

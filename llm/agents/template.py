@@ -39,13 +39,12 @@ class Parsed:
 
 
 class ToolTemplate:
-    """The tool-call format of ``tokenizer``'s chat template (``chat_template``: a template to use instead)."""
+    """The tool-call format of ``tokenizer``'s chat template."""
 
-    def __init__(self, tokenizer, tools: list, chat_template: str | None = None):
+    def __init__(self, tokenizer, tools: list):
         self.tokenizer, self.tools = tokenizer, tools
-        self.chat_template = chat_template
         self.eos = tokenizer.eos_token_id
-        if not (chat_template or getattr(tokenizer, "chat_template", None)):
+        if not getattr(tokenizer, "chat_template", None):
             raise ValueError("tools: the model's tokenizer has no chat template, so tool calls have no format; pass a "
                              "template that renders them with --chat-template-path")
         rendered = self._render(self._probe_conversation(), tokenize=False)
@@ -62,8 +61,7 @@ class ToolTemplate:
 
     def _render(self, messages: list[dict], tokenize: bool, generation_prompt: bool = False):
         return self.tokenizer.apply_chat_template(messages, tools=self.tools or None, tokenize=tokenize,
-                                                  add_generation_prompt=generation_prompt,
-                                                  chat_template=self.chat_template, return_dict=False)
+                                                  add_generation_prompt=generation_prompt, return_dict=False)
 
     def _probe_conversation(self) -> list[dict]:
         return [{"role": "user", "content": "q"}, self.call_message([(_PROBE_TOOL, {"x": 1})]),

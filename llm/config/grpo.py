@@ -131,6 +131,8 @@ class GRPOConfig:
         require(self, not (self.agent.chat_template_path and self.data.dataset == "arithmetic_tools"
                            and not self.model.model_name_or_path), "chat_template_path",
                 "the built-in agent model knows its own template only; drop it or give --model-name-or-path")
+        require(self, not (self.sampling.filter_groups and (self.agent.enabled or self.data.dataset == "arithmetic_tools")),
+                "filter_groups", "dynamic sampling with tools is not supported yet; drop --filter-groups")
         require(self, self.sync.sync_policy != "divergence" or self.diagnostics.heldout_prompts > 0, "sync_policy",
                 "divergence decides from the held-out TV estimate; add --heldout-prompts (e.g. 8)")
 

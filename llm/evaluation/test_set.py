@@ -79,9 +79,7 @@ def evaluate(model, task: TokenizedTask, spec: EvalSpec, *, seed: int, pad: int,
     for name, n, greedy in (("accuracy_sampled", spec.generations, False), ("accuracy_greedy", 1, True)):
         roll = sampler.generate(prompts, n, spec.max_tokens, spec.temperature, seed, greedy=greedy,
                                 token_filter=spec.token_filter, **rows)
-        texts = task.texts(roll.completion_ids, roll.messages)
-        rewards = task.score_parts([i for i in idx for _ in range(n)], texts, roll.completion_ids, test=True,
-                                   env_rewards=roll.env_rewards, messages=roll.messages)[0]
+        texts, rewards, _ = task.score_rollout([i for i in idx for _ in range(n)], roll, test=True)
         out[f"eval/{name}"] = float(rewards.mean())
         if per_prompt is not None:
             per_prompt[name] = np.asarray(rewards, dtype=np.float64).reshape(len(prompts), n).mean(axis=1)

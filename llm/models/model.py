@@ -93,14 +93,13 @@ def load_policy(path: str, device: torch.device, trust_remote_code: bool = False
     ``path``: a local directory, or a hub name (``owner/name``) when no such directory exists. Code shipped with
     the model runs only with ``trust_remote_code``. ``attn_implementation``: transformers' attention kernel
     ("auto": transformers' own choice)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     check_model_path(path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        tokenizer = load_tokenizer(path, trust_remote_code)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise ValueError(f"model_name_or_path: cannot load a tokenizer from {path!r} ({_why(exc)})") from None
-    tokenizer = saved_tokenizer_class(path, tokenizer)
     if len(tokenizer) < 2 or not tokenizer("a 1").input_ids:  # transformers builds an empty one from no files
         raise ValueError(f"model_name_or_path: {path!r} holds no tokenizer (tokenizer.json, vocab or merges files)")
     try:

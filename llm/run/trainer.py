@@ -28,7 +28,7 @@ from runkit.host_memory import keep_freed_memory, release_freed_memory
 from runkit.interrupt import GracefulStop
 
 from llm.config import GRPOConfig
-from llm.agents.setup import build_agent, read_chat_template
+from llm.agents.setup import build_agent
 from llm.core.batch import make_batch
 from llm.core.logprobs import check_head, check_packing
 from llm.core.passes import Passes
@@ -154,16 +154,12 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
         policy = add_lora(policy, config.model.lora_r, config.model.lora_alpha, config.model.lora_target_modules)
     if config.machine.compile:
         log(f"compile: {compile_blocks(policy)} decoder blocks compile at their first passes (minutes on a CPU)")
-    agent = build_agent(config.agent, task, tokenizer, log)
-    if agent is None and config.agent.chat_template_path:
-        tokenizer.chat_template = read_chat_template(config.agent.chat_template_path)
+    agent = build_agent(config.agent, task, tokenizer, log)  # sets --chat-template-path's template, agent or not
     bound = task.bind(tokenizer, config.data.chat_template, agent)  # prompt tokens once; indexed by prompt every step
     probe = make_batch(bound.prompt_ids[:2], [p[:3] for p in bound.prompt_ids[:2]], tokenizer.pad_token_id, device)
     check_head(policy, probe, config.sampling.temperature)  # the chunked log-probs know this output layer
     if config.machine.padding_free:  # the attention keeps packed sequences apart
         check_packing(policy, probe, config.sampling.temperature)
-    if agent is not None and config.sampling.filter_groups:
-        raise ValueError("filter_groups: dynamic sampling with tools is not supported yet; drop --filter-groups")
     if config.diagnostics.exact_j and bound.max_accepted_length > config.sampling.max_completion_length:
         raise ValueError(f"max_completion_length: the task's accepted completions need {bound.max_accepted_length} "
                          f"tokens, more than {config.sampling.max_completion_length}; raise it or pass --no-exact-j")

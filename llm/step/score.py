@@ -30,9 +30,7 @@ def score(task: TokenizedTask, prompt_idx: list[int], roll: Rollout, G: int, ran
     """The rewards, scored on rank 0 (reward functions run once per completion), the result on every rank."""
 
     def on_rank0() -> Scored:
-        texts = task.texts(roll.completion_ids, roll.messages)
-        rewards, parts = task.score_parts([i for i in prompt_idx for _ in range(G)], texts, roll.completion_ids,
-                                          env_rewards=roll.env_rewards, messages=roll.messages)
+        texts, rewards, parts = task.score_rollout([i for i in prompt_idx for _ in range(G)], roll)
         return Scored(rewards.reshape(len(prompt_idx), G), texts, parts)
 
     return ranks.from_main(on_rank0)

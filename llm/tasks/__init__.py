@@ -195,6 +195,14 @@ class TokenizedTask:
             return self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         return [next((m["content"] for m in reversed(ms) if m["role"] == "assistant"), "") for ms in messages]
 
+    def score_rollout(self, prompt_idx: Sequence[int], roll, test: bool = False) \
+            -> tuple[list[str], np.ndarray, dict[str, np.ndarray]]:
+        """A rollout's texts (``texts``), rewards and reward parts (``score_parts``): its completions, an agent's
+        episodes with their messages and their environments' rewards included; ``prompt_idx`` per completion."""
+        texts = self.texts(roll.completion_ids, roll.messages)
+        rewards, parts = self.score_parts(prompt_idx, texts, roll.completion_ids, test, roll.env_rewards, roll.messages)
+        return texts, rewards, parts
+
     def score(self, prompt_idx: Sequence[int], texts: Sequence[str], completion_ids: Sequence[Sequence[int]],
               test: bool = False) -> np.ndarray:
         """Rewards (float64) of completions of the given prompts (training pool, or test pool with ``test``).
@@ -267,12 +275,18 @@ def exact_answer(answer: str) -> tuple[str, ...]:
     return (answer,)
 
 
-def arithmetic_task() -> Task:
+def arithmetic_split() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The built-in tasks' (a, b) pairs, training and test: a fixed random ARITH_TEST_FRACTION (seed 0) held out,
+    each part in the pairs' order (the arithmetic task's and the agent task's, ``llm.agents.builtin``)."""
     pairs = [(a, b) for a in ARITH_A for b in ARITH_B]
     order = np.random.default_rng(0).permutation(len(pairs))
     n_test = round(ARITH_TEST_FRACTION * len(pairs))
-    test, train = sorted(order[:n_test]), sorted(order[n_test:])
-    prompts = lambda idx: tuple(arithmetic_prompt(*pairs[i]) for i in idx)  # noqa: E731
-    answers = lambda idx: tuple(str(sum(pairs[i])) for i in idx)  # noqa: E731
+    return [pairs[i] for i in sorted(order[n_test:])], [pairs[i] for i in sorted(order[:n_test])]
+
+
+def arithmetic_task() -> Task:
+    train, test = arithmetic_split()
+    prompts = lambda part: tuple(arithmetic_prompt(a, b) for a, b in part)  # noqa: E731
+    answers = lambda part: tuple(str(a + b) for a, b in part)  # noqa: E731
     return Task("arithmetic", prompts(train), answers(train), accepted=exact_answer,
                 test_prompts=prompts(test), test_answers=answers(test))

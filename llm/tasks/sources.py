@@ -6,11 +6,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from llm.agents.builtin import arithmetic_tools_task
 from llm.rewards import ANSWER_CHECKS, RewardContext, check_answers, import_reward_fn
 from llm.rewards import reward_funcs as resolve_reward_funcs
 from llm.tasks import Task, arithmetic_task
 from llm.tasks.data import PromptData, load_prompt_data
 from llm.tasks.procedural import PREFIX, GeneratorSpec, reasoning_gym_task
+
+
+#: The built-in tasks, by their ``--dataset`` names.
+BUILTIN_TASKS = {"arithmetic": arithmetic_task, "arithmetic_tools": arithmetic_tools_task}
 
 
 def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "", reward_funcs: Sequence[str] = (),
@@ -23,16 +28,10 @@ def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "", reward_
     ``environment_reward`` (an ``--environment-factory`` with no other reward): the environment's ``reward``.
     ``arithmetic_tools``: the built-in agent task (``llm.agents.builtin``).
     """
-    if dataset == "arithmetic_tools":
-        from llm.agents.builtin import arithmetic_tools_task
-
-        dataset, make = "arithmetic", arithmetic_tools_task
-    else:
-        make = arithmetic_task
-    if dataset == "arithmetic" or dataset.startswith(PREFIX):
+    if dataset in BUILTIN_TASKS or dataset.startswith(PREFIX):
         if eval_dataset:
             raise ValueError(f"eval_dataset: the task {dataset} has its own test split; leave it empty")
-        task = (make() if dataset == "arithmetic"
+        task = (BUILTIN_TASKS[dataset]() if dataset in BUILTIN_TASKS
                 else reasoning_gym_task(dataset[len(PREFIX):], generator or GeneratorSpec()))
         if reward_fn:
             task = task.with_reward(import_reward_fn(reward_fn))

@@ -307,7 +307,9 @@ def test_bad_agent_options_are_one_line_each():
                                                              "max_tool_calling_iterations"),
                       (dict(tool_timeout=-1.0), "tool_timeout"), (dict(max_tool_response_length=-2),
                                                                   "max_tool_response_length"),
-                      (dict(environment_factory="x"), "environment_factory")):
+                      (dict(environment_factory="x"), "environment_factory"),
+                      (dict(dataset="arithmetic_tools", filter_groups=True), "filter_groups"),
+                      (dict(tools=("m:f",), filter_groups=True), "filter_groups")):
         with pytest.raises(ValueError, match=field):
             GRPOConfig(**kw)
     with pytest.raises(ValueError, match="tools: cannot import"):

@@ -44,8 +44,8 @@ class AgentConfig(ConfigGroup):
     """Seconds a tool call may take; past it the call fails with an error the model reads as the tool's answer, and
     the episode goes on (the hung call is abandoned in its thread). 0: no limit."""
     max_tool_response_length: int = 256
-    """Tokens of a tool's answer the model is shown; a longer answer is cut to this many, with ' [truncated]'.
-    0: no limit."""
+    """Tokens of a tool's answer the model is shown; a longer answer is cut to this many, with ' [truncated]'
+    (verl's name, where it counts characters). 0: no limit."""
     chat_template_path: str = ""
     """A Jinja chat template file to use instead of the tokenizer's own (TRL's and transformers' name), e.g. one
     that can express tool calls for a model whose template cannot (llm/agents/templates/chatml_tools.jinja for

@@ -39,7 +39,7 @@ BUILTIN_TOOL_CALL_OPEN = "["
 #: transformers' response template of that format (``tokenizer.parse_response``).
 BUILTIN_RESPONSE_TEMPLATE = {
     "defaults": {"role": "assistant"},
-    "start_anchor_pattern": r"\A",
+    "start_anchor_pattern": r"\Z",  # the end of the prefix: the format has no assistant header
     "fields": {
         "tool_calls": {"open_pattern": r"\[(?P<name>[A-Za-z_]\w*)", "close": "]", "repeats": True, "content": "json",
                        "transform": {"type": "function", "function": {"name": "{name}", "arguments": "{content}"}}},

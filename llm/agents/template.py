@@ -31,11 +31,20 @@ _PROBE_TOOL, _PROBE_ANSWER = "probe_tool_x", "probe-answer-7"
 
 @dataclass
 class Parsed:
-    """A turn as the template reads it: its tool calls ([]: a final answer) or why it could not be read."""
+    """A turn as TRL 1.16 reads it (``trl.chat_template_utils.parse_response``): the message (role, content and any
+    ``tool_calls``), its calls, and, when the parser could not read it, why (``malformed``: the turn is then a final
+    answer, its text decoded, as TRL takes it)."""
 
-    calls: list[dict]
+    message: dict
     malformed: str = ""
-    content: str = ""
+
+    @property
+    def calls(self) -> list[dict]:
+        return self.message.get("tool_calls") or []
+
+    @property
+    def content(self) -> str:
+        return self.message.get("content") or ""
 
 
 class ToolTemplate:
@@ -59,8 +68,9 @@ class ToolTemplate:
                              "chat template's tool-call format is not one this package knows; set "
                              "tokenizer.response_template in tokenizer_config.json")
 
-    def _render(self, messages: list[dict], tokenize: bool, generation_prompt: bool = False):
-        return self.tokenizer.apply_chat_template(messages, tools=self.tools or None, tokenize=tokenize,
+    def _render(self, messages: list[dict], tokenize: bool, generation_prompt: bool = False, tools=None):
+        tools = self.tools if tools is None else tools
+        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=tokenize,
                                                   add_generation_prompt=generation_prompt, return_dict=False)
 
     def _probe_conversation(self) -> list[dict]:
@@ -82,9 +92,10 @@ class ToolTemplate:
             return BUILTIN_RESPONSE_TEMPLATE
         return None
 
-    def prompt_ids(self, messages: list[dict]) -> list[int]:
-        """A conversation's tokens with the tools' schemas and the generation prompt."""
-        return list(self._render(messages, tokenize=True, generation_prompt=True))
+    def prompt_ids(self, messages: list[dict], tools=None) -> list[int]:
+        """A conversation's tokens with the tools' schemas (``tools``: a row's own; default: every tool) and the
+        generation prompt."""
+        return list(self._render(messages, tokenize=True, generation_prompt=True, tools=tools))
 
     def turn_ids(self, message: dict) -> list[int]:
         """The tokens of one assistant turn as the template writes it, EOS included (the built-in task's accepted
@@ -97,14 +108,15 @@ class ToolTemplate:
 
     def environment_ids(self, tool_messages: list[dict]) -> list[int]:
         """The tokens after a turn that ended with EOS and called tools: ``tool_messages`` (role 'tool') rendered by
-        the template, with its glue and the next turn's generation prompt."""
-        calls = [(m["name"], {}) for m in tool_messages]
-        convo = [{"role": "user", "content": "q"}, self.call_message(calls)]
-        before = list(self._render(convo, tokenize=True))
+        the template, with its glue and the next turn's generation prompt. As TRL 1.16 computes them: after a dummy
+        conversation whose assistant turn calls the first answer's tool, rendered without the tools' schemas, cut
+        at its last EOS."""
+        convo = [{"role": "user", "content": "dummy"}, self.call_message([(tool_messages[0]["name"], {})])]
+        before = list(self._render(convo, tokenize=True, tools=[]))
         eos_at = [i for i, t in enumerate(before) if t == self.eos]
         if eos_at:  # the template may write more after the turn's EOS (a newline): that is the environment's
             before = before[: eos_at[-1] + 1]
-        after = self._render(convo + tool_messages, tokenize=True, generation_prompt=True)
+        after = self._render(convo + tool_messages, tokenize=True, generation_prompt=True, tools=[])
         return self._after(before, after, "a tool's answer")
 
     def _after(self, before: list[int], after: list[int], what: str) -> list[int]:
@@ -115,19 +127,46 @@ class ToolTemplate:
                              "one another (--chat-template-path)")
         return after[len(before):]
 
-    def parse(self, turn_ids: list[int]) -> Parsed:
-        """The tool calls of one turn of the policy (its tokens, EOS included), by transformers' response parsing."""
+    def parse(self, turn_ids: list[int], prefix: list[int] | None = None, tools=None) -> Parsed:
+        """One turn of the policy (its tokens, EOS included) read as TRL 1.16 reads it: transformers' response
+        parsing with the tokens before it as ``prefix`` and the episode's tools; the content without a trailing EOS
+        text; a call without a name, or a turn the parser cannot read, makes the whole turn a final answer, its
+        tokens decoded."""
+        tools = self.tools if tools is None else tools
         try:
-            message = self.tokenizer.parse_response(list(turn_ids), self.response_template, prefix="",
-                                                    tools=self.tools or None)
-        except Exception as exc:  # a call the format cannot read: the turn is not a valid call
-            return Parsed([], f"{type(exc).__name__}: {str(exc).splitlines()[0]}",
-                          self.tokenizer.decode(list(turn_ids), skip_special_tokens=True))
-        calls = []
-        for call in message.get("tool_calls") or []:
-            fn = call.get("function") if isinstance(call, dict) else None
-            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-                return Parsed([], f"a tool call without a name: {call!r}"[:200])
-            calls.append({"name": fn["name"], "arguments": fn.get("arguments", {})})
-        content = message.get("content")
-        return Parsed(calls, content=content if isinstance(content, str) else "")
+            message = self.tokenizer.parse_response(list(turn_ids), self.response_template, prefix=list(prefix or []),
+                                                    tools=tools or None)
+            if message is None:
+                raise ValueError("parse_response returned None")
+            message = dict(message)
+            if isinstance(message.get("content"), str):
+                message["content"] = message["content"].removesuffix(self.tokenizer.eos_token)
+            if not message.get("content"):
+                message["content"] = ""
+            if "tool_calls" in message:
+                message["tool_calls"] = _checked_calls(message["tool_calls"])
+        except Exception as exc:  # noqa: BLE001 - a turn the format cannot read is the model's text, as TRL takes it
+            return Parsed({"role": "assistant", "content": self.tokenizer.decode(list(turn_ids),
+                                                                                 skip_special_tokens=True)},
+                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200])
+        return Parsed(message)
+
+
+def _checked_calls(calls) -> list[dict]:
+    """TRL 1.16's check of parsed calls (``_validate_tool_calls``): a list of dicts, each call's name a string,
+    missing arguments {}; anything else raises (the turn is then a final answer)."""
+    if calls is None:
+        return []
+    if not isinstance(calls, list):
+        raise ValueError("tool_calls must be a list or None.")
+    for i, call in enumerate(calls):
+        if not isinstance(call, dict):
+            raise ValueError(f"tool_calls[{i}] must be a dict.")
+        fn = call.get("function", call)
+        if not isinstance(fn, dict):
+            raise ValueError(f"tool_calls[{i}]['function'] must be a dict.")
+        if not isinstance(fn.get("name"), str):
+            raise ValueError(f"tool_calls[{i}] needs a name that is a string.")
+        if fn.get("arguments") is None:
+            fn["arguments"] = {}
+    return calls

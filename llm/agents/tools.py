@@ -1,34 +1,58 @@
-"""Tools and environments, TRL's interface (``GRPOTrainer(tools=..., environment_factory=...)``), and the calls.
+"""Tools, TRL's interface (``GRPOTrainer(tools=...)``): finding them, their schemas, and what the model reads of an
+answer.
 
-A tool is a plain Python function with type hints and a docstring whose ``Args:`` section describes each argument:
-transformers builds its JSON schema from them (``transformers.utils.get_json_schema``), the schema the chat template
-shows the model. An environment is a class whose ``reset(**row)`` starts an episode on a data row and whose public
-methods are its tools; after the episode its ``reward`` attribute, when it has one, is a reward source.
+A tool is a plain Python function (sync or async) with type hints and a docstring whose ``Args:`` section describes
+each argument: transformers builds its JSON schema from them (``transformers.utils.get_json_schema``), the schema the
+chat template shows the model. It is named by 'module:function' or given as the function itself (``llm.config.agent``
+keeps an object that cannot be imported by name for this process: ``object:...``).
 
-``ToolRunner.call`` never raises: a tool that raises, hangs past ``tool_timeout`` seconds, returns something that is
-not text, or returns more than ``max_tool_response_length`` tokens; an unknown tool; arguments the tool does not
-take: each gives the model an error text as the tool's answer (TRL's ``{"error": ...}``) and counts as a failure.
+What the model reads of an answer is what TRL 1.16 sends: a list (content blocks) as it is, anything else as
+``str(value)``; a call that raised, as ``str({"error": str(exception)})``. This package's extras: an answer longer
+than ``max_tool_response_length`` tokens is cut, with ' [truncated]' (cut by characters before it is tokenised, so a
+megabyte costs no more than its first few thousand characters), and a call that runs past ``tool_timeout`` answers
+``{'error': 'no answer within tool_timeout = 10 s'}``.
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
-import json
-import threading
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
-def import_object(spec: str, option: str):
-    """``package.module:name`` imported; ``ValueError`` naming ``option`` otherwise."""
+def import_object(spec, option: str):
+    """The object of ``spec``: 'package.module:name', an 'object:...' kept for this process (``llm.config.agent``),
+    or the object itself; ``ValueError`` naming ``option`` in one line otherwise (a module that does not compile is
+    named with its file and line)."""
+    from llm.config.agent import OBJECTS, OBJECT_PREFIX
+
+    if not isinstance(spec, str):
+        return spec
+    if spec.startswith(OBJECT_PREFIX):
+        if spec not in OBJECTS:
+            raise ValueError(f"{option}: {spec!r} was a Python object given to a config in another process; pass the "
+                             "object again (from Python), or name it as 'module:name'")
+        return OBJECTS[spec]
     module, _, attr = spec.partition(":")
     if not module or not attr:
         raise ValueError(f"{option}: expected 'module:name', got {spec!r}")
     try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
+        obj = importlib.import_module(module)
+    except SyntaxError as exc:
+        raise ValueError(f"{option}: {exc.filename}:{exc.lineno}: {exc.msg} (importing {module!r})") from None
+    except ImportError as exc:
         raise ValueError(f"{option}: cannot import {spec!r} ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - the user's module raised while it was imported
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        raise ValueError(f"{option}: importing {module!r} raised {type(exc).__name__}: {exc} ({frame.filename}:"
+                         f"{frame.lineno})") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"{option}: cannot import {spec!r} (module {module!r} has no {attr!r})") from None
+    return obj
 
 
 def tool_schema(fn: Callable, option: str = "tools") -> dict:
@@ -37,10 +61,12 @@ def tool_schema(fn: Callable, option: str = "tools") -> dict:
 
     try:
         return get_json_schema(fn)
-    except Exception as exc:  # transformers' DocstringParsingException, TypeHintParsingException
+    except Exception as exc:  # noqa: BLE001 - transformers' DocstringParsingException, TypeHintParsingException
         name = getattr(fn, "__name__", repr(fn))
+        hint = (" (if it is the episode's reward, name it get_reward: TRL 1.16 reads the reward from get_reward() and "
+                "offers every other public method as a tool)" if name == "reward" else "")
         raise ValueError(f"{option}: tool {name!r} has no schema transformers can build ({exc}); give it type hints "
-                         "and a docstring with an Args: section") from None
+                         f"and a docstring with an Args: section{hint}") from None
 
 
 def load_tools(specs, option: str = "tools") -> list[Callable]:
@@ -50,6 +76,8 @@ def load_tools(specs, option: str = "tools") -> list[Callable]:
         fn = import_object(spec, option)
         if not callable(fn):
             raise ValueError(f"{option}: {spec!r} is not callable")
+        if not getattr(fn, "__name__", None):
+            raise ValueError(f"{option}: {spec!r} has no __name__, which is the tool's name the model calls")
         tool_schema(fn, option)
         tools.append(fn)
     names = [t.__name__ for t in tools]
@@ -58,96 +86,43 @@ def load_tools(specs, option: str = "tools") -> list[Callable]:
     return tools
 
 
-def environment_tools(env) -> list[Callable]:
-    """An environment's tools: its public methods other than ``reset`` (bound to it)."""
-    return [getattr(env, n) for n in dir(env) if not n.startswith("_") and n != "reset"
-            and inspect.ismethod(getattr(env, n))]
+def answer_content(value):
+    """What the model reads of a tool's answer, as TRL 1.16 sends it: a list (content blocks) as it is, anything else
+    as ``str(value)``."""
+    return value if isinstance(value, list) else str(value)
 
 
-def check_environment_factory(factory, option: str = "environment_factory") -> list[str]:
-    """Make one environment now and check it: a ``reset`` and at least one tool with a schema. Returns its tools'
-    names."""
-    try:
-        env = factory()
-    except Exception as exc:
-        raise ValueError(f"{option}: {getattr(factory, '__name__', factory)!r}() raised {type(exc).__name__}: {exc}") \
-            from None
-    if not callable(getattr(env, "reset", None)):
-        raise ValueError(f"{option}: the environment has no reset(**row) method")
-    tools = environment_tools(env)
-    if not tools:
-        raise ValueError(f"{option}: the environment has no public methods, so no tools")
-    for t in tools:
-        tool_schema(t, option)
-    return [t.__name__ for t in tools]
-
-
-#: What a failed call is, by kind (``tools/failure_frequency`` counts them all; the log names each kind once).
-FAILURES = ("raised", "timed out", "not text", "unknown tool", "malformed call", "over the call limit")
+def error_content(message: str) -> str:
+    """A failed call's answer, as TRL 1.16 writes it: ``str({"error": message})``."""
+    return str({"error": message})
 
 
 @dataclass
-class CallResult:
-    text: str
-    failure: str | None = None  # one of FAILURES
-    detail: str = ""
+class AnswerBudget:
+    """Cuts a tool's text answer to ``max_tokens`` tokens of ``tokenizer`` (0: no limit), with ' [truncated]'. The
+    text is first cut to ``max_tokens`` x the longest token's characters: no more than that can be among the kept
+    tokens, so the cut is the same as tokenising the whole answer, at the cost of its first few thousand
+    characters."""
 
-
-@dataclass
-class ToolRunner:
-    """Calls tools with ``timeout`` seconds each (0: none) and answers of at most ``max_tokens`` tokens of
-    ``tokenizer`` (longer ones are cut, with a note; 0: no limit)."""
-
-    timeout: float
     max_tokens: int
     tokenizer: object
     truncated: int = field(default=0, init=False)
+    _token_chars: int = field(default=0, init=False)
 
-    def call(self, tools: dict[str, Callable], name: str, arguments) -> CallResult:
-        if name not in tools:
-            known = ", ".join(sorted(tools)) or "none"
-            return CallResult(json.dumps({"error": f"unknown tool {name!r} (tools: {known})"}), "unknown tool", name)
-        if not isinstance(arguments, dict):
-            return CallResult(json.dumps({"error": "arguments must be an object"}), "malformed call", name)
-        out, error = self._run(tools[name], arguments)
-        if error is not None:
-            kind, detail = error
-            return CallResult(json.dumps({"error": self._budget(detail)}), kind, f"{name}: {detail}")
-        if isinstance(out, str):
-            text, failure = out, None
-        else:
-            try:
-                text, failure = json.dumps(out), None
-            except (TypeError, ValueError):
-                text, failure = str(out), "not text"
-        return CallResult(self._budget(text), failure, f"{name} returned {type(out).__name__}" if failure else "")
+    @property
+    def token_chars(self) -> int:
+        """The most characters one token decodes to (a byte-level token's string has one character per byte)."""
+        if not self._token_chars:
+            vocab = self.tokenizer.get_vocab()
+            self._token_chars = max(8, max((len(t) for t in vocab), default=8))
+        return self._token_chars
 
-    def _run(self, fn: Callable, arguments: dict):
-        box: dict = {}
-
-        def target():
-            try:
-                box["out"] = fn(**arguments)
-            except BaseException as exc:  # noqa: BLE001  the tool's exception is its answer
-                box["err"] = f"{type(exc).__name__}: {exc}"
-
-        if not self.timeout:
-            target()
-        else:
-            worker = threading.Thread(target=target, daemon=True, name="tool-call")  # a hung tool is left behind
-            worker.start()
-            worker.join(self.timeout)
-            if worker.is_alive():
-                return None, ("timed out", f"no answer within tool_timeout = {self.timeout:g} s")
-        if "err" in box:
-            return None, ("raised", box["err"])
-        return box.get("out"), None
-
-    def _budget(self, text: str) -> str:
-        if not self.max_tokens:
-            return text
+    def __call__(self, content):
+        if not self.max_tokens or not isinstance(content, str):
+            return content
+        text = content[: self.max_tokens * self.token_chars + 1]
         ids = self.tokenizer(text, add_special_tokens=False).input_ids
-        if len(ids) <= self.max_tokens:
-            return text
+        if len(ids) <= self.max_tokens and len(text) == len(content):
+            return content
         self.truncated += 1
         return self.tokenizer.decode(ids[: self.max_tokens]) + " [truncated]"

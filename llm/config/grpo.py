@@ -23,6 +23,11 @@ from llm.config.machinery import MachineConfig, SamplingConfig
 from llm.config.model import DataConfig, ModelConfig
 from llm.config.observation import DiagnosticsConfig, EvaluationConfig, OutputConfig
 
+#: The completion budget of a task when ``max_completion_length`` is None: the built-in agent task's episodes need
+#: 34 tokens (a call, the tool's answer, the answer), every other task gets the built-in task's 6.
+TASK_COMPLETION_LENGTHS = {"arithmetic_tools": 40}
+DEFAULT_COMPLETION_LENGTH = 6
+
 #: The groups, by the attribute that holds each; the command line shows their fields without a prefix.
 GROUPS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "sync": SyncConfig, "objective": ObjectiveConfig,
                            "optim": OptimConfig, "sampling": SamplingConfig, "machine": MachineConfig,
@@ -78,6 +83,9 @@ class GRPOConfig:
             group = cls(**flat[name]) if base is None else dataclasses.replace(base, **flat[name])
             object.__setattr__(group, "_owner", self)  # its assignments are checked against the other groups too
             object.__setattr__(self, name, group)
+        if self.sampling.max_completion_length is None:  # the task's own budget
+            object.__setattr__(self.sampling, "max_completion_length",
+                               TASK_COMPLETION_LENGTHS.get(self.data.dataset, DEFAULT_COMPLETION_LENGTH))
         self._check_across_groups()
 
     def __getattr__(self, name: str):
@@ -128,6 +136,9 @@ class GRPOConfig:
         require(self, not (self.agent.environment_factory and self.data.dataset == "arithmetic_tools"),
                 "environment_factory", "the built-in task arithmetic_tools has its own tool and reward; give its tools "
                 "with --tools, or an environment with your own --dataset")
+        require(self, self.data.dataset != "none" or bool(self.agent.environment_factory), "dataset",
+                "'none' means the environment owns the data (its reset() returns each prompt); give "
+                "--environment-factory, or a data set")
         require(self, not (self.agent.chat_template_path and self.data.dataset == "arithmetic_tools"
                            and not self.model.model_name_or_path), "chat_template_path",
                 "the built-in agent model knows its own template only; drop it or give --model-name-or-path")

@@ -19,8 +19,9 @@ class SamplingConfig(ConfigGroup):
     """Prompts per step; each gets num_generations completions (TRL counts completions instead)."""
     num_generations: int = 8
     """G: completions sampled per prompt (a group)."""
-    max_completion_length: int = 6
-    """Largest number of generated tokens per completion."""
+    max_completion_length: int | None = None
+    """Largest number of tokens per completion (an agent's episode: the policy's and the environment's together).
+    None: the task's own, 40 for the built-in agent task arithmetic_tools, else 6 (the built-in task's)."""
     temperature: float = 1.0
     """Sampling temperature; log-probabilities on both sides are of softmax(logits / temperature)."""
     top_k: int = 0
@@ -75,7 +76,8 @@ class SamplingConfig(ConfigGroup):
         require(self, self.prompts_per_step >= 1, "prompts_per_step", "must be >= 1")
         require(self, self.num_generations >= 2, "num_generations", "a group needs G >= 2 completions")
         require(self, self.max_num_gen_batches >= 0, "max_num_gen_batches", "must be >= 0 (0: no bound)")
-        require(self, self.max_completion_length >= 1, "max_completion_length", "must be >= 1")
+        require(self, self.max_completion_length is None or self.max_completion_length >= 1, "max_completion_length",
+                "must be >= 1 (or None: the task's own)")
         require(self, self.top_k >= 0, "top_k", "must be >= 0 (0: off)")
         require(self, 0 < self.top_p <= 1, "top_p", "must lie in (0, 1] (1: off)")
         require(self, 0 <= self.min_p < 1, "min_p", "must lie in [0, 1) (0: off)")

@@ -43,7 +43,8 @@ class DataConfig(ConfigGroup):
     """The prompts, their test split and their rewards."""
 
     dataset: str = "arithmetic"
-    """'arithmetic' (built in, with its own train/test split), 'reasoning_gym:<name>' (a procedural generator of the
+    """'arithmetic' (built in, with its own train/test split), 'arithmetic_tools' (the built-in agent task), 'none'
+    (TRL's train_dataset=None: the --environment-factory's reset() returns every prompt), 'reasoning_gym:<name>' (a procedural generator of the
     reasoning-gym package, e.g. reasoning_gym:basic_arithmetic, scored by its own checker; options below), or data in TRL's format read with ``datasets``: a
     .json/.jsonl/.parquet/.csv file, a directory written by save_to_disk (its 'train' split), or 'hf:<name>'. Rows
     have a 'prompt' (a string, or a list of messages rendered with the chat template), an optional 'answer' (the
@@ -90,6 +91,8 @@ class DataConfig(ConfigGroup):
     tokenizer without a template is refused at start-up."""
 
     def __post_init__(self):
+        if self.dataset is None:  # TRL's train_dataset=None: the environment owns the data
+            object.__setattr__(self, "dataset", "none")
         require_finite(self)
         require(self, self.generator_train_size >= 1, "generator_train_size", "must be >= 1")
         require(self, self.generator_test_size >= 0, "generator_test_size", "must be >= 0")

@@ -106,14 +106,19 @@ def rollout_metrics(rewards: np.ndarray, zero_std: np.ndarray, completions: list
     }
 
 
-def tool_metrics(tool_mask: list[list[int]], calls: list[int], failures: list[int]) -> dict[str, float]:
+def tool_metrics(tool_mask: list[list[int]], calls: list[int], failures: list[int], malformed: list[int] | None = None,
+                 env_failed: list[bool] | None = None) -> dict[str, float]:
     """An agent's episodes: ``tools/call_frequency`` (calls per episode) and ``tools/failure_frequency`` (failed calls
-    per call; 0 without calls), TRL's names and definitions, the environment's share of the completion tokens and the
-    policy's turns per episode."""
-    n_calls = float(sum(calls))
+    per call, at most 1; 0 without calls), TRL 1.16's names and definitions; this package's: the turns the parser could
+    not read per episode (``tools/malformed_frequency``), the episodes whose environment failed
+    (``tools/env_failure_frequency``: scored 0), the environment's share of the completion tokens and the policy's
+    turns per episode."""
+    n_calls, n = float(sum(calls)), max(len(calls), 1)
     tokens = sum(len(m) for m in tool_mask)
-    return {"tools/call_frequency": n_calls / max(len(calls), 1),
+    return {"tools/call_frequency": n_calls / n,
             "tools/failure_frequency": float(sum(failures)) / n_calls if n_calls else 0.0,
+            "tools/malformed_frequency": float(sum(malformed or [])) / n,
+            "tools/env_failure_frequency": float(sum(env_failed or [])) / n,
             "tools/env_token_frac": float(sum(len(m) - sum(m) for m in tool_mask)) / max(tokens, 1),
             "tools/turns_mean": float(np.mean([len(turn_spans(m)) for m in tool_mask]))}
 

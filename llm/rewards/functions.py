@@ -53,7 +53,7 @@ def batch_rewards(funcs: Sequence[BatchReward], prompts: list, completions: list
     scores raises one line. The weighted sum may be any finite number: outside [0, 1] Theorem 1's terms use the
     reward range the run has seen (``llm.core.diagnostics.RewardRange``)."""
     n = len(completions)
-    total, scored, parts = np.zeros(n), np.zeros(n, dtype=bool), {}
+    total, parts = np.zeros(n), {}
     for f in funcs:
         try:
             values = f.fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
@@ -74,10 +74,19 @@ def batch_rewards(funcs: Sequence[BatchReward], prompts: list, completions: list
                 arr[j] = float(v)
         parts[f.name] = arr
         total += f.weight * np.nan_to_num(arr)
-        scored |= ~np.isnan(arr)
-    for j in np.flatnonzero(~scored)[:1]:
-        raise ValueError(f"reward_funcs: every function returned None for completion {shown(completions[j])}")
     return total, parts
+
+
+def require_scored(parts: dict[str, np.ndarray], completions: list, exempt=None) -> None:
+    """Refuse, in one line, a completion that no reward source scored (every one returned None), unless ``exempt``
+    (an episode whose environment failed: it scores 0 and is counted)."""
+    if not parts:
+        return
+    scored = np.any([~np.isnan(v) for v in parts.values()], axis=0)
+    if exempt is not None:
+        scored |= np.asarray(exempt, dtype=bool)
+    for j in np.flatnonzero(~scored)[:1]:
+        raise ValueError(f"reward_funcs: every reward source returned None for completion {shown(completions[j])}")
 
 
 def shown(completion) -> str:

@@ -156,7 +156,8 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
         log(f"compile: {compile_blocks(policy)} decoder blocks compile at their first passes (minutes on a CPU)")
     agent = build_agent(config.agent, task, tokenizer, log)  # sets --chat-template-path's template, agent or not
     bound = task.bind(tokenizer, config.data.chat_template, agent)  # prompt tokens once; indexed by prompt every step
-    probe = make_batch(bound.prompt_ids[:2], [p[:3] for p in bound.prompt_ids[:2]], tokenizer.pad_token_id, device)
+    probes = probe_prompts(bound, tokenizer)
+    probe = make_batch(probes, [p[:3] for p in probes], tokenizer.pad_token_id, device)
     check_head(policy, probe, config.sampling.temperature)  # the chunked log-probs know this output layer
     if config.machine.padding_free:  # the attention keeps packed sequences apart
         check_packing(policy, probe, config.sampling.temperature)
@@ -164,9 +165,20 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
         raise ValueError(f"max_completion_length: the task's accepted completions need {bound.max_accepted_length} "
                          f"tokens, more than {config.sampling.max_completion_length}; raise it or pass --no-exact-j")
     longest = max(map(len, bound.prompt_ids + bound.test_prompt_ids))
+    if task.name == "environment":  # --dataset none: reset() writes every prompt; room for one as long as a
+        budget = config.sampling.max_completion_length  # completion (64 at least), within the model's positions
+        positions = int(getattr(policy.config, "max_position_embeddings", 1 << 20))
+        longest = max(longest, min(positions - budget, max(64, budget)))
     max_model_len(policy, config.sampling, longest)  # the longest prompt plus a whole completion fit the model's positions
-    weights = Weights.build(config, ranks, policy, tokenizer, model_path, bound.prompt_ids[:2], longest, agent)
+    weights = Weights.build(config, ranks, policy, tokenizer, model_path, probes, longest, agent)
     return weights, bound, model_path
+
+
+def probe_prompts(bound: TokenizedTask, tokenizer) -> list[list[int]]:
+    """Two prompts for the start-up checks of the output layer and the sampler's sync: the first two prompts with
+    tokens, or EOS twice when every prompt is empty (``--dataset none``: the environment writes them)."""
+    found = [p for p in bound.prompt_ids if p][:2]
+    return found or [[tokenizer.eos_token_id] * 4] * 2
 
 
 def run_loop(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_path: str, ckpt: dict | None,
@@ -242,7 +254,8 @@ def start_run(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_p
     passes = Passes.from_config(config, ranks)
     exact = ExactJ(config.diagnostics.exact_j and ranks.joins_rank0, weights.policy, task, config.sampling.temperature,
                    task.tokenizer.pad_token_id, passes.precision, config.sampling.token_filter)
-    ranges = RangeTracker(bool(task.task.reward_funcs), output.kept_rows() if start else [], output.log)
+    ranges = RangeTracker(bool(task.task.reward_funcs) or task.task.env_reward, output.kept_rows() if start else [],
+                          output.log)
     rollouts = RolloutWindow(config, task.task, task.prompt_ids, weights.sampler, clock)
     initial = {k: np.asarray(v) for k, v in (ckpt or {}).get("eval_initial", {}).items()}
     return Run(config, weights, task, clock, passes, Objective.from_config(config), rollouts,

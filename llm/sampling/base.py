@@ -31,12 +31,23 @@ class Rollout:
     tool_calls: list[int] | None = None
     """An agent's episodes: the tool calls each one made."""
     tool_failures: list[int] | None = None
-    """An agent's episodes: its calls that failed (raised, timed out, unknown tool, malformed, over the limit)."""
+    """An agent's episodes: its calls that failed (raised, timed out, called a tool it does not have)."""
     messages: list[list[dict]] | None = None
     """An agent's episodes as messages: each turn of the policy as parsed (content, tool calls), each tool's answer.
     Text rewards read the last turn's content; reward functions with TRL's signature get the whole list."""
-    env_rewards: list[float] | None = None
-    """An agent's episodes with an environment (``--environment-factory``): each environment's ``reward`` after it."""
+    env_rewards: list[dict[str, float]] | None = None
+    """An agent's episodes with environments that score them (``get_reward``): each environment reward source's
+    value by its name (nan where it does not apply)."""
+    environments: list | None = None
+    """An agent's episodes with environments: each episode's environment (None where it failed), for reward
+    functions' ``environments=`` (TRL's)."""
+    prompt_ids: list[list[int]] | None = None
+    """Each completion's own prompt, where an environment's ``reset`` changed some (None: its prompt's tokens)."""
+    env_failed: list[bool] | None = None
+    """An agent's episodes: whether its environment failed (reset or get_reward raised, hung or returned something
+    else): the episode scores 0."""
+    malformed: list[int] | None = None
+    """An agent's episodes: the turns the parser could not read (each ended its episode as a final answer)."""
 
     def select(self, rows) -> "Rollout":
         """The completions at ``rows`` (indices, in that order)."""

@@ -36,7 +36,7 @@ def diagnose(batch: Batch, scored: Scored, groups: Groups, roll: Rollout, eos: i
     row.update(dg.weight_metrics(optimised.pi_k.logp, log_alpha, cm))
     row.update(dg.group_metrics(scored.rewards, log_w_k, eps, reward_range))
     if roll.tool_mask is not None:  # an agent's episodes (``llm.agents``)
-        row.update(dg.tool_metrics(roll.tool_mask, roll.tool_calls, roll.tool_failures))
+        row.update(dg.tool_metrics(roll.tool_mask, roll.tool_calls, roll.tool_failures, roll.malformed, roll.env_failed))
         row.update(dg.episode_metrics(optimised.pi_k.logp, log_alpha, cm))
     if optimised.chain_tv_k is not None:
         row["tv/pi_k_alpha_chain_ub_est"] = optimised.chain_tv_k

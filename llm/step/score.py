@@ -90,9 +90,10 @@ class VariedGroups:
 
 
 def group_batch(task: TokenizedTask, prompt_idx: list[int], roll: Rollout, G: int, device) -> Batch:
-    """The batch of the P x G sequences: each prompt's tokens before each of its G completions."""
-    return make_batch([task.prompt_ids[i] for i in prompt_idx for _ in range(G)], roll.completion_ids,
-                      task.tokenizer.pad_token_id, device, roll.tool_mask)
+    """The batch of the P x G sequences: each prompt's tokens before each of its G completions (an episode's own
+    prompt where its environment's ``reset`` added to it)."""
+    prompts = roll.prompt_ids or [task.prompt_ids[i] for i in prompt_idx for _ in range(G)]
+    return make_batch(prompts, roll.completion_ids, task.tokenizer.pad_token_id, device, roll.tool_mask)
 
 
 def reward_metrics(parts: dict[str, np.ndarray]) -> dict[str, float]:

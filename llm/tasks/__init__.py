@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from llm.rewards.functions import BatchReward, RewardFn, batch_rewards, text_reward
+from llm.rewards.functions import BatchReward, RewardFn, batch_rewards, require_scored, text_reward
 from llm.tasks.data import Prompt, rows_of
 
 
@@ -65,7 +65,8 @@ class Task:
     tools: tuple = ()
     """The task's own tools (an agent task's): a user's tool of the same name replaces one."""
     env_reward: bool = False
-    """The reward is the environment's ``reward`` after each episode (``--environment-factory``)."""
+    """Episodes run in environments (``--environment-factory``): their reward sources (``get_reward``, TRL's) are added
+    to the reward, weight 1 each; without reward functions they are the whole reward."""
 
     def __post_init__(self):
         if len(self.prompts) == 0:
@@ -75,12 +76,23 @@ class Task:
             if answers and len(answers) != len(prompts) or any(len(c) != len(prompts) for c in columns.values()):
                 raise ValueError("dataset: prompts and their answers or columns differ in number")
         kinds = (self.reward_fn is not None) + (self.row_reward is not None) + (self.accepted is not None)
-        if kinds + bool(self.reward_funcs) + bool(self.accepted_scripts) + self.env_reward != 1:
+        if kinds + bool(self.reward_funcs) + bool(self.accepted_scripts) != (0 if self.base_free else 1):
             raise ValueError("reward_fn: a task needs exactly one of a text reward, reward functions and an "
-                             "accepted-completions hook")
-        if not (self.reward_funcs or self.env_reward) and (not self.answers or (self.test_prompts and not self.test_answers)):
+                             "accepted-completions hook (none only when environments score it)")
+        if self.needs_answers and (not self.answers or (self.test_prompts and not self.test_answers)):
             raise ValueError(f"dataset: {self.name} has no 'answer' column, which the default reward and --reward-fn "
                              "compare completions with; score it with --reward-funcs (TRL's signature) instead")
+
+    @property
+    def base_free(self) -> bool:
+        """True when environments alone score the episodes (no reward of the task's own)."""
+        return self.env_reward and self.reward_fn is None and self.row_reward is None and self.accepted is None \
+            and not self.reward_funcs and not self.accepted_scripts
+
+    @property
+    def needs_answers(self) -> bool:
+        """True when the reward compares completions with the 'answer' column."""
+        return not (self.reward_funcs or self.base_free)
 
     @property
     def conversational(self) -> bool:
@@ -115,7 +127,7 @@ class Task:
                        accepted_scripts=(), test_accepted_scripts=(), env_reward=False)
 
     def with_env_reward(self) -> "Task":
-        """The same prompts scored by the environment's ``reward`` after each episode (no exact J any more)."""
+        """The same prompts scored by their environments' reward sources alone (no exact J any more)."""
         return replace(self, reward_fn=None, accepted=None, reward_funcs=(), row_reward=None, accepted_scripts=(),
                        test_accepted_scripts=(), env_reward=True)
 
@@ -159,9 +171,9 @@ class TokenizedTask:
         message, continuing that message, as TRL does). The template supplies any special tokens."""
         if not prompts:
             return []
-        if self.agent is not None:  # the template with the tools' schemas (and the generation prompt)
-            return [self.agent.template.prompt_ids([{"role": "user", "content": p}] if isinstance(p, str) else p)
-                    for p in prompts]
+        if self.agent is not None:  # the template with each row's tools' schemas (and the generation prompt)
+            rows = self.task.rows(range(len(prompts)), test=prompts is self.task.test_prompts)
+            return [self.agent.prompt_ids(p, row) for p, row in zip(prompts, rows)]
         if not self.chat_template and all(isinstance(p, str) for p in prompts):
             return self.tokenizer(list(prompts)).input_ids
         if not getattr(self.tokenizer, "chat_template", None):
@@ -198,9 +210,10 @@ class TokenizedTask:
     def score_rollout(self, prompt_idx: Sequence[int], roll, test: bool = False) \
             -> tuple[list[str], np.ndarray, dict[str, np.ndarray]]:
         """A rollout's texts (``texts``), rewards and reward parts (``score_parts``): its completions, an agent's
-        episodes with their messages and their environments' rewards included; ``prompt_idx`` per completion."""
+        episodes with their messages, their environments and their environments' rewards included; ``prompt_idx`` per
+        completion."""
         texts = self.texts(roll.completion_ids, roll.messages)
-        rewards, parts = self.score_parts(prompt_idx, texts, roll.completion_ids, test, roll.env_rewards, roll.messages)
+        rewards, parts = self.score_parts(prompt_idx, texts, roll.completion_ids, test, roll)
         return texts, rewards, parts
 
     def score(self, prompt_idx: Sequence[int], texts: Sequence[str], completion_ids: Sequence[Sequence[int]],
@@ -212,16 +225,29 @@ class TokenizedTask:
         return self.score_parts(prompt_idx, texts, completion_ids, test)[0]
 
     def score_parts(self, prompt_idx: Sequence[int], texts: Sequence[str], completion_ids: Sequence[Sequence[int]],
-                    test: bool = False, env_rewards: Sequence[float] | None = None,
-                    messages: Sequence[list[dict]] | None = None) \
-            -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """``score`` and, with reward functions, each function's values (nan where it returned None; an empty dict
-        for the other rewards); ``env_rewards``: an environment's reward of each episode (``Task.env_reward``);
-        ``messages``: an agent's episodes as messages, the completions reward functions get (TRL's)."""
-        if self.task.env_reward:
-            if env_rewards is None:
-                raise ValueError("dataset: the reward is the environment's, and these completions have none")
-            return np.array([text_reward(lambda c, a, r=r: r, "", "") for r in env_rewards], dtype=np.float64), {}
+                    test: bool = False, episodes=None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """``score`` and each reward source's values (nan where it returned None): the reward functions' and the
+        environments' (an empty dict for the other rewards). ``episodes``: an agent's rollout, whose messages are the
+        completions reward functions get (TRL's), whose environments they get as ``environments=``, and whose
+        environments' reward sources are added, weight 1 each (TRL's); an episode whose environment failed scores
+        0."""
+        rewards, parts = self._own_reward(prompt_idx, texts, completion_ids, test, episodes)
+        if episodes is not None and episodes.env_rewards is not None:
+            for source in episodes.env_rewards[0] if episodes.env_rewards else ():
+                values = np.array([r[source] for r in episodes.env_rewards], dtype=np.float64)
+                parts[source] = values
+                rewards = rewards + np.nan_to_num(values)
+        failed = episodes.env_failed if episodes is not None else None
+        if self.task.reward_funcs or self.task.base_free:
+            require_scored(parts, list(texts), failed)
+        if failed is not None:
+            rewards = np.where(np.asarray(failed, dtype=bool), 0.0, rewards)
+        return rewards, parts
+
+    def _own_reward(self, prompt_idx, texts, completion_ids, test, episodes) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The task's own reward (``score_parts``), zeros when environments alone score it."""
+        if self.task.base_free:
+            return np.zeros(len(completion_ids)), {}
         if self.task.accepted is not None or self.task.accepted_scripts:
             accepted = self.test_accepted_ids if test else self.accepted_ids
             return np.array([float(list(ids) in accepted[i]) for i, ids in zip(prompt_idx, completion_ids)]), {}
@@ -230,25 +256,20 @@ class TokenizedTask:
             t = self.task
             prompts, columns = (t.test_prompts, t.test_columns) if test else (t.prompts, t.columns)
             columns = ({"answer": answers} if answers else {}) | columns
+            messages = episodes.messages if episodes is not None else None
             completions = (list(messages) if messages is not None else
                            [[{"role": "assistant", "content": c}] for c in texts] if self.conversational
                            else list(texts))
+            extra = ({"environments": list(episodes.environments)}
+                     if episodes is not None and episodes.environments is not None else {})
             return batch_rewards(t.reward_funcs, [prompts[i] for i in prompt_idx], completions,
-                                 [list(c) for c in completion_ids], rows_of(columns, prompt_idx))
+                                 [list(c) for c in completion_ids], rows_of(columns, prompt_idx) | extra)
         if self.task.row_reward is not None:
             row_reward = self.task.row_reward
             return np.array([text_reward(lambda c, _a, i=i: row_reward(c, i, test), t, answers[i])
                              for i, t in zip(prompt_idx, texts)], dtype=np.float64), {}
         return np.array([text_reward(self.task.reward_fn, t, answers[i]) for i, t in zip(prompt_idx, texts)],
                         dtype=np.float64), {}
-
-
-
-
-
-
-
-
 
 
 # ----------------------------------------------------------------------------------------------

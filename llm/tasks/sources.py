@@ -4,6 +4,7 @@ formats) with its reward (the task's own, ``--reward-fn``, or ``--reward-funcs``
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from llm.agents.builtin import arithmetic_tools_task
@@ -13,6 +14,11 @@ from llm.tasks import Task, arithmetic_task
 from llm.tasks.data import PromptData, load_prompt_data
 from llm.tasks.procedural import PREFIX, GeneratorSpec, reasoning_gym_task
 
+
+#: ``--dataset none``: the environment owns the data (TRL's ``train_dataset=None`` with an ``environment_factory``):
+#: every episode's prompt is one empty user message to which its environment's ``reset`` appends the question.
+NO_DATASET = "none"
+OWNED_PROMPT = [{"role": "user", "content": ""}]
 
 #: The built-in tasks, by their ``--dataset`` names.
 BUILTIN_TASKS = {"arithmetic": arithmetic_task, "arithmetic_tools": arithmetic_tools_task}
@@ -25,7 +31,8 @@ def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "", reward_
     ``llm.tasks.procedural``, with ``generator``: a ``GeneratorSpec``), or data in TRL's format (``llm.tasks.data``: a file, a
     saved data set or ``hf:<name>``; GSM8K's rows are mapped onto it) with ``eval_dataset`` as its test split.
     ``reward_funcs`` (``llm.rewards.reward_funcs``, with ``reward_context``) replace the task's own reward;
-    ``environment_reward`` (an ``--environment-factory`` with no other reward): the environment's ``reward``.
+    ``environment_reward`` (an ``--environment-factory``): the environments' reward sources are added, and without
+    ``reward_funcs`` or ``reward_fn`` they are the whole reward (TRL's); ``none``: the environment owns the data.
     ``arithmetic_tools``: the built-in agent task (``llm.agents.builtin``).
     """
     if dataset in BUILTIN_TASKS or dataset.startswith(PREFIX):
@@ -37,10 +44,21 @@ def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "", reward_
             task = task.with_reward(import_reward_fn(reward_fn))
         if reward_funcs:
             task = task.with_reward_funcs(resolve_reward_funcs(reward_funcs, reward_weights, reward_context))
-        return task
+        return replace(task, env_reward=environment_reward)
+    if dataset == NO_DATASET:
+        if not environment_reward:
+            raise ValueError(f"dataset: {NO_DATASET!r} means the environment owns the data (its reset() returns each "
+                             "prompt); give --environment-factory, or a data set")
+        if eval_dataset:
+            raise ValueError(f"eval_dataset: with --dataset {NO_DATASET} the environment makes every prompt; there is "
+                             "no test split to read")
+        prompts = (OWNED_PROMPT,)
+        reward = ({"reward_funcs": tuple(resolve_reward_funcs(reward_funcs, reward_weights, reward_context))}
+                  if reward_funcs else {})
+        return Task("environment", prompts, (), env_reward=True, **reward)
     train = load_prompt_data(dataset, "train")
     test = load_prompt_data(eval_dataset, "test") if eval_dataset else PromptData(())
-    if environment_reward and not (reward_funcs or reward_fn):
+    if environment_reward and not (reward_funcs or reward_fn):  # TRL: the environments' get_reward alone
         name = dataset[3:] if dataset.startswith("hf:") else Path(dataset).name
         return Task(name, train.prompts, train.answers, test_prompts=test.prompts, test_answers=test.answers,
                     columns=train.columns, test_columns=test.columns, env_reward=True)
@@ -60,4 +78,4 @@ def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "", reward_
         reward = {"reward_fn": ANSWER_CHECKS[answer_check]}
     name = dataset[3:] if dataset.startswith("hf:") else Path(dataset).name
     return Task(name, train.prompts, train.answers, test_prompts=test.prompts, test_answers=test.answers,
-                columns=train.columns, test_columns=test.columns, **reward)
+                columns=train.columns, test_columns=test.columns, env_reward=environment_reward, **reward)

@@ -374,7 +374,7 @@ def test_checkpoints_load_without_running_code_from_the_file(tmp_path):
     ("wrong_length", None, r"wrong_length returned 1 values for 2 completions"),
     ("text", None, r"text returned 'high' for completion"),
     ("boom", None, r"boom raised KeyError: \"no column 'solution'\""),
-    ("only_even", [1.0], r"every function returned None for completion"),
+    ("only_even", [1.0], r"every reward source returned None for completion"),
 ])
 def test_misbehaving_reward_functions_are_one_line(reward_module, tokenizer, name, weights, match):
     task = load_task("arithmetic", reward_funcs=[f"{reward_module}:{name}"], reward_weights=weights or [])

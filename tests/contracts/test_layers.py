@@ -29,7 +29,8 @@ LAYERS = [
     ["llm.sampling.token_filter", "llm.sampling.base", "llm.sampling.vllm_settings", "llm.sampling.weight_transfer",
      "llm.sampling.hf_generate", "llm.sampling.hf_continuous", "llm.sampling.vllm_engine", "llm.sampling.server",
      "llm.sampling", "llm.sampling.launch"],  # sampling/: who holds alpha
-    ["llm.agents.tools", "llm.agents.template", "llm.agents.episodes", "llm.agents.setup",
+    ["llm.agents.tools", "llm.agents.workers", "llm.agents.environments", "llm.agents.template", "llm.agents.episodes",
+     "llm.agents.setup",
      "llm.agents"],  # agents/: episodes of turns and tool calls over any sampler
     ["llm.evaluation.exact", "llm.evaluation.passk", "llm.evaluation.test_set", "llm.evaluation"],  # evaluation/
     ["llm.optim.schedule", "llm.optim.update", "llm.optim"],  # optim/: the optimiser steps on the loss

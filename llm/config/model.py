@@ -7,6 +7,7 @@ import math
 from typing import Literal
 
 from llm.config.fields import ConfigGroup, require, require_finite, resumable
+from llm.config.objects import as_specs
 
 
 @dataclasses.dataclass
@@ -93,6 +94,11 @@ class DataConfig(ConfigGroup):
     def __post_init__(self):
         if self.dataset is None:  # TRL's train_dataset=None: the environment owns the data
             object.__setattr__(self, "dataset", "none")
+        # TRL's trainer takes the reward functions themselves: kept here by text (config.json)
+        if not (isinstance(self.reward_funcs, tuple) and all(isinstance(t, str) for t in self.reward_funcs)):
+            object.__setattr__(self, "reward_funcs", as_specs(self.reward_funcs, "reward_funcs"))
+        if callable(self.reward_fn):
+            object.__setattr__(self, "reward_fn", as_specs(self.reward_fn, "reward_fn")[0])
         require_finite(self)
         require(self, self.generator_train_size >= 1, "generator_train_size", "must be >= 1")
         require(self, self.generator_test_size >= 0, "generator_test_size", "must be >= 0")

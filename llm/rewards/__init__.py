@@ -47,11 +47,12 @@ def reward_function(spec: str, context: RewardContext):
         fn = RewardModel(spec, context.device, context.trust_remote_code)
         return fn.__name__, fn
     try:
-        return spec.partition(":")[2], import_reward_fn(spec)
+        fn = import_reward_fn(spec)
     except ValueError as exc:
         raise ValueError(str(exc).replace("reward_fn:", "reward_funcs:", 1).replace(
-            "expected 'module:function'", f"expected 'module:function', {OVERLONG} or a reward model's directory")) \
+            "expected 'module:name'", f"expected 'module:function', {OVERLONG} or a reward model's directory")) \
             from None
+    return getattr(fn, "__name__", None) or spec.rpartition(":")[2], fn  # TRL's name: the function's
 
 
 def reward_funcs(specs: Sequence[str], weights: Sequence[float], context: RewardContext = RewardContext()) \

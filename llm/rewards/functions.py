@@ -13,7 +13,6 @@ TRL's signature called once per batch (their weighted sum is the reward).
 
 from __future__ import annotations
 
-import importlib
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -163,15 +162,12 @@ def check_answers(answers: Sequence[str], source: str, answer_check: str) -> Non
                              "pass --reward-fn / --reward-funcs for such answers")
 
 
-def import_reward_fn(path: str) -> RewardFn:
-    """Import ``package.module:function``; the function maps (completion, answer) to a float in [0, 1]."""
-    if ":" not in path:
-        raise ValueError(f"reward_fn: expected 'module:function', got {path!r}")
-    module, _, attr = path.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"reward_fn: cannot import {path!r} ({exc})") from None
+def import_reward_fn(path) -> RewardFn:
+    """The function of ``package.module:function`` (or an 'object:...' kept for this process, or the function itself);
+    it maps (completion, answer) to a float in [0, 1]."""
+    from llm.config.objects import import_object
+
+    fn = import_object(path, "reward_fn")
     if not callable(fn):
         raise ValueError(f"reward_fn: {path!r} is not callable")
     return fn

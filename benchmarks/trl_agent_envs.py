@@ -1,0 +1,142 @@
+"""The environments, tools and reward functions of ``benchmarks/trl_agents.py``: each item of TRL 1.16's environment
+contract used at least once, written as a TRL user writes them. The built-in agent model calls ``multiply`` on a
+question ``a*b=`` (its format: ``[multiply{"a":3,"b":4}]<eos>=12|12<eos>``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+
+def _factors(text: str) -> tuple[int, int]:
+    a, _, b = text.strip().rstrip("=").partition("*")
+    return int(a), int(b)
+
+
+def _question(row: dict) -> str:
+    prompt = row["prompt"]
+    return prompt if isinstance(prompt, str) else prompt[-1]["content"]
+
+
+class Calculator:
+    """reset(**row) keeps the question; multiply is its tool; get_reward (sync) scores the call; a property that
+    raises is never evaluated."""
+
+    def reset(self, **row):
+        self.question = _question(row)
+        self.right = False
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first factor.
+            b: The second factor.
+        """
+        self.right = {a, b} == set(_factors(self.question))
+        return a * b
+
+    def get_reward(self):
+        return float(self.right)
+
+    @property
+    def state(self):
+        raise RuntimeError("never evaluated")
+
+
+class Picky(Calculator):
+    """A tool that raises on some inputs (a failed call) and a reset that adds an observation to the prompt."""
+
+    def reset(self, **row):
+        super().reset(**row)
+        return ""  # an observation: appended, changing nothing the model reads but the path taken
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers; refuses an odd first factor.
+
+        Args:
+            a: The first factor.
+            b: The second factor.
+        """
+        if a % 2:
+            raise ValueError(f"odd factor {a}")
+        return super().multiply(a, b)
+
+
+class AsyncCalculator(Calculator):
+    """An async tool and an async get_reward whose values leave [0, 1]."""
+
+    async def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first factor.
+            b: The second factor.
+        """
+        await asyncio.sleep(0)
+        return Calculator.multiply(self, a, b)
+
+    async def get_reward(self):
+        await asyncio.sleep(0)
+        return 3.0 * float(self.right) - 1.0
+
+
+class Adder:
+    """A second environment for a dict of factories: its tool is add (the model calls multiply: unknown tool)."""
+
+    def reset(self, **row):
+        self.added = False
+
+    def add(self, a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: The first term.
+            b: The second term.
+        """
+        self.added = True
+        return a + b
+
+    def get_reward(self):
+        return float(self.added)
+
+
+class OwnsTheData(Calculator):
+    """No dataset: reset returns the question, appended to an empty user message."""
+
+    QUESTION = "6*7="
+
+    def reset(self, **row):
+        self.question, self.right = self.QUESTION, False
+        return self.QUESTION
+
+
+class Unscored(Calculator):
+    """No get_reward: scored by reward functions only."""
+
+    get_reward = None
+
+
+def env_reward(prompts, completions, environments, **kwargs):
+    """A reward function over TRL's ``environments=``: 0.25 iff the environment saw the right call (None for an
+    environment it does not know)."""
+    return [0.25 * float(e.right) if hasattr(e, "right") else None for e in environments]
+
+
+def answer_reward(prompts, completions, **kwargs):
+    """1 iff the last assistant turn's text is the product of the question's factors (the episode as messages)."""
+    out = []
+    for prompt, messages in zip(prompts, completions):
+        a, b = _factors(prompt[-1]["content"] if not isinstance(prompt, str) else prompt)
+        last = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), "")
+        out.append(float(last.strip() == str(a * b)))
+    return out
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers (a standalone tool).
+
+    Args:
+        a: The first factor.
+        b: The second factor.
+    """
+    return a * b

@@ -34,7 +34,7 @@ run: $(STAMP)
 	$(PY) -m llm.train --sync-period 4 $(LLM_RUN) --output-dir runs/arithmetic_v4
 
 # The built-in agent task (docs/agents.md): the built-in agent model calls multiply, then answers; exact J at v = 4.
-AGENT_RUN := --dataset arithmetic_tools --max-completion-length 40 --learning-rate 2e-4 --heldout-prompts 32 \
+AGENT_RUN := --dataset arithmetic_tools --learning-rate 2e-4 --heldout-prompts 32 \
 	--eval-steps 25
 run-agent: $(STAMP)
 	$(PY) -m llm.train --sync-period 4 $(AGENT_RUN) --output-dir runs/arithmetic_tools_v4

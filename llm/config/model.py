@@ -16,7 +16,9 @@ class ModelConfig(ConfigGroup):
 
     model_name_or_path: str = ""
     """Local model directory, hub name, or a .gguf file (or a directory holding one; converted once to a cached
-    model directory, see llm.models.pretrained). Empty: the built-in tiny Qwen2 (built and cached locally)."""
+    model directory, see llm.models.pretrained). Empty: the built-in tiny Qwen2 (shipped in the package), or with
+    --tools, --environment-factory or --dataset arithmetic_tools the built-in agent model (its format:
+    docs/agents.md)."""
     trust_remote_code: bool = resumable(False)
     """Let transformers and vLLM run the Python code a model directory or hub repository ships (its own
     architecture). Off: only architectures transformers and vLLM implement load."""

@@ -141,7 +141,8 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
                      environment_reward=bool(config.agent.environment_factory))
     if not ranks.main:
         ranks.barrier()  # rank 0 builds the built-in model's files first
-    name = config.model.model_name_or_path or (str(agent_model_dir()) if task.tools else "")
+    agentic = bool(task.tools) or config.agent.enabled  # no model given: the built-in agent model for an agent
+    name = config.model.model_name_or_path or (str(agent_model_dir()) if agentic else "")
     model_path = pretrained.resolve_model_path(name, log=log)
     if ranks.main:
         ranks.barrier()

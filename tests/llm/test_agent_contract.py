@@ -288,3 +288,16 @@ def test_the_builtin_agent_task_runs_on_its_own(tmp_path):
     rows, _ = _train_env(tmp_path, "builtin", dataset="arithmetic_tools", model_name_or_path="",
                          max_completion_length=None, exact_j=True, max_steps=1)
     assert rows[0]["tools/call_frequency"] > 0 and 0 <= rows[0]["j/pi_k"] <= 1
+
+
+def test_the_documented_example_trains_on_its_own_rows(tmp_path, monkeypatch):
+    """docs/agents.md's tool file and environment class, as a user runs them (two steps here)."""
+    from tests.helpers import ROOT
+
+    examples = ROOT / "examples" / "agents"
+    monkeypatch.syspath_prepend(str(examples))
+    rows, _ = _train_env(tmp_path, "example", dataset=str(examples / "questions.jsonl"), model_name_or_path="",
+                         environment_factory="calculator_env:CalculatorEnv", tools=("calculator_tools:add",),
+                         reward_funcs=("calculator_tools:reward_used_the_tool",), prompts_per_step=8)
+    assert all("rewards/CalculatorEnv/mean" in r and "rewards/reward_used_the_tool/mean" in r for r in rows)
+    assert max(r["reward"] for r in rows) > 0 and all(r["tools/env_failure_frequency"] == 0 for r in rows)

@@ -34,8 +34,14 @@ def called_tool(prompts, completions, **kwargs) -> list[float]:
     return out
 
 
-def _is_error(text: str) -> bool:
-    try:
-        return isinstance(json.loads(text), dict) and "error" in json.loads(text)
-    except (ValueError, TypeError):
-        return False
+def _is_error(text) -> bool:
+    """A failed call's answer: TRL's ``str({"error": ...})`` (or the same as JSON)."""
+    import ast
+
+    for read in (json.loads, ast.literal_eval):
+        try:
+            value = read(text)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+        return isinstance(value, dict) and "error" in value
+    return False

@@ -445,7 +445,9 @@ def test_the_agent_reward_functions_read_the_last_turn_and_the_tools_answers():
     tool_only = [call, {"role": "tool", "name": "multiply", "content": "5535"}, {"role": "assistant", "content": "ok"}]
     failed = [call, {"role": "tool", "name": "multiply", "content": '{"error": "ZeroDivisionError: x"}'},
               {"role": "assistant", "content": "5535"}]
+    failed_trl = [call, {"role": "tool", "name": "multiply", "content": "{'error': 'division by zero'}"},
+                  {"role": "assistant", "content": "5535"}]
     direct = [{"role": "assistant", "content": "It is 5535."}]
-    episodes = [good, tool_only, failed, direct]
-    assert last_turn_answer(None, episodes, ["5535"] * 4) == [1.0, 0.0, 1.0, 1.0]
-    assert called_tool(None, episodes) == [1.0, 1.0, 0.0, 0.0]
+    episodes = [good, tool_only, failed, direct, failed_trl]
+    assert last_turn_answer(None, episodes, ["5535"] * 5) == [1.0, 0.0, 1.0, 1.0, 1.0]
+    assert called_tool(None, episodes) == [1.0, 1.0, 0.0, 0.0, 0.0]

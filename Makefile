@@ -91,6 +91,7 @@ run-real: $(STAMP)
 REAL_AGENT_RUN := --dataset runs/agent_data/multiply.jsonl --eval-dataset runs/agent_data/multiply-test.jsonl \
 	--tools llm.agents.builtin:multiply --chat-template-path llm/agents/templates/chatml_tools.jinja \
 	--reward-funcs llm.agents.rewards:last_turn_answer llm.agents.rewards:called_tool --reward-weights 1 0.5 \
+	--reward-range 0 1.5 \
 	--max-tool-calling-iterations 2 --temperature 0.7 --max-completion-length 96 \
 	--prompts-per-step 4 --learning-rate 1e-5 --beta 0 --max-steps 24 --heldout-prompts 4 --eval-steps 12 \
 	--num-generations-eval 4

@@ -107,9 +107,10 @@ class Rate:
 def certified(x: np.ndarray, level: float, method: str = DEFAULT_LCB_METHOD,
               min_count: int = CERTIFICATE_MIN_PROMPTS, low: float = DEFAULT_LCB_RANGE[0],
               high: float = DEFAULT_LCB_RANGE[1]) -> np.ndarray:
-    """Whether the bound over each row of ``x`` (reps, P) certifies (> 0; an abstention, nan, does not); by default
-    the certificate the trainer logs: the betting bound on values in [``low``, ``high``] = [-1, 1], which holds its
-    level for every distribution there."""
+    """Whether the bound over each row of ``x`` (reps, P) certifies (> 0); a bound that abstains (nan: an unguaranteed
+    method below ``min_count`` values) does not certify. By default the certificate the trainer logs: the betting
+    bound on values in [``low``, ``high``] = [-1, 1], which holds its level for every distribution there; a value
+    outside that range, nan included, is refused (ValueError), as ``lower_confidence_bound`` refuses it."""
     bound = lower_confidence_bound(x, level, method=method, min_count=min_count, low=low, high=high)
     return np.nan_to_num(np.asarray(bound), nan=-np.inf) > 0
 

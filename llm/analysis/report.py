@@ -112,16 +112,23 @@ def certificate_lines(rows: list[dict]) -> list[str]:
     logged = [r for r in rows if "heldout/improvement_lcb" in r]
     if not logged:
         return []
-    abstained = (f" (it abstained on {shares['abstained']:.0%}: too few held-out prompts)" if shares["abstained"]
-                 else "")
-    lines = [f"  improvement certificate (heldout/improvement_lcb > 0): {shares['certified']:.0%} of {len(logged)}"
-             f" steps{abstained}; Theorem 1's held-out estimate (heldout/bound_est/lower_tight > 0): "
-             f"{_share(r.get('heldout/bound_est/lower_tight', float('nan')) > 0 for r in logged)}"]
+    undeclared = [r for r in rows if r.get("bound/range_declared") == 0.0]
+    why = ("no reward range was declared" if undeclared else
+           "too few held-out prompts, or log alpha recomputed by the trainer")
+    abstained = f" (it abstained on {shares['abstained']:.0%}: {why})" if shares["abstained"] else ""
+    lines = []
+    if undeclared:
+        lines.append(f"  reward range: not declared on {len(undeclared)} of {len(rows)} steps: Theorem 1's terms used the "
+                     "range seen (bound/reward_lo|hi; no guarantee) and the certificates abstained (nan); declare it "
+                     "with --reward-range LOW HIGH")
+    lines.append(f"  improvement certificate (heldout/improvement_lcb > 0): {shares['certified']:.0%} of {len(logged)}"
+                 f" steps{abstained}; Theorem 1's held-out estimate (heldout/bound_est/lower_tight > 0): "
+                 f"{_share(r.get('heldout/bound_est/lower_tight', float('nan')) > 0 for r in logged)}")
     if "e_bh" in shares:
         lines.append(f"  across the run (e-values heldout/improvement_e): certified steps {shares['e_bh']:.0%} by e-BH "
-                     f"(at most 5% of them false in expectation, at level 0.95), {shares['spending']:.0%} by "
-                     "alpha-spending (none false, with probability >= 0.95); a positive heldout/improvement_lcb is each "
-                     "step's own claim, not the run's")
+                     f"(the expected share of false ones among them at most 5%, at level 0.95), {shares['spending']:.0%} "
+                     "by alpha-spending (none false, with probability >= 0.95); a positive heldout/improvement_lcb is "
+                     "each step's own claim, not the run's")
     if "above_exact" in shares:
         lines.append(f"  heldout/improvement_lcb above the exact improvement on {shares['above_exact']:.0%} of "
                      f"{len(logged)} steps")
@@ -129,7 +136,8 @@ def certificate_lines(rows: list[dict]) -> list[str]:
     if run_cert:
         last = run_cert[-1]
         lines.append(f"  run certificate at step {last['step']} (eval/improvement_lcb, paired per test prompt since the "
-                     f"first evaluation, valid at every evaluation at once): sampled accuracy improved by at least "
+                     f"first evaluation; a union bound over the evaluations, so every one's bound holds at once with "
+                     f"probability >= the level): sampled accuracy improved by at least "
                      f"{last['eval/improvement_lcb']:.4f}, greedy by at least "
                      f"{last.get('eval/improvement_lcb_greedy', float('nan')):.4f}"
                      f"{' (certified)' if last['eval/improvement_lcb'] > 0 else ' (not certified)'}")

@@ -22,6 +22,7 @@ from llm.config.fields import nearest_name, require, resumable
 from llm.config.machinery import MachineConfig, SamplingConfig
 from llm.config.model import DataConfig, ModelConfig
 from llm.config.observation import DiagnosticsConfig, EvaluationConfig, OutputConfig
+from llm.config.ranges import range_text, sources_range
 
 #: The completion budget of a task when ``max_completion_length`` is None: the built-in agent task's episodes need
 #: 34 tokens (a call, the tool's answer, the answer), every other task gets the built-in task's 6.
@@ -144,10 +145,22 @@ class GRPOConfig:
                 "the built-in agent model knows its own template only; drop it or give --model-name-or-path")
         require(self, not (self.sampling.filter_groups and (self.agent.enabled or self.data.dataset == "arithmetic_tools")),
                 "filter_groups", "dynamic sampling with tools is not supported yet; drop --filter-groups")
+        own = sources_range(self.data.reward_funcs, self.data.reward_weights, bool(self.agent.environment_factory))
+        declared = self.data.reward_range
+        require(self, declared is None or own is None or (declared[0] <= own[0] and own[1] <= declared[1]),
+                "reward_range", f"{range_text(declared)} does not hold the range its sources return, {range_text(own)}")
         require(self, self.sync.sync_policy != "divergence" or self.diagnostics.heldout_prompts > 0, "sync_policy",
                 "divergence decides from the held-out TV estimate; add --heldout-prompts (e.g. 8)")
 
     # ---- derived values that span groups ----------------------------------------------------------
+    @property
+    def declared_reward_range(self) -> tuple[float, float] | None:
+        """The range of the total reward the guarantees read (``llm.config.ranges``): ``reward_range`` when given, else
+        the sources' own, else None. config.json records it as ``reward_range``."""
+        if self.data.reward_range is not None:
+            return self.data.reward_range
+        return sources_range(self.data.reward_funcs, self.data.reward_weights, bool(self.agent.environment_factory))
+
     @property
     def micro_batch_size(self) -> int:
         """Completions per pass: ``per_device_train_batch_size``, or the whole step when it is 0."""
@@ -171,6 +184,7 @@ class GRPOConfig:
         out = {name: getattr(self, name) for name in TOP_FIELDS}
         for name in GROUPS:
             out.update(dataclasses.asdict(getattr(self, name)))
+        out["reward_range"] = self.declared_reward_range  # the range the run's guarantees read, fixed from step 0
         return out
 
     def to_json(self) -> str:

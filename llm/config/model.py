@@ -83,6 +83,13 @@ class DataConfig(ConfigGroup):
     reward; excludes ``reward_fn``."""
     reward_weights: tuple[float, ...] = ()
     """One weight per reward function (TRL's name); empty: 1 each."""
+    reward_range: tuple[float, float] | None = None
+    """LOW HIGH: the range of the total reward, declared before the first step (``--reward-range 0 1``). Theorem 1's
+    terms and the certificates read it; a reward outside it stops the run at that step in one line. None: the
+    sources' own range when each has one (text rewards and the built-in tasks [0, 1], soft_overlong_punishment
+    [-1, 0], weighted sums of them; config.json records it), else none: reward functions with TRL's signature,
+    reward models and environments declare nothing, so their runs train as usual, Theorem 1's terms use the range
+    seen (no guarantee) and the certificates abstain (nan). It never widens from the rewards seen."""
     soft_punish_cache: int = 0
     """L_cache of the built-in reward ``soft_overlong_punishment`` (DAPO's soft overlong punishment; TRL's
     ``get_soft_overlong_punishment`` argument): completions longer than max_completion_length - L_cache lose up to 1
@@ -112,6 +119,12 @@ class DataConfig(ConfigGroup):
         require(self, not self.reward_weights or len(self.reward_weights) == len(self.reward_funcs), "reward_weights",
                 f"needs one weight per reward function ({len(self.reward_funcs)})")
         require(self, all(math.isfinite(w) for w in self.reward_weights), "reward_weights", "must be finite numbers")
+        if self.reward_range is not None:
+            if isinstance(self.reward_range, (list, tuple)) and len(self.reward_range) == 2:
+                object.__setattr__(self, "reward_range", tuple(float(x) for x in self.reward_range))
+            require(self, isinstance(self.reward_range, tuple) and len(self.reward_range) == 2
+                    and all(math.isfinite(x) for x in self.reward_range) and self.reward_range[0] < self.reward_range[1],
+                    "reward_range", "must be two finite numbers LOW < HIGH")
         require(self, self.soft_punish_cache >= 0, "soft_punish_cache", "must be >= 0")
         require(self, self.soft_punish_cache > 0 or "soft_overlong_punishment" not in self.reward_funcs,
                 "soft_punish_cache", "soft_overlong_punishment needs it > 0 (the length over which the penalty grows)")

@@ -93,13 +93,15 @@ def evaluate(model, task: TokenizedTask, spec: EvalSpec, *, seed: int, pad: int,
 CERTIFIED_ACCURACIES = {"accuracy_sampled": "", "accuracy_greedy": "_greedy"}
 
 
-def improvement_bounds(now: dict, initial: dict, level: float, look: int) -> dict[str, float]:
+def improvement_bounds(now: dict, initial: dict, level: float, look: int, reward_range=None) -> dict[str, float]:
     """The run's certificate at its ``look``-th evaluation (1, 2, ...): for the sampled and the greedy accuracy, a lower
     confidence bound on the improvement since the first evaluation, from the test prompts' paired differences (each
-    prompt's accuracy now minus before, in [-1, 1] for rewards in [0, 1]), by the betting bound at the spent level
-    ``grpo_theory.betting.spent_level(level, look)``: every evaluation's bound holds at once with probability >=
-    ``level``, however many are read (docs/theory.md, §8.6). Assumes the test prompts are a sample of the task's
-    prompts and rewards lie in [0, 1]; nan otherwise."""
+    prompt's mean reward now minus before, in [-(hi - lo), hi - lo] for rewards in the declared ``reward_range``
+    (lo, hi); divided by hi - lo they lie in [-1, 1]), by the betting bound at the spent level
+    ``grpo_theory.betting.spent_level(level, look)``, in units of the reward. Every evaluation's bound holds at once
+    with probability >= ``level``, however many are read: a union bound over the looks, whose levels' misses add up
+    to at most 1 - ``level`` (docs/theory.md, §8.6). Assumes the test prompts are a sample of the task's prompts, drawn
+    before the run, and rewards in the declared range; nan without a declared range."""
     from grpo_theory.betting import spent_level
     from grpo_theory.estimators import lower_confidence_bound
 
@@ -107,9 +109,14 @@ def improvement_bounds(now: dict, initial: dict, level: float, look: int) -> dic
     for name, suffix in CERTIFIED_ACCURACIES.items():
         if name not in now or name not in initial or len(now[name]) != len(initial[name]):
             continue
-        d = np.asarray(now[name]) - np.asarray(initial[name])
-        inside = np.all((np.asarray(now[name]) >= 0) & (np.asarray(now[name]) <= 1)) and np.all(
-            (np.asarray(initial[name]) >= 0) & (np.asarray(initial[name]) <= 1))
-        out[f"eval/improvement_lcb{suffix}"] = (lower_confidence_bound(d, spent_level(level, look), low=-1.0, high=1.0)
+        if reward_range is None:
+            out[f"eval/improvement_lcb{suffix}"] = float("nan")
+            continue
+        lo, hi = reward_range
+        a, b = np.asarray(now[name], dtype=np.float64), np.asarray(initial[name], dtype=np.float64)
+        inside = np.all((a >= lo) & (a <= hi)) and np.all((b >= lo) & (b <= hi))
+        d = (a - b) / (hi - lo)
+        out[f"eval/improvement_lcb{suffix}"] = ((hi - lo) * lower_confidence_bound(d, spent_level(level, look),
+                                                                                   low=-1.0, high=1.0)
                                                 if inside and d.size else float("nan"))
     return out

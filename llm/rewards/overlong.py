@@ -8,10 +8,12 @@ name), a completion of |y| tokens gets
     -1                                 if |y| > L_max
 
 (TRL's ``get_soft_overlong_punishment``). Added to a correctness reward with ``--reward-funcs``, it makes rewards
-leave [0, 1]: Theorem 1's terms then use the reward range seen (docs/data.md).
+leave [0, 1]: the range of such a sum is declared with ``--reward-range`` (``llm.config.ranges``; docs/data.md).
 """
 
 from __future__ import annotations
+
+from llm.config.ranges import BUILTIN_FUNCTION_RANGES
 
 #: The name ``--reward-funcs`` knows it by.
 NAME = "soft_overlong_punishment"
@@ -21,6 +23,7 @@ class SoftOverlongPunishment:
     """The reward of completions by their length (module docstring); logged as ``rewards/<__name__>/mean|std``."""
 
     __name__ = "soft_overlong_punishment_reward"  # TRL's metric name
+    reward_range = BUILTIN_FUNCTION_RANGES[NAME]  # [-1, 0]: the range the run's guarantees read (llm.config.ranges)
 
     def __init__(self, max_completion_len: int, soft_punish_cache: int):
         if not 0 <= soft_punish_cache <= max_completion_len:

@@ -11,12 +11,12 @@ from pathlib import Path
 from grpo_theory.estimators import certificate_abstains, certificate_floor
 
 from llm.run.rundir import RunDir, read_metrics
-from llm.step.monitors import ESS_WARN_FRACTION, ExactJ, PhaseTimer, RangeTracker, Warnings
+from llm.step.monitors import ESS_WARN_FRACTION, DeclaredRange, ExactJ, PhaseTimer, Warnings
 from llm.tasks import TokenizedTask
 
 StepCallback = Callable[[int, dict], None]
 # the step's monitors live with the step (llm.step.monitors); their names stay importable from here
-__all__ = ["ESS_WARN_FRACTION", "ExactJ", "Output", "PhaseTimer", "RangeTracker", "SilentOutput", "StepCallback",
+__all__ = ["ESS_WARN_FRACTION", "ExactJ", "Output", "PhaseTimer", "DeclaredRange", "SilentOutput", "StepCallback",
            "Warnings", "arithmetic", "shorten", "sync_line"]
 
 

@@ -39,7 +39,7 @@ from llm.models.model import add_lora, compile_blocks, load_policy, resolve_devi
 from llm.models.vml import resolve_vml_dispatch
 from llm.optim import Objective, Schedule
 from llm.rewards import RewardContext
-from llm.run.monitors import ExactJ, Output, RangeTracker, SilentOutput, StepCallback, Warnings, arithmetic
+from llm.run.monitors import DeclaredRange, ExactJ, Output, SilentOutput, StepCallback, Warnings, arithmetic
 from llm.run.rundir import RunDir
 from llm.run.trackers import Trackers, check_trackers
 from llm.sampling import max_model_len, resolved_sampler
@@ -255,17 +255,25 @@ def start_run(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_p
     passes = Passes.from_config(config, ranks)
     exact = ExactJ(config.diagnostics.exact_j and ranks.joins_rank0, weights.policy, task, config.sampling.temperature,
                    task.tokenizer.pad_token_id, passes.precision, config.sampling.token_filter)
-    ranges = RangeTracker(bool(task.task.reward_funcs) or task.task.env_reward, output.kept_rows() if start else [],
-                          output.log)
+    kept = output.kept_rows() if start else []
+    ranges = DeclaredRange(config.declared_reward_range, kept, output.log)
+    for line in ranges.start_lines("declared with --reward-range" if config.data.reward_range is not None else
+                                   "the reward's own sources"):
+        output.log(line)
+    if ranges.certifies and config.objective.behaviour_logprobs == "recompute" and config.diagnostics.heldout_prompts:
+        output.log("behaviour_logprobs recompute: log alpha is the trainer's, not the distribution the sampler drew "
+                   "from, so the per-step certificate (heldout/improvement_lcb) abstains (nan)")
     rollouts = RolloutWindow(config, task.task, task.prompt_ids, weights.sampler, clock)
     initial = {k: np.asarray(v) for k, v in (ckpt or {}).get("eval_initial", {}).items()}
+    looks = (ckpt or {}).get("eval_looks", sum("eval/improvement_lcb" in r for r in kept))
     return Run(config, weights, task, clock, passes, Objective.from_config(config), rollouts,
                exact, ranges, Warnings(config.machine.dtype), output, start, next(iter(params)).device, schedule,
-               initial)
+               initial, looks)
 
 
 def save(run: Run, next_step: int, samples: list[dict]) -> None:
     """Checkpoint the weights (every rank takes part under FSDP) and the last step's samples (rank 0 writes)."""
     run.output.save_checkpoint({"step": next_step, "clock": run.clock.state(), "schedule": run.schedule.state(next_step),
                                 "eval_initial": {k: v.tolist() for k, v in run.eval_initial.items()},
+                                "eval_looks": run.eval_looks,
                                 **run.weights.state()}, samples)

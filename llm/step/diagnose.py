@@ -74,6 +74,9 @@ class Heldout:
     logp_alpha: torch.Tensor
     logp_k: torch.Tensor
     dists_k: TokenDists | None = None
+    alpha_from_sampler: bool = True
+    """log alpha is the sampler's own (the distribution the tokens were drawn from), not the trainer's recomputation:
+    the certificate's level needs it (docs/theory.md, §8.6)."""
 
 
 def heldout_before_update(passes: Passes, policy: torch.nn.Module, alpha: torch.nn.Module, batch: Batch,
@@ -83,16 +86,18 @@ def heldout_before_update(passes: Passes, policy: torch.nn.Module, alpha: torch.
     pi_k = passes.logprobs(policy, batch, keep_hidden=True)  # each rank: its own rows' hidden states
     logp_k = pi_k.logp
     from_sampler = sampler_logprobs(roll, batch)
-    if not (recompute or from_sampler is None):
+    own = not (recompute or from_sampler is None)
+    if own:
         logp_alpha = from_sampler
     else:
         logp_alpha = logp_k if lag == 0 else passes.logprobs(alpha, batch).logp
-    return Heldout(rewards, batch, logp_alpha, logp_k, passes.frozen_dists(policy, pi_k.hidden))
+    return Heldout(rewards, batch, logp_alpha, logp_k, passes.frozen_dists(policy, pi_k.hidden), own)
 
 
 def heldout_estimates(passes: Passes, policy: torch.nn.Module, heldout: Heldout, eps: float,
                       reward_range: dg.RewardRange, lcb_level: float = 0.95,
-                      lcb_method: str = "betting", lcb_cap: float = 2.0, horizon: int = 0) -> dict[str, float]:
+                      lcb_method: str = "betting", lcb_cap: float = 2.0, horizon: int = 0,
+                      certify: bool = True) -> dict[str, float]:
     """``heldout/*``: the bound's terms, TV distances and improvement estimated on prompts drawn independently of the
     training prompts, whose completions never entered the loss (docs/theory.md, §8.2), each with its standard error:
     the TV, improvement and lag-penalty estimates are unbiased over the prompt distribution; the surrogate, the TV
@@ -100,7 +105,8 @@ def heldout_estimates(passes: Passes, policy: torch.nn.Module, heldout: Heldout,
     improvement's lower confidence bound at ``lcb_level`` by ``lcb_method`` (the certificate, §8.6; betting: on the
     estimates with weights capped at ``lcb_cap``, with its e-value ``improvement_e``). With pi_k's distributions
     kept, Trust Region Masking's per-token divergences and bounds for sequences of ``horizon`` tokens
-    (``tv/token_*``, ``bound_est/trm_*``: ``llm.core.diagnostics.trm_estimates``)."""
+    (``tv/token_*``, ``bound_est/trm_*``: ``llm.core.diagnostics.trm_estimates``). The certificate abstains (nan)
+    unless ``certify`` (a declared reward range) and log alpha is the sampler's own."""
     new = passes.logprobs(policy, heldout.batch, keep_hidden=heldout.dists_k is not None)
     logp_new = new.logp
     cm = heldout.batch.policy_mask
@@ -109,6 +115,8 @@ def heldout_estimates(passes: Passes, policy: torch.nn.Module, heldout: Heldout,
     log_w_k = log_w(heldout.logp_k)
     est = dg.bound_estimates(heldout.rewards, log_w_k, log_w(logp_new), eps, reward_range,
                              standard_errors=True, lcb_level=lcb_level, lcb_method=lcb_method, lcb_cap=lcb_cap)
+    if not (certify and heldout.alpha_from_sampler):  # no level to claim: abstain
+        est.update({k: float("nan") for k in ("improvement_lcb", "improvement_e", "improvement_capped") if k in est})
     if heldout.dists_k is not None:
         tv, kl = passes.token_divergences(heldout.dists_k, passes.dists(policy, new.hidden), cm)
         est.update(dg.trm_estimates(tv, kl, cm, heldout.logp_k, logp_new, log_w_k, heldout.rewards, horizon,

@@ -1,5 +1,5 @@
-"""The monitors of one step (``llm.step.step.run_step``): the phase timer, the exact J, the reward range of Theorem
-1's terms, and the warnings about the step's estimates. The run's own output (run directory, trackers, callbacks) is
+"""The monitors of one step (``llm.step.step.run_step``): the phase timer, the exact J, the declared reward range of
+Theorem 1's terms and the certificates, and the warnings about the step's estimates. The run's own output (run directory, trackers, callbacks) is
 ``llm.run.monitors``."""
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+
+from runkit.cli import RunError
 
 from llm.core import diagnostics as dg
 from llm.core.diagnostics import SYNC_CHECKS
@@ -63,32 +65,78 @@ class ExactJ:
         return {"j/pi_k": j_k, "j/pi_new": self._current, "improvement": self._current - j_k}
 
 
-class RangeTracker:
-    """The reward range of Theorem 1's terms for a task scored by reward functions (any finite rewards): [0, 1]
-    widened to every training and held-out reward seen, logged as ``bound/reward_lo|hi``; the first widening is
-    announced. A resumed run starts from the range of the steps it keeps. Other tasks' rewards lie in [0, 1]."""
+class DeclaredRange:
+    """The reward range of Theorem 1's terms and of the certificates (``llm.config.ranges``): ``declared`` (lo, hi),
+    fixed before step 0, or None. Declared: every training, held-out and test reward is checked against it, and one
+    outside stops the run at that step in one line (its rows and its last checkpoint kept: a reward outside the range
+    voids every bound computed from it); the certificates certify. Undeclared: the terms use [0, 1] widened to the
+    rewards seen so far, flagged ``bound/range_declared`` 0 (no guarantee), and the certificates abstain (nan). Each
+    row logs the range used (``bound/reward_lo|hi``). A resumed run without a declaration starts from the range of
+    the steps it keeps."""
 
-    def __init__(self, active: bool, kept_rows: list[dict], log):
-        self.active, self.range = active, dg.UNIT_RANGE
-        kept = [r for r in kept_rows if "bound/reward_lo" in r] if active else []
+    def __init__(self, declared: tuple[float, float] | None, kept_rows: list[dict], log):
+        self.declared = None if declared is None else dg.RewardRange(*map(float, declared))
+        self.range = self.declared or dg.UNIT_RANGE
+        kept = [r for r in kept_rows if "bound/reward_lo" in r] if self.declared is None else []
         if kept:
             self.range = dg.RewardRange(min(r["bound/reward_lo"] for r in kept), max(r["bound/reward_hi"] for r in kept))
-        if self.range != dg.UNIT_RANGE:
-            log(f"rewards outside [0, 1] in the steps kept: Theorem 1's terms continue with their range "
-                f"[{self.range.lo:.4g}, {self.range.hi:.4g}], widened as new rewards are seen")
+        if self.declared is None and self.range != dg.UNIT_RANGE:
+            log(f"rewards outside [0, 1] in the steps kept: with no declared range, Theorem 1's terms continue with the "
+                f"range seen, [{self.range.lo:.4g}, {self.range.hi:.4g}] (no guarantee)")
 
-    def see(self, step: int, rewards: np.ndarray, heldout_rewards: np.ndarray | None, row: dict,
-            write) -> dg.RewardRange:
-        if not self.active:
-            return self.range
-        wider = self.range.widened(rewards).widened(rewards if heldout_rewards is None else heldout_rewards)
-        if self.range == dg.UNIT_RANGE and wider != self.range:
-            write(f"step {step}: rewards outside [0, 1] (seen so far: [{wider.lo:.4g}, {wider.hi:.4g}]): Theorem 1's "
-                  "terms are from now on computed for the rewards rescaled from [0, 1] widened to every reward seen "
-                  "(bound/reward_lo|hi), in units of the reward; they hold only if no reward lies outside that range")
-        self.range = wider
-        row["bound/reward_lo"], row["bound/reward_hi"] = wider.lo, wider.hi
-        return wider
+    @property
+    def declared_pair(self) -> tuple[float, float] | None:
+        return None if self.declared is None else (self.declared.lo, self.declared.hi)
+
+    @property
+    def certifies(self) -> bool:
+        """Whether the certificates may certify: only under a declared range."""
+        return self.declared is not None
+
+    def start_lines(self, why: str) -> list[str]:
+        """What the run says of its range at start-up (``why``: where a declared range comes from)."""
+        if self.declared is not None:
+            return [f"reward range: [{self.declared.lo:g}, {self.declared.hi:g}] ({why}): Theorem 1's terms and the "
+                    "certificates read it; a reward outside it stops the run"]
+        return ["reward range: not declared (reward functions with TRL's signature, reward models and environments "
+                "declare none): Theorem 1's terms use the range seen so far, with no guarantee, and the certificates "
+                "abstain (nan); declare it with --reward-range LOW HIGH"]
+
+    def see(self, step: int, rewards: np.ndarray, heldout_rewards: np.ndarray | None, row: dict, write,
+            parts: dict | None = None, texts: list[str] | None = None) -> dg.RewardRange:
+        """Check (declared) or widen by (undeclared) a step's training and held-out rewards; log the range used."""
+        if self.declared is not None:
+            self.check(step, "training", rewards, parts, texts)
+            if heldout_rewards is not None:
+                self.check(step, "held-out", heldout_rewards)
+        else:
+            wider = self.range.widened(rewards)
+            wider = wider if heldout_rewards is None else wider.widened(heldout_rewards)
+            if self.range == dg.UNIT_RANGE and wider != self.range:
+                write(f"step {step}: rewards outside [0, 1] (seen so far: [{wider.lo:.4g}, {wider.hi:.4g}]): with no "
+                      "declared range, Theorem 1's terms are computed for the range seen so far (no guarantee); "
+                      "declare it with --reward-range LOW HIGH")
+            self.range = wider
+        row["bound/reward_lo"], row["bound/reward_hi"] = self.range.lo, self.range.hi
+        row["bound/range_declared"] = float(self.declared is not None)
+        return self.range
+
+    def check(self, step: int, what: str, rewards, parts: dict | None = None, texts: list[str] | None = None) -> None:
+        """Stop the run, in one line, at a reward outside the declared range."""
+        if self.declared is None:
+            return
+        r = np.asarray(rewards, dtype=np.float64).reshape(-1)
+        outside = np.flatnonzero(~((r >= self.declared.lo) & (r <= self.declared.hi)))
+        if not outside.size:
+            return
+        j = int(outside[0])
+        sources = ", ".join(f"{name} {float(np.asarray(v).reshape(-1)[j]):g}" for name, v in (parts or {}).items())
+        where = f" (sources: {sources})" if sources else ""
+        shown = f" of completion {texts[j][:120]!r}" if texts else ""
+        raise RunError(f"reward_range: step {step}: a {what} reward {r[j]:g}{shown}{where} lies outside the declared "
+                       f"range [{self.declared.lo:g}, {self.declared.hi:g}] ({outside.size} such); a reward outside the "
+                       "range voids every bound computed from it, so the run stops here (its rows and its last "
+                       "checkpoint kept); declare a range that holds every reward with --reward-range LOW HIGH")
 
 
 #: Warn when the importance weights' effective sample size falls below this fraction of the completions.

@@ -35,9 +35,9 @@ from llm.sampling import resolved_sampler
 from llm.step.behaviour import Behaviour, alpha_logprobs, sampler_logprobs
 from llm.step.clock import SyncClock, Tick
 from llm.step.diagnose import Heldout, diagnose, heldout_before_update, heldout_estimates, insample_estimates
-from llm.step.monitors import ExactJ, PhaseTimer, RangeTracker, Warnings
+from llm.step.monitors import DeclaredRange, ExactJ, PhaseTimer, Warnings
 from llm.step.rollout import RolloutWindow, StepRollout
-from llm.step.score import VariedGroups, advantages, group_batch, reward_metrics, score
+from llm.step.score import Scored, VariedGroups, advantages, group_batch, reward_metrics, score
 from llm.step.weights import Weights
 from llm.tasks import TokenizedTask
 
@@ -67,13 +67,14 @@ class Run:
     objective: Objective
     rollouts: RolloutWindow
     exact: ExactJ
-    ranges: RangeTracker
+    ranges: DeclaredRange
     warnings: Warnings
     output: StepOutput
     start: int
     device: torch.device
     schedule: Schedule
     eval_initial: dict = field(default_factory=dict)  # the first evaluation's per-prompt accuracies (the certificate's)
+    eval_looks: int = 0  # evaluations after the first so far: the run certificate's looks, each spending its own level
 
 
 def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
@@ -109,7 +110,7 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
         logp_ref = passes.logprobs(weights.ref, batch).logp if weights.ref is not None else None
     with timer("diagnostics"):
         run.exact.before_update()
-        heldout = heldout_phase(run, step_rollout, tick, scored.rewards, row)
+        heldout = heldout_phase(run, step_rollout, tick, scored, row)
     log_alpha = behaviour.log_alpha(prefer_sampler=not recompute)  # None at lag 0: pi_k's, from the optimiser
     finished = (np.array([len(c) > 0 and c[-1] == task.eos for c in roll.completion_ids])
                 if config.objective.mask_truncated_completions else None)  # truncated completions leave the loss
@@ -133,7 +134,8 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
         if heldout is not None:
             row.update(heldout_estimates(passes, weights.policy, heldout, eps, reward_range,
                                          diagnostics.improvement_lcb_level, diagnostics.improvement_lcb_method,
-                                         diagnostics.improvement_lcb_weight_cap, config.sampling.max_completion_length))
+                                         diagnostics.improvement_lcb_weight_cap, config.sampling.max_completion_length,
+                                         certify=run.ranges.certifies))
         row.update(run.exact.after_update())
     every = config.evaluation.eval_steps
     evaluate_now = every and ((step + 1) % every == 0 or step + 1 == config.max_steps)
@@ -222,9 +224,10 @@ def sync_metrics(sampler, seconds: float) -> dict[str, float]:
     return {"sync/mb": nbytes / 1e6, "time/sync_mb_per_s": nbytes / 1e6 / max(seconds, 1e-9)} if nbytes else {}
 
 
-def heldout_phase(run: Run, step_rollout: StepRollout, tick: Tick, rewards, row: dict) -> Heldout | None:
-    """Score the held-out prompts' completions and take their log alpha and log pi_k (before the update); widen the
-    reward range with every training and held-out reward seen. None without held-out prompts."""
+def heldout_phase(run: Run, step_rollout: StepRollout, tick: Tick, scored: Scored, row: dict) -> Heldout | None:
+    """Score the held-out prompts' completions and take their log alpha and log pi_k (before the update); check every
+    training and held-out reward against the declared range (``DeclaredRange``: or, undeclared, widen the range seen).
+    None without held-out prompts."""
     config, weights, task, G = run.config, run.weights, run.task, run.config.sampling.num_generations
     heldout = None
     if config.diagnostics.heldout_prompts:
@@ -233,7 +236,8 @@ def heldout_phase(run: Run, step_rollout: StepRollout, tick: Tick, rewards, row:
         batch = group_batch(task, idx, roll, G, run.device)
         heldout = heldout_before_update(run.passes, weights.policy, weights.alpha, batch, heldout_rewards, roll,
                                         tick.lag, config.objective.behaviour_logprobs == "recompute")
-    run.ranges.see(tick.step, rewards, None if heldout is None else heldout.rewards, row, run.output.write)
+    run.ranges.see(tick.step, scored.rewards, None if heldout is None else heldout.rewards, row, run.output.write,
+                   scored.parts, scored.texts)
     return heldout
 
 
@@ -257,9 +261,12 @@ def run_evaluation(run: Run, policy_step: int) -> dict[str, float]:
                        pad=run.task.tokenizer.pad_token_id, precision=run.passes.precision,
                        exact=config.diagnostics.exact_j, sampler=weights.sampler if engine else None,
                        batch_size=config.machine.per_device_train_batch_size, per_prompt=per_prompt)
+    for name, values in per_prompt.items():  # the test prompts' rewards too lie in the declared range
+        run.ranges.check(policy_step, f"test ({name})", values)
     if policy_step == 0:
         run.eval_initial = per_prompt
-    elif run.eval_initial:  # the run's certificate, its level spent over the evaluations (the look-th after step 0)
-        look = -(-policy_step // config.evaluation.eval_steps)
-        out.update(improvement_bounds(per_prompt, run.eval_initial, config.diagnostics.improvement_lcb_level, look))
+    elif run.eval_initial:  # the run's certificate, its level spent over the evaluations: the look-th after step 0
+        run.eval_looks += 1  # counted, kept in the checkpoint: a resumed run never spends a look's level twice
+        out.update(improvement_bounds(per_prompt, run.eval_initial, config.diagnostics.improvement_lcb_level,
+                                      run.eval_looks, run.ranges.declared_pair))
     return out

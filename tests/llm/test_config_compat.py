@@ -22,7 +22,7 @@ ADDED_FIELDS = {"padding_free": False, "use_transformers_continuous_batching": F
                 "tools": [], "environment_factory": [], "max_tool_calling_iterations": None, "tool_timeout": 10.0,
                 "max_tool_response_length": 256, "chat_template_path": ""}
 ADDED_FLAGS = {f"--{p}{name.replace('_', '-')}" for name, default in ADDED_FIELDS.items()
-               for p in (("", "no-") if isinstance(default, bool) else ("",))}
+               for p in (("", "no-") if isinstance(default, bool) else ("",))} | {"--reward-range"}
 #: Defaults changed since the snapshot: field -> (then, now). The certificate's bound is now the betting bound, whose
 #: level is a theorem (docs/theory.md, §8.6); a run directory written with the old default still resumes.
 CHANGED_DEFAULTS = {"improvement_lcb_method": ("cantelli", "betting")}
@@ -61,6 +61,8 @@ def test_from_trl_gives_the_configs_it_gave_before():
         kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in case["kwargs"].items()}
         got = json.loads(from_trl(**kwargs).to_json())
         assert {k: got.pop(k) for k in ADDED_FIELDS} == ADDED_FIELDS, name  # the new options at their defaults
+        own = from_trl(**kwargs).declared_reward_range  # config.json records the range the guarantees read
+        assert got.pop("reward_range") == (list(own) if own is not None else None), name
         want = dict(case["config"])
         for k, (then, now) in CHANGED_DEFAULTS.items():
             assert want[k] == then and got[k] == now, name

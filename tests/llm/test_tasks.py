@@ -148,9 +148,10 @@ def test_trl_signature_reward_functions_are_weighted_and_logged(reward_module, t
 
 
 def test_rewards_outside_unit_range_train_and_the_bound_uses_the_range_seen(reward_module, tmp_path, capsys):
-    """Rewards from -2 to 13 train; each step logs the range its bound terms used, [0, 1] widened to every training
-    and held-out reward seen up to that step (both scored each step, in that order), the first widening is said
-    once, and a resumed run starts from the range of the steps it keeps."""
+    """With no declared range, rewards from -2 to 13 train; each step logs the range its bound terms used, [0, 1]
+    widened to every training and held-out reward seen up to that step (both scored each step, in that order),
+    flagged as no guarantee, the certificate abstains, the first widening is said once, and a resumed run starts
+    from the range of the steps it keeps."""
     import importlib
 
     from llm import train
@@ -167,7 +168,8 @@ def test_rewards_outside_unit_range_train_and_the_bound_uses_the_range_seen(rewa
     for k, row in enumerate(rows):
         seen = [v for c in funcs.calls[: 2 * (k + 1)] for v in c]
         assert (row["bound/reward_lo"], row["bound/reward_hi"]) == (min(0.0, *seen), max(1.0, *seen)), k
-        assert np.isfinite(row["heldout/bound_est/lower_tight"])
+        assert np.isfinite(row["heldout/bound_est/lower_tight"]) and row["bound/range_declared"] == 0.0
+        assert np.isnan(row["heldout/improvement_lcb"])  # no declared range: the certificate abstains
     said = capsys.readouterr().out
     assert said.count("rewards outside [0, 1]") == 2  # once per process: the first run and the resumed one
 

@@ -1,0 +1,168 @@
+"""The reward range the guarantees read is declared before the first step, never read off the rewards seen
+(llm.config.ranges, llm.step.monitors.DeclaredRange; docs/theory.md, §8.6)."""
+
+import json
+import math
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from llm.config import GRPOConfig
+
+RUN = dict(sampler="transformers", max_steps=3, progress=False, logging_steps=100, prompts_per_step=4,
+           num_generations=4, max_completion_length=6, eval_steps=0)
+
+STEPPED = '''
+calls = []
+
+def jumps_at_step_one(prompts, completions, answer, **kwargs):
+    """1 iff correct, plus 1 from its second call on (step 1's training rewards)."""
+    calls.append(len(completions))
+    bonus = 1.0 if len(calls) >= 2 else 0.0
+    return [float(c.strip() == a) + bonus for c, a in zip(completions, answer)]
+
+def correct(prompts, completions, answer, **kwargs):
+    return [float(c.strip() == a) for c, a in zip(completions, answer)]
+'''
+
+
+@pytest.fixture
+def stepped(tmp_path, monkeypatch):
+    (tmp_path / "stepped_rewards.py").write_text(STEPPED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "stepped_rewards", raising=False)
+    yield "stepped_rewards"
+    sys.modules.pop("stepped_rewards", None)
+
+
+def _train(tmp_path, name, **kw):
+    from llm import train
+    from llm.run.rundir import read_metrics
+
+    said = []
+    path = train(GRPOConfig(output_dir=str(tmp_path / name), **{**RUN, **kw}), log=said.append)
+    return read_metrics(path), said, path
+
+
+# ---- where the range comes from ------------------------------------------------------------------------------------
+
+
+def test_the_range_is_the_declaration_or_the_sources_own_never_the_data():
+    assert GRPOConfig().declared_reward_range == (0.0, 1.0)  # the built-in task's check
+    assert GRPOConfig(reward_fn="m:f").declared_reward_range == (0.0, 1.0)  # a text reward, checked to [0, 1]
+    overlong = dict(reward_funcs=("soft_overlong_punishment",), soft_punish_cache=2)
+    assert GRPOConfig(**overlong).declared_reward_range == (-1.0, 0.0)
+    assert GRPOConfig(**overlong, reward_weights=(0.5,)).declared_reward_range == (-0.5, 0.0)
+    assert GRPOConfig(reward_funcs=("m:f",)).declared_reward_range is None  # TRL's: declares nothing
+    assert GRPOConfig(reward_funcs=("m:f", "soft_overlong_punishment"), soft_punish_cache=2,
+                      reward_range=(-1, 1)).declared_reward_range == (-1.0, 1.0)
+    assert GRPOConfig(environment_factory="m:Env", dataset="d.jsonl").declared_reward_range is None
+    with pytest.raises(ValueError, match=r"reward_range: \[0, 1\] does not hold the range its sources return, "
+                                         r"\[-1, 0\]"):
+        GRPOConfig(**overlong, reward_range=(0, 1))
+    for bad in ((1, 0), (0, math.inf), (0,)):
+        with pytest.raises(ValueError, match="reward_range"):
+            GRPOConfig(reward_range=bad)
+    assert json.loads(GRPOConfig().to_json())["reward_range"] == [0.0, 1.0]  # config.json records it
+    assert json.loads(GRPOConfig(reward_funcs=("m:f",)).to_json())["reward_range"] is None
+
+
+def test_the_soft_overlong_punishment_pays_within_its_own_range():
+    from llm.config.ranges import BUILTIN_FUNCTION_RANGES
+    from llm.rewards import SoftOverlongPunishment
+
+    fn = SoftOverlongPunishment(8, 4)
+    lo, hi = BUILTIN_FUNCTION_RANGES["soft_overlong_punishment"]
+    values = fn(completion_ids=[[0] * n for n in range(0, 12)])
+    assert min(values) == lo and max(values) == hi
+
+
+# ---- the counterexample: a range read off the data is not a range ------------------------------------------------
+
+
+def test_a_range_read_off_the_data_certifies_a_harmful_step_and_the_declared_one_does_not():
+    """benchmarks/declared_range.py: the step lowers J by 0.0995; the -1 answer that shows it is rarely drawn."""
+    sys.path.insert(0, str(__import__("tests.helpers", fromlist=["ROOT"]).ROOT / "benchmarks"))
+    from declared_range import certified_rates, true_change
+
+    assert true_change() == pytest.approx(-0.0995)
+    rates = certified_rates(64, 200)
+    assert rates["inferred"][0] > 0.6  # the old inference certifies most such steps (77.8% in the issue)
+    assert rates["declared"][0] <= 0.05 + 3 * max(rates["declared"][1], 0.015)  # the theorem: at most 1 - level
+
+
+# ---- a reward outside the declared range stops the run -------------------------------------------------------------
+
+
+def test_a_reward_outside_the_declared_range_stops_the_run_in_one_line_keeping_rows_and_checkpoint(stepped, tmp_path):
+    from runkit.cli import RunError
+
+    with pytest.raises(RunError) as err:
+        _train(tmp_path, "out", reward_funcs=(f"{stepped}:jumps_at_step_one",), reward_range=(0, 1), save_steps=1)
+    message = str(err.value)
+    assert "\n" not in message and "step 1" in message and "declared range [0, 1]" in message
+    assert "jumps_at_step_one" in message  # the source and its value
+    run = tmp_path / "out"
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 1  # step 0's row kept
+    assert torch.load(run / "checkpoint.pt", weights_only=True)["step"] == 1  # and its checkpoint
+
+
+def test_without_a_declared_range_the_run_trains_and_the_certificates_abstain(stepped, tmp_path):
+    rows, said, _ = _train(tmp_path, "undeclared", reward_funcs=(f"{stepped}:correct",), heldout_prompts=4,
+                           eval_steps=2)
+    assert [r["bound/range_declared"] for r in rows] == [0.0] * 3
+    assert all(math.isnan(r["heldout/improvement_lcb"]) and math.isnan(r["heldout/improvement_e"]) for r in rows)
+    assert all(math.isnan(r["eval/improvement_lcb"]) for r in rows if "eval/improvement_lcb" in r)
+    assert any("reward range: not declared" in s and "--reward-range" in s for s in said)
+    rows, said, _ = _train(tmp_path, "declared", reward_funcs=(f"{stepped}:correct",), heldout_prompts=4,
+                           eval_steps=2, reward_range=(0, 1))  # TRL's reward function unchanged, one flag
+    assert [r["bound/range_declared"] for r in rows] == [1.0] * 3
+    assert all(np.isfinite(r["heldout/improvement_lcb"]) for r in rows)
+    assert any("reward range: [0, 1] (declared with --reward-range)" in s for s in said)
+
+
+def test_with_the_trainers_recomputed_log_alpha_the_step_certificate_abstains(tmp_path):
+    rows, said, _ = _train(tmp_path, "recompute", behaviour_logprobs="recompute", heldout_prompts=4)
+    assert all(math.isnan(r["heldout/improvement_lcb"]) for r in rows)
+    assert any("behaviour_logprobs recompute" in s for s in said)
+    rows, _, _ = _train(tmp_path, "sampler", heldout_prompts=4)
+    assert all(np.isfinite(r["heldout/improvement_lcb"]) for r in rows)
+
+
+# ---- the run certificate's looks ---------------------------------------------------------------------------------
+
+
+def test_a_resumed_run_never_reuses_an_evaluation_look(tmp_path):
+    """Evaluations after steps 2 and 3 (the last) of a 3-step run are looks 1 and 2; resumed to 4 steps, the next
+    evaluation is look 3 (ceil(4 / 2) = 2 would spend look 2's level twice)."""
+    from llm.evaluation.test_set import improvement_bounds
+
+    rows, _, path = _train(tmp_path, "looks", eval_steps=2)
+    assert torch.load(path / "checkpoint.pt", weights_only=True)["eval_looks"] == 2
+    rows, _, path = _train(tmp_path, "looks", eval_steps=2, max_steps=4)
+    assert torch.load(path / "checkpoint.pt", weights_only=True)["eval_looks"] == 3
+    a, b = np.tile([0.5, 1.0, 0.25, 0.75], 10), np.tile([0.25, 0.5, 0.25, 0.5], 10)
+    three, two = (improvement_bounds({"accuracy_sampled": a}, {"accuracy_sampled": b}, 0.95, k, (0.0, 1.0))
+                  for k in (3, 2))
+    assert three["eval/improvement_lcb"] < two["eval/improvement_lcb"]  # a later look spends a smaller share
+
+
+def test_the_run_certificate_reads_the_declared_range():
+    from llm.evaluation.test_set import improvement_bounds
+
+    now, before = {"accuracy_sampled": np.full(40, 2.0)}, {"accuracy_sampled": np.full(40, 0.0)}
+    unit = improvement_bounds({"accuracy_sampled": np.full(40, 1.0)}, before, 0.95, 1, (0.0, 1.0))
+    wide = improvement_bounds(now, before, 0.95, 1, (0.0, 2.0))
+    assert wide["eval/improvement_lcb"] == pytest.approx(2 * unit["eval/improvement_lcb"])
+    assert math.isnan(improvement_bounds(now, before, 0.95, 1, None)["eval/improvement_lcb"])
+    assert math.isnan(improvement_bounds(now, before, 0.95, 1, (0.0, 1.0))["eval/improvement_lcb"])  # 2 outside
+
+
+def test_certified_refuses_nan_values_and_an_abstention_does_not_certify():
+    from grpo_theory.certificate import certified
+
+    assert not certified(np.full((1, 4), 0.5), 0.95, method="t_unguaranteed")[0]  # below min_count: abstains
+    with pytest.raises(ValueError):
+        certified(np.array([[0.5, np.nan] * 10]), 0.95)

@@ -27,13 +27,13 @@ terms are assembled by ``grpo_theory.combine_bound``. What the average is taken 
 - ``tv/pi_k_alpha`` on the training batch is unbiased: pi_k depends on no sample of its own step (except under
   dynamic sampling, whose kept groups are chosen by their rewards: docs/theory.md, §6.2).
 
-Rewards outside [0, 1] (reward functions may return any finite number): Theorem 1 holds for rewards in a known
-range [lo, hi] through r' = (r - lo)/(hi - lo), which lies in [0, 1]: every term is computed for r' (its sigma,
-s <= 1 and weight) and the terms in units of J (improvement, surrogate, penalties, lower bound) are multiplied
-back by hi - lo. ``RewardRange`` holds the range used: [0, 1], widened to every training and held-out reward the
-run has seen. A measured range can only be narrower than the true one, and the bound holds only for rewards inside
-it; for rewards in [0, 1] nothing changes. The leave-one-out baseline makes the improvement estimate invariant to
-the shift (mean (w_new - w_k)(r - rbar_{-g}) is the same for r and r - lo).
+Rewards outside [0, 1]: Theorem 1 holds for rewards in a range [lo, hi] known before the data through
+r' = (r - lo)/(hi - lo), which lies in [0, 1]: every term is computed for r' (its sigma, s <= 1 and weight) and the
+terms in units of J (improvement, surrogate, penalties, lower bound) are multiplied back by hi - lo. ``RewardRange``
+holds the range used: the one declared before step 0 (``llm.config.ranges``; ``llm.step.monitors.DeclaredRange``),
+or, with none declared, [0, 1] widened to the rewards seen, flagged as carrying no guarantee. For rewards in [0, 1]
+nothing changes. The leave-one-out baseline makes the improvement estimate invariant to the shift
+(mean (w_new - w_k)(r - rbar_{-g}) is the same for r and r - lo).
 
 Chain-rule estimate (``*_chain_ub_est``): TV(pi, alpha) <= E_{y~alpha} sum_t TV(pi(.|x, y_<t), alpha(.|x, y_<t));
 the batch mean of the inner sum is an unbiased Monte-Carlo estimate of that upper bound, not a bound on each batch,
@@ -57,7 +57,8 @@ from llm.core.token_filter import ON_SET_LOGP
 
 @dataclass(frozen=True)
 class RewardRange:
-    """The reward range Theorem 1's terms are computed for: [0, 1] widened to hold every reward seen so far."""
+    """The reward range Theorem 1's terms are computed for: declared before step 0, or (none declared) the rewards
+    seen so far (``llm.step.monitors.DeclaredRange``)."""
 
     lo: float = 0.0
     hi: float = 1.0

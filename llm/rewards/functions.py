@@ -48,9 +48,9 @@ def batch_rewards(funcs: Sequence[BatchReward], prompts: list, completions: list
     """The weighted sum of the reward functions' values for each completion, and each function's values (nan
     where it returned None). Each function is called once for the batch with TRL's keyword arguments (``prompts``,
     ``completions``, ``completion_ids`` and the data's columns, ``answer`` among them). A function that raises, returns
-    the wrong number of values or a value that is neither a real number nor None, a completion no function
-    scores raises one line. The weighted sum may be any finite number: outside [0, 1] Theorem 1's terms use the
-    reward range the run has seen (``llm.core.diagnostics.RewardRange``)."""
+    the wrong number of values or a value that is neither a real number nor None raises one line (a completion no
+    source scores: ``require_scored``). The weighted sum may be any finite number: its range is declared
+    (``llm.config.ranges``), never read off the rewards."""
     n = len(completions)
     total, parts = np.zeros(n), {}
     for f in funcs:

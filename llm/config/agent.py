@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
-from llm.config.fields import ConfigGroup, require, require_finite
+from pydantic import field_validator
+
+from llm.config.fields import ConfigGroup, config_group, require, require_finite
 from llm.config.objects import as_specs
 
-@dataclasses.dataclass
+@config_group
 class AgentConfig(ConfigGroup):
     """Tool-calling episodes: the policy's turns, the tools' answers between them (docs/agents.md)."""
 
@@ -43,14 +44,18 @@ class AgentConfig(ConfigGroup):
     def enabled(self) -> bool:
         return bool(self.tools or self.environment_factory)
 
+    # TRL's trainer takes the functions and the factories themselves: kept here by text (config.json)
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _tool_specs(cls, value):
+        return as_specs(value, "tools")
+
+    @field_validator("environment_factory", mode="before")
+    @classmethod
+    def _factory_specs(cls, value):
+        return as_specs(value, "environment_factory", named=True)
+
     def __post_init__(self):
-        # TRL's trainer takes the functions and the factories themselves: kept here by text (config.json)
-        if not (isinstance(self.tools, tuple) and all(isinstance(t, str) for t in self.tools)):
-            object.__setattr__(self, "tools", as_specs(self.tools, "tools"))
-        if not (isinstance(self.environment_factory, tuple) and all(isinstance(t, str)
-                                                                    for t in self.environment_factory)):
-            object.__setattr__(self, "environment_factory",
-                               as_specs(self.environment_factory, "environment_factory", named=True))
         require_finite(self)
         require(self, self.max_tool_calling_iterations is None or self.max_tool_calling_iterations >= 1,
                 "max_tool_calling_iterations", "must be >= 1, or None for no limit")

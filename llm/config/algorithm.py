@@ -10,11 +10,11 @@ from grpo_theory.corrections import (ROLLOUT_RS_THRESHOLD, ImportanceSamplingMod
 from grpo_theory.core import ScaleRewards
 from grpo_theory.validation import EPS_MAX
 
-from llm.config.fields import ConfigGroup, require, require_finite, resumable
+from llm.config.fields import ConfigGroup, config_group, require, require_finite, resumable
 from llm.core.loss_types import LossTypeName
 
 
-@dataclasses.dataclass
+@config_group
 class SyncConfig(ConfigGroup):
     """Alpha and pi_ref: when the sampler's and the reference model's weights follow the trainer's."""
 
@@ -80,7 +80,7 @@ class SyncConfig(ConfigGroup):
         return self.sync_period if self.generates_windows else 1
 
 
-@dataclasses.dataclass
+@config_group
 class ObjectiveConfig(ConfigGroup):
     """The loss: the clipped surrogate, its importance weights, advantages, normaliser and KL term."""
 
@@ -179,7 +179,7 @@ class ObjectiveConfig(ConfigGroup):
         return self.epsilon if self.epsilon_high == -1.0 else self.epsilon_high
 
 
-@dataclasses.dataclass
+@config_group
 class OptimConfig(ConfigGroup):
     """The optimiser: i steps of AdamW per batch on a learning-rate schedule."""
 

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Annotated
 
 import tyro
+from pydantic import TypeAdapter, ValidationError
 
 from llm.config.agent import AgentConfig
 from llm.config.algorithm import ObjectiveConfig, OptimConfig, SyncConfig
-from llm.config.fields import nearest_name, require, resumable
+from llm.config.fields import STRICT, nearest_name, one_line, plain, require, resumable
 from llm.config.machinery import MachineConfig, SamplingConfig
 from llm.config.model import DataConfig, ModelConfig
 from llm.config.observation import DiagnosticsConfig, EvaluationConfig, OutputConfig
@@ -69,11 +70,12 @@ class GRPOConfig:
             if name in GROUPS:
                 continue
             if name in TOP_FIELDS:
-                object.__setattr__(self, name, value)
+                object.__setattr__(self, name, top_field(name, value))
             elif name in FIELD_GROUP:
                 flat[FIELD_GROUP[name]][name] = value
             else:
-                raise TypeError(f"GRPOConfig got an unexpected keyword argument {name!r}")
+                raise TypeError(f"GRPOConfig got an unexpected keyword argument {name!r}"
+                                f"{nearest_name(name, [*TOP_FIELDS, *FIELD_GROUP])}")
         for name in TOP_FIELDS:
             if name not in given:
                 object.__setattr__(self, name, TOP_FIELDS[name].default)
@@ -115,6 +117,8 @@ class GRPOConfig:
         if name in GROUPS:
             value = dataclasses.replace(value)  # the config's own object, tied to it
             object.__setattr__(value, "_owner", self)
+        else:
+            value = top_field(name, value)
         object.__setattr__(self, name, value)
         try:
             self._check_across_groups()
@@ -195,12 +199,26 @@ class GRPOConfig:
         return cls(**json.loads(Path(path).read_text()))
 
     def replace(self, **changes) -> "GRPOConfig":
-        """A copy with ``changes``: flat fields or whole groups."""
+        """A copy with ``changes``: flat fields or whole groups (each group copied: the copy is independent)."""
         return GRPOConfig(**{**{name: getattr(self, name) for name in (*TOP_FIELDS, *GROUPS)}, **changes})
+
+    def __copy__(self) -> "GRPOConfig":
+        """``copy.copy``: an independent config (its own groups), as ``replace()`` gives."""
+        return self.replace()
 
 
 #: The fields GRPOConfig holds itself (the run's length and seed), by name.
 TOP_FIELDS = {f.name: f for f in dataclasses.fields(GRPOConfig) if f.name not in GROUPS}
+#: pydantic's validators of those fields (strict, as the groups').
+_TOP_ADAPTERS = {name: TypeAdapter(int, config=STRICT) for name in TOP_FIELDS}
+
+
+def top_field(name: str, value):
+    """A value of one of GRPOConfig's own fields, validated by pydantic as the groups' are."""
+    try:
+        return _TOP_ADAPTERS[name].validate_python(plain(value))
+    except ValidationError as exc:
+        raise one_line(exc, field=name) from None
 #: Each group's field -> the group that holds it.
 FIELD_GROUP = {f.name: group for group, cls in GROUPS.items() for f in dataclasses.fields(cls)}
 #: Each group's derived value (a property) -> the group that holds it.

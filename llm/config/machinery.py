@@ -8,10 +8,10 @@ from typing import Literal
 
 from grpo_theory.truncation import TokenFilter
 
-from llm.config.fields import ConfigGroup, MAX_TEMPERATURE, MIN_TEMPERATURE, require, require_finite, resumable
+from llm.config.fields import ConfigGroup, config_group, MAX_TEMPERATURE, MIN_TEMPERATURE, require, require_finite, resumable
 
 
-@dataclasses.dataclass
+@config_group
 class SamplingConfig(ConfigGroup):
     """The completions: how many per step, how they are drawn from alpha, and by which sampler."""
 
@@ -107,7 +107,7 @@ class SamplingConfig(ConfigGroup):
         return self.prompts_per_step * self.num_generations
 
 
-@dataclasses.dataclass
+@config_group
 class MachineConfig(ConfigGroup):
     """The trainer's machine: device, precision, passes, kernels and memory (the same numbers up to float rounding,
     except dtype)."""

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Literal
 
-from llm.config.fields import ConfigGroup, require, require_finite, resumable
+from pydantic import field_validator
+
+from llm.config.fields import ConfigGroup, config_group, require, require_finite, resumable
 from llm.config.objects import as_specs
 
 
-@dataclasses.dataclass
+@config_group
 class ModelConfig(ConfigGroup):
     """The policy's weights: where they come from, and which of them train."""
 
@@ -41,7 +42,7 @@ class ModelConfig(ConfigGroup):
                 "needs 'all-linear' or module names")
 
 
-@dataclasses.dataclass
+@config_group
 class DataConfig(ConfigGroup):
     """The prompts, their test split and their rewards."""
 
@@ -100,14 +101,31 @@ class DataConfig(ConfigGroup):
     takes the prompts as they are (the default). Conversational prompts always go through the template. A
     tokenizer without a template is refused at start-up."""
 
+    @field_validator("dataset", mode="before")
+    @classmethod
+    def _no_dataset(cls, value):
+        return "none" if value is None else value  # TRL's train_dataset=None: the environment owns the data
+
+    # TRL's trainer takes the reward functions themselves: kept here by text (config.json)
+    @field_validator("reward_funcs", mode="before")
+    @classmethod
+    def _reward_specs(cls, value):
+        return as_specs(value, "reward_funcs")
+
+    @field_validator("reward_fn", mode="before")
+    @classmethod
+    def _reward_fn_spec(cls, value):
+        return as_specs(value, "reward_fn")[0] if callable(value) else value
+
+    @field_validator("reward_range", mode="before")
+    @classmethod
+    def _range_floats(cls, value):
+        if isinstance(value, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                    for x in value):
+            return tuple(float(x) for x in value)
+        return value
+
     def __post_init__(self):
-        if self.dataset is None:  # TRL's train_dataset=None: the environment owns the data
-            object.__setattr__(self, "dataset", "none")
-        # TRL's trainer takes the reward functions themselves: kept here by text (config.json)
-        if not (isinstance(self.reward_funcs, tuple) and all(isinstance(t, str) for t in self.reward_funcs)):
-            object.__setattr__(self, "reward_funcs", as_specs(self.reward_funcs, "reward_funcs"))
-        if callable(self.reward_fn):
-            object.__setattr__(self, "reward_fn", as_specs(self.reward_fn, "reward_fn")[0])
         require_finite(self)
         require(self, self.generator_train_size >= 1, "generator_train_size", "must be >= 1")
         require(self, self.generator_test_size >= 0, "generator_test_size", "must be >= 0")
@@ -120,10 +138,7 @@ class DataConfig(ConfigGroup):
                 f"needs one weight per reward function ({len(self.reward_funcs)})")
         require(self, all(math.isfinite(w) for w in self.reward_weights), "reward_weights", "must be finite numbers")
         if self.reward_range is not None:
-            if isinstance(self.reward_range, (list, tuple)) and len(self.reward_range) == 2:
-                object.__setattr__(self, "reward_range", tuple(float(x) for x in self.reward_range))
-            require(self, isinstance(self.reward_range, tuple) and len(self.reward_range) == 2
-                    and all(math.isfinite(x) for x in self.reward_range) and self.reward_range[0] < self.reward_range[1],
+            require(self, all(math.isfinite(x) for x in self.reward_range) and self.reward_range[0] < self.reward_range[1],
                     "reward_range", "must be two finite numbers LOW < HIGH")
         require(self, self.soft_punish_cache >= 0, "soft_punish_cache", "must be >= 0")
         require(self, self.soft_punish_cache > 0 or "soft_overlong_punishment" not in self.reward_funcs,

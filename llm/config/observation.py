@@ -7,10 +7,10 @@ from typing import Literal
 
 from grpo_theory.estimators import DEFAULT_LCB_METHOD, IMPROVEMENT_WEIGHT_CAP, LcbMethod, lcb_method
 
-from llm.config.fields import ConfigGroup, MAX_TEMPERATURE, MIN_TEMPERATURE, require, require_finite, resumable
+from llm.config.fields import ConfigGroup, config_group, MAX_TEMPERATURE, MIN_TEMPERATURE, require, require_finite, resumable
 
 
-@dataclasses.dataclass
+@config_group
 class DiagnosticsConfig(ConfigGroup):
     """The estimates of TV distances, the bound's terms and the improvement, and the checks on alpha."""
 
@@ -69,7 +69,7 @@ class DiagnosticsConfig(ConfigGroup):
         require(self, self.insample_diagnostics_steps >= 1, "insample_diagnostics_steps", "must be >= 1")
 
 
-@dataclasses.dataclass
+@config_group
 class EvaluationConfig(ConfigGroup):
     """The test prompts' evaluation: how often, and sampled how."""
 
@@ -101,7 +101,7 @@ class EvaluationConfig(ConfigGroup):
                 "must lie in [0, 1), or be -1 (training's)")
 
 
-@dataclasses.dataclass
+@config_group
 class OutputConfig(ConfigGroup):
     """The run directory, its checkpoints, and what is printed and tracked."""
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llm.config.grpo import GRPOConfig
+from llm.config.grpo import GROUPS, GRPOConfig
 
 # ---- TRL's names ---------------------------------------------------------------------------------
 
@@ -42,6 +42,9 @@ def _trl_values(given: dict) -> dict:
         given["ref_model_sync_steps"] = TRL_REF_MODEL_SYNC_STEPS
     if sync_ref is not None and not sync_ref:
         out["ref_sync_steps"] = 0
+    use_vllm = given.get("use_vllm")
+    if use_vllm is not None and not use_vllm:  # TRL reads vllm_mode only with use_vllm: the order given never matters
+        given.pop("vllm_mode", None)
     vllm_mode = given.get("vllm_mode")
     for name, value in given.items():
         if name in TRL_SWITCHES:
@@ -94,6 +97,13 @@ def translate_trl_args(argv: list[str]) -> list[str]:
 def from_trl(**kwargs) -> GRPOConfig:
     """A ``GRPOConfig`` from keyword arguments that may use TRL's names (``TRL_NAMES``, ``TRL_SWITCHES``) beside
     this project's: ``from_trl(vllm_importance_sampling_mode="token_mask", bf16=True, max_steps=50)``."""
+    from llm.config.fields import nearest_name
+    from llm.config.grpo import FIELD_GROUP, TOP_FIELDS
+
+    known = [*TOP_FIELDS, *FIELD_GROUP, *TRL_NAMES, *TRL_SWITCHES, *GROUPS]
+    for k in kwargs:
+        if k not in known:
+            raise TypeError(f"from_trl got an unexpected keyword argument {k!r}{nearest_name(k, known)}")
     trl = {k: kwargs.pop(k) for k in list(kwargs) if k in TRL_NAMES or k in TRL_SWITCHES}
     translated = _trl_values(trl)
     both = sorted(set(translated) & set(kwargs))

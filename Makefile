@@ -89,8 +89,8 @@ run-real: $(STAMP)
 # SmolLM2-135M-Instruct as an agent with a calculator (docs/results.md): a tool-capable ChatML template, 3-digit by
 # 2-digit products; reward: the last turn's number (1) plus a well-formed call that got an answer (0.5).
 REAL_AGENT_RUN := --dataset runs/agent_data/multiply.jsonl --eval-dataset runs/agent_data/multiply-test.jsonl \
-	--tools llm.agents.builtin:multiply --chat-template-path llm/agents/templates/chatml_tools.jinja \
-	--reward-funcs llm.agents.rewards:last_turn_answer llm.agents.rewards:called_tool --reward-weights 1 0.5 \
+	--tools llm.tasks.arithmetic_tools:multiply --chat-template-path llm/agents/templates/chatml_tools.jinja \
+	--reward-funcs llm.rewards.agents:last_turn_answer llm.rewards.agents:called_tool --reward-weights 1 0.5 \
 	--reward-range 0 1.5 \
 	--max-tool-calling-iterations 2 --temperature 0.7 --max-completion-length 96 \
 	--prompts-per-step 4 --learning-rate 1e-5 --beta 0 --max-steps 24 --heldout-prompts 4 --eval-steps 12 \

@@ -165,6 +165,12 @@ class Correction:
     """The step's mask on the unclipped ratio: M2PO's "trust_region" (the paper's: only trust-region tokens are
     candidates) or "all" (AReaL's: every token), Trust Region Masking's "seq_max_k2" (whole sequences), "" (none)."""
 
+    @property
+    def mask_level(self) -> Literal["token", "sequence"]:
+        """What the step mask keeps or drops on a language model: each token (M2PO), or each whole sequence by its
+        largest |log w| (Trust Region Masking); on a table a response is one token and the two agree."""
+        return "sequence" if self.step_mask == "seq_max_k2" else "token"
+
     def threshold(self, m2_threshold: float, rollout_rs_threshold: float) -> float:
         """The threshold the mode's step mask reads: ``rollout_rs_threshold`` (seq_max_k2), else ``m2_threshold``."""
         return rollout_rs_threshold if self.step_mask == "seq_max_k2" else m2_threshold

@@ -20,7 +20,7 @@ from llm.models.distributed import SINGLE, shard_blocks
 from llm.models.model import Precision, frozen_copy, load_policy
 from llm.models.tiny import tiny_model_dir
 from llm.optim import Objective, optimise
-from llm.step.phases import advantages
+from llm.step.score import advantages
 from llm.tasks import TokenizedTask, arithmetic_task
 
 #: The repository's root (the working directory of the subprocesses tests start).

@@ -6,10 +6,14 @@ never re-tokenised: each turn is generated from the exact token ids before it, a
 appended as the template renders them. ``Rollout.tool_mask`` marks which tokens are whose, and every off-policy
 quantity (pi_k/alpha, the clip, the TV distances, the bound's terms, the exact J) runs over the policy's tokens only.
 
-- ``llm.agents.tools``: tools (``--tools module:function``) and environments (``--environment-factory``), called
-  with a timeout and an output budget; a failure becomes the tool's answer, never the run's end;
+- ``llm.agents.tools``: tools (``--tools module:function``), their schemas and what the model reads of an answer;
+- ``llm.agents.environments``: TRL 1.16's environment contract (``--environment-factory``);
+- ``llm.agents.workers``: where user code runs: a worker thread per episode, one deadline per round;
 - ``llm.agents.template``: the chat template's tool-call format: the environment's tokens and the parse of a turn
   (transformers' ``parse_response`` with the tokenizer's ``response_template``);
 - ``llm.agents.episodes``: ``AgentSampler``, the turns of a group of episodes over any sampler's ``generate``;
-- ``llm.agents.builtin``: the built-in agent task ``arithmetic_tools`` and its template.
+- ``llm.agents.setup``: the run's agent from its config, checked at start-up.
+
+The built-in agent task is a task (``llm.tasks.arithmetic_tools``), its reward functions rewards
+(``llm.rewards.agents``), its data command a command (``python -m llm.agent_data``).
 """

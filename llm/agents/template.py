@@ -84,7 +84,7 @@ class ToolTemplate:
                 "tool_calls": [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]}
 
     def _known_format(self, rendered: str) -> dict | None:
-        from llm.agents.builtin import BUILTIN_RESPONSE_TEMPLATE, BUILTIN_TOOL_CALL_OPEN
+        from llm.tasks.arithmetic_tools import BUILTIN_RESPONSE_TEMPLATE, BUILTIN_TOOL_CALL_OPEN
 
         if "<tool_call>" in rendered and "<|im_start|>" in rendered:
             return TOOL_CALL_JSON

@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "options": ("llm.commands.options", "llm.options", "print docs/options.md from the config"),
     "tiny": ("llm.commands.tiny", "llm.tiny", "rebuild the built-in tiny model"),
     "pretrained": ("llm.commands.pretrained", "llm.pretrained", "print the SmolLM2-135M-Instruct model directory"),
+    "agent-data": ("llm.commands.agent_data", "llm.agent_data", "write a multiplication task for an agent with a tool"),
     "check": ("grpo_theory.check", "grpo_theory.check", "check Theorem 1 exactly on random bandits"),
     "simulate": ("grpo_theory.simulate", "grpo_theory.simulate", "simulate Algorithm 1 on a bandit"),
     "experiments": ("grpo_theory.experiments", "grpo_theory.experiments", "the bandit's experiments and figures"),

@@ -109,14 +109,14 @@ AGENT_WARMUP = {"batch": 64, "lr": 1e-3, "max_steps": 2000, "eval_every": 10, "s
 
 def build_agent_model(dest: Path, log=print) -> Path:
     """The built-in agent model: the built-in model (its weights, ``tiny_model_dir``) with the tool-call chat template
-    and response template of ``llm.agents.builtin`` in its tokenizer, warmed up on the accepted episodes of the
+    and response template of ``llm.tasks.arithmetic_tools`` in its tokenizer, warmed up on the accepted episodes of the
     ``arithmetic_tools`` training prompts (labels on the policy's tokens only: the environment's are given) until
     the exact J over the training prompts (temperature 1) reaches WARMUP_TARGET."""
     from transformers import AutoModelForCausalLM
 
     from llm.models.model import load_tokenizer
 
-    from llm.agents.builtin import BUILTIN_CHAT_TEMPLATE, BUILTIN_RESPONSE_TEMPLATE, arithmetic_tools_task
+    from llm.tasks.arithmetic_tools import BUILTIN_CHAT_TEMPLATE, BUILTIN_RESPONSE_TEMPLATE, arithmetic_tools_task
     from llm.agents.setup import build_agent
     from llm.config.agent import AgentConfig
     from llm.evaluation.exact import mean_exact_j

@@ -11,7 +11,7 @@ from grpo_theory.core import ScaleRewards
 from grpo_theory.validation import EPS_MAX
 
 from llm.config.fields import ConfigGroup, config_group, require, require_finite, resumable
-from llm.core.loss_types import LossTypeName
+from grpo_theory.loss_types import LossTypeName
 
 
 @config_group

@@ -16,6 +16,9 @@ import importlib
 import re
 import traceback
 
+#: Modules of this package that moved, by their old names: a spec naming the old one still imports.
+MOVED_MODULES = {"llm.agents.builtin": "llm.tasks.arithmetic_tools", "llm.agents.rewards": "llm.rewards.agents"}
+
 #: Python objects given to a config that cannot be imported again by name (a lambda, a ``functools.partial``, a class
 #: or function defined inside a function), kept for this process under the text config.json holds of them.
 OBJECTS: dict[str, object] = {}
@@ -75,6 +78,7 @@ def import_object(spec, option: str):
     module, _, attr = spec.partition(":")
     if not module or not attr:
         raise ValueError(f"{option}: expected 'module:name', got {spec!r}")
+    module = MOVED_MODULES.get(module, module)
     try:
         obj = importlib.import_module(module)
     except SyntaxError as exc:

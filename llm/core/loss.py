@@ -41,10 +41,10 @@ import torch
 
 from grpo_theory.corrections import MODES, REGISTRY, ROLLOUT_RS_THRESHOLD, Correction, ImportanceSamplingMode
 
-from llm.core.loss_types import LossTypeName
-from llm.core.loss_types import loss_type as registered_loss_type
+from grpo_theory.loss_types import LossTypeName
+from grpo_theory.loss_types import loss_type as registered_loss_type
 
-LossType = LossTypeName  # declared once, in llm.core.loss_types
+LossType = LossTypeName  # declared once, in grpo_theory.loss_types
 RatioLevel = Literal["token", "sequence", "sequence_normalised"]
 
 
@@ -98,76 +98,29 @@ def bounded_ratios(log_ratio: torch.Tensor, log_ratio_k: torch.Tensor, adv: torc
     return torch.exp(torch.where(log_ratio > cap, cap, log_ratio)), torch.exp(log_ratio_k)
 
 
-def second_moment_keep_torch(log_w: torch.Tensor, weight: torch.Tensor, threshold: float) -> torch.Tensor:
-    """M2PO's mask over tokens with log-weights ``log_w`` = log pi_k/alpha (B, T), the mean of (log w)^2 weighted by
-    ``weight`` (B, T): the step's completion tokens (1 each: the paper's plain token mean over the batch), or alpha's
-    probabilities when the rows are a table's responses. The torch twin of ``grpo_theory.second_moment_keep`` (tested
-    equal, AReaL's edges included: strictly below the threshold; the smallest alone when nothing is): True where a
-    token stays in the loss; tokens of weight 0 are not considered (False). Computed once over the whole step's
-    tokens (``llm.optim.update.optimise``), never per micro-batch."""
-    flat = weight.detach().double().reshape(-1)
-    on = flat > 0
-    out = torch.zeros(on.shape, dtype=torch.bool, device=weight.device)
-    m = (log_w.detach().double().reshape(-1)[on]) ** 2
-    if m.numel() == 0:
-        return out.reshape(weight.shape)
-    wt = flat[on]
-    order = torch.sort(-m, stable=True).indices
-    mass = (wt * m)[order].flip(0).cumsum(0).flip(0)
-    total = wt[order].flip(0).cumsum(0).flip(0)
-    below = mass < threshold * total
-    first = int(torch.nonzero(below)[0]) if bool(below.any()) else m.numel() - 1
-    kept = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
-    kept[order[first:]] = True
-    out[on] = kept
-    return out.reshape(weight.shape)
-
-
-def trust_region_second_moment_keep_torch(log_w: torch.Tensor, adv: torch.Tensor, weight: torch.Tensor,
-                                          threshold: float) -> torch.Tensor:
-    """M2PO's mask as its paper states it over tokens (B, T): the torch twin of
-    ``grpo_theory.corrections.trust_region_second_moment_keep`` (tested equal, ties and edges included). ``adv``
-    (B, T) or (B,): each token's advantage; ``weight`` (B, T): 1 on the step's tokens, 0 off them (never kept).
-    Candidates are the trust-region tokens (A > 0 with log w > 0, A < 0 with log w < 0); while the weight-mean of
-    (log w)^2 over those still in is above ``threshold`` the largest is dropped. Computed once over the whole step."""
-    flat_w = weight.detach().double().reshape(-1)
-    lw = log_w.detach().double().reshape(-1)
-    a = (adv if adv.dim() == log_w.dim() else adv[:, None].expand_as(log_w)).detach().double().reshape(-1)
-    on = flat_w > 0
-    keep = on.clone()
-    cand = torch.nonzero(on & (((a > 0) & (lw > 0)) | ((a < 0) & (lw < 0)))).reshape(-1)
-    if cand.numel():
-        m = lw[cand] ** 2
-        order = cand[torch.sort(-m, stable=True).indices]
-        mass = (flat_w[order] * lw[order] ** 2).flip(0).cumsum(0).flip(0)
-        total = flat_w[order].flip(0).cumsum(0).flip(0)
-        within = mass / total <= threshold  # the mean, as Algorithm 1 computes it
-        dropped = int(torch.nonzero(within)[0]) if bool(within.any()) else order.numel()
-        keep[order[:dropped]] = False
-    return keep.reshape(weight.shape)
-
-
-def max_k2_keep_torch(log_w: torch.Tensor, weight: torch.Tensor, threshold: float) -> torch.Tensor:
-    """Trust Region Masking's gate over sequences (rows of ``log_w`` = log pi_k/alpha, (B, T); ``weight`` (B, T): the
-    tokens that count): every token of a row is kept when the row's largest k2 = (log w)^2 / 2 over its tokens is at
-    most ``threshold``, else none. The torch twin of ``grpo_theory.corrections.max_k2_keep`` with a row's max (tested
-    equal on one-token rows)."""
-    on = weight > 0
-    k2 = torch.where(on, 0.5 * log_w.double() ** 2, torch.zeros_like(log_w, dtype=torch.float64))
-    return on & (k2.amax(dim=1, keepdim=True) <= threshold)
-
-
 def step_mask_torch(correction: Correction, log_w: torch.Tensor, adv: torch.Tensor, weight: torch.Tensor,
                     threshold: float) -> torch.Tensor | None:
-    """The mode's step mask over the step's tokens (``Correction.step_mask``): the paper's (``m2po``), AReaL's
-    (``m2po_areal``), Trust Region Masking's (``seq_max_k2``: ``max_k2_keep_torch``), or None."""
-    if correction.step_mask == "seq_max_k2":
-        return max_k2_keep_torch(log_w, weight, threshold)
-    if correction.step_mask == "trust_region":
-        return trust_region_second_moment_keep_torch(log_w, adv, weight, threshold)
-    if correction.step_mask == "all":
-        return second_moment_keep_torch(log_w, weight, threshold)
-    return None
+    """The mode's step mask over the step's tokens (B, T) (``Correction.step_mask``; None for a mode without one),
+    computed by its one definition, ``Correction.keep`` over 1-D samples in numpy (float64): the samples are the tokens
+    of weight > 0 in row-major order (M2PO's masks: the paper's ``m2po``, AReaL's ``m2po_areal``), or, for a
+    sequence-level mask (Trust Region Masking's ``seq_max_k2``), each row's largest |log w| over its tokens, the row's
+    tokens all kept or all dropped. ``log_w`` = log pi_k/alpha, ``adv`` (B, T) or (B,), ``weight`` (B, T): 1 on the
+    step's tokens (or alpha's probabilities on a table's rows), 0 off them (never kept). Computed once over the whole
+    step (``llm.optim.update.optimise``), never per micro-batch."""
+    if not correction.step_mask:
+        return None
+    on = weight.detach() > 0
+    lw = log_w.detach().double()
+    to_numpy = lambda t: t.cpu().numpy()  # noqa: E731
+    if correction.mask_level == "sequence":
+        rows = torch.where(on, lw.abs(), torch.zeros_like(lw)).amax(dim=1)
+        kept = correction.keep(to_numpy(rows), None, to_numpy(on.any(dim=1).double()), threshold)
+        return on & torch.from_numpy(kept).to(on.device)[:, None]
+    a = (adv if adv.dim() == log_w.dim() else adv[:, None].expand_as(log_w)).detach().double()
+    kept = correction.keep(to_numpy(lw[on]), to_numpy(a[on]), to_numpy(weight.detach().double()[on]), threshold)
+    out = torch.zeros_like(on)
+    out[on] = torch.from_numpy(kept).to(on.device)
+    return out
 
 
 def k3_kl(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
@@ -402,7 +355,7 @@ class TRLWeightLoss(CorrectionLoss):
 
 class M2POLoss(CorrectionLoss):
     """M2PO as published: r A with r = pi/alpha, unclipped, on the tokens the step's second-moment mask keeps (the
-    caller's ``token_keep``, ``second_moment_keep_torch``); r held below e^LOG_RATIO_MAX."""
+    caller's ``token_keep``, ``step_mask_torch``); r held below e^LOG_RATIO_MAX."""
 
     def per_token(self, logp, logp_k, logp_alpha, adv, real, spec, level):
         log_ratio = logp - logp_alpha

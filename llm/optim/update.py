@@ -22,7 +22,7 @@ from runkit.host_memory import micro_batches
 
 from llm.core.batch import Batch
 from llm.core.logprobs import Forward, TokenDists, idle_passes
-from llm.core.loss_types import loss_type
+from grpo_theory.loss_types import loss_type
 from llm.core.loss import Clip, LossStats, grpo_loss, loss_weights, step_mask_torch
 from llm.core.passes import Passes
 from llm.models.distributed import Ranks, clip_gradients

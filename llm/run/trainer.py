@@ -2,10 +2,10 @@
 sampler), the loop over the steps and the checkpoints. The trainer's phases, in the order a run goes through them:
 
     set-up      model, task, start-up checks, weights and sampler            (``setup``; ``llm.step.weights``)
-    start       restore a checkpoint, print the run's arithmetic             (``start_run``; ``llm.run.monitors``)
+    start       restore a checkpoint, print the run's arithmetic             (``start_run``; ``llm.run.output``)
     each step   sync, rollout, score, advantages, behaviour, reference,     (``llm.step.step.run_step``: its own table)
                 optimise, diagnose, evaluate
-    log         one row of metrics.jsonl, trackers, callbacks                (``llm.run.monitors.Output``)
+    log         one row of metrics.jsonl, trackers, callbacks                (``llm.run.output.Output``)
     checkpoint  every ``save_steps`` steps, at the end and on Ctrl-C          (``save``)
     reference   reset pi_ref every ``ref_sync_steps``                         (``Weights.reset_ref``)
 
@@ -39,11 +39,12 @@ from llm.models.model import add_lora, compile_blocks, load_policy, resolve_devi
 from llm.models.vml import resolve_vml_dispatch
 from llm.optim import Objective, Schedule
 from llm.rewards import RewardContext
-from llm.run.monitors import DeclaredRange, ExactJ, Output, SilentOutput, StepCallback, Warnings, arithmetic
+from llm.run.output import Output, SilentOutput, StepCallback, arithmetic
 from llm.run.rundir import RunDir
 from llm.run.trackers import Trackers, check_trackers
-from llm.sampling import max_model_len, resolved_sampler
+from llm.sampling import max_model_len, sampler_class
 from llm.step.clock import SyncClock
+from llm.step.monitors import DeclaredRange, ExactJ, Warnings
 from llm.step.rollout import RolloutWindow
 from llm.step.step import Run, run_step
 from llm.step.weights import Weights
@@ -61,7 +62,7 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
     """
     # torchrun: this process's rank (one rank with the in-process engine runs as one process); else one process
     ranks = init_ranks(resolve_device(config.machine.device), config.machine.fsdp,
-                       group_of_one=resolved_sampler(config.sampling) != "vllm")
+                       group_of_one=not sampler_class(config.sampling).owns_torch_distributed)
     finished = False
     try:
         path = train_main(config, ranks, log, callbacks) if ranks.main else train_rank(config, ranks)
@@ -131,7 +132,7 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
             device = torch.device("cuda", torch.cuda.current_device())
         log(f"trainer processes: {ranks.world} ({ranks.backend}{', FSDP' if ranks.fsdp else ''}), "
             f"this one on {device}")
-        if resolved_sampler(config.sampling) == "vllm":
+        if sampler_class(config.sampling).owns_torch_distributed:
             raise ValueError("sampler: the in-process vLLM engine sets up torch.distributed for itself and cannot "
                              "share torchrun's process group; under torchrun use --sampler server (vLLM in its own "
                              "process) or --sampler transformers")
@@ -250,7 +251,7 @@ def start_run(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_p
                        "differs), so it matches an uninterrupted run up to float rounding, not bit for bit")
     params = list(weights.policy.parameters())
     for line in arithmetic(config, sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad),
-                           next(iter(params)).device, resolved_sampler(config.sampling), task, model_path):
+                           next(iter(params)).device, sampler_class(config.sampling).name, task, model_path):
         output.log(line)
     passes = Passes.from_config(config, ranks)
     exact = ExactJ(config.diagnostics.exact_j and ranks.joins_rank0, weights.policy, task, config.sampling.temperature,
@@ -260,9 +261,10 @@ def start_run(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_p
     for line in ranges.start_lines("declared with --reward-range" if config.data.reward_range is not None else
                                    "the reward's own sources"):
         output.log(line)
-    if ranges.certifies and config.objective.behaviour_logprobs == "recompute" and config.diagnostics.heldout_prompts:
-        output.log("behaviour_logprobs recompute: log alpha is the trainer's, not the distribution the sampler drew "
-                   "from, so the per-step certificate (heldout/improvement_lcb) abstains (nan)")
+    own_alpha = config.objective.behaviour_logprobs != "recompute" and sampler_class(config.sampling).returns_logprobs
+    if ranges.certifies and not own_alpha and config.diagnostics.heldout_prompts:
+        output.log("log alpha is the trainer's (behaviour_logprobs recompute, or a sampler that reports none), not the "
+                   "distribution the sampler drew from, so the per-step certificate (heldout/improvement_lcb) abstains")
     rollouts = RolloutWindow(config, task.task, task.prompt_ids, weights.sampler, clock)
     initial = {k: np.asarray(v) for k, v in (ckpt or {}).get("eval_initial", {}).items()}
     looks = (ckpt or {}).get("eval_looks", sum("eval/improvement_lcb" in r for r in kept))

@@ -22,7 +22,7 @@ from llm.sampling.vllm_settings import quiet_vllm
 quiet_vllm()  # before any import of vllm
 
 __all__ = ["Rollout", "Sampler", "TransformersSampler", "check_vllm_supports", "make_sampler", "max_model_len",
-           "probe_sync", "resolved_sampler"]
+           "probe_sync", "resolved_sampler", "sampler_class"]
 
 
 def resolved_sampler(sampling) -> str:
@@ -35,6 +35,25 @@ def resolved_sampler(sampling) -> str:
     from llm.sampling.vllm_engine import vllm_available
 
     return "vllm" if vllm_available() else "transformers"
+
+
+def sampler_class(sampling) -> type:
+    """The class of the sampler a run uses (``resolved_sampler``), whose attributes say what it is
+    (``llm.sampling.base.Sampler``): read before the sampler exists (under torchrun, the start-up checks)."""
+    kind = resolved_sampler(sampling)
+    if kind == "server":
+        from llm.sampling.server import ServerSampler
+
+        return ServerSampler
+    if kind == "vllm":
+        from llm.sampling.vllm_engine import VLLMSampler
+
+        return VLLMSampler
+    if sampling.use_transformers_continuous_batching:
+        from llm.sampling.hf_continuous import ContinuousBatchingSampler
+
+        return ContinuousBatchingSampler
+    return TransformersSampler
 
 
 def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:

@@ -69,7 +69,21 @@ class Rollout:
 
 
 class Sampler(Protocol):
+    """What a sampler is, declared as class attributes the trainer reads (no comparison of names outside
+    ``llm.sampling``), and what it does."""
+
     name: str
+    holds_own_weights: bool
+    """It holds its own copy of the weights, reached only through ``load_weights`` (an engine, a server): the trainer
+    proves the sync at start-up (``probe_sync``) and hands it the policy's weights to evaluate with."""
+    runs_server: bool
+    """Its weights live in another process and may be anyone's when the run starts: the trainer sends the policy's
+    before the first step."""
+    returns_logprobs: bool
+    """``generate`` reports log alpha of every drawn token (the certificates need the sampler's own)."""
+    owns_torch_distributed: bool
+    """It sets up ``torch.distributed`` for itself in the trainer's process (an in-process vLLM engine): it cannot
+    share torchrun's process group."""
 
     def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
                  greedy: bool = False, token_filter: TokenFilter = NO_FILTER) -> Rollout:

@@ -97,6 +97,8 @@ class TransformersSampler:
     sampled does not depend on the split, up to float rounding of the logits in another batch."""
 
     name = "transformers"
+    holds_own_weights, runs_server = False, False  # what it is (``llm.sampling.base.Sampler``)
+    returns_logprobs, owns_torch_distributed = True, False
 
     def __init__(self, model: torch.nn.Module, eos_token_id: int, pad_token_id: int, copy: bool = True,
                  batch_size: int = 0):

@@ -62,6 +62,8 @@ class ServerSampler:
     """Samples from vLLM's OpenAI server at ``url``; ``load_weights`` pushes the trainer's weights into it."""
 
     name = "server"
+    holds_own_weights, runs_server = True, True  # what it is (``llm.sampling.base.Sampler``)
+    returns_logprobs, owns_torch_distributed = True, False
 
     def __init__(self, url: str, model_path: str, *, eos_token_id: int, max_model_len: int, timeout: float = 120.0,
                  sync_host: str = "127.0.0.1"):

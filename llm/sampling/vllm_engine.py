@@ -42,6 +42,8 @@ class VLLMSampler:
     """alpha held by an in-process vLLM engine (``LLM``), re-synchronised with ``load_weights``."""
 
     name = "vllm"
+    holds_own_weights, runs_server = True, False  # what it is (``llm.sampling.base.Sampler``)
+    returns_logprobs, owns_torch_distributed = True, True
 
     def __init__(self, model_path: str, *, dtype: str, seed: int, max_model_len: int, eos_token_id: int,
                  model_config=None, sequences: int = 256, group: int = 1, prompt_tokens: int = 0,

@@ -1,6 +1,6 @@
 """The monitors of one step (``llm.step.step.run_step``): the phase timer, the exact J, the declared reward range of
 Theorem 1's terms and the certificates, and the warnings about the step's estimates. The run's own output (run directory, trackers, callbacks) is
-``llm.run.monitors``."""
+``llm.run.output``."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from llm.core.passes import Passes
 from llm.evaluation import EvalSpec, evaluate
 from llm.evaluation.test_set import improvement_bounds
 from llm.optim import Objective, Schedule, optimise
-from llm.sampling import resolved_sampler
+from llm.sampling import sampler_class
 from llm.step.behaviour import Behaviour, alpha_logprobs, sampler_logprobs
 from llm.step.clock import SyncClock, Tick
 from llm.step.diagnose import Heldout, diagnose, heldout_before_update, heldout_estimates, insample_estimates
@@ -250,7 +250,7 @@ def run_evaluation(run: Run, policy_step: int) -> dict[str, float]:
     also holds the run's certificate (``eval/improvement_lcb``, ``eval/improvement_lcb_greedy``: the improvement since
     the first evaluation, paired per prompt, valid at every evaluation at once)."""
     config, weights = run.config, run.weights
-    engine = resolved_sampler(config.sampling) in ("vllm", "server")
+    engine = sampler_class(config.sampling).holds_own_weights  # every rank alike (under FSDP every rank calls this)
     if engine and weights.ranks.main:
         run.rollouts.wait()  # the background generation uses the sampler's weights until it is done
     with weights.policy_in_sampler(engine, swap=policy_step > 0) as policy:

@@ -46,11 +46,11 @@ class Weights:
         ``probe_sync``), make the copies and the optimiser; under FSDP shard each copy as soon as it is made (one whole
         copy besides the policy at a time) and keep rank 0's whole copy in CPU memory."""
         sampler = make_sampler(config, policy, tokenizer, model_path, longest_prompt) if ranks.main else None
-        if sampler is not None and config.diagnostics.verify_sync and sampler.name in ("vllm", "server"):
+        if sampler is not None and config.diagnostics.verify_sync and sampler.holds_own_weights:
             probe_sync(sampler, policy, probe_prompts, tokenizer.pad_token_id, config.sampling.temperature,
                        Precision.from_config(config.machine), SYNC_CHECKS[config.machine.dtype],
                        config.sampling.token_filter)  # ends with the policy's
-        elif sampler is not None and sampler.name == "server":  # a server's weights may be anyone's
+        elif sampler is not None and sampler.runs_server:  # a server's weights may be anyone's
             sampler.load_weights(policy)
         own = isinstance(sampler, TransformersSampler) and not config.sync.async_generation and not ranks.active
         if sampler is not None and agent is not None:  # every completion an episode (``llm.agents``)

@@ -58,7 +58,7 @@ class Task:
     test_columns: dict[str, tuple] = field(default_factory=dict)
     row_reward: RowRewardFn | None = None
     accepted_scripts: tuple = ()
-    """An agent task's exact-J hook (``llm.agents.builtin``): per prompt, the accepted episodes as scripts of tool
+    """An agent task's exact-J hook (``llm.tasks.arithmetic_tools``): per prompt, the accepted episodes as scripts of tool
     calls, each followed by the last tool's answer as the final turn; the reward is then 1 iff the episode's tokens are
     one of them (``TokenizedTask.accepted_ids``, built by the episode loop itself)."""
     test_accepted_scripts: tuple = ()
@@ -298,7 +298,7 @@ def exact_answer(answer: str) -> tuple[str, ...]:
 
 def arithmetic_split() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """The built-in tasks' (a, b) pairs, training and test: a fixed random ARITH_TEST_FRACTION (seed 0) held out,
-    each part in the pairs' order (the arithmetic task's and the agent task's, ``llm.agents.builtin``)."""
+    each part in the pairs' order (the arithmetic task's and the agent task's, ``llm.tasks.arithmetic_tools``)."""
     pairs = [(a, b) for a in ARITH_A for b in ARITH_B]
     order = np.random.default_rng(0).permutation(len(pairs))
     n_test = round(ARITH_TEST_FRACTION * len(pairs))

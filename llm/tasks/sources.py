@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from llm.agents.builtin import arithmetic_tools_task
+from llm.tasks.arithmetic_tools import arithmetic_tools_task
 from llm.rewards import ANSWER_CHECKS, RewardContext, check_answers, import_reward_fn
 from llm.rewards import reward_funcs as resolve_reward_funcs
 from llm.tasks import Task, arithmetic_task
@@ -33,7 +33,7 @@ def load_task(dataset: str, reward_fn: str = "", eval_dataset: str = "", reward_
     ``reward_funcs`` (``llm.rewards.reward_funcs``, with ``reward_context``) replace the task's own reward;
     ``environment_reward`` (an ``--environment-factory``): the environments' reward sources are added, and without
     ``reward_funcs`` or ``reward_fn`` they are the whole reward (TRL's); ``none``: the environment owns the data.
-    ``arithmetic_tools``: the built-in agent task (``llm.agents.builtin``).
+    ``arithmetic_tools``: the built-in agent task (``llm.tasks.arithmetic_tools``).
     """
     if dataset in BUILTIN_TASKS or dataset.startswith(PREFIX):
         if eval_dataset:

@@ -12,16 +12,16 @@ LAYERS = [
      "runkit.tables", "runkit.validation"],
     ["grpo_theory.validation", "grpo_theory.numerics", "grpo_theory.core", "grpo_theory.betting", "grpo_theory.estimators",
      "grpo_theory.amplification", "grpo_theory.instances", "grpo_theory.symbolic", "grpo_theory.corrections", "grpo_theory.trm",
-     "grpo_theory.sync_policy", "grpo_theory.truncation", "grpo_theory"],
+     "grpo_theory.sync_policy", "grpo_theory.truncation", "grpo_theory.loss_types", "grpo_theory"],
     ["grpo_theory.simulate", "grpo_theory.check", "grpo_theory.sigma_bias", "grpo_theory.experiments",
      "grpo_theory.certificate"],
     # llm/, its folders in the order of a step's data flow
     ["llm.config.fields", "llm.config.objects", "llm.config.ranges", "llm.config.model", "llm.config.algorithm", "llm.config.machinery", "llm.config.observation",
-     "llm.config.agent", "llm.config.grpo", "llm.config.trl", "llm.config", "llm.core.metrics", "llm.core.loss_types",
+     "llm.config.agent", "llm.config.grpo", "llm.config.trl", "llm.config", "llm.core.metrics",
      "llm.core", "llm.models", "llm.step", "llm.run", "llm.commands"],  # settings and conventions, no torch
     ["llm.tasks.data", "llm.rewards.functions", "llm.rewards.overlong", "llm.rewards.model", "llm.rewards",
-     "llm.tasks.procedural", "llm.agents.builtin", "llm.agents.rewards", "llm.tasks.sources", "llm.tasks"],  # tasks/, rewards/: prompts and
-    # their rewards (agents/builtin.py: the built-in agent task)
+     "llm.rewards.agents", "llm.tasks.procedural", "llm.tasks", "llm.tasks.arithmetic_tools", "llm.tasks.sources"],
+    # tasks/, rewards/: prompts and their rewards (the built-in agent task among them)
     ["llm.models.distributed", "llm.models.vml", "llm.models.model", "llm.models.tiny",
      "llm.models.pretrained"],  # models/: processes, models, where weights come from (built-in, GGUF, a directory)
     ["llm.core.token_filter", "llm.core.batch", "llm.core.logprobs", "llm.core.loss", "llm.core.diagnostics",
@@ -35,14 +35,14 @@ LAYERS = [
     ["llm.evaluation.exact", "llm.evaluation.passk", "llm.evaluation.test_set", "llm.evaluation"],  # evaluation/
     ["llm.optim.schedule", "llm.optim.update", "llm.optim"],  # optim/: the optimiser steps on the loss
     ["llm.step.clock", "llm.step.rollout", "llm.step.score", "llm.step.behaviour", "llm.step.diagnose",
-     "llm.step.phases", "llm.step.weights", "llm.step.monitors"],  # step/: one step's stages, phase by phase
+     "llm.step.weights", "llm.step.monitors"],  # step/: one step's stages, phase by phase
     ["llm.step.step"],  # step/step.py: run_step, the stages in order
-    ["llm.run.rundir", "llm.run.trackers", "llm.run.monitors"],
+    ["llm.run.rundir", "llm.run.trackers", "llm.run.output"],
     ["llm.run.trainer"],  # run/: the loop over steps
     ["llm", "llm.analysis.report", "llm.analysis.ablation", "llm.analysis.warning", "llm.analysis"],  # analysis/
     ["llm.commands.train", "llm.commands.serve", "llm.commands.report", "llm.commands.ablation",
      "llm.commands.options", "llm.commands.tiny", "llm.commands.pretrained", "llm.train", "llm.serve", "llm.report",
-     "llm.ablation", "llm.options", "llm.tiny", "llm.pretrained", "llm.agents.data"],  # commands/: parse, then call; llm/*.py: python -m
+     "llm.ablation", "llm.options", "llm.tiny", "llm.pretrained", "llm.commands.agent_data", "llm.agent_data"],  # commands/: parse, then call; llm/*.py: python -m
     ["llm.commands.console"],  # offpolicy-grpo: every command by name (imported by name, at dispatch)
 ]
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy import stats
 
-from llm.agents.builtin import arithmetic_tools_task
+from llm.tasks.arithmetic_tools import arithmetic_tools_task
 from llm.agents.episodes import AgentSampler
 from llm.agents.setup import build_agent
 from llm.config import GRPOConfig
@@ -438,7 +438,7 @@ def test_trls_tools_and_environment_factory_given_as_objects_are_kept_by_name():
 
 
 def test_the_agent_reward_functions_read_the_last_turn_and_the_tools_answers():
-    from llm.agents.rewards import called_tool, last_turn_answer
+    from llm.rewards.agents import called_tool, last_turn_answer
 
     call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "multiply"}}]}
     good = [call, {"role": "tool", "name": "multiply", "content": "5535"}, {"role": "assistant", "content": "5535"}]

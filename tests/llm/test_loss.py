@@ -19,10 +19,24 @@ from llm.core.loss import (
     grpo_loss,
     k3_kl,
     loss_weights,
-    second_moment_keep_torch,
     step_mask_torch,
-    trust_region_second_moment_keep_torch,
 )
+from grpo_theory.corrections import REGISTRY as CORRECTIONS
+
+
+def second_moment_keep_torch(log_w, weight, threshold):
+    """AReaL's M2PO mask over a (B, T) step, through the loss's one entry (``step_mask_torch``)."""
+    return step_mask_torch(CORRECTIONS["m2po_areal"], log_w, torch.zeros_like(log_w), weight, threshold)
+
+
+def trust_region_second_moment_keep_torch(log_w, adv, weight, threshold):
+    """The paper's M2PO mask over a (B, T) step, through ``step_mask_torch``."""
+    return step_mask_torch(CORRECTIONS["m2po"], log_w, adv, weight, threshold)
+
+
+def max_k2_keep_torch(log_w, weight, threshold):
+    """Trust Region Masking's sequence gate over a (B, T) step, through ``step_mask_torch``."""
+    return step_mask_torch(CORRECTIONS["seq_max_k2"], log_w, torch.zeros_like(log_w), weight, threshold)
 
 B, T = 8, 5
 
@@ -326,8 +340,9 @@ def test_the_config_refuses_bad_corrections():
 
 @given(st.integers(0, 2**32 - 1), st.sampled_from([0.01, 0.04, 0.3]), st.booleans())
 def test_the_m2po_mask_in_torch_is_grpo_theorys(seed, threshold, weighted):
-    """``second_moment_keep_torch`` over a (B, T) step (padding of weight 0, ties among equal weights) equals
-    ``grpo_theory.second_moment_keep`` on its tokens, token for token."""
+    """AReaL's mask over a (B, T) step (padding of weight 0, ties among equal weights), computed by the loss's
+    ``step_mask_torch`` from its one definition, equals ``grpo_theory.second_moment_keep`` on its tokens, token for
+    token."""
     g = np.random.default_rng(seed)
     log_w = np.round(g.normal(scale=0.4, size=(6, 5)), 1)  # rounded: ties in (log w)^2
     weight = g.random((6, 5)) if weighted else np.ones((6, 5))
@@ -447,7 +462,7 @@ def test_m2po_gradient_is_the_published_objectives(threshold, seed):
 
 
 def test_loss_types_and_advantage_scales_are_registries_declared_once():
-    """One object per loss type (``llm.core.loss_types.LOSS_TYPES``) and one function per advantage scale
+    """One object per loss type (``grpo_theory.loss_types.LOSS_TYPES``) and one function per advantage scale
     (``grpo_theory.core.ADVANTAGE_SCALES``), their names the config's Literal types themselves; every loss type's
     weights follow its normaliser, and bnpo alone is normalised per pass."""
     import dataclasses
@@ -455,7 +470,7 @@ def test_loss_types_and_advantage_scales_are_registries_declared_once():
 
     from grpo_theory.core import ADVANTAGE_SCALES, ScaleRewards
     from llm.config import ObjectiveConfig
-    from llm.core.loss_types import LOSS_TYPES, LossTypeName
+    from grpo_theory.loss_types import LOSS_TYPES, LossTypeName
 
     hints = typing.get_type_hints(ObjectiveConfig)
     assert hints["loss_type"] is LossTypeName and hints["scale_rewards"] is ScaleRewards
@@ -476,7 +491,6 @@ def test_trust_region_masking_drops_whole_completions_by_their_largest_k2():
     the others count every token with the unclipped pi/alpha; padding never decides; on one-token rows the torch mask is
     ``grpo_theory.corrections.max_k2_keep``."""
     from grpo_theory.corrections import ROLLOUT_RS_THRESHOLD, max_k2_keep
-    from llm.core.loss import max_k2_keep_torch
 
     log_w = torch.tensor([[0.1, -0.2, 0.0], [0.1, 0.8, 0.0], [0.1, 0.0, 5.0], [-0.69, 0.0, 0.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0], [1, 0, 0]], dtype=torch.float64)

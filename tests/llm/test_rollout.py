@@ -99,7 +99,7 @@ def test_dynamic_sampling_keeps_the_first_varied_groups_over_the_rounds_and_logs
     import numpy as np
 
     from llm.sampling import Rollout
-    from llm.step.phases import Scored, VariedGroups
+    from llm.step.score import Scored, VariedGroups
 
     varied = VariedGroups(3, 2)
     rounds = [([10, 11, 12], [[1.0, 1.0], [0.0, 1.0], [1.0, 0.0]]), ([13, 14, 15], [[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])]
@@ -127,7 +127,7 @@ def _dynamic_sampling_draws(reps: int, P: int, G: int, max_rounds: int, seed: in
     import numpy as np
 
     from llm.sampling import Rollout
-    from llm.step.phases import Scored, VariedGroups
+    from llm.step.score import Scored, VariedGroups
 
     p = np.array([0.3, 0.9, 0.97, 0.99])
     tv_if = {1.0: 0.05, 0.0: 0.30}

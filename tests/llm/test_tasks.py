@@ -122,7 +122,7 @@ def test_trl_signature_reward_functions_are_weighted_and_logged(reward_module, t
     0, as in TRL), each function's values are kept for rewards/<name>/mean|std, and a run logs them."""
     from llm import train
     from llm.run.rundir import read_metrics
-    from llm.step.phases import reward_metrics
+    from llm.step.score import reward_metrics
 
     task = load_task("arithmetic", reward_funcs=[f"{reward_module}:correct", f"{reward_module}:short",
                                                  f"{reward_module}:only_even"], reward_weights=[0.5, 0.25, 0.25])

@@ -253,7 +253,7 @@ def test_start_up_says_what_the_certificate_can_certify(heldout, says):
     count (or that it can never certify there), or that an unguaranteed bound has no level."""
     from types import SimpleNamespace
 
-    from llm.run.monitors import arithmetic
+    from llm.run.output import arithmetic
     from llm.tasks import arithmetic_task
 
     method = "cantelli_unguaranteed" if "cantelli" in says else "betting"

@@ -1,4 +1,4 @@
-"""Reward functions for agents' episodes, with TRL's signature (``--reward-funcs llm.agents.rewards:<name>``): they
+"""Reward functions for agents' episodes, with TRL's signature (``--reward-funcs llm.rewards.agents:<name>``): they
 get each episode as messages (the policy's turns with their ``tool_calls``, the tools' answers)."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The loss types (TRL's ``loss_type``), one object per name, declared once: how a step's per-token losses are
-normalised. The torch weights of each normaliser are ``llm.core.loss.loss_weights``; the config's ``loss_type``
-takes its type from ``LossTypeName`` here (no torch at this layer)."""
+normalised (a convention of the objective, beside ``core.ADVANTAGE_SCALES`` and ``corrections.REGISTRY``). The torch
+weights of each normaliser are ``llm.core.loss.loss_weights``; the trainer's config takes ``loss_type``'s type from
+``LossTypeName`` here, so the config and the loss read one declaration without importing each other."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""``python -m llm.agents.data OUT.jsonl``: a multiplication task for a pretrained model with a calculator tool.
+"""``python -m llm.agent_data OUT.jsonl``: a multiplication task for a pretrained model with a calculator tool.
 
 Rows in TRL's format: ``prompt`` ("What is 347 * 28? ...") and ``answer`` (the product). Three-digit by two-digit
-factors, so that a small model cannot multiply in its head and gains by calling ``multiply`` (``llm.agents.builtin``,
-``--tools llm.agents.builtin:multiply``); the default reward (``--answer-check last_number``) reads the last turn of the
+factors, so that a small model cannot multiply in its head and gains by calling ``multiply`` (``llm.tasks.arithmetic_tools``,
+``--tools llm.tasks.arithmetic_tools:multiply``); the default reward (``--answer-check last_number``) reads the last turn of the
 episode only (``TokenizedTask.texts``), so the tool's answer alone scores nothing. The question shows the call's
 format, which SmolLM2-135M-Instruct does not produce unprompted (docs/results.md).
 """
@@ -18,7 +18,7 @@ import numpy as np
 from runkit.cli import parse
 from runkit.validation import require
 
-PROG = "python -m llm.agents.data"
+PROG = "python -m llm.agent_data"
 QUESTION = ('What is {a} * {b}? Call the multiply tool by writing <tool_call>{{"name": "multiply", "arguments": '
             '{{"a": {a}, "b": {b}}}}}</tool_call>, then reply with the product only.')
 

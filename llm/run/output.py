@@ -1,6 +1,6 @@
-"""What watches a run and what it says: the start-up arithmetic, and ``Output``: the run directory, the trackers,
-the callbacks and the progress bar of rank 0 (every other rank gets ``SilentOutput``). The step's own monitors (the
-phase timer, the exact J, the reward range, the warnings) are ``llm.step.monitors``, re-exported here."""
+"""What a run says: the start-up arithmetic, and ``Output``: the run directory, the trackers, the callbacks and the
+progress bar of rank 0 (every other rank gets ``SilentOutput``). The step's own monitors (the phase timer, the exact
+J, the reward range, the warnings) are ``llm.step.monitors``."""
 
 from __future__ import annotations
 
@@ -11,13 +11,11 @@ from pathlib import Path
 from grpo_theory.estimators import certificate_abstains, certificate_floor
 
 from llm.run.rundir import RunDir, read_metrics
-from llm.step.monitors import ESS_WARN_FRACTION, DeclaredRange, ExactJ, PhaseTimer, Warnings
+from llm.step.monitors import ESS_WARN_FRACTION
 from llm.tasks import TokenizedTask
 
 StepCallback = Callable[[int, dict], None]
-# the step's monitors live with the step (llm.step.monitors); their names stay importable from here
-__all__ = ["ESS_WARN_FRACTION", "ExactJ", "Output", "PhaseTimer", "DeclaredRange", "SilentOutput", "StepCallback",
-           "Warnings", "arithmetic", "shorten", "sync_line"]
+__all__ = ["Output", "SilentOutput", "StepCallback", "arithmetic", "shorten", "sync_line"]
 
 
 def arithmetic(config, n_params: int, n_trained: int, device, sampler_name: str, task: TokenizedTask,

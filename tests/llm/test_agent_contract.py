@@ -20,7 +20,7 @@ from llm.agents.setup import build_agent
 from llm.config import GRPOConfig
 from llm.config.agent import AgentConfig
 from llm.tasks import Task
-from tests.llm.test_agents import QUIET, Script, _agent
+from tests.llm.test_agents import QUIET, Script, _agent, _tokenizer
 
 ENVS = "tests.llm.agent_envs"
 CALL = '[multiply{{"a":{a},"b":{b}}}]<eos>'
@@ -31,7 +31,7 @@ def _env_agent(factory, log=QUIET, reward_funcs=(), task=None, **kw):
     """The built-in agent model's tokenizer with ``factory`` (a name in tests.llm.agent_envs, a dict, a callable)."""
     from llm.rewards import reward_funcs as resolve
 
-    tok = _agent()[0]
+    tok = _tokenizer()
     names = list(factory) if isinstance(factory, dict) else []
     task = task or Task("rows", tuple(r["prompt"] for r in ROWS), (), env_reward=True,
                         columns={"environment": tuple(names[i % len(names)] for i in range(len(ROWS)))} if names else {})

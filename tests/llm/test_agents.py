@@ -5,6 +5,7 @@ neither the loss, nor the importance weights, nor the TV; the exact J is the pro
 success; bad input from the world (a tool that raises, hangs, answers too much or not text, a malformed or unknown
 call, too many calls) ends neither the run nor a row; a template that cannot express tool calls is refused."""
 
+import functools
 import math
 
 import numpy as np
@@ -22,13 +23,29 @@ from llm.sampling.base import Rollout
 QUIET = lambda *a: None  # noqa: E731
 
 
-def _agent(tools=(), log=QUIET, **kw):
+def _tokenizer():
     from llm.models.model import load_tokenizer
     from llm.models.tiny import agent_model_dir
 
-    tok = load_tokenizer(str(agent_model_dir()))
+    return load_tokenizer(str(agent_model_dir()))
+
+
+def _agent(tools=(), log=QUIET, **kw):
+    """The built-in agent task bound to the agent model's tokenizer with an agent of ``tools`` (its accepted episodes
+    built by the episode loop: a few seconds; the plain one is built once, ``_plain_agent``)."""
+    if not tools and log is QUIET and not kw:
+        return _plain_agent()
+    tok = _tokenizer()
     task = arithmetic_tools_task()
     agent = build_agent(AgentConfig(tools=tuple(tools), **kw), task, tok, log)
+    return tok, task, agent, task.bind(tok, agent=agent)
+
+
+@functools.cache
+def _plain_agent():
+    tok = _tokenizer()
+    task = arithmetic_tools_task()
+    agent = build_agent(AgentConfig(), task, tok, QUIET)
     return tok, task, agent, task.bind(tok, agent=agent)
 
 

@@ -112,8 +112,9 @@ def test_the_transformers_sampler_in_micro_batches_samples_what_the_unsplit_call
 
 def test_the_runs_certificate_is_the_betting_bound_on_paired_differences_at_the_spent_level():
     """``improvement_bounds``: for each accuracy, the betting bound on the per-prompt differences now - before at
-    the level spent on the look-th evaluation (so every look's bound holds at once); nan when an accuracy leaves
-    [0, 1]; accuracies without a first evaluation are skipped; a later look is never less strict."""
+    the level spent on the look-th evaluation (so every look's bound holds at once), for rewards in the declared range
+    [0, 1]; nan when an accuracy leaves it; accuracies without a first evaluation are skipped; a later look is never
+    less strict."""
     import numpy as np
 
     from grpo_theory.betting import spent_level
@@ -124,15 +125,16 @@ def test_the_runs_certificate_is_the_betting_bound_on_paired_differences_at_the_
     before = {"accuracy_sampled": g.uniform(0, 0.4, 113), "accuracy_greedy": (g.random(113) < 0.2).astype(float)}
     now = {"accuracy_sampled": np.clip(before["accuracy_sampled"] + g.uniform(0, 0.6, 113), 0, 1),
            "accuracy_greedy": np.maximum(before["accuracy_greedy"], (g.random(113) < 0.5).astype(float))}
-    out = improvement_bounds(now, before, 0.95, 4)
+    unit = (0.0, 1.0)
+    out = improvement_bounds(now, before, 0.95, 4, unit)
     d = now["accuracy_sampled"] - before["accuracy_sampled"]
     assert out["eval/improvement_lcb"] == pytest.approx(lower_confidence_bound(d, spent_level(0.95, 4), low=-1,
                                                                                high=1))
     assert 0 < out["eval/improvement_lcb"] < d.mean() and 0 < out["eval/improvement_lcb_greedy"]
-    assert improvement_bounds(now, before, 0.95, 40)["eval/improvement_lcb"] <= out["eval/improvement_lcb"]
+    assert improvement_bounds(now, before, 0.95, 40, unit)["eval/improvement_lcb"] <= out["eval/improvement_lcb"]
     wide = {**now, "accuracy_sampled": now["accuracy_sampled"] * 2.0}
-    assert np.isnan(improvement_bounds(wide, before, 0.95, 1)["eval/improvement_lcb"])
-    assert improvement_bounds(now, {"accuracy_greedy": before["accuracy_greedy"]}, 0.95, 1).keys() == {
+    assert np.isnan(improvement_bounds(wide, before, 0.95, 1, unit)["eval/improvement_lcb"])
+    assert improvement_bounds(now, {"accuracy_greedy": before["accuracy_greedy"]}, 0.95, 1, unit).keys() == {
         "eval/improvement_lcb_greedy"}
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Literal
 
 from grpo_theory.corrections import (ROLLOUT_RS_THRESHOLD, ImportanceSamplingMode, correction,

@@ -11,7 +11,6 @@ from pathlib import Path
 from grpo_theory.estimators import certificate_abstains, certificate_floor
 
 from llm.run.rundir import RunDir, read_metrics
-from llm.step.monitors import ESS_WARN_FRACTION
 from llm.tasks import TokenizedTask
 
 StepCallback = Callable[[int, dict], None]

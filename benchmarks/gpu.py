@@ -19,10 +19,11 @@ adds Qwen2.5-1.5B's shape) on the GPU:
    The optimise phase's trained tokens/s (prompt + completion tokens) and its share of the bf16 rate at 6N FLOPs
    per token; the sampler's generated tokens/s and its share at 2N per token; the run's peak CUDA memory.
 
-4. ``--speed`` (0.5B shape): the same workload at v = 1 and v = 4 for our trainer with plain ``generate``, with
-   ``--use-transformers-continuous-batching``, and with that and ``--padding-free``; then TRL 1.16's GRPOTrainer
-   in a child process on the same GPU, model and prompts (its default: transformers ``generate``; then its
-   ``use_transformers_continuous_batching``), steps 2.. timed. Ratios are steps per second over TRL's default and
+4. ``--speed`` (0.5B shape): the same workload at v = 1 and v = 4 for our trainer with plain ``generate`` (one
+   prefill per prompt), with ``--cache-implementation static`` (the decode step under CUDA graphs), and with that,
+   ``--padding-free`` and ``--token-budget 8192``; then TRL 1.16's GRPOTrainer in a child process on the same GPU,
+   model and prompts (its default: transformers ``generate``; ``--all-rows``: also both continuous batchings),
+   steps 2.. timed. ``--check`` (``make benchmark-gpu``): tests/gpu first, then this part, one table. Ratios are steps per second over TRL's default and
    over TRL's continuous batching, all rows from this one call. TRL needs trl, datasets, dill and multiprocess
    importable (carried as wheels to a GPU machine without them: docs/benchmarks.md).
 """
@@ -154,13 +155,16 @@ def trainer_end_to_end(model_dir: Path, work: Path, rate: float, log=print) -> d
 
 #: Part 4's rows of our trainer: (name, extra GRPOConfig fields), each at v = 1 and v = 4.
 SPEED_ROWS = [("ours generate", {}),
-              ("ours continuous batching", {"use_transformers_continuous_batching": True}),
-              ("ours continuous batching + padding-free", {"use_transformers_continuous_batching": True,
-                                                           "padding_free": True})]
+              ("ours static cache", {"cache_implementation": "static"}),
+              ("ours static cache + padding-free + token budget", {"cache_implementation": "static",
+                                                                   "padding_free": True, "token_budget": 8192})]
+#: ``--all-rows`` adds transformers' continuous batching (slower than generate on an H200, 2026-11-27).
+MORE_ROWS = [("ours continuous batching", {"use_transformers_continuous_batching": True})]
 
 
 def speed_against_trl(model_dir: Path, work: Path, rate: float, log=print, save=lambda rows: None,
-                      device: str = "cuda", workload: Workload = WORKLOAD) -> list[dict]:
+                      device: str = "cuda", workload: Workload = WORKLOAD, ours=SPEED_ROWS,
+                      trl_continuous: bool = True) -> list[dict]:
     """Part 4: our rows (``SPEED_ROWS`` at v = 1 and 4) and TRL's two, each a dict of s/step, phases and shares;
     ``save(rows)`` after each row, so a call cut short keeps what it measured. ``device`` 'cpu' (with a small
     ``workload``) tries the part out without a GPU."""
@@ -175,7 +179,7 @@ def speed_against_trl(model_dir: Path, work: Path, rate: float, log=print, save=
         log(f"  {row['name']}: {row['s_per_step']:.2f} s/step ({phases}); {row['gen_tokens']:.0f} generated tokens "
             f"a step", flush=True)
 
-    for name, extra in SPEED_ROWS:
+    for name, extra in ours:
         for v in (1, 4):
             shutil.rmtree(work / "runs", ignore_errors=True)
             if cuda:
@@ -197,7 +201,7 @@ def speed_against_trl(model_dir: Path, work: Path, rate: float, log=print, save=
                  "peak_gb": torch.cuda.max_memory_allocated() / GB if cuda else float("nan")})
     if cuda:
         torch.cuda.empty_cache()
-    for continuous in (False, True):
+    for continuous in (False, True) if trl_continuous else (False,):
         trl, note = run_trl(model_dir, "bfloat16", work, sys.executable, steps=6, workload=workload, vllm=False,
                             device=device, continuous_batching=continuous)
         if trl is None:
@@ -225,6 +229,20 @@ def speed_against_trl(model_dir: Path, work: Path, rate: float, log=print, save=
     return rows
 
 
+def gpu_tests(timeout: int = 240) -> str:
+    """``make test-gpu``'s tests (tests/gpu) in a child process, at most ``timeout`` seconds: pytest's summary line."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
+                               "tests/gpu"], cwd=root, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"stopped after {timeout} s"
+    lines = [ln for ln in done.stdout.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else f"exit {done.returncode}"
+
+
 def saved_parameters(model_dir: Path) -> int:
     """N of the arithmetic counts: the parameters in the model's safetensors files (tied embeddings once)."""
     import math
@@ -244,6 +262,10 @@ def main() -> int:
     ap.add_argument("--work", default="/tmp/offpolicy_grpo_gpu_bench", help="model files and run directories")
     ap.add_argument("--json", default="", help="write every number here too")
     ap.add_argument("--speed", action="store_true", help="part 4 only (0.5B shape): ours against TRL 1.16")
+    ap.add_argument("--check", action="store_true",
+                    help="make benchmark-gpu: tests/gpu, then part 4 (ours: generate, static cache, and with packing "
+                         "and a token budget; TRL's default), one table")
+    ap.add_argument("--all-rows", action="store_true", help="with --speed: also continuous batching, ours and TRL's")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/gpu.py needs a CUDA device (torch.cuda.is_available() is False)")
@@ -263,7 +285,11 @@ def main() -> int:
     result["bf16_flops"] = rate
     print(f"{result['gpu']}, torch {torch.__version__}, transformers {transformers.__version__}: bf16 matmul "
           f"{rate / 1e12:.0f} TFLOP/s (8192^3, median of 10)", flush=True)
-    if args.speed:
+    if args.check:
+        tests = gpu_tests()
+        result["test_gpu"] = tests
+        print(f"make test-gpu: {tests}", flush=True)
+    if args.speed or args.check:
         model_dir = build_model(work / "qwen_0.5b", shape=QWEN05, max_positions=1024)
 
         def save(rows):
@@ -271,7 +297,8 @@ def main() -> int:
             if args.json:
                 Path(args.json).write_text(json.dumps(result, indent=1))
 
-        speed_against_trl(model_dir, work, rate, save=save)
+        speed_against_trl(model_dir, work, rate, save=save, ours=SPEED_ROWS + (MORE_ROWS if args.all_rows else []),
+                          trl_continuous=args.all_rows)
         return 0
     for shape in shapes:
         t0 = time.perf_counter()

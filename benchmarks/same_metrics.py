@@ -42,7 +42,7 @@ def record(out: Path) -> None:
 
 def wall_clock(key: str) -> bool:
     """A key whose value is a measured time or rate (``time/*``; ``sync/mb_per_s`` of earlier recordings)."""
-    return key.startswith("time/") or key in ("sync/mb_per_s", "time/sync_mb_per_s")
+    return key.startswith(("time/", "perf/")) or key in ("sync/mb_per_s", "time/sync_mb_per_s")
 
 
 def rows(run: Path) -> list[dict]:

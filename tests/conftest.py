@@ -34,7 +34,8 @@ resolve_vml_dispatch()
 #: under `make test`'s two pytest-xdist workers they form one work unit, run one after the other by a single worker
 #: while the other worker runs single-process modules (started together they ran 1.5-1.9x slower; and in 2 of 5
 #: parallel runs that let them overlap, the server test under torchrun found the server gone, cause not found).
-MULTIPROCESS_MODULES = ("tests/llm/test_server.py", "tests/llm/test_distributed.py", "tests/llm/test_compile.py")
+MULTIPROCESS_MODULES = ("tests/llm/test_server.py", "tests/llm/test_distributed.py", "tests/llm/test_compile.py",
+                        "tests/llm/test_generation_paths.py")
 #: The next longest modules, longest first (sequential seconds, `pytest --durations=0`, 2-core AMD EPYC, this
 #: round: model 150-200, trainer 144, faults 126, vllm_engine 98, logprobs 90, diagnostics 64, evaluation 60,
 #: rollout 60, families 58, real_model 53, train 52, sync_policy 49). Order only: every test runs.

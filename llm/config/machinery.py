@@ -51,6 +51,13 @@ class SamplingConfig(ConfigGroup):
     same distribution and log alpha (tested against the trainer's recomputation under temperature, top-k and top-p);
     the draws come from one seeded stream per call, not one per sequence, so a sample depends on the schedule.
     Implies --sampler transformers where the sampler is 'auto'."""
+    cache_implementation: Literal["dynamic", "static"] | None = None
+    """The transformers sampler's KV cache (TRL's name): None or 'dynamic' (grown as tokens come; each run of equal
+    prompts, a group's G completions, prefilled once), 'static' (preallocated for the call, prompts padded to the
+    task's longest, and the decode step compiled by transformers' generate: under CUDA graphs on a GPU, by inductor on
+    a CPU; minutes of compiling at the first call of each shape). log alpha is what was sampled either way (tested
+    against the trainer's recomputation). With 'static' a call's draws come from one seeded stream, not one per
+    sequence, so a sample depends on the batch it ran in."""
     vllm_gpu_memory_utilization: float = 0.3
     """Share of the GPU's memory the in-process engine may take (TRL's name and default; CUDA only: on a CPU the KV
     cache is sized from the window, or by vllm_kv_cache_gb)."""
@@ -88,6 +95,10 @@ class SamplingConfig(ConfigGroup):
                 "(start one with python -m llm.serve)")
         require(self, not self.server_url or self.sampler == "server", "server_url",
                 f"given, but the sampler is {self.sampler!r}; add --sampler server")
+        require(self, self.cache_implementation in (None, "dynamic") or (
+            self.sampler == "transformers" and not self.use_transformers_continuous_batching), "cache_implementation",
+                "'static' is a mode of the transformers sampler's generate: add --sampler transformers (continuous "
+                "batching has its own paged cache)")
         require(self, not self.use_transformers_continuous_batching or self.sampler in ("auto", "transformers"),
                 "use_transformers_continuous_batching", f"is a mode of the transformers sampler, but the sampler is "
                 f"{self.sampler!r}; drop one of them")
@@ -120,6 +131,12 @@ class MachineConfig(ConfigGroup):
     transformers sampler generates that many sequences at a time (each from its own random stream: the samples do
     not depend on the split).
     0: the whole step in one pass (fastest on the built-in model; use 4-16 on real models)."""
+    token_budget: int = resumable(0)
+    """Tokens one forward (and backward) pass of the update may hold (TRL AsyncGRPO's name): the passes are cut by
+    length so that each holds at most this many forwarded tokens (its rows x its longest row; with --padding-free,
+    their own lengths), so a step of long completions runs in more, smaller passes and one of short ones in fewer;
+    a sequence longer than the budget runs alone (none is dropped, unlike TRL's). Also under
+    per_device_train_batch_size's row limit. The gradient is the same up to float rounding. 0: no budget."""
     group_by_length: bool = resumable(True)
     """Run the passes of a step (each at most ``per_device_train_batch_size`` completions) over sequences of similar
     length, each pass padded only to its own longest sequence, so padding positions stay out of the matmuls
@@ -136,7 +153,7 @@ class MachineConfig(ConfigGroup):
     start-up). Prompts are then not shared (--share-prompts needs the padded layout)."""
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flex_attention"] = resumable("auto")
     """The trainer's attention kernel (transformers' name; the sampler's is the engine's own). auto: transformers'
-    choice (sdpa where the family has it). eager keeps a (length x length) score matrix per head, so prefer sdpa for
+    choice (sdpa where the family has it), but with --padding-free on a GPU flex_attention. eager keeps a (length x length) score matrix per head, so prefer sdpa for
     long sequences; on a CPU eager can be the faster in bfloat16 (docs/benchmarks.md). flash_attention_2 needs a
     CUDA device and the flash-attn package; flex_attention (torch's, compiled at its first calls) skips the blocks a
     --padding-free row's mask leaves empty."""
@@ -193,6 +210,7 @@ class MachineConfig(ConfigGroup):
         require(self, self.freed_memory_ceiling >= 0, "freed_memory_ceiling", "must be >= 0 (0: no ceiling)")
         require(self, not (self.fsdp and self.compile), "compile",
                 "is not tested with --fsdp's sharded blocks: drop one of --fsdp and --compile")
+        require(self, self.token_budget >= 0, "token_budget", "must be >= 0 (0: no budget)")
         require(self, self.per_device_train_batch_size >= 0, "per_device_train_batch_size",
                 "must be >= 0 (0: the whole step in one pass)")
         require(self, self.logit_chunk_tokens >= 0, "logit_chunk_tokens", "must be >= 0 (0: automatic)")

@@ -24,12 +24,14 @@ import torch
 PASS_OVERHEAD_ROWS = 2.0
 
 
-def length_groups(lengths, max_rows: int = 0, overhead_rows: float = PASS_OVERHEAD_ROWS) -> list[np.ndarray]:
+def length_groups(lengths, max_rows: int = 0, overhead_rows: float = PASS_OVERHEAD_ROWS, token_budget: int = 0,
+                  packed: bool = False) -> list[np.ndarray]:
     """Rows of each pass when rows of ``lengths`` are run in passes padded to their own longest row: rows sorted by
-    length (stably), cut into consecutive runs of at most ``max_rows`` rows (0: no limit) so that the padded
-    positions plus ``overhead_rows`` x the longest length per pass are least (dynamic programming over the cut
-    points; no partition of the rows does better, contiguous or not). Returns the row indices of each pass,
-    shortest rows first."""
+    length (stably), cut into consecutive runs of at most ``max_rows`` rows (0: no limit) and, with a
+    ``token_budget``, of at most that many forwarded tokens (rows x the longest; ``packed``: the rows' own lengths,
+    one row of them; a row longer than the budget runs alone), so that the padded positions plus ``overhead_rows`` x
+    the longest length per pass are least (dynamic programming over the cut points; no partition of the rows does
+    better, contiguous or not). Returns the row indices of each pass, shortest rows first."""
     lengths = np.asarray(lengths, dtype=np.int64)
     n = len(lengths)
     order = np.argsort(lengths, kind="stable")
@@ -38,9 +40,13 @@ def length_groups(lengths, max_rows: int = 0, overhead_rows: float = PASS_OVERHE
     cap = max_rows if 0 < max_rows < n else n
     best = np.zeros(n + 1)
     cut = np.zeros(n + 1, dtype=np.int64)
+    prefix = np.concatenate([[0], np.cumsum(srt)])
     for j in range(1, n + 1):  # best[j]: the first j sorted rows; the last pass holds rows i..j-1
         i = np.arange(max(0, j - cap), j)
         cost = best[i] + (j - i) * srt[j - 1] + overhead
+        if token_budget:  # over the budget: out, but for a row alone
+            tokens = prefix[j] - prefix[i] if packed else (j - i) * srt[j - 1]
+            cost = np.where((tokens <= token_budget) | (i == j - 1), cost, np.inf)
         k = int(np.argmin(cost))
         best[j], cut[j] = cost[k], i[k]
     groups, j = [], n
@@ -74,17 +80,20 @@ class Batch:
     def size(self) -> int:
         return self.input_ids.shape[0]
 
-    def passes(self, size: int, by_length: bool, rows: torch.Tensor | None = None) -> list[torch.Tensor]:
+    def passes(self, size: int, by_length: bool, rows: torch.Tensor | None = None, token_budget: int = 0,
+               packed: bool = False) -> list[torch.Tensor]:
         """Row indices of the forward passes over this batch (or over its ``rows`` only: a rank's share), at most
-        ``size`` rows each (0: no limit): consecutive rows, or (``by_length``) rows of similar length grouped by
-        ``length_groups``."""
+        ``size`` rows each (0: no limit) and at most ``token_budget`` forwarded tokens each (0: no limit; ``packed``:
+        counted without padding): consecutive rows, or (``by_length``, and always with a budget) rows of similar
+        length grouped by ``length_groups``."""
         rows = torch.arange(self.size) if rows is None else rows.cpu()
         if len(rows) == 0:
             return []
-        if not by_length:
+        if not (by_length or token_budget):
             return list(rows.split(size or len(rows)))
         lengths = self.attention_mask[rows.to(self.attention_mask.device)].sum(dim=1).cpu().numpy()
-        return [rows[torch.from_numpy(g)] for g in length_groups(lengths, size)]
+        return [rows[torch.from_numpy(g)] for g in length_groups(lengths, size, token_budget=token_budget,
+                                                                  packed=packed)]
 
     def take(self, rows: torch.Tensor) -> "Batch":
         """Sequences ``rows``, with the columns that are padding in all of them dropped (prompt columns on the left,

@@ -402,13 +402,14 @@ def completion_logprobs(model, batch: Batch, temperature: float, precision: Prec
                         micro_batch: int = 0, chunk_tokens: int = 0, entropy: bool = False,
                         keep_hidden: bool = False, by_length: bool = False, rows: torch.Tensor | None = None,
                         ranks: Ranks = SINGLE, share_prompts: bool = True,
-                        token_filter: TokenFilter = NO_FILTER, packed: bool = False) -> Forward:
+                        token_filter: TokenFilter = NO_FILTER, packed: bool = False,
+                        token_budget: int = 0) -> Forward:
     """``forward_completions`` without gradients, ``micro_batch`` sequences per pass (0: no limit); ``by_length``:
     sequences of similar length share a pass, padded only to the longest of them (``Batch.passes``); ``rows``: only
     these sequences (a rank's share; the others' values are zero); ``packed``: each pass's sequences in one row
-    without padding. Under FSDP (``ranks``) this rank also runs the idle passes that give every rank as many passes
-    (``Ranks.idle_passes``)."""
-    rows = batch.passes(micro_batch, by_length, rows)
+    without padding; ``token_budget``: at most that many forwarded tokens a pass. Under FSDP (``ranks``) this rank
+    also runs the idle passes that give every rank as many passes (``Ranks.idle_passes``)."""
+    rows = batch.passes(micro_batch, by_length, rows, token_budget, packed)
     idle_passes(ranks.idle_passes(len(rows)), model, batch, temperature, precision, chunk_tokens,
                 token_filter=token_filter)
     if not rows:  # a rank whose share is empty (fewer prompts than ranks): zeros, which the sum over ranks ignores

@@ -1,7 +1,7 @@
 """Conventions of metrics.jsonl that readers share (``llm.analysis.report``, the ablation, the benchmarks): no torch here.
 
-Every key under ``time/`` is wall-clock (seconds, or a rate); every other key is a function of the config and the
-seed (the same in two runs of one command on one machine, up to float rounding). ``time/<phase>`` for the phases
+Every key under ``time/`` or ``perf/`` (TRL's throughput names) is wall-clock (seconds, or a rate); every other key is
+a function of the config and the seed (the same in two runs of one command on one machine, up to float rounding). ``time/<phase>`` for the phases
 of ``PHASES`` are the seconds of the step's phases, which add up to the step.
 """
 
@@ -18,8 +18,17 @@ def step_seconds(row: dict, exclude: tuple[str, ...] = ()) -> float:
 
 
 def deterministic(row: dict) -> dict:
-    """The row without its wall-clock keys (``time/*``): what two runs of one command must log alike."""
-    return {k: v for k, v in row.items() if not k.startswith("time/")}
+    """The row without its wall-clock keys (``time/*``, ``perf/*``): what two runs of one command must log alike."""
+    return {k: v for k, v in row.items() if not is_wall_clock(k)}
+
+
+#: The prefixes of wall-clock keys (module docstring).
+WALL_CLOCK = ("time/", "perf/")
+
+
+def is_wall_clock(key: str) -> bool:
+    """Whether a metrics key is wall-clock (``time/*``, ``perf/*``), not a function of the config and the seed."""
+    return key.startswith(WALL_CLOCK)
 
 
 def certificate_shares(rows: list[dict], level: float = 0.95) -> dict[str, float]:
@@ -49,3 +58,44 @@ def certificate_shares(rows: list[dict], level: float = 0.95) -> dict[str, float
         out["e_bh"] = share(e_bh(e, level).tolist())
         out["spending"] = share(alpha_spending(e, level).tolist())
     return out
+
+
+# ---- model FLOPs utilisation (TRL's perf/mfu_fwd_bwd and perf/mfu_wall_clock) -------------------------------------
+
+#: Dense peak bfloat16 FLOP/s of accelerators by name (vendors' data sheets; the more specific names first).
+PEAK_BF16_FLOPS = (("H100 NVL", 835e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H200 NVL", 835e12),
+                   ("H200", 989e12), ("H20", 148e12), ("A100", 312e12), ("L40S", 362e12), ("L4", 121e12),
+                   ("A10G", 125e12), ("A10", 125e12), ("B200", 2.25e15), ("GB200", 2.5e15), ("MI300X", 1.3e15))
+
+
+def peak_flops(device_name: str, dtype: str) -> float | None:
+    """The dense peak FLOP/s of a device by its name (``torch.cuda.get_device_name``) in ``dtype`` ('bfloat16'), None
+    when unknown (a CPU, float32): then no MFU is logged, as TRL logs none."""
+    import re
+
+    if dtype != "bfloat16":
+        return None
+    for name, flops in PEAK_BF16_FLOPS:
+        if re.search(rf"\b{re.escape(name.casefold())}\b", device_name.casefold()):
+            return flops
+    return None
+
+
+def training_flops_per_token(config, seq_len: float) -> float:
+    """FLOPs of one token's forward and backward pass (3 x forward) through a dense decoder described by ``config``
+    (a transformers config) at sequence length ``seq_len``: the projections 2 h (n_q + 2 n_kv) d + 2 n_q d h, the
+    attention scores 4 n_q d seq_len (every position over the whole length: PaLM's and TRL's convention), the MLP
+    6 h i, per layer, and the output layer 2 h V."""
+    h, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    d = getattr(config, "head_dim", None) or h // heads
+    attention = 2 * h * (heads + 2 * kv) * d + 2 * heads * d * h + 4 * heads * d * seq_len
+    mlp = 6 * h * config.intermediate_size
+    return 3.0 * (layers * (attention + mlp) + 2 * h * vocab)
+
+
+def mfu(flops_per_token: float, tokens: float, seconds: float, peak: float, world: int = 1) -> float:
+    """Model FLOPs utilisation in percent: the FLOPs of ``tokens`` forwarded and back-propagated in ``seconds`` over
+    ``world`` devices of ``peak`` FLOP/s each."""
+    return 100.0 * flops_per_token * tokens / max(seconds, 1e-12) / (peak * world)

@@ -34,6 +34,7 @@ class Passes:
     ranks: Ranks = SINGLE
     token_filter: TokenFilter = NO_FILTER  # top_k, top_p, min_p: every policy is the filtered distribution
     padding_free: bool = False  # padding_free: each pass's sequences packed into one row
+    token_budget: int = 0  # token_budget: the forwarded tokens a pass may hold (0: none)
 
     @classmethod
     def from_config(cls, config, ranks: Ranks = SINGLE) -> "Passes":
@@ -41,7 +42,12 @@ class Passes:
         machine, sampling = config.machine, config.sampling
         return cls(sampling.temperature, Precision.from_config(machine), machine.per_device_train_batch_size,
                    machine.logit_chunk_tokens, machine.group_by_length, machine.prompts_shared, sampling.num_generations,
-                   ranks, sampling.token_filter, machine.padding_free)
+                   ranks, sampling.token_filter, machine.padding_free, machine.token_budget)
+
+    def split(self, batch: Batch) -> list[torch.Tensor]:
+        """This rank's passes over ``batch``: micro-batches of at most ``micro_batch`` rows and ``token_budget``
+        tokens (``Batch.passes``)."""
+        return batch.passes(self.micro_batch, self.by_length, self.rows(batch), self.token_budget, self.padding_free)
 
     def rows(self, batch: Batch) -> torch.Tensor | None:
         """This rank's rows of ``batch`` (None: every row, one process)."""
@@ -53,7 +59,7 @@ class Passes:
         out = completion_logprobs(model, batch, self.temperature, self.precision, micro_batch=self.micro_batch,
                                   chunk_tokens=self.chunk_tokens, by_length=self.by_length, rows=self.rows(batch),
                                   ranks=self.ranks, share_prompts=self.share_prompts, token_filter=self.token_filter,
-                                  packed=self.padding_free, **kw)
+                                  packed=self.padding_free, token_budget=self.token_budget, **kw)
         return self.whole_batch(out)
 
     def forward(self, model: torch.nn.Module, batch: Batch, **kw) -> Forward:

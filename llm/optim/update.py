@@ -96,7 +96,7 @@ def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, opti
         seq = seq * np.asarray(sequence_keep, dtype=np.float32)
     seq_mask = torch.tensor(seq, dtype=torch.float32, device=device)
     weights = loss_weights(batch.policy_mask, objective.loss_type, objective.max_completion_length, seq_mask)
-    parts = batch.passes(passes.micro_batch, passes.by_length, passes.rows(batch))
+    parts = passes.split(batch)
     if loss_type(objective.loss_type).per_pass:  # bnpo: each pass's loss tokens are its own normaliser
         weights = bnpo_weights(batch.policy_mask * seq_mask[:, None], parts, passes.ranks)
     # every completion token but those truncation masking drops, zero-variance groups included: TRL's completion

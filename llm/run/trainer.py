@@ -148,7 +148,7 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
     if ranks.main:
         ranks.barrier()
     policy, tokenizer = load_policy(model_path, device, config.model.trust_remote_code,
-                                    config.machine.attn_implementation)
+                                    packing_attention(config.machine, device))
     policy.train()
     if config.machine.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -174,6 +174,15 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
     max_model_len(policy, config.sampling, longest)  # the longest prompt plus a whole completion fit the model's positions
     weights = Weights.build(config, ranks, policy, tokenizer, model_path, probes, longest, agent)
     return weights, bound, model_path
+
+
+def packing_attention(machine, device: torch.device) -> str:
+    """The attention kernel to load the policy with: ``attn_implementation``, or where it is 'auto' with
+    ``padding_free`` on a GPU, torch's flex_attention, whose block mask keeps a pass's sequences apart in one packed
+    row (on a CPU transformers' own choice runs the packed rows with a dense mask)."""
+    if machine.attn_implementation == "auto" and machine.padding_free and device.type == "cuda":
+        return "flex_attention"
+    return machine.attn_implementation
 
 
 def probe_prompts(bound: TokenizedTask, tokenizer) -> list[list[int]]:

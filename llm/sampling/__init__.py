@@ -91,7 +91,10 @@ def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, ma
 
         return ContinuousBatchingSampler(policy, tokenizer.eos_token_id, tokenizer.pad_token_id)
     return TransformersSampler(policy, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                               batch_size=config.machine.per_device_train_batch_size)
+                               batch_size=config.machine.per_device_train_batch_size,
+                               share_prompts=config.machine.share_prompts,
+                               cache_implementation=config.sampling.cache_implementation,
+                               prompt_width=max_prompt_tokens)
 
 
 def window_completions(config) -> int:

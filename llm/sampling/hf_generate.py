@@ -36,9 +36,9 @@ class TemperedLogprobs:
     batch."""
 
     def __init__(self, temperature: float, token_filter: TokenFilter = NO_FILTER,
-                 generators: list[torch.Generator] | None = None):
+                 generators: list[torch.Generator] | torch.Generator | None = None):
         self.temperature, self.token_filter, self.prev, self.logp = temperature, token_filter, None, []
-        self.generators = generators
+        self.generators = generators  # one per row, or one stream for the call (drawn on the scores' device)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         self._collect(input_ids[:, -1])  # the token sampled from the previous step's distributions
@@ -50,7 +50,10 @@ class TemperedLogprobs:
 
     def _draw(self, logp: torch.Tensor) -> torch.Tensor:
         """Scores that leave one token per row: the inverse CDF of exp(logp) at each row's own uniform draw."""
-        u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in self.generators])
+        if isinstance(self.generators, torch.Generator):  # one stream: every row's draw on the device at once
+            u = torch.rand(logp.shape[0], generator=self.generators, dtype=torch.float64, device=logp.device)
+        else:
+            u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in self.generators])
         cdf = logp.double().exp().cumsum(dim=-1)
         # the first token whose CDF exceeds the draw: never one of probability 0 (u = 0 included)
         tokens = torch.searchsorted(cdf, (u.to(cdf.device) * cdf[:, -1])[:, None], right=True)
@@ -67,6 +70,37 @@ class TemperedLogprobs:
         """log-probs (B, steps) of the generated tokens, once ``generate`` returned ``sequences``."""
         self._collect(sequences[:, -1])
         return torch.stack(self.logp, dim=1)
+
+
+def static_cache() -> dict:
+    """``generate``'s settings for a static KV cache whose decode step transformers compiles (its ``CompileConfig``:
+    inductor, CUDA graphs on a GPU), on every device: a CPU runs the same compiled path as a GPU."""
+    from transformers import CompileConfig
+
+    compile_config = CompileConfig(fullgraph=True, dynamic=False)
+    compile_config._compile_all_devices = True  # transformers compiles on accelerators only unless told
+    return {"cache_implementation": "static", "compile_config": compile_config}
+
+
+def shared_prefill(model, prompts: list[list[int]], ids: torch.Tensor, mask: torch.Tensor) -> dict:
+    """One prefill per distinct prompt of a ``generate`` call: the keys and values of every prompt token but its last,
+    computed once for each run of equal prompts (a group's G completions) and repeated across the run's rows as
+    ``past_key_values``; ``generate`` then computes only each row's last prompt token and what follows (as
+    ``--share-prompts`` does for the update). ``ids`` and ``mask``: the call's left-padded rows. {} when no prompt
+    repeats or the prompts are single tokens."""
+    from transformers import DynamicCache
+
+    starts = [r for r in range(len(prompts)) if r == 0 or prompts[r] != prompts[r - 1]]
+    if len(starts) == len(prompts) or ids.shape[1] < 2:
+        return {}
+    owner = torch.tensor([len([s for s in starts if s <= r]) - 1 for r in range(len(prompts))], device=ids.device)
+    first = torch.tensor(starts, device=ids.device)
+    cache = DynamicCache(config=model.config)
+    head, head_mask = ids[first, :-1], mask[first, :-1]
+    model(input_ids=head, attention_mask=head_mask, position_ids=(head_mask.cumsum(-1) - 1).clamp(min=0),
+          past_key_values=cache, use_cache=True, logits_to_keep=1)
+    cache.batch_select_indices(owner)  # each row the keys and values of its run's prompt
+    return {"past_key_values": cache}
 
 
 def row_generator(seed: int, row: int) -> torch.Generator:
@@ -94,16 +128,20 @@ class TransformersSampler:
     distribution (``TemperedLogprobs``; generate's own sampling, top-k and top-p off). Sequences run ``batch_size`` at
     a time (0: a call's all at once; the trainer passes ``per_device_train_batch_size``), so its KV cache and
     logits follow the micro-batch; each sequence draws from its own random stream (``row_generator``), so what is
-    sampled does not depend on the split, up to float rounding of the logits in another batch."""
+    sampled does not depend on the split, up to float rounding of the logits in another batch. ``share_prompts``: each
+    run of equal prompts (a group's G completions) is prefilled once (``shared_prefill``)."""
 
     name = "transformers"
     holds_own_weights, runs_server = False, False  # what it is (``llm.sampling.base.Sampler``)
     returns_logprobs, owns_torch_distributed = True, False
 
     def __init__(self, model: torch.nn.Module, eos_token_id: int, pad_token_id: int, copy: bool = True,
-                 batch_size: int = 0):
+                 batch_size: int = 0, share_prompts: bool = True, cache_implementation: str | None = None,
+                 prompt_width: int = 0):
         self.model = frozen_copy(model) if copy else model
-        self.eos, self.pad, self.batch_size = eos_token_id, pad_token_id, batch_size
+        self.eos, self.pad, self.batch_size, self.share_prompts = eos_token_id, pad_token_id, batch_size, share_prompts
+        self.static = cache_implementation == "static"
+        self.prompt_width = prompt_width  # static: every call's prompts padded to it, so its shapes repeat
 
     def load_weights(self, model: torch.nn.Module) -> None:
         copy_weights(self.model, model)
@@ -133,18 +171,24 @@ class TransformersSampler:
         from transformers import GenerationConfig, LogitsProcessorList
 
         device = next(self.model.parameters()).device
-        width = max(map(len, prompts))
+        width = max(max(map(len, prompts)), self.prompt_width if self.static else 0)
         ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts], device=device)
         mask = (torch.arange(width, device=device)[None, :] >= torch.tensor(
             [width - len(p) for p in prompts], device=device)[:, None]).long()
         config = GenerationConfig(do_sample=False, temperature=None, top_k=None, top_p=None, repetition_penalty=1.0,
                                   max_new_tokens=max_tokens, pad_token_id=self.pad, eos_token_id=self.eos,
-                                  return_dict_in_generate=True)
-        generators = None if greedy else [row_generator(seed, first_row + r) for r in range(len(prompts))]
+                                  return_dict_in_generate=True, **static_cache() if self.static else {})
+        if greedy:
+            generators = None
+        elif self.static:  # one stream for the call, on the device: the per-token work stays beside the graph
+            generators = torch.Generator(device=device).manual_seed(row_generator(seed, first_row).initial_seed())
+        else:
+            generators = [row_generator(seed, first_row + r) for r in range(len(prompts))]
         tempered = TemperedLogprobs(temperature, token_filter, generators)  # greedy: log-probs reported at T
+        shared = shared_prefill(self.model, prompts, ids, mask) if self.share_prompts and not self.static else {}
         with plain_generation_config(self.model):
             out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                                      logits_processor=LogitsProcessorList([tempered]))
+                                      logits_processor=LogitsProcessorList([tempered]), **shared)
         tokens = out.sequences[:, width:]
         logp = tempered.finish(out.sequences)
         comps, lps = [], []

@@ -144,6 +144,7 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
             row.update(run_evaluation(run, step + 1))
     run.warnings.see(row, tick.starts_window, run.output.write)
     row.update(timer.seconds)
+    row.update(perf_metrics(run, batch, row))
     rewards = scored.rewards.reshape(-1)
     entry = lambda j: {"step": step, "prompt": task.task.prompts[prompt_idx[j // G]],  # noqa: E731  completion j
                        "completion": scored.texts[j], "reward": float(rewards[j])}
@@ -222,6 +223,31 @@ def sync_metrics(sampler, seconds: float) -> dict[str, float]:
     """``sync/mb`` and ``time/sync_mb_per_s`` of a sync, for samplers that report the bytes they moved."""
     nbytes = getattr(sampler, "last_sync_bytes", 0)
     return {"sync/mb": nbytes / 1e6, "time/sync_mb_per_s": nbytes / 1e6 / max(seconds, 1e-9)} if nbytes else {}
+
+
+def perf_metrics(run: Run, batch, row: dict) -> dict[str, float]:
+    """The update's throughput, TRL's names and definitions: the tokens forwarded and back-propagated by the optimise
+    phase (every real token of the step's sequences, each of the i optimiser steps) per second of that phase
+    (``perf/forwarded_tok_s_fwd_bwd``), and on an accelerator of known peak, in bfloat16, the model FLOPs utilisation
+    over that phase and over the whole step (``perf/mfu_fwd_bwd``, ``perf/mfu_wall_clock``;
+    ``llm.core.metrics.mfu``, at the step's token-weighted mean sequence length)."""
+    from llm.core.metrics import mfu, peak_flops, step_seconds, training_flops_per_token
+
+    lengths = batch.attention_mask.sum(dim=1).double()
+    tokens = float(lengths.sum()) * run.config.optim.num_iterations
+    seconds = row.get("time/optimise", 0.0)
+    if not tokens or not seconds:
+        return {}
+    out = {"perf/forwarded_tok_s_fwd_bwd": tokens / seconds}
+    device = run.device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    peak = peak_flops(name, run.config.machine.dtype)
+    if peak is not None:
+        flops = training_flops_per_token(run.weights.policy.config, float((lengths ** 2).sum() / lengths.sum()))
+        world = run.weights.ranks.world
+        out["perf/mfu_fwd_bwd"] = mfu(flops, tokens, seconds, peak, world)
+        out["perf/mfu_wall_clock"] = mfu(flops, tokens, step_seconds(row), peak, world)
+    return out
 
 
 def heldout_phase(run: Run, step_rollout: StepRollout, tick: Tick, scored: Scored, row: dict) -> Heldout | None:

@@ -178,12 +178,14 @@ def test_a_checkpoint_written_on_cuda_resumes_on_a_cpu(tmp_path):
     assert all(math.isfinite(r["loss"]) for r in rows)
 
 
-def test_packed_passes_equal_the_padded_ones_on_cuda():
-    """--padding-free on the GPU in float32 (TF32 off): the packed pass's log-probs within the start-up check's
-    tolerance of the padded pass's, the gradients to 1e-3 relative."""
+@pytest.mark.parametrize("attn", ["auto", "flex_attention"])
+def test_packed_passes_equal_the_padded_ones_on_cuda(attn):
+    """--padding-free on the GPU in float32 (TF32 off), with transformers' default attention (packed rows of a dense
+    mask) and with torch's flex_attention (one row, its block mask; what the trainer picks on CUDA): the packed pass's
+    log-probs within the start-up check's tolerance of the padded pass's, the gradients to 1e-3 relative."""
     from llm.core.logprobs import HEAD_CHECK_TOLERANCE
 
-    policy, tok = load_policy(str(tiny_model_dir()), torch.device("cuda"))
+    policy, tok = load_policy(str(tiny_model_dir()), torch.device("cuda"), attn_implementation=attn)
     prompts, comps = sequences(tok, 12, seed=4)
     batch = make_batch(prompts, comps, tok.pad_token_id, "cuda")
     grads = []
@@ -225,3 +227,37 @@ def test_the_builtin_task_learns_on_cuda_with_both_speed_paths(tmp_path):
                                       use_transformers_continuous_batching=True), log=lambda *a: None))
     assert rows[-1]["j/pi_new"] - rows[0]["j/pi_k"] >= LEARNING_MARGIN, (rows[0]["j/pi_k"], rows[-1]["j/pi_new"])
     assert max(r["sampling/logp_diff_max"] for r in rows if "sampling/logp_diff_max" in r) < 1e-4
+
+
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_the_transformers_samplers_caches_report_the_trainers_log_alpha_on_cuda(cache):
+    """--cache-implementation static (the decode step compiled under CUDA graphs) and the dynamic cache with one prefill
+    per prompt: every drawn token's log alpha within the sync tolerance of the trainer's recomputation, at T = 0.8 with
+    top-k 8 and top-p 0.95, in float32."""
+    from llm.core.batch import padded
+    from llm.core.logprobs import completion_logprobs
+    from llm.core.token_filter import TokenFilter
+    from llm.sampling.hf_generate import TransformersSampler
+    from tests.helpers import SYNC_ATOL
+
+    policy, tok = load_policy(str(tiny_model_dir()), torch.device("cuda"))
+    prompts = [tok(f"{a}+{b}=").input_ids for a, b in [(12, 34), (5, 7), (40, 41), (3, 99)]]
+    sampler = TransformersSampler(policy, tok.eos_token_id, tok.pad_token_id, cache_implementation=cache,
+                                  prompt_width=8)
+    f = TokenFilter(top_k=8, top_p=0.95)
+    for seed in (0, 1):  # the second call reuses the compiled step
+        roll = sampler.generate(prompts, 8, 6, 0.8, seed, token_filter=f)
+        batch = make_batch([p for p in prompts for _ in range(8)], roll.completion_ids, tok.pad_token_id, "cuda")
+        logp = completion_logprobs(policy, batch, 0.8, token_filter=f).logp
+        gap = ((padded(roll.logprobs, logp.shape[1], "cuda") - logp) * batch.completion_mask).abs().max()
+        assert float(gap) <= SYNC_ATOL
+
+
+def test_the_builtin_task_learns_on_cuda_with_the_static_cache_and_a_token_budget(tmp_path):
+    """80 steps at v = 4 with --cache-implementation static and --token-budget 256, float32 on the GPU: exact J rises
+    by the learning margin, every window's sync check holds, and the update's throughput is logged."""
+    rows = read_metrics(train(_config(tmp_path, "static", max_steps=80, sync_period=4, cache_implementation="static",
+                                      token_budget=256), log=lambda *a: None))
+    assert rows[-1]["j/pi_new"] - rows[0]["j/pi_k"] >= LEARNING_MARGIN, (rows[0]["j/pi_k"], rows[-1]["j/pi_new"])
+    assert max(r["sampling/logp_diff_max"] for r in rows if "sampling/logp_diff_max" in r) < 1e-4
+    assert all(r["perf/forwarded_tok_s_fwd_bwd"] > 0 for r in rows)

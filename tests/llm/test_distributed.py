@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
+from llm.core.metrics import is_wall_clock
 from llm.core.diagnostics import SYNC_CHECKS
 from llm.models.distributed import Ranks
 from llm.run.rundir import read_metrics
@@ -169,8 +170,8 @@ def test_torchrun_with_two_ranks_logs_the_one_process_metrics(tmp_path, one_proc
     assert [r["step"] for r in b] == [0, 1, 2]
     for x, y in zip(a, b):
         assert (x["reward"], x["lag"], x["heldout/reward"]) == (y["reward"], y["lag"], y["heldout/reward"])
-    first = {k: v for k, v in a[0].items() if not k.startswith("time/")}
-    assert first.keys() == {k for k in b[0] if not k.startswith("time/")}
+    first = {k: v for k, v in a[0].items() if not is_wall_clock(k)}
+    assert first.keys() == {k for k in b[0] if not is_wall_clock(k)}
     for key, value in first.items():
         assert same_first_step(a[0], b[0], key), (key, value, b[0][key])
     assert torch.load(tmp_path / "two" / "checkpoint.pt", weights_only=True)["world_size"] == 2
@@ -188,7 +189,7 @@ def test_torchrun_with_one_rank_and_fsdp_runs_a_group_of_one(tmp_path, one_proce
     a, b = one_process[:2], read_metrics(tmp_path / "ranked")
     assert [r["reward"] for r in a] == [r["reward"] for r in b]
     for key, value in a[0].items():
-        if not key.startswith("time/"):
+        if not is_wall_clock(key):
             assert same_first_step(a[0], b[0], key), (key, value, b[0][key])
     ckpt = torch.load(tmp_path / "ranked" / "checkpoint.pt", weights_only=True)
     assert ckpt["fsdp"] and ckpt["world_size"] == 1
@@ -316,7 +317,7 @@ def test_fsdp_under_torchrun_logs_the_one_process_metrics_and_its_checkpoints_re
             for key, value in x.items():
                 if key.startswith("sampling/logp_diff"):  # float rounding itself (~1e-6): within the sync check's
                     assert y[key] <= SYNC_CHECKS["float32"].tolerance, (name, x["step"], key)
-                elif not key.startswith("time/"):
+                elif not is_wall_clock(key):
                     rtol = AFTER_UPDATE_RTOL if after_update(key) else FSDP_RTOL
                     assert same_metric(x, y, key, rtol, FSDP_ATOL, HELDOUT), (name, x["step"], key, value, y[key])
 

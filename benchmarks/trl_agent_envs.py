@@ -5,6 +5,11 @@ question ``a*b=`` (its format: ``[multiply{"a":3,"b":4}]<eos>=12|12<eos>``)."""
 from __future__ import annotations
 
 import asyncio
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.llm.agent_envs import Adder  # noqa: E402,F401  the second environment of the dict of factories
 
 
 def _factors(text: str) -> tuple[int, int]:
@@ -78,26 +83,6 @@ class AsyncCalculator(Calculator):
     async def get_reward(self):
         await asyncio.sleep(0)
         return 3.0 * float(self.right) - 1.0
-
-
-class Adder:
-    """A second environment for a dict of factories: its tool is add (the model calls multiply: unknown tool)."""
-
-    def reset(self, **row):
-        self.added = False
-
-    def add(self, a: int, b: int) -> int:
-        """Add two integers.
-
-        Args:
-            a: The first term.
-            b: The second term.
-        """
-        self.added = True
-        return a + b
-
-    def get_reward(self):
-        return float(self.added)
 
 
 class OwnsTheData(Calculator):

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import math
 
-from pydantic import field_validator
-
 from llm.config.fields import ConfigGroup, config_group, require, require_finite
-from llm.config.objects import as_specs
+from llm.config.objects import spec_validator
 
 @config_group
 class AgentConfig(ConfigGroup):
@@ -45,15 +43,8 @@ class AgentConfig(ConfigGroup):
         return bool(self.tools or self.environment_factory)
 
     # TRL's trainer takes the functions and the factories themselves: kept here by text (config.json)
-    @field_validator("tools", mode="before")
-    @classmethod
-    def _tool_specs(cls, value):
-        return as_specs(value, "tools")
-
-    @field_validator("environment_factory", mode="before")
-    @classmethod
-    def _factory_specs(cls, value):
-        return as_specs(value, "environment_factory", named=True)
+    _tool_specs = spec_validator("tools")
+    _factory_specs = spec_validator("environment_factory", named=True)
 
     def __post_init__(self):
         require_finite(self)

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import field_validator
 
 from llm.config.fields import ConfigGroup, config_group, require, require_finite, resumable
-from llm.config.objects import as_specs
+from llm.config.objects import as_specs, spec_validator
 
 
 @config_group
@@ -107,10 +107,7 @@ class DataConfig(ConfigGroup):
         return "none" if value is None else value  # TRL's train_dataset=None: the environment owns the data
 
     # TRL's trainer takes the reward functions themselves: kept here by text (config.json)
-    @field_validator("reward_funcs", mode="before")
-    @classmethod
-    def _reward_specs(cls, value):
-        return as_specs(value, "reward_funcs")
+    _reward_specs = spec_validator("reward_funcs")
 
     @field_validator("reward_fn", mode="before")
     @classmethod

@@ -95,3 +95,11 @@ def import_object(spec, option: str):
         except AttributeError:
             raise ValueError(f"{option}: cannot import {spec!r} (module {module!r} has no {attr!r})") from None
     return obj
+
+
+def spec_validator(field: str, named: bool = False):
+    """A group's pydantic validator (before its type's) that keeps the Python objects given to ``field`` by text
+    (``as_specs``)."""
+    from pydantic import field_validator
+
+    return field_validator(field, mode="before")(lambda cls, value: as_specs(value, field, named=named))

@@ -147,12 +147,16 @@ def certificate_lines(rows: list[dict]) -> list[str]:
 def exact_comparison(rows: list[dict]) -> list[str]:
     """Lines comparing the estimates with the exact improvement (tasks with exact J): sums over the steps, the
     held-out estimate's error in its own standard errors, and how often an estimated bound exceeded the exact
-    improvement (at all, and by more than ``SE_MULTIPLE`` standard errors of the held-out estimate)."""
-    if "improvement" not in rows[0]:
+    improvement (at all, and by more than ``SE_MULTIPLE`` standard errors of the held-out estimate), over the steps
+    where it was measured (all of them unless ``--exact-j-steps`` > 1)."""
+    every = len(rows)
+    rows = [r for r in rows if "improvement" in r]
+    if not rows:
         return []
     exact = np.array([r["improvement"] for r in rows])
+    measured = "" if len(rows) == every else f" (measured on {len(rows)} of {every} steps: --exact-j-steps)"
     lines = [f"  exact J over the training prompts: {rows[0]['j/pi_k']:.4f} -> {rows[-1]['j/pi_new']:.4f}; exact "
-             f"improvement positive on {_share(exact > 0)} steps"]
+             f"improvement positive on {_share(exact > 0)} steps{measured}"]
     sums = {k: sum(r.get(k, 0.0) for r in rows) for k in ("heldout/improvement", "insample/improvement")
             if k in rows[0]}
     lines.append(f"  summed over the steps: exact improvement {exact.sum():+.4f}" +
@@ -215,10 +219,10 @@ def rolling_mean(values: np.ndarray, window: int) -> np.ndarray:
 
 
 def realised_improvement(rows: list[dict]) -> tuple[str, str] | None:
-    """The improvement the bound is compared with: the exact one where the task allows it, else the held-out
-    estimate."""
+    """The improvement the bound is compared with: the exact one where the task allows it and every step measured it
+    (``--exact-j-steps`` 1), else the held-out estimate."""
     for key, label in (("improvement", "exact improvement"), ("heldout/improvement", "held-out improvement (est.)")):
-        if rows and key in rows[0]:
+        if rows and all(key in r for r in rows):
             return key, label
     return None
 

@@ -125,6 +125,9 @@ def find_runs(paths) -> dict[str, list[dict]]:
             rows = read_metrics(m.parent)
             if rows and "j/pi_k" not in rows[0]:
                 raise ValueError(f"runs: {m.parent} has no exact J (j/pi_k): only the built-in task's runs can be read")
+            if not all("j/pi_k" in r for r in rows):
+                raise ValueError(f"runs: {m.parent} measured the exact J at some steps only (--exact-j-steps > 1): the "
+                                 "signal check needs it at every step")
             if rows:
                 found[str(m.parent)] = rows
     if not found:

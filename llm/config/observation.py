@@ -57,6 +57,12 @@ class DiagnosticsConfig(ConfigGroup):
     exact_j: bool = True
     """When the task allows it (the built-in task), log the exact J(pi_k), J(pi_{k+1}) over the training
     prompts and the exact improvement (one forward pass over the accepted completions per step)."""
+    exact_j_steps: int = 1
+    """With ``exact_j``: measure it at every this many steps only (steps k with k % N == 0) and at the last step, so
+    its passes cost about 2/N of a pass per step (J(pi_k) of a measured step is the previous step's J(pi_{k+1}) only
+    where that step was measured too). The other rows carry no ``j/*`` or ``improvement``; what a run's first and last
+    rows say (J before and after) is the same at every N. ``llm.report`` compares the estimates with the exact
+    improvement on the measured steps only and says so; the signal check (``llm.warning``) needs every step: N = 1."""
 
     def __post_init__(self):
         require_finite(self)
@@ -66,6 +72,7 @@ class DiagnosticsConfig(ConfigGroup):
                 "must be > 1 (the capped estimates lie in [-1, W - 1]: W <= 1 could never certify)")
         object.__setattr__(self, "improvement_lcb_method", lcb_method(self.improvement_lcb_method))
         require(self, self.insample_diagnostics_steps >= 1, "insample_diagnostics_steps", "must be >= 1")
+        require(self, self.exact_j_steps >= 1, "exact_j_steps", "must be >= 1")
 
 
 @config_group

@@ -264,7 +264,8 @@ def start_run(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_p
         output.log(line)
     passes = Passes.from_config(config, ranks)
     exact = ExactJ(config.diagnostics.exact_j and ranks.joins_rank0, weights.policy, task, config.sampling.temperature,
-                   task.tokenizer.pad_token_id, passes.precision, config.sampling.token_filter)
+                   task.tokenizer.pad_token_id, passes.precision, config.sampling.token_filter,
+                   every=config.diagnostics.exact_j_steps, last=config.max_steps - 1)
     kept = output.kept_rows() if start else []
     ranges = DeclaredRange(config.declared_reward_range, kept, output.log)
     for line in ranges.start_lines("declared with --reward-range" if config.data.reward_range is not None else

@@ -40,26 +40,32 @@ class PhaseTimer:
 class ExactJ:
     """Exact J(pi) over the training prompts (tasks with a finite set of accepted completions): J(pi_k) at the
     start of a step is J(pi_{k+1}) of the previous one (the same weights), so each step costs one forward pass.
-    ``enabled`` is false where nothing is measured (the option off, a task without it, a rank that does not join)."""
+    ``enabled`` is false where nothing is measured (the option off, a task without it, a rank that does not join).
+    With ``every`` N > 1 only the steps k with k % N == 0 and the ``last`` step are measured (two passes each where
+    the step before was not)."""
 
     def __init__(self, enabled: bool, policy, task: TokenizedTask, temperature: float, pad: int,
-                 precision: Precision, token_filter: TokenFilter = NO_FILTER):
+                 precision: Precision, token_filter: TokenFilter = NO_FILTER, every: int = 1, last: int = -1):
         self.enabled = enabled and task.task.has_exact_j
         self.policy, self.task, self.temperature, self.pad, self.precision = policy, task, temperature, pad, precision
-        self.token_filter = token_filter
+        self.token_filter, self.every, self.last = token_filter, every, last
         self._current: float | None = None
 
     def _measure(self) -> float:
         return mean_exact_j(self.policy, self.task, self.temperature, self.pad, self.precision,
                             token_filter=self.token_filter)
 
-    def before_update(self) -> None:
-        if self.enabled and self._current is None:
+    def measures(self, step: int) -> bool:
+        return self.enabled and (step % self.every == 0 or step == self.last)
+
+    def before_update(self, step: int) -> None:
+        if self.measures(step) and self._current is None:
             self._current = self._measure()
 
-    def after_update(self) -> dict[str, float]:
-        """``j/pi_k``, ``j/pi_new`` and the exact ``improvement`` J(pi_{k+1}) - J(pi_k)."""
-        if not self.enabled:
+    def after_update(self, step: int) -> dict[str, float]:
+        """``j/pi_k``, ``j/pi_new`` and the exact ``improvement`` J(pi_{k+1}) - J(pi_k) at a measured step."""
+        if not self.measures(step):
+            self._current = None  # the update moved the weights: the last J measured is no longer pi's
             return {}
         j_k, self._current = self._current, self._measure()
         return {"j/pi_k": j_k, "j/pi_new": self._current, "improvement": self._current - j_k}

@@ -109,7 +109,7 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
     with timer("reference"):
         logp_ref = passes.logprobs(weights.ref, batch).logp if weights.ref is not None else None
     with timer("diagnostics"):
-        run.exact.before_update()
+        run.exact.before_update(step)
         heldout = heldout_phase(run, step_rollout, tick, scored, row)
     log_alpha = behaviour.log_alpha(prefer_sampler=not recompute)  # None at lag 0: pi_k's, from the optimiser
     finished = (np.array([len(c) > 0 and c[-1] == task.eos for c in roll.completion_ids])
@@ -136,7 +136,7 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
                                          diagnostics.improvement_lcb_level, diagnostics.improvement_lcb_method,
                                          diagnostics.improvement_lcb_weight_cap, config.sampling.max_completion_length,
                                          certify=run.ranges.certifies))
-        row.update(run.exact.after_update())
+        row.update(run.exact.after_update(step))
     every = config.evaluation.eval_steps
     evaluate_now = every and ((step + 1) % every == 0 or step + 1 == config.max_steps)
     if evaluate_now and weights.ranks.joins_rank0:

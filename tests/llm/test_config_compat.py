@@ -21,7 +21,7 @@ ADDED_FIELDS = {"padding_free": False, "use_transformers_continuous_batching": F
                 "rollout_rs_threshold": 0.5 * math.log(2.0) ** 2,
                 "tools": [], "environment_factory": [], "max_tool_calling_iterations": None, "tool_timeout": 10.0,
                 "max_tool_response_length": 256, "chat_template_path": "", "cache_implementation": None,
-                "token_budget": 0}
+                "token_budget": 0, "exact_j_steps": 1}
 ADDED_FLAGS = {f"--{p}{name.replace('_', '-')}" for name, default in ADDED_FIELDS.items()
                for p in (("", "no-") if isinstance(default, bool) else ("",))} | {"--reward-range"}
 #: Defaults changed since the snapshot: field -> (then, now). The certificate's bound is now the betting bound, whose

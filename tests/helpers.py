@@ -47,6 +47,23 @@ def sequences(tok, n: int, seed: int = 0):
     return prompts, comps
 
 
+def one_block_model_dir(dst: Path) -> Path:
+    """The built-in model cut to its first decoder block, saved as a model directory (weights, config, tokenizer) in
+    ``dst``: what the compiled-model tests compile. Each block gets graphs of its own where it reads a prompt's
+    key-value cache (dynamo specialises on the block's layer index)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from llm.models.tiny import tiny_model_dir
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir())
+    model.model.layers = model.model.layers[:1]
+    model.config.num_hidden_layers = 1
+    model.config.layer_types = model.config.layer_types[:1]
+    model.save_pretrained(dst)
+    AutoTokenizer.from_pretrained(tiny_model_dir()).save_pretrained(dst)
+    return dst
+
+
 def chunked_logprobs_and_gradients(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The built-in tiny model in ``dtype`` on ``device``, 12 ``sequences``, the output layer in chunks of 3 tokens at
     temperature 0.7, forward and backward: the completion log-probs and every parameter's gradient, as float64 on the

@@ -1,6 +1,8 @@
 """--compile: each decoder block compiled in place by inductor computes the eager model's numbers (llm.models.model.
 compile_blocks). Its own module: compiling keeps a core busy for minutes, so ``make test`` runs it on the worker of
-the multi-process modules (tests/conftest.py), never beside them."""
+the multi-process modules (tests/conftest.py), never beside them. Every test compiles the built-in model cut to its
+first block (tests.helpers.one_block_model_dir): dynamo compiles each block's graphs on its own, and the tests below,
+run in one process, reuse each other's graphs."""
 
 import pytest
 import torch
@@ -9,24 +11,29 @@ from llm import GRPOConfig, train
 from llm.core.batch import make_batch
 from llm.core.logprobs import forward_completions
 from llm.models.model import compile_blocks, frozen_copy, load_policy
-from llm.models.tiny import tiny_model_dir
 from llm.run.rundir import read_metrics
-from tests.helpers import RTOL, same_gradient, sequences
+from tests.helpers import RTOL, one_block_model_dir, same_gradient, sequences
 
 
-def test_compiled_blocks_give_the_same_logprobs_and_gradients():
-    """--compile: each decoder block compiled in place gives the eager model's log-probs and gradients (float32
-    rounding), with and without gradients; the parameters keep their names, so the sync and checkpoints are unchanged;
-    a copy (alpha's, pi_ref's) computes with its own weights, not the original's. Shared prompts (the blocks get a
-    prompt's key-value cache: one compilation per block) run in the compiled run below, whose passes share them."""
-    eager, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))
-    compiled, _ = load_policy(str(tiny_model_dir()), torch.device("cpu"))
+@pytest.fixture(scope="module")
+def one_block(tmp_path_factory):
+    return str(one_block_model_dir(tmp_path_factory.mktemp("one_block")))
+
+
+def test_compiled_blocks_give_the_same_logprobs_and_gradients(one_block):
+    """--compile: each decoder block compiled in place, on the default path (each prompt's keys and values computed once
+    and shared by its completions: the graphs every test below reuses), gives the log-probs and gradients of the eager
+    model run on whole sequences (float32 rounding), with and without gradients; the parameters keep their names, so
+    the sync and checkpoints are unchanged; a copy (alpha's, pi_ref's) computes with its own weights, not the
+    original's."""
+    eager, tok = load_policy(one_block, torch.device("cpu"))
+    compiled, _ = load_policy(one_block, torch.device("cpu"))
     names = list(compiled.state_dict())
     assert compile_blocks(compiled) == len(eager.get_decoder().layers)
     assert list(compiled.state_dict()) == names
     prompts, comps = sequences(tok, 12)
     batch = make_batch([prompts[j // 4] for j in range(12)], comps, tok.pad_token_id, "cpu")  # 3 groups of 4
-    a = forward_completions(compiled, batch, 1.0, share_prompts=False)
+    a = forward_completions(compiled, batch, 1.0, share_prompts=True)
     b = forward_completions(eager, batch, 1.0, share_prompts=False)
     assert torch.allclose(a.logp, b.logp, rtol=RTOL, atol=1e-5)
     a.logp.sum().backward()
@@ -36,11 +43,37 @@ def test_compiled_blocks_give_the_same_logprobs_and_gradients():
     copy_ = frozen_copy(compiled)
     with torch.no_grad():
         copy_.get_decoder().layers[0].mlp.down_proj.weight.zero_()
-    # passes with gradients enabled (the graph compiled above; the no-gradient graphs run in the compiled run below)
-    mine = forward_completions(copy_, batch, 1.0, share_prompts=False).logp
-    assert not torch.allclose(mine, forward_completions(compiled, batch, 1.0, share_prompts=False).logp, atol=1e-3)
-    assert torch.allclose(forward_completions(compiled, batch, 1.0, share_prompts=False).logp, b.logp,
-                          rtol=RTOL, atol=1e-5)
+        mine = forward_completions(copy_, batch, 1.0, share_prompts=True).logp
+        again = forward_completions(compiled, batch, 1.0, share_prompts=True).logp
+    assert not torch.allclose(mine, again, atol=1e-3)
+    assert torch.allclose(again, b.logp, rtol=RTOL, atol=1e-5)
+
+
+def test_the_completions_pass_gets_the_prompt_cache_in_one_memory_layout(one_block, monkeypatch):
+    """The shared-prompt path hands the completions' pass its prompts' keys and values contiguous, whatever layout the
+    prompt pass left them in (a compiled block leaves a transposed view, an eager one a contiguous tensor), with and
+    without gradients. --compile's graphs guard on the strides of their inputs: on SmolLM2-135M, where both layouts
+    reached the completions' pass, every decoder block compiled again within the timed steps (docs/benchmarks.md)."""
+    from llm.core.logprobs import completion_hidden
+
+    model, tok = load_policy(one_block, torch.device("cpu"))
+    compile_blocks(model)
+    prompts, comps = sequences(tok, 12)
+    batch = make_batch([prompts[j // 4] for j in range(12)], comps, tok.pad_token_id, "cpu")
+    decoder, layouts = model.get_decoder(), []
+    forward = decoder.forward
+
+    def spy(*args, **kwargs):
+        cache = kwargs.get("past_key_values")
+        if cache is not None and cache.get_seq_length() > 0:
+            layouts.append([(layer.keys.is_contiguous(), layer.values.is_contiguous()) for layer in cache.layers])
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(decoder, "forward", spy)
+    completion_hidden(model, batch).sum().backward()
+    with torch.no_grad():
+        completion_hidden(model, batch)
+    assert layouts == [[(True, True)] * len(decoder.layers)] * 2
 
 
 #: Absolute tolerances of a compiled run against the eager one. The loss is a token mean of ratio x advantage whose
@@ -51,15 +84,16 @@ COMPILED_ATOL = {"loss": 1e-5, "grad_norm": 1e-6, "tv/pi_k_alpha": 1e-6, "is_wei
 
 
 @pytest.mark.vllm
-def test_a_compiled_run_computes_the_eager_runs_numbers(tmp_path):
+def test_a_compiled_run_computes_the_eager_runs_numbers(one_block, tmp_path):
     """Two steps at v = 2 with the in-process vLLM engine, with and without --compile, from the same seed: the same
     samples and the same loss, gradient norm, TV and sync check, up to float32 rounding."""
     from llm.sampling.vllm_engine import vllm_available
 
     if not vllm_available():
         pytest.skip("vLLM is not installed")
-    runs = [read_metrics(train(GRPOConfig(output_dir=str(tmp_path / f"c{c}"), sampler="vllm", max_steps=2,
-                                          sync_period=2, exact_j=False, compile=c, progress=False, logging_steps=100),
+    runs = [read_metrics(train(GRPOConfig(output_dir=str(tmp_path / f"c{c}"), model_name_or_path=one_block,
+                                          sampler="vllm", max_steps=2, sync_period=2, exact_j=False, compile=c,
+                                          progress=False, logging_steps=100),
                                log=lambda *a: None)) for c in (False, True)]
     for eager, compiled in zip(*runs, strict=True):
         assert compiled["reward"] == eager["reward"]  # the same samples

@@ -155,33 +155,6 @@ def _grads(head: LogitHead, hidden: torch.Tensor, targets: torch.Tensor, weights
     return logp.detach(), ent.detach(), h.grad, head.layer.weight.grad.clone()
 
 
-def test_the_completions_pass_gets_the_prompt_cache_in_one_memory_layout(monkeypatch):
-    """The shared-prompt path hands the completions' pass its prompts' keys and values contiguous, whatever layout the
-    prompt pass left them in (a compiled block leaves a transposed view, an eager one a contiguous tensor), with and
-    without gradients. --compile's graphs guard on the strides of their inputs: on SmolLM2-135M, where both layouts
-    reached the completions' pass, every decoder block compiled again within the timed steps (docs/benchmarks.md)."""
-    from llm.core.logprobs import completion_hidden
-
-    model, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))
-    compile_blocks(model)
-    prompts, comps = sequences(tok, 12)
-    batch = make_batch([prompts[j // 4] for j in range(12)], comps, tok.pad_token_id, "cpu")
-    decoder, layouts = model.get_decoder(), []
-    forward = decoder.forward
-
-    def spy(*args, **kwargs):
-        cache = kwargs.get("past_key_values")
-        if cache is not None and cache.get_seq_length() > 0:
-            layouts.append([(layer.keys.is_contiguous(), layer.values.is_contiguous()) for layer in cache.layers])
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(decoder, "forward", spy)
-    completion_hidden(model, batch).sum().backward()
-    with torch.no_grad():
-        completion_hidden(model, batch)
-    assert layouts == [[(True, True)] * len(decoder.layers)] * 2
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("rows", [1000, 70])  # one chunk (probabilities kept), several (recomputed)
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

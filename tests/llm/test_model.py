@@ -101,7 +101,8 @@ def test_the_vllm_sampler_receives_merged_weights(tmp_path):
 def test_lora_exact_j_rises(tmp_path):
     """Training the adapters alone raises the exact J over the training prompts by the margin."""
     rows = read_metrics(train(GRPOConfig(output_dir=str(tmp_path / "run"), sampler="transformers", max_steps=50,
-                                         progress=False, logging_steps=1000, use_peft=True, learning_rate=1e-3),
+                                         progress=False, logging_steps=1000, use_peft=True, learning_rate=1e-3,
+                                         exact_j_steps=50),
                               log=lambda *a: None))
     j0, j1 = rows[0]["j/pi_k"], rows[-1]["j/pi_new"]
     assert j1 - j0 >= LORA_LEARNING_MARGIN, (j0, j1)

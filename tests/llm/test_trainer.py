@@ -43,7 +43,7 @@ def test_exact_j_rises(tmp_path, v):
     """The expected reward itself (exact J over the training prompts, no sampling noise) rises by the margin in 80
     steps, on policy and off (v = 4; measured +0.115 to +0.130 over the four settings above); on policy the test
     prompts' exact J rises too (the policy learnt the task, not its 160 training prompts)."""
-    rows = read_metrics(train(_config(tmp_path, f"v{v}", max_steps=80, sync_period=v, eval_steps=80),
+    rows = read_metrics(train(_config(tmp_path, f"v{v}", max_steps=80, sync_period=v, eval_steps=80, exact_j_steps=80),
                               log=lambda *a: None))
     assert len(rows) == 80
     j0, j1 = rows[0]["j/pi_k"], rows[-1]["j/pi_new"]
@@ -156,6 +156,26 @@ def test_insample_diagnostics_off_skips_only_the_insample_estimates(tmp_path):
     # step by step against the run without it (how many passes a step makes depends on its completions' lengths)
     assert [a > b for a, b in zip(counted["every3"].per_step, counted["never"].per_step)] == [
         True, False, False, True, False]
+
+
+def test_exact_j_at_every_nth_step_and_the_last_is_the_every_step_runs_j(tmp_path):
+    """--exact-j-steps 3 over 5 steps: J is measured at steps 0 and 3 and at the last step (4, whose J(pi_k) is step
+    3's J(pi_{k+1})), with the values of the run that measures every step to float32 rounding (measuring draws
+    nothing: the same samples; measured 2.5e-8 apart); the other rows
+    carry no j/* or improvement, and llm.report says on how many steps it was measured."""
+    from llm.analysis.report import exact_comparison
+
+    every, third = (read_metrics(train(_config(tmp_path, f"j{n}", max_steps=5, sync_period=2, exact_j_steps=n),
+                                       log=lambda *a: None)) for n in (1, 3))
+    assert [r["step"] for r in third if "improvement" in r] == [0, 3, 4]
+    for a, b in zip(every, third, strict=True):
+        assert a["reward"] == b["reward"]
+        if "improvement" in b:
+            for key in ("j/pi_k", "j/pi_new", "improvement"):
+                assert b[key] == pytest.approx(a[key], abs=1e-6), (b["step"], key)
+        else:
+            assert not any(k.startswith("j/") for k in b)
+    assert "(measured on 3 of 5 steps: --exact-j-steps)" in exact_comparison(third)[0]
 
 
 @pytest.mark.slow

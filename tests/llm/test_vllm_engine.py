@@ -186,7 +186,8 @@ def test_a_dapo_style_recipe_in_trls_names_trains_with_vllm_and_keeps_sync_exact
     cfg = from_trl(use_vllm=True, vllm_mode="colocate", output_dir=str(tmp_path / "dapo"), max_steps=80,
                    sync_period=4, beta=0.0, lr_scheduler_type="cosine", warmup_ratio=0.05, epsilon_high=0.28,
                    mask_truncated_completions=True, filter_groups=True, max_num_gen_batches=4, top_p=0.9, top_k=20,
-                   scale_rewards="batch", prompts_per_step=16, progress=False, logging_steps=1000)
+                   scale_rewards="batch", prompts_per_step=16, progress=False, logging_steps=1000,
+                   exact_j_steps=80)
     assert (cfg.sampler, cfg.token_filter.top_p, cfg.token_filter.top_k) == ("vllm", 0.9, 20)
     rows = read_metrics(train(cfg, log=lambda *a: None))
     assert rows[-1]["j/pi_new"] - rows[0]["j/pi_k"] >= DAPO_LEARNING_MARGIN, (rows[0]["j/pi_k"], rows[-1]["j/pi_new"])

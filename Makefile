@@ -98,7 +98,7 @@ REAL_AGENT_RUN := --dataset runs/agent_data/multiply.jsonl --eval-dataset runs/a
 	--prompts-per-step 4 --learning-rate 1e-5 --beta 0 --max-steps 24 --heldout-prompts 4 --eval-steps 12 \
 	--num-generations-eval 4
 run-agent-real: $(STAMP)
-	$(PY) -m llm.agents.data --out runs/agent_data/multiply.jsonl --test-size 32
+	$(PY) -m llm.agent_data --out runs/agent_data/multiply.jsonl --test-size 32
 	$(PY) -m llm.train --model-name-or-path "$$($(PY) -m llm.pretrained smollm2)" $(REAL_AGENT_RUN) --sync-period 4 \
 		--seed $(SEED) --output-dir runs/real_smollm2_agent_seed$(SEED)
 	$(PY) -m llm.report runs/real_smollm2_agent_seed$(SEED)

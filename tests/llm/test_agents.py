@@ -373,7 +373,7 @@ def test_the_agent_task_learns_off_policy_with_the_sync_check_on_the_policys_tok
     """v = 4 for 24 steps with vLLM in process: exact J rises by the margin, the model calls its tool, the sampler's
     log alpha equals the trainer's on the policy's tokens right after each sync (float32: below 1e-3), and the
     per-episode and per-turn ratios are logged."""
-    rows = _train(tmp_path, "learn", max_steps=24, sync_period=4)
+    rows = _train(tmp_path, "learn", max_steps=24, sync_period=4, exact_j_steps=24)
     assert rows[-1]["j/pi_new"] - rows[0]["j/pi_k"] >= AGENT_LEARNING_MARGIN, (rows[0]["j/pi_k"], rows[-1]["j/pi_new"])
     assert all(r["tools/call_frequency"] > 0.3 for r in rows)
     synced = [r for r in rows if r["lag"] == 0]
@@ -468,3 +468,24 @@ def test_the_agent_reward_functions_read_the_last_turn_and_the_tools_answers():
     episodes = [good, tool_only, failed, direct, failed_trl]
     assert last_turn_answer(None, episodes, ["5535"] * 5) == [1.0, 0.0, 1.0, 1.0, 1.0]
     assert called_tool(None, episodes) == [1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("module", ["llm.agent_data", "llm.agents.data"])
+def test_the_data_command_writes_the_multiplication_rows_under_both_names(tmp_path, module):
+    """``python -m llm.agent_data`` (and ``llm.agents.data``, its earlier name, which ``make run-agent-real`` used):
+    the training and test rows in TRL's format, the product as the answer, the same rows under both names."""
+    import json
+    import subprocess
+    import sys
+
+    from llm.commands.agent_data import multiplication_rows
+    from tests.helpers import ROOT
+
+    out = tmp_path / "multiply.jsonl"
+    res = subprocess.run([sys.executable, "-m", module, "--out", str(out), "--train-size", "6", "--test-size", "2"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = [json.loads(line) for p in (out, tmp_path / "multiply-test.jsonl") for line in p.read_text().splitlines()]
+    assert rows == multiplication_rows(8, 0)
+    assert all(int(r["answer"]) == int(r["prompt"].split()[2]) * int(r["prompt"].split()[4].rstrip("?"))
+               for r in rows)

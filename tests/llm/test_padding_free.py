@@ -148,7 +148,7 @@ def test_an_attention_that_lets_packed_sequences_meet_is_refused_at_start_up(tmp
 @pytest.mark.slow
 def test_the_builtin_task_learns_with_both_speed_paths(tmp_path):
     """50 steps at v = 4 with --padding-free and --use-transformers-continuous-batching together: the exact J over
-    the training prompts rises by the learning margin (measured, seed 0, AVX-512 host: +0.071 at 40 steps, +0.091 at
+    the training prompts rises by the learning margin (measured, seed 0, 2-core AVX2 host: +0.071 at 40 steps, +0.091 at
     50, +0.122 at 80), and every window's sync check holds."""
     rows = read_metrics(train(GRPOConfig(output_dir=str(tmp_path / "run"), sampler="transformers", padding_free=True,
                                          use_transformers_continuous_batching=True, max_steps=50, sync_period=4,

@@ -153,10 +153,11 @@ class MachineConfig(ConfigGroup):
     start-up). Prompts are then not shared (--share-prompts needs the padded layout)."""
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flex_attention"] = resumable("auto")
     """The trainer's attention kernel (transformers' name; the sampler's is the engine's own). auto: transformers'
-    choice (sdpa where the family has it), but with --padding-free on a GPU flex_attention. eager keeps a (length x length) score matrix per head, so prefer sdpa for
-    long sequences; on a CPU eager can be the faster in bfloat16 (docs/benchmarks.md). flash_attention_2 needs a
-    CUDA device and the flash-attn package; flex_attention (torch's, compiled at its first calls) skips the blocks a
-    --padding-free row's mask leaves empty."""
+    choice (sdpa where the family has it), but with --padding-free on a GPU flex_attention. eager keeps a (length x
+    length) score matrix per head, so prefer sdpa for long sequences; on a CPU eager can be the faster in bfloat16
+    (docs/benchmarks.md). flash_attention_2 needs a CUDA device and the flash-attn package; flex_attention (torch's,
+    compiled at its first calls) skips the blocks a --padding-free row's mask leaves empty; the transformers
+    sampler's copy then decodes with sdpa (continuous batching has no paged flex attention)."""
     gradient_checkpointing: bool = resumable(False)
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (transformers'
     gradient checkpointing): activation memory of a micro-batch drops from about one layer's worth per layer

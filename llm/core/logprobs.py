@@ -364,7 +364,11 @@ def packed_completion_hidden(model, batch: Batch) -> torch.Tensor:
     index = torch.zeros(real_tokens.shape, dtype=torch.long, device=device)
     index[real_tokens] = row_of * width + col_of
     at = index[:, lp - 1: lp - 1 + T][batch.completion_mask > 0]
-    out = model.get_decoder()(input_ids=ids, position_ids=pos, use_cache=False)
+    # flex attention: the main kernel always; inductor would pick its decoding kernel for a row under 128 tokens,
+    # which has no valid choice at small head sizes (an H200, 2026-11-27: the tiny model's packed row failed)
+    extra = {"kernel_options": {"FORCE_USE_FLEX_ATTENTION": True}} if one_row and getattr(
+        model.config, "_attn_implementation", "") == "flex_attention" else {}
+    out = model.get_decoder()(input_ids=ids, position_ids=pos, use_cache=False, **extra)
     return out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[at]
 
 

@@ -139,6 +139,11 @@ class TransformersSampler:
                  batch_size: int = 0, share_prompts: bool = True, cache_implementation: str | None = None,
                  prompt_width: int = 0):
         self.model = frozen_copy(model) if copy else model
+        if copy and getattr(self.model.config, "_attn_implementation", "") == "flex_attention":
+            # flex attention is the trainer's packing kernel (``--padding-free`` on a GPU); decoding, one query per
+            # row, gains nothing from it, and transformers' continuous batching has no paged flex: the copy decodes
+            # with sdpa (an H200, 2026-11-27: the paged flex failed; generate with flex ran 1.46 s against 1.26 s)
+            self.model.set_attn_implementation("sdpa")
         self.eos, self.pad, self.batch_size, self.share_prompts = eos_token_id, pad_token_id, batch_size, share_prompts
         self.static = cache_implementation == "static"
         self.prompt_width = prompt_width  # static: every call's prompts padded to it, so its shapes repeat

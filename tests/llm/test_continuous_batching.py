@@ -114,3 +114,23 @@ def test_the_option_is_trls_and_is_refused_beside_another_sampler():
     with pytest.raises(ValueError, match=r"^use_transformers_continuous_batching: is a mode of the transformers "
                                          r"sampler, but the sampler is 'vllm'"):
         GRPOConfig(use_transformers_continuous_batching=True, sampler="vllm")
+
+
+def test_a_policy_loaded_with_flex_attention_samples_through_sdpa():
+    """--padding-free on a GPU loads the policy with flex_attention (the packing kernel); transformers' continuous
+    batching has no paged flex (it raised on an H200): each sampler's copy decodes with sdpa, the policy keeps flex,
+    and the reported log alpha still equals the trainer's recomputation."""
+    policy, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"), attn_implementation="flex_attention")
+    plain, _ = load_policy(str(tiny_model_dir()), torch.device("cpu"))
+    prompts = _prompts(tok)
+    for kind in (ContinuousBatchingSampler, TransformersSampler):
+        sampler = kind(policy, tok.eos_token_id, tok.pad_token_id)
+        assert sampler.model.config._attn_implementation == "sdpa"
+        assert policy.config._attn_implementation == "flex_attention"
+        roll = sampler.generate(prompts, 3, 5, 1.0, 0)
+        sampler.close()
+        batch = make_batch([p for p in prompts for _ in range(3)], roll.completion_ids, tok.pad_token_id, "cpu")
+        with torch.no_grad():  # recomputed through sdpa: inductor's CPU flex kernel fails to compile here
+            logp = completion_logprobs(plain, batch, 1.0).logp
+        gap = ((padded(roll.logprobs, logp.shape[1], "cpu") - logp) * batch.completion_mask).abs().max()
+        assert float(gap) <= SYNC_ATOL

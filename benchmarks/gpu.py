@@ -19,11 +19,12 @@ adds Qwen2.5-1.5B's shape) on the GPU:
    The optimise phase's trained tokens/s (prompt + completion tokens) and its share of the bf16 rate at 6N FLOPs
    per token; the sampler's generated tokens/s and its share at 2N per token; the run's peak CUDA memory.
 
-4. ``--speed`` (0.5B shape): the same workload at v = 1 and v = 4 for our trainer with plain ``generate`` (one
-   prefill per prompt), with ``--cache-implementation static`` (the decode step under CUDA graphs), and with that,
-   ``--padding-free`` and ``--token-budget 8192``; then TRL 1.16's GRPOTrainer in a child process on the same GPU,
-   model and prompts (its default: transformers ``generate``; ``--all-rows``: also both continuous batchings),
-   steps 2.. timed. ``--check`` (``make benchmark-gpu``): tests/gpu first, then this part, one table. Ratios are steps per second over TRL's default and
+4. ``--speed`` (0.5B shape): TRL 1.16's GRPOTrainer first (its default, transformers ``generate``, in a child process
+   on the same GPU, model and prompts; a call cut short by its time limit keeps every ratio it measured), then the
+   same workload at v = 1 and v = 4 for our trainer with ``--cache-implementation static`` (the decode step under
+   CUDA graphs), with that, ``--padding-free`` and ``--token-budget 8192``, and with plain ``generate`` (one prefill
+   per prompt); ``--all-rows`` adds both continuous batchings. Steps 2.. timed. ``--check`` (``make
+   benchmark-gpu``): tests/gpu first, then this part, one table. Ratios are steps per second over TRL's default and
    over TRL's continuous batching, all rows from this one call. TRL needs trl, datasets, dill and multiprocess
    importable (carried as wheels to a GPU machine without them: docs/benchmarks.md).
 """
@@ -154,10 +155,10 @@ def trainer_end_to_end(model_dir: Path, work: Path, rate: float, log=print) -> d
 
 
 #: Part 4's rows of our trainer: (name, extra GRPOConfig fields), each at v = 1 and v = 4.
-SPEED_ROWS = [("ours generate", {}),
-              ("ours static cache", {"cache_implementation": "static"}),
+SPEED_ROWS = [("ours static cache", {"cache_implementation": "static"}),
               ("ours static cache + padding-free + token budget", {"cache_implementation": "static",
-                                                                   "padding_free": True, "token_budget": 8192})]
+                                                                   "padding_free": True, "token_budget": 8192}),
+              ("ours generate", {})]
 #: ``--all-rows`` adds transformers' continuous batching (slower than generate on an H200, 2026-11-27).
 MORE_ROWS = [("ours continuous batching", {"use_transformers_continuous_batching": True})]
 
@@ -176,9 +177,23 @@ def speed_against_trl(model_dir: Path, work: Path, rate: float, log=print, save=
         rows.append(row)
         save(rows)
         phases = ", ".join(f"{k[5:]} {v:.2f}" for k, v in row.get("phases", {}).items() if v >= 0.005)
+        trl = next((r["s_per_step"] for r in rows if r["name"] == "TRL transformers generate"), None)
+        ratio = f"; {trl / row['s_per_step']:.2f}x TRL's default" if trl and not row["name"].startswith("TRL") else ""
+        shares = (f"; sampler {row['sampler_tokens_per_s']:.0f} tok/s, update {100 * row['optimise_share']:.1f}% of "
+                  "bf16" if "sampler_tokens_per_s" in row else "")
         log(f"  {row['name']}: {row['s_per_step']:.2f} s/step ({phases}); {row['gen_tokens']:.0f} generated tokens "
-            f"a step", flush=True)
+            f"a step{shares}{ratio}", flush=True)
 
+    def run_trl_row(continuous: bool) -> None:
+        trl, note = run_trl(model_dir, "bfloat16", work, sys.executable, steps=6, workload=workload, vllm=False,
+                            device=device, continuous_batching=continuous)
+        if trl is None:
+            log(f"  TRL {'continuous batching' if continuous else 'default'}: {note}", flush=True)
+            return
+        add({"name": trl.name, "s_per_step": 1 / trl.steps_per_s, "gen_tokens": trl.gen_tokens,
+             "train_tokens": trl.train_tokens})
+
+    run_trl_row(False)  # the baseline first: a call cut short by its time limit keeps every ratio it measured
     for name, extra in ours:
         for v in (1, 4):
             shutil.rmtree(work / "runs", ignore_errors=True)
@@ -201,14 +216,8 @@ def speed_against_trl(model_dir: Path, work: Path, rate: float, log=print, save=
                  "peak_gb": torch.cuda.max_memory_allocated() / GB if cuda else float("nan")})
     if cuda:
         torch.cuda.empty_cache()
-    for continuous in (False, True) if trl_continuous else (False,):
-        trl, note = run_trl(model_dir, "bfloat16", work, sys.executable, steps=6, workload=workload, vllm=False,
-                            device=device, continuous_batching=continuous)
-        if trl is None:
-            log(f"  TRL {'continuous batching' if continuous else 'default'}: {note}", flush=True)
-            continue
-        add({"name": trl.name, "s_per_step": 1 / trl.steps_per_s, "gen_tokens": trl.gen_tokens,
-             "train_tokens": trl.train_tokens})
+    for continuous in (True,) if trl_continuous else ():
+        run_trl_row(continuous)
     base = {r["name"]: r["s_per_step"] for r in rows if r["name"].startswith("TRL")}
     for r in rows:
         for key, trl_name in (("x_trl_default", "TRL transformers generate"),

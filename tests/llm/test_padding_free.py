@@ -147,12 +147,12 @@ def test_an_attention_that_lets_packed_sequences_meet_is_refused_at_start_up(tmp
 
 @pytest.mark.slow
 def test_the_builtin_task_learns_with_both_speed_paths(tmp_path):
-    """50 steps at v = 4 with --padding-free and --use-transformers-continuous-batching together: the exact J over
+    """40 steps at v = 4 with --padding-free and --use-transformers-continuous-batching together: the exact J over
     the training prompts rises by the learning margin (measured, seed 0, 2-core AVX2 host: +0.071 at 40 steps, +0.091 at
     50, +0.122 at 80), and every window's sync check holds."""
     rows = read_metrics(train(GRPOConfig(output_dir=str(tmp_path / "run"), sampler="transformers", padding_free=True,
-                                         use_transformers_continuous_batching=True, max_steps=50, sync_period=4,
-                                         exact_j_steps=50, progress=False, logging_steps=1000), log=lambda *a: None))
+                                         use_transformers_continuous_batching=True, max_steps=40, sync_period=4,
+                                         exact_j_steps=40, progress=False, logging_steps=1000), log=lambda *a: None))
     assert rows[-1]["j/pi_new"] - rows[0]["j/pi_k"] >= LEARNING_MARGIN, (rows[0]["j/pi_k"], rows[-1]["j/pi_new"])
     checked = [r["sampling/logp_diff_max"] for r in rows if "sampling/logp_diff_max" in r]
-    assert len(checked) == 13 and max(checked) < 1e-4
+    assert len(checked) == 10 and max(checked) < 1e-4

@@ -40,12 +40,15 @@ GENERALISATION_MARGIN = 0.02
 @pytest.mark.slow
 @pytest.mark.parametrize("v", [1, 4])
 def test_exact_j_rises(tmp_path, v):
-    """The expected reward itself (exact J over the training prompts, no sampling noise) rises by the margin in 80
-    steps, on policy and off (v = 4; measured +0.115 to +0.130 over the four settings above); on policy the test
-    prompts' exact J rises too (the policy learnt the task, not its 160 training prompts)."""
-    rows = read_metrics(train(_config(tmp_path, f"v{v}", max_steps=80, sync_period=v, eval_steps=80, exact_j_steps=80),
-                              log=lambda *a: None))
-    assert len(rows) == 80
+    """The expected reward itself (exact J over the training prompts, no sampling noise) rises by the margin, on policy
+    in 80 steps and off policy (v = 4) in 50 (measured over 80 steps: +0.115 to +0.130 over the four settings above;
+    seed 0 on the 2-core AVX2 host, every 10 steps, v = 4: +0.027, +0.044, +0.069, +0.078, +0.073 at step 50, +0.126 at
+    80); on policy the test prompts' exact J rises too (the policy learnt the task, not its 160 training prompts),
+    which needs the 80 steps (see GENERALISATION_MARGIN)."""
+    steps = 80 if v == 1 else 50
+    rows = read_metrics(train(_config(tmp_path, f"v{v}", max_steps=steps, sync_period=v, eval_steps=steps,
+                                      exact_j_steps=steps), log=lambda *a: None))
+    assert len(rows) == steps
     j0, j1 = rows[0]["j/pi_k"], rows[-1]["j/pi_new"]
     assert j1 - j0 >= LEARNING_MARGIN, (j0, j1)
     if v == 1:

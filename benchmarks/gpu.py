@@ -159,6 +159,8 @@ SPEED_ROWS = [("ours static cache", {"cache_implementation": "static"}),
               ("ours static cache + padding-free + token budget", {"cache_implementation": "static",
                                                                    "padding_free": True, "token_budget": 8192}),
               ("ours generate", {})]
+#: The name ``throughput.run_trl`` gives TRL's default row (transformers ``generate``): every ratio's baseline.
+TRL_DEFAULT = "TRL transformers generate"
 #: ``--all-rows`` adds transformers' continuous batching (slower than generate on an H200, 2026-11-27).
 MORE_ROWS = [("ours continuous batching", {"use_transformers_continuous_batching": True})]
 
@@ -177,7 +179,7 @@ def speed_against_trl(model_dir: Path, work: Path, rate: float, log=print, save=
         rows.append(row)
         save(rows)
         phases = ", ".join(f"{k[5:]} {v:.2f}" for k, v in row.get("phases", {}).items() if v >= 0.005)
-        trl = next((r["s_per_step"] for r in rows if r["name"] == "TRL transformers generate"), None)
+        trl = next((r["s_per_step"] for r in rows if r["name"] == TRL_DEFAULT), None)
         ratio = f"; {trl / row['s_per_step']:.2f}x TRL's default" if trl and not row["name"].startswith("TRL") else ""
         shares = (f"; sampler {row['sampler_tokens_per_s']:.0f} tok/s, update {100 * row['optimise_share']:.1f}% of "
                   "bf16" if "sampler_tokens_per_s" in row else "")
@@ -220,7 +222,7 @@ def speed_against_trl(model_dir: Path, work: Path, rate: float, log=print, save=
         run_trl_row(continuous)
     base = {r["name"]: r["s_per_step"] for r in rows if r["name"].startswith("TRL")}
     for r in rows:
-        for key, trl_name in (("x_trl_default", "TRL transformers generate"),
+        for key, trl_name in (("x_trl_default", TRL_DEFAULT),
                               ("x_trl_continuous_batching", "TRL continuous batching")):
             if trl_name in base:
                 r[key] = base[trl_name] / r["s_per_step"]

@@ -341,7 +341,8 @@ def packed_completion_hidden(model, batch: Batch) -> torch.Tensor:
     ``check_packing`` refuses, at start-up, a model whose attention ignores the packing."""
     real_tokens = batch.attention_mask > 0
     lengths = real_tokens.sum(dim=1).tolist()
-    one_row = getattr(model.config, "_attn_implementation", "") in PACKING_KERNELS
+    attn = getattr(model.config, "_attn_implementation", "")
+    one_row = attn in PACKING_KERNELS
     rows = [list(range(batch.size))] if one_row else pack_rows(lengths, PACK_ROW_TOKENS)
     width = max(sum(lengths[i] for i in r) for r in rows)
     row_start = torch.empty(batch.size, 2, dtype=torch.long)  # each sequence's row and first column
@@ -366,8 +367,7 @@ def packed_completion_hidden(model, batch: Batch) -> torch.Tensor:
     at = index[:, lp - 1: lp - 1 + T][batch.completion_mask > 0]
     # flex attention: the main kernel always; inductor would pick its decoding kernel for a row under 128 tokens,
     # which has no valid choice at small head sizes (an H200, 2026-11-27: the tiny model's packed row failed)
-    extra = {"kernel_options": {"FORCE_USE_FLEX_ATTENTION": True}} if one_row and getattr(
-        model.config, "_attn_implementation", "") == "flex_attention" else {}
+    extra = {"kernel_options": {"FORCE_USE_FLEX_ATTENTION": True}} if attn == "flex_attention" else {}
     out = model.get_decoder()(input_ids=ids, position_ids=pos, use_cache=False, **extra)
     return out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[at]
 

@@ -171,8 +171,9 @@ def test_the_options_page_is_the_config():
 
     documented = [name for _, name, doc in documented_fields() if doc]
     assert documented == [f.name for _, f in flat_fields()], "every field has a docstring"
-    assert len(documented) == 124  # 114, the agent group (tools, ... chat_template_path), reward_range, cache_implementation,
-    # token_budget, exact_j_steps
+    # 114, the agent group (tools, ... chat_template_path), reward_range, cache_implementation, token_budget,
+    # exact_j_steps
+    assert len(documented) == 124
 
 
 def test_the_readme_python_example_runs_and_says_what_it_prints(capsys):

@@ -70,7 +70,8 @@ def test_a_run_resumed_anywhere_in_a_window_logs_the_uninterrupted_rows(tmp_path
 
 @pytest.mark.slow
 def test_exact_j_rises_with_asynchronous_generation(tmp_path):
-    rows = read_metrics(train(_config(tmp_path, "learn", max_steps=60, sync_period=2, prompts_per_step=32, exact_j_steps=60),
+    rows = read_metrics(train(_config(tmp_path, "learn", max_steps=60, sync_period=2, prompts_per_step=32,
+                                      exact_j_steps=60),
                               log=lambda *a: None))
     j0, j1 = rows[0]["j/pi_k"], rows[-1]["j/pi_new"]
     assert j1 - j0 >= ASYNC_LEARNING_MARGIN, (j0, j1)

@@ -198,7 +198,8 @@ def test_training_against_the_server_raises_exact_j_and_every_sync_is_exact(serv
     """v = 4 for 60 steps against the server: exact J rises by the learning margin (measured, seed 0: +0.082 in 60
     steps, +0.103 in 80), every sync leaves the server with exactly the trainer's weights, and each sync's size and
     rate are logged."""
-    rows = read_metrics(train(_config(tmp_path, server, "learn", max_steps=60, sync_period=4, exact_j_steps=60), log=lambda *a: None))
+    rows = read_metrics(train(_config(tmp_path, server, "learn", max_steps=60, sync_period=4, exact_j_steps=60),
+                              log=lambda *a: None))
     assert rows[-1]["j/pi_new"] - rows[0]["j/pi_k"] >= LEARNING_MARGIN, (rows[0]["j/pi_k"], rows[-1]["j/pi_new"])
     for row in rows:
         if row["lag"] == 0:

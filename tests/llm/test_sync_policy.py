@@ -145,8 +145,8 @@ def test_max_staleness_drops_the_steps_older_than_it(tmp_path):
 def test_trls_default_correction_learns_off_policy(tmp_path):
     """sequence_mask (TRL's default mode) at v = 4, 16 prompts a step: exact J rises by the margin (measured, seed 0:
     +0.051 after 60 steps; with 8 prompts a step +0.045 after 80, the paper's clip +0.054)."""
-    rows = read_metrics(train(_config(tmp_path, "seqmask", max_steps=80, exact_j_steps=80, sync_period=4, prompts_per_step=16,
-                                      importance_sampling_mode="sequence_mask", heldout_prompts=0),
+    rows = read_metrics(train(_config(tmp_path, "seqmask", max_steps=80, exact_j_steps=80, sync_period=4,
+                                      prompts_per_step=16, importance_sampling_mode="sequence_mask", heldout_prompts=0),
                               log=lambda *a: None))
     assert rows[-1]["j/pi_new"] - rows[0]["j/pi_k"] >= LEARNING_MARGIN
     assert all(math.isnan(r["is_correction/frac_above_cap"]) or 0 <= r["is_correction/frac_above_cap"] <= 1
@@ -158,9 +158,9 @@ def test_trust_region_masking_learns_off_policy(tmp_path):
     """seq_max_k2 (Trust Region Masking's gate) at v = 4, 16 prompts a step, a tight threshold so that the gate acts:
     exact J rises by the margin, completions are dropped whole on lagged steps (``is_correction/frac_above_cap`` > 0)
     and none at lag 0 (alpha = pi_k, every k2 is 0)."""
-    rows = read_metrics(train(_config(tmp_path, "trm", max_steps=80, exact_j_steps=80, sync_period=4, prompts_per_step=16,
-                                      importance_sampling_mode="seq_max_k2", rollout_rs_threshold=0.005,
-                                      heldout_prompts=0), log=lambda *a: None))
+    rows = read_metrics(train(_config(tmp_path, "trm", max_steps=80, exact_j_steps=80, sync_period=4,
+                                      prompts_per_step=16, importance_sampling_mode="seq_max_k2",
+                                      rollout_rs_threshold=0.005, heldout_prompts=0), log=lambda *a: None))
     assert rows[-1]["j/pi_new"] - rows[0]["j/pi_k"] >= LEARNING_MARGIN
     dropped = [r["is_correction/frac_above_cap"] for r in rows if not math.isnan(r["is_correction/frac_above_cap"])]
     assert max(dropped) > 0

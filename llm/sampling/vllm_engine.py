@@ -14,6 +14,7 @@ trainer's.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import os
 import time
@@ -100,12 +101,23 @@ class VLLMSampler:
             kwargs["weight_transfer_config"] = WeightTransferConfig(backend=weight_backend)
         t0 = time.perf_counter()
         quiet = contextlib.nullcontext() if vllm_log_wanted() else filtered_native_output(ENGINE_START_NOISE)
+        # The process's objects so far moved out of the collector's sight before vLLM's start-up collects the heap
+        # (loading weights and sizing the cache collect it four times: in a process holding a test suite or a
+        # notebook's objects, 2-3 s per engine). vLLM freezes the heap itself once started and unfreezes it at
+        # shutdown; a start that fails unfreezes it here. Young garbage is collected first, as vLLM's freeze does.
+        gc.collect(0)
+        gc.collect(1)
+        gc.freeze()
         try:
             with quiet:
                 self.llm = LLM(**kwargs)
         except (ValueError, RuntimeError, NotImplementedError, KeyError) as exc:  # vLLM's refusals, one line
+            gc.unfreeze()
             raise ValueError(f"sampler: vLLM cannot run {model_path}: {first_line(exc)} (VLLM_LOGGING_LEVEL=INFO shows its "
                              "log; --sampler transformers avoids vLLM)") from None
+        except BaseException:
+            gc.unfreeze()
+            raise
         self.start_seconds = time.perf_counter() - t0
         self.trim_memory = trim_memory
         release_freed_memory()  # once: the engine's start-up buffers

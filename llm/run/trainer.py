@@ -154,8 +154,6 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.model.use_peft:
         policy = add_lora(policy, config.model.lora_r, config.model.lora_alpha, config.model.lora_target_modules)
-    if config.machine.compile:
-        log(f"compile: {compile_blocks(policy)} decoder blocks compile at their first passes (minutes on a CPU)")
     agent = build_agent(config.agent, task, tokenizer, log)  # sets --chat-template-path's template, agent or not
     bound = task.bind(tokenizer, config.data.chat_template, agent)  # prompt tokens once; indexed by prompt every step
     probes = probe_prompts(bound, tokenizer)
@@ -163,6 +161,8 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
     check_head(policy, probe, config.sampling.temperature)  # the chunked log-probs know this output layer
     if config.machine.padding_free:  # the attention keeps packed sequences apart
         check_packing(policy, probe, config.sampling.temperature)
+    if config.machine.compile:  # after the probe's checks, which run once: no graphs compiled for them alone
+        log(f"compile: {compile_blocks(policy)} decoder blocks compile at their first passes (minutes on a CPU)")
     if config.diagnostics.exact_j and bound.max_accepted_length > config.sampling.max_completion_length:
         raise ValueError(f"max_completion_length: the task's accepted completions need {bound.max_accepted_length} "
                          f"tokens, more than {config.sampling.max_completion_length}; raise it or pass --no-exact-j")

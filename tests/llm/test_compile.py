@@ -28,6 +28,7 @@ def test_compiled_blocks_give_the_same_logprobs_and_gradients(one_block):
     original's."""
     eager, tok = load_policy(one_block, torch.device("cpu"))
     compiled, _ = load_policy(one_block, torch.device("cpu"))
+    compiled.train()  # as the trainer holds the policy (the graphs guard on the mode: the run below reuses them)
     names = list(compiled.state_dict())
     assert compile_blocks(compiled) == len(eager.get_decoder().layers)
     assert list(compiled.state_dict()) == names
@@ -40,7 +41,8 @@ def test_compiled_blocks_give_the_same_logprobs_and_gradients(one_block):
     b.logp.sum().backward()
     for p, q in zip(compiled.parameters(), eager.parameters(), strict=True):
         assert same_gradient(p.grad, q.grad, 1e-3)
-    copy_ = frozen_copy(compiled)
+    copy_ = frozen_copy(compiled)  # in eval mode, as alpha's and pi_ref's are
+    compiled.eval()  # the original read through the copy's graphs (their guards name no weights)
     with torch.no_grad():
         copy_.get_decoder().layers[0].mlp.down_proj.weight.zero_()
         mine = forward_completions(copy_, batch, 1.0, share_prompts=True).logp
@@ -58,6 +60,7 @@ def test_the_completions_pass_gets_the_prompt_cache_in_one_memory_layout(one_blo
 
     model, tok = load_policy(one_block, torch.device("cpu"))
     compile_blocks(model)
+    model.train()  # the test above's graphs: gradients in training mode, none in eval mode
     prompts, comps = sequences(tok, 12)
     batch = make_batch([prompts[j // 4] for j in range(12)], comps, tok.pad_token_id, "cpu")
     decoder, layouts = model.get_decoder(), []
@@ -71,6 +74,7 @@ def test_the_completions_pass_gets_the_prompt_cache_in_one_memory_layout(one_blo
 
     monkeypatch.setattr(decoder, "forward", spy)
     completion_hidden(model, batch).sum().backward()
+    model.eval()
     with torch.no_grad():
         completion_hidden(model, batch)
     assert layouts == [[(True, True)] * len(decoder.layers)] * 2

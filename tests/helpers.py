@@ -27,6 +27,24 @@ from llm.tasks import TokenizedTask, arithmetic_task
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def train_command(*argv: str) -> str:
+    """``python -m llm.train ARGV`` run in this process (``llm.commands.train.main``, what the command runs once its
+    interpreter has started); what it printed. For the one-process runs the torchrun and SIGKILL tests compare with:
+    each spares an interpreter's imports (torch, transformers: about 6 s of a core). Raises on a failed run."""
+    import contextlib
+    import io
+
+    from llm.commands.train import main
+
+    out, threads = io.StringIO(), torch.get_num_threads()
+    try:
+        with contextlib.redirect_stdout(out):
+            assert main(list(argv)) == 0
+    finally:
+        torch.set_num_threads(threads)  # --num-threads is the process's; the test's own computations keep theirs
+    return out.getvalue()
+
+
 #: float32 agreement of two summation orders of the same quantities (gradients, log-probs).
 RTOL, ATOL = 1e-4, 1e-6
 #: float64 agreement of a step split into micro-batches and the unsplit step (measured: ~1e-14).

@@ -22,7 +22,7 @@ import llm.run.rundir as rundir_mod
 from llm import GRPOConfig, train
 from llm.run.rundir import RunDir, read_metrics, tensor_bytes
 from runkit.cli import RunError
-from tests.helpers import ROOT
+from tests.helpers import ROOT, train_command
 
 KILL_STEPS = 24
 
@@ -62,8 +62,7 @@ def test_sigkill_at_three_random_points_then_resume_gives_the_uninterrupted_run(
     After each, the checkpoint loads and the metric rows are unique and contiguous; the run resumed to the end
     logs the same rows as an uninterrupted run (same rewards, losses to 1e-5)."""
     ref_dir, out = tmp_path / "uninterrupted", tmp_path / "killed"
-    ref = subprocess.run([*CLI, "--output-dir", str(ref_dir)], cwd=ROOT, capture_output=True, text=True)
-    assert ref.returncode == 0, ref.stderr[-2000:]
+    train_command(*CLI[3:], "--output-dir", str(ref_dir))  # in this process: the same command, no interpreter's start
     rng = random.Random(0)
     kinds = ["start-up", "step", "checkpoint write"]
     during_write = 0
@@ -85,8 +84,7 @@ def test_sigkill_at_three_random_points_then_resume_gives_the_uninterrupted_run(
         during_write += kind == "checkpoint write" and (out / "checkpoint.pt.tmp").exists()
         _check_consistent(out)
     assert during_write >= 1, during_write  # killed with a half-written checkpoint.pt.tmp on disk
-    final = subprocess.run([*CLI, "--output-dir", str(out)], cwd=ROOT, capture_output=True, text=True)
-    assert final.returncode == 0, final.stderr[-2000:]
+    train_command(*CLI[3:], "--output-dir", str(out))
     got, want = read_metrics(out), read_metrics(ref_dir)
     assert [r["step"] for r in got] == list(range(KILL_STEPS))
     for a, b in zip(got, want):

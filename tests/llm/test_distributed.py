@@ -15,9 +15,11 @@ from llm.core.metrics import is_wall_clock
 from llm.core.diagnostics import SYNC_CHECKS
 from llm.models.distributed import Ranks
 from llm.run.rundir import read_metrics
-from tests.helpers import CASES, ROOT, RTOL64, optimise_case, same_gradient, same_metric
+from tests.helpers import CASES, ROOT, RTOL64, optimise_case, same_gradient, same_metric, train_command
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+#: What torchrun runs on every rank.
+MODULE = ("-m", "llm.train")
 
 
 #: The first step of a torchrun run with two ranks against one process (float32; the samples are the same, the
@@ -140,7 +142,8 @@ ADAM_EPSILON = "1e-6"
 
 
 def _cli(out: Path, steps: int) -> list[str]:
-    return ["-m", "llm.train", "--sampler", "transformers", "--max-steps", str(steps), "--prompts-per-step", "8",
+    """``python -m llm.train``'s options of the runs compared below (torchrun's command: "-m", "llm.train" first)."""
+    return ["--sampler", "transformers", "--max-steps", str(steps), "--prompts-per-step", "8",
             "--heldout-prompts", str(HELDOUT), "--sync-period", "2", "--num-threads", "1", "--no-progress", "--logging-steps",
             "100", "--tv-diagnostics", "--insample-diagnostics", "--adam-epsilon", ADAM_EPSILON, "--output-dir",
             str(out)]
@@ -151,8 +154,7 @@ def one_process(tmp_path_factory) -> list[dict]:
     """The rows of a one-process run of ``_cli``'s settings, 3 steps (the torchrun runs below are compared with it;
     a shorter run's rows are its first rows: constant learning rate, nothing that depends on the run's length)."""
     out = tmp_path_factory.mktemp("one_process") / "run"
-    one = subprocess.run([sys.executable, *_cli(out, 3)], cwd=ROOT, capture_output=True, text=True)
-    assert one.returncode == 0, one.stderr[-2000:]
+    train_command(*_cli(out, 3))
     return read_metrics(out)
 
 
@@ -163,8 +165,8 @@ def test_torchrun_with_two_ranks_logs_the_one_process_metrics(tmp_path, one_proc
     runs drift apart by float32 rounding of the split gradient sums, amplified by Adam), and a checkpoint that records
     two ranks."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    two = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "2", *_cli(tmp_path / "two", 3)], cwd=ROOT,
-                         capture_output=True, text=True, env=env)
+    two = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "2", *MODULE, *_cli(tmp_path / "two", 3)],
+                         cwd=ROOT, capture_output=True, text=True, env=env)
     assert two.returncode == 0, two.stderr[-3000:]
     a, b = one_process, read_metrics(tmp_path / "two")
     assert [r["step"] for r in b] == [0, 1, 2]
@@ -182,8 +184,9 @@ def test_torchrun_with_one_rank_and_fsdp_runs_a_group_of_one(tmp_path, one_proce
     """torchrun --nproc-per-node 1 --fsdp: a process group of one (gloo here, NCCL on a GPU: tests/gpu) whose
     collectives run and whose blocks are FSDP2 modules over a one-rank mesh; it logs a one-process run's rewards
     and every metric of its first step to STEP0_RTOL (AFTER_UPDATE_RTOL for the updated policy's terms)."""
-    res = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "1", *_cli(tmp_path / "ranked", 2), "--fsdp"],
-                         cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    res = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "1", *MODULE, *_cli(tmp_path / "ranked", 2),
+                          "--fsdp"], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
     assert "trainer processes: 1 (gloo, FSDP), this one on cpu" in res.stdout, res.stdout[-2000:]
     a, b = one_process[:2], read_metrics(tmp_path / "ranked")
@@ -218,8 +221,8 @@ def test_a_rank_that_dies_ends_the_run_in_one_line_and_it_resumes(tmp_path, fsdp
 
     out = tmp_path / "killed"
     cli = [*_cli(out, 10), "--save-steps", "1", *(["--fsdp"] if fsdp else [])]
-    proc = subprocess.Popen([TORCHRUN, "--standalone", "--nproc-per-node", "2", *cli], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([TORCHRUN, "--standalone", "--nproc-per-node", "2", *MODULE, *cli], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (out / "metrics.jsonl").is_file() or len(read_metrics(out)) < 3:
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]
@@ -237,10 +240,8 @@ def test_a_rank_that_dies_ends_the_run_in_one_line_and_it_resumes(tmp_path, fsdp
     ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
     # step 2's row is written before step 3's checkpoint, which under FSDP needs rank 1 to gather (it may be dead)
     assert ckpt["world_size"] == 2 and ckpt["step"] >= (2 if fsdp else 3)
-    res = subprocess.run([sys.executable, *[a for a in cli if a != "--fsdp"]], cwd=ROOT, capture_output=True,
-                         text=True)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "the checkpoint was written by 2 trainer process(es), this run has 1" in res.stdout
+    printed = train_command(*[a for a in cli if a != "--fsdp"])
+    assert "the checkpoint was written by 2 trainer process(es), this run has 1" in printed
     assert [r["step"] for r in read_metrics(out)] == list(range(10))
 
 
@@ -269,8 +270,8 @@ def test_one_torchrun_rank_with_the_in_process_engine_runs_as_one_process(tmp_pa
 
 def _torchrun(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "2", *args], cwd=ROOT, capture_output=True,
-                          text=True, env=env, timeout=600)
+    return subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "2", *MODULE, *args], cwd=ROOT,
+                          capture_output=True, text=True, env=env, timeout=600)
 
 
 def _errors(res: subprocess.CompletedProcess) -> list[str]:
@@ -288,13 +289,9 @@ def test_fsdp_under_torchrun_logs_the_one_process_metrics_and_its_checkpoints_re
     the one-process layout (the same keys and shapes, the Adam moments included). Evaluation every 2 steps (under
     FSDP on rank 0's gathered copy) is among the metrics compared. (The one-process run of 4 steps is the 2-step
     run's copy resumed: a resumed run logs the uninterrupted run's rows, tests/contracts/test_faults.py.)"""
-    first = subprocess.run([sys.executable, *_cli(tmp_path / "to_fsdp", 2), *EVERY], cwd=ROOT, capture_output=True,
-                           text=True)
-    assert first.returncode == 0, first.stderr[-2000:]
+    train_command(*_cli(tmp_path / "to_fsdp", 2), *EVERY)
     shutil.copytree(tmp_path / "to_fsdp", tmp_path / "one")
-    one = subprocess.run([sys.executable, *_cli(tmp_path / "one", 4), *EVERY], cwd=ROOT, capture_output=True,
-                         text=True)
-    assert one.returncode == 0, one.stderr[-2000:]
+    train_command(*_cli(tmp_path / "one", 4), *EVERY)
     half = _torchrun(*_cli(tmp_path / "to_one", 2), *EVERY, "--fsdp")  # FSDP, then one process
     assert half.returncode == 0, _errors(half)
     ckpt, ref = (torch.load(p / "checkpoint.pt", weights_only=True) for p in (tmp_path / "to_one", tmp_path / "one"))
@@ -304,9 +301,7 @@ def test_fsdp_under_torchrun_logs_the_one_process_metrics_and_its_checkpoints_re
         assert not any(isinstance(v, DTensor) for v in ckpt[part].values())
     moments = lambda c: {i: {k: v.shape for k, v in s.items()} for i, s in c["optimizer"]["state"].items()}  # noqa
     assert moments(ckpt) == moments(ref)
-    resumed = subprocess.run([sys.executable, *_cli(tmp_path / "to_one", 4), *EVERY], cwd=ROOT, capture_output=True,
-                             text=True)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    train_command(*_cli(tmp_path / "to_one", 4), *EVERY)
     then = _torchrun(*_cli(tmp_path / "to_fsdp", 4), *EVERY, "--fsdp")
     assert then.returncode == 0, _errors(then)
     want = read_metrics(tmp_path / "one")

@@ -59,6 +59,9 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
     ``callbacks`` are called as ``cb(step, row)`` after each step's metrics row is written (``row``: that row),
     after the trackers of ``report_to``; a callback with an ``on_setup(weights)`` method is also handed the
     run's ``llm.step.weights.Weights`` (policy, alpha, pi_ref, the sampler) before step 0.
+
+    The objects that exist before the call are frozen (``gc.freeze``) for its length, so the garbage collector scans
+    the run's own objects only; garbage among them is collected after the run, at the collector's next pass.
     """
     # torchrun: this process's rank (one rank with the in-process engine runs as one process); else one process
     ranks = init_ranks(resolve_device(config.machine.device), config.machine.fsdp,

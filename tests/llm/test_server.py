@@ -2,7 +2,7 @@
 through vLLM's weight-transfer API with the project's ``gloo_cpu`` backend, everything checked over the wire
 (llm.sampling.server, llm.sampling.launch).
 
-One server is started for the module, with the README's command (about 40 s), and stopped at its end; the last test
+One server is started for the module, with the README's command (37-38 s alone on the 2-core host), and stopped at its end; the last test
 kills it and starts it again."""
 
 import os

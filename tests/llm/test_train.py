@@ -60,3 +60,27 @@ def test_a_logged_run_holds_the_projects_lines_only(tmp_path):
     assert "seconds per step: median" in text  # the run's summary
     for noise in ("Warning", "WARNING", "Triton", "NUMA", "Loading safetensors", "%|"):
         assert noise not in text, [line for line in lines if noise in line]
+
+
+def test_a_run_freezes_the_callers_objects_only_while_it_runs(tmp_path):
+    """train() hides the objects that exist before it from the garbage collector for its length (gc.freeze: its
+    collections scan the run's own objects) and gives them back when it ends, by an error too."""
+    import gc
+
+    from llm import GRPOConfig, train
+
+    assert gc.get_freeze_count() == 0
+    seen = []
+
+    def fail_at_step_1(step, row):
+        seen.append(gc.get_freeze_count())
+        if step == 1:
+            raise KeyError("a callback's own error")
+
+    cfg = GRPOConfig(output_dir=str(tmp_path / "run"), sampler="transformers", max_steps=3, progress=False)
+    with pytest.raises(KeyError, match="a callback's own error"):
+        train(cfg, log=lambda *a: None, callbacks=[fail_at_step_1])
+    assert len(seen) == 2 and min(seen) > 10_000, seen  # the caller's objects (a test worker's: about a million)
+    assert gc.get_freeze_count() == 0
+    train(cfg, log=lambda *a: None)  # resumed to the end
+    assert gc.get_freeze_count() == 0

@@ -27,22 +27,36 @@ from llm.tasks import TokenizedTask, arithmetic_task
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def train_command(*argv: str) -> str:
-    """``python -m llm.train ARGV`` run in this process (``llm.commands.train.main``, what the command runs once its
-    interpreter has started); what it printed. For the one-process runs the torchrun and SIGKILL tests compare with:
-    each spares an interpreter's imports (torch, transformers: about 6 s of a core). Raises on a failed run."""
+def run_cli(main, prog: str, argv: list[str]) -> tuple[int, str, str]:
+    """A command's ``main`` run in this process as ``python -m`` runs it (through ``run_main``, ``argv`` as its
+    arguments): (exit status, what it printed, what it printed to stderr)."""
     import contextlib
     import io
+    from unittest import mock
 
-    from llm.commands.train import main
+    from runkit.cli import run_main
 
-    out, threads = io.StringIO(), torch.get_num_threads()
+    out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
     try:
-        with contextlib.redirect_stdout(out):
-            assert main(list(argv)) == 0
+        with mock.patch("sys.argv", [prog, *argv]), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                run_main(main, prog)
+            except SystemExit as exc:
+                return int(exc.code or 0), out.getvalue(), err.getvalue()
     finally:
         torch.set_num_threads(threads)  # --num-threads is the process's; the test's own computations keep theirs
-    return out.getvalue()
+    raise AssertionError("run_main always exits")
+
+
+def train_command(*argv: str) -> str:
+    """``python -m llm.train ARGV`` run in this process (``run_cli``: what the command runs once its interpreter has
+    started); what it printed. For the one-process runs the torchrun and SIGKILL tests compare with: each spares an
+    interpreter's imports (torch, transformers: about 6 s of a core). Asserts that the run succeeded."""
+    from llm.commands.train import PROG, main
+
+    status, out, err = run_cli(main, PROG, list(argv))
+    assert status == 0, err[-2000:]
+    return out
 
 
 #: float32 agreement of two summation orders of the same quantities (gradients, log-probs).

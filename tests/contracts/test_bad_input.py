@@ -1,13 +1,10 @@
 """Bad input: fuzzed command lines, data files, reward functions, model paths. Every one is refused in one line
 naming what is wrong, or runs."""
 
-import contextlib
 import dataclasses
 import importlib
-import io
 import json
 import re
-import sys
 import typing
 from unittest import mock
 
@@ -25,26 +22,11 @@ from llm.models.tiny import tiny_model_dir
 from llm.rewards import text_reward
 from llm.sampling.launch import ServeConfig
 from llm.tasks.sources import load_task
-from runkit.cli import run_main
+from tests.helpers import run_cli
 
 
 class ReachedModelLoading(Exception):
     """Raised in place of loading the model: every check before it passed."""
-
-
-def run_cli(main, prog: str, argv: list[str]) -> tuple[int, str]:
-    """Run a CLI's ``main`` as ``python -m`` would (through ``run_main``): (exit status, stderr)."""
-    err, threads = io.StringIO(), torch.get_num_threads()
-    try:
-        with mock.patch.object(sys, "argv", [prog, *argv]), contextlib.redirect_stderr(err), \
-                contextlib.redirect_stdout(io.StringIO()):
-            try:
-                run_main(main, prog)
-            except SystemExit as exc:
-                return int(exc.code or 0), err.getvalue()
-    finally:
-        torch.set_num_threads(threads)  # the trainer sets --num-threads for the process; later tests need theirs
-    raise AssertionError("run_main always exits")
 
 
 def assert_one_line_error(status: int, stderr: str, prog: str, names: list[str]) -> None:
@@ -144,7 +126,7 @@ def test_fuzzed_trainer_command_lines_are_accepted_or_refused_in_one_line(files,
 
     with mock.patch("llm.models.pretrained.resolve_model_path", side_effect=ReachedModelLoading):
         try:
-            status, err = run_cli(train_cli.main, "python -m llm.train", argv)
+            status, _, err = run_cli(train_cli.main, "python -m llm.train", argv)
         except ReachedModelLoading:
             assert not invalid, argv
             event("reached model loading")
@@ -166,7 +148,7 @@ def test_fuzzed_simulator_command_lines_run_or_are_refused_in_one_line(data):
 
     from grpo_theory import simulate
 
-    status, err = run_cli(simulate.main, "python -m grpo_theory.simulate", argv)
+    status, _, err = run_cli(simulate.main, "python -m grpo_theory.simulate", argv)
     if status == 0:
         assert not invalid, argv
         event("ran")
@@ -187,7 +169,7 @@ def test_fuzzed_server_launcher_command_lines_are_checked_before_starting(data):
 
     with mock.patch.object(serve, "ServerProcess", side_effect=ReachedModelLoading):
         try:
-            status, err = run_cli(serve.main, "python -m llm.serve", argv)
+            status, _, err = run_cli(serve.main, "python -m llm.serve", argv)
         except ReachedModelLoading:
             assert not invalid, argv
             return
@@ -214,7 +196,7 @@ def test_every_number_field_refuses_non_finite_and_non_numeric_values(tmp_path, 
     base = ["--output-dir", str(tmp_path / "run")] if cli != "server" else []
     with mock.patch("llm.models.pretrained.resolve_model_path", side_effect=ReachedModelLoading), \
             mock.patch("llm.commands.serve.ServerProcess", side_effect=ReachedModelLoading):
-        status, err = run_cli(importlib.import_module(module).main, prog, [*base, flag, value])
+        status, _, err = run_cli(importlib.import_module(module).main, prog, [*base, flag, value])
     assert_one_line_error(status, err, prog, [field, flag])
     assert field in err or flag in err, err
 

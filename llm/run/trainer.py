@@ -15,6 +15,7 @@ Under torchrun every rank runs each phase over its share of the prompts; rank 0 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from collections.abc import Sequence
 from pathlib import Path
@@ -88,11 +89,7 @@ def train_main(config: GRPOConfig, ranks: Ranks, log, callbacks: Sequence[StepCa
             log(f"{run.path} already holds a finished run of {ckpt['step']} steps (raise --max-steps to continue it)")
             return run.path
         check_trackers(config.output)  # a tracker whose package is missing stops the run before the model loads
-        # The caller's objects (imports, a notebook's or a test suite's) out of the collector's sight during the run:
-        # its collections, and the one after it, scan the run's own objects (a full collection of a test worker's
-        # heap took 0.5 s). Unfrozen when the run ends; vLLM's engine unfreezes the heap itself when it stops.
-        gc.freeze()
-        try:
+        with callers_objects_frozen():
             weights, task, model_path = setup(config, ranks, log)
             try:
                 for cb in callbacks:
@@ -109,9 +106,20 @@ def train_main(config: GRPOConfig, ranks: Ranks, log, callbacks: Sequence[StepCa
                     del weights
                     gc.collect()
                     release_freed_memory()
-        finally:
-            gc.unfreeze()
     return run.path
+
+
+@contextlib.contextmanager
+def callers_objects_frozen():
+    """The caller's objects (imports, a notebook's or a test suite's) out of the collector's sight while the run
+    goes on: its collections, and the one after it, scan the run's own objects (a full collection of a test worker's
+    heap took 0.5 s). Unfrozen when the run ends, by an error too; vLLM's engine unfreezes the heap itself when it
+    stops."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def train_rank(config: GRPOConfig, ranks: Ranks) -> Path:

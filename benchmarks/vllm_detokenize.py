@@ -30,7 +30,6 @@ def main() -> int:
     import vllm
     from transformers import AutoTokenizer
 
-    import llm.sampling.vllm_engine  # noqa: F401  (quiets vLLM before it starts)
     from llm.models.tiny import tiny_model_dir
     from llm.sampling.vllm_engine import VLLMSampler
 

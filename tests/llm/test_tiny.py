@@ -2,13 +2,11 @@
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from llm.models.tiny import BUILTIN_DIR, CHECKSUMS, WARMUP_BAND, TinySpec, tiny_model_dir, verify_checksums, write_checksums
-from tests.helpers import ROOT
+from tests.helpers import run_cli
 
 
 def test_the_default_model_is_the_shipped_directory_and_matches_its_checksums():
@@ -40,7 +38,10 @@ def test_a_changed_or_missing_file_is_refused_by_name(tmp_path):
 
 
 def test_the_build_command_asks_for_exactly_one_destination():
+    """``python -m llm.tiny`` (its main run in this process as ``python -m`` runs it)."""
+    from llm.commands.tiny import PROG, main
+
     for args in ([], ["--out", "x", "--ship"]):
-        res = subprocess.run([sys.executable, "-m", "llm.tiny", *args], cwd=ROOT, capture_output=True, text=True)
-        assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
-        assert "give exactly one of --out DIR and --ship" in res.stderr
+        status, _, err = run_cli(main, PROG, args)
+        assert status == 2 and err.count("\n") == 1, err
+        assert "give exactly one of --out DIR and --ship" in err

@@ -48,7 +48,7 @@ PAGE_TOKENS = 32
 #: 512 and 256 (no change).
 MAX_BATCH_TOKENS = {"cpu": 512}
 #: The same on an accelerator (not re-measured there).
-DEVICE_MAX_BATCH_TOKENS = 8192
+ACCELERATOR_MAX_BATCH_TOKENS = 8192
 
 
 @contextlib.contextmanager
@@ -86,7 +86,7 @@ def cache_config(rows: int, prompt_tokens: int, max_tokens: int, seed: int, devi
     pages = rows * math.ceil((prompt_tokens + max_tokens) / PAGE_TOKENS)
     fields = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
     kw = dict(return_logprobs=True, page_size=PAGE_TOKENS, num_blocks=pages,
-              max_batch_tokens=max(min(MAX_BATCH_TOKENS.get(device_type, DEVICE_MAX_BATCH_TOKENS),
+              max_batch_tokens=max(min(MAX_BATCH_TOKENS.get(device_type, ACCELERATOR_MAX_BATCH_TOKENS),
                                        rows * (prompt_tokens + max_tokens)), prompt_tokens + 1))
     if "seed" in fields:
         kw["seed"] = seed

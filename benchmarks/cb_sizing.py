@@ -48,7 +48,7 @@ def table(model, tok, cases: dict, sizes: tuple[int, ...]) -> None:
     print(f"| max_batch_tokens | case | first call (s) | kept manager (s) | ratio to {sizes[0]} |\n|---:|---|---:|---:|---:|")
     base = {}
     for size in sizes:
-        cb.MAX_BATCH_TOKENS["cpu"] = size
+        cb.CPU_MAX_BATCH_TOKENS = size
         for name, (prompts, n, max_tokens) in cases.items():
             first, kept = timed_calls(model, tok, prompts, n, max_tokens)
             base.setdefault(name, kept)

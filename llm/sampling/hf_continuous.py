@@ -39,16 +39,16 @@ from llm.sampling.hf_generate import TransformersSampler, plain_generation_confi
 
 #: Tokens per page of the paged KV cache.
 PAGE_TOKENS = 32
-#: Most tokens one forward pass of the manager may hold (prefill chunks and decode steps together), by device type.
+#: Most tokens one forward pass of the manager may hold (prefill chunks and decode steps together) on a CPU.
 #: The manager's attention mask (sdpa and eager attention) is this many rows by the cache's tokens plus this many
 #: columns, allocated and filled whenever a manager is built, and each pass attends over every row's cache. On a CPU
 #: 512 (``python benchmarks/cb_sizing.py --smollm2``, kept manager, seconds per call): the built-in model, 1,024 rows
 #: x 16 tokens 1.54 at 8192, 1.11 at 1024, 0.93 at 512 (1.66x); 3,000 one-token rows 3.16, 1.54, 1.25 (2.54x); a new
 #: manager's first call 5.41 s at 8192, 1.57 at 512; SmolLM2-135M, 64 rows x 48 tokens, 40.4, 41.0 and 40.6 s at 1024,
 #: 512 and 256 (no change).
-MAX_BATCH_TOKENS = {"cpu": 512}
+CPU_MAX_BATCH_TOKENS = 512
 #: The same on an accelerator (not re-measured there).
-ACCELERATOR_MAX_BATCH_TOKENS = 8192
+MAX_BATCH_TOKENS = 8192
 
 
 @contextlib.contextmanager
@@ -80,13 +80,14 @@ class FilteredScores:
 def cache_config(rows: int, prompt_tokens: int, max_tokens: int, seed: int, device_type: str = "cpu"):
     """transformers' ``ContinuousBatchingConfig`` for a call of ``rows`` sequences of at most ``prompt_tokens`` +
     ``max_tokens`` tokens on a device of ``device_type``: a cache holding all of them at once, forward passes of at
-    most MAX_BATCH_TOKENS tokens, log-probs reported, ``seed`` where the installed transformers takes one."""
+    most CPU_MAX_BATCH_TOKENS (a CPU) or MAX_BATCH_TOKENS tokens, log-probs reported, ``seed`` where the installed
+    transformers takes one."""
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     pages = rows * math.ceil((prompt_tokens + max_tokens) / PAGE_TOKENS)
     fields = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
     kw = dict(return_logprobs=True, page_size=PAGE_TOKENS, num_blocks=pages,
-              max_batch_tokens=max(min(MAX_BATCH_TOKENS.get(device_type, ACCELERATOR_MAX_BATCH_TOKENS),
+              max_batch_tokens=max(min(CPU_MAX_BATCH_TOKENS if device_type == "cpu" else MAX_BATCH_TOKENS,
                                        rows * (prompt_tokens + max_tokens)), prompt_tokens + 1))
     if "seed" in fields:
         kw["seed"] = seed

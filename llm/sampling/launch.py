@@ -163,7 +163,8 @@ def server_command(config: ServeConfig, model: ServedModel, port: int) -> tuple[
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"
     if not cuda:  # the engine's one CPU worker in the engine's own process, not a third process of its own: the
-        # server starts about 13 s sooner (one interpreter fewer to import torch and vLLM into), samples the same
+        # server starts 7-13 s sooner (one interpreter fewer to import torch and vLLM into; docs/samplers.md), samples
+        # the same
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     return args, env
 

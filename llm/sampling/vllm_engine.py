@@ -111,12 +111,11 @@ class VLLMSampler:
         try:
             with quiet:
                 self.llm = LLM(**kwargs)
-        except (ValueError, RuntimeError, NotImplementedError, KeyError) as exc:  # vLLM's refusals, one line
+        except BaseException as exc:
             gc.unfreeze()
-            raise ValueError(f"sampler: vLLM cannot run {model_path}: {first_line(exc)} (VLLM_LOGGING_LEVEL=INFO shows its "
-                             "log; --sampler transformers avoids vLLM)") from None
-        except BaseException:
-            gc.unfreeze()
+            if isinstance(exc, (ValueError, RuntimeError, NotImplementedError, KeyError)):  # vLLM's refusals, one line
+                raise ValueError(f"sampler: vLLM cannot run {model_path}: {first_line(exc)} (VLLM_LOGGING_LEVEL=INFO "
+                                 "shows its log; --sampler transformers avoids vLLM)") from None
             raise
         self.start_seconds = time.perf_counter() - t0
         self.trim_memory = trim_memory

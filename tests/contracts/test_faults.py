@@ -27,8 +27,10 @@ from tests.helpers import ROOT, train_command
 KILL_STEPS = 24
 
 
-CLI = [sys.executable, "-m", "llm.train", "--sampler", "transformers", "--max-steps", str(KILL_STEPS),
-       "--prompts-per-step", "8", "--save-steps", "1", "--no-progress", "--logging-steps", "1000", "--num-threads", "1"]
+#: The options of the runs below; CLI runs them in an interpreter of their own.
+OPTIONS = ["--sampler", "transformers", "--max-steps", str(KILL_STEPS), "--prompts-per-step", "8", "--save-steps", "1",
+           "--no-progress", "--logging-steps", "1000", "--num-threads", "1"]
+CLI = [sys.executable, "-m", "llm.train", *OPTIONS]
 
 
 def _start(out: Path) -> subprocess.Popen:
@@ -62,7 +64,7 @@ def test_sigkill_at_three_random_points_then_resume_gives_the_uninterrupted_run(
     After each, the checkpoint loads and the metric rows are unique and contiguous; the run resumed to the end
     logs the same rows as an uninterrupted run (same rewards, losses to 1e-5)."""
     ref_dir, out = tmp_path / "uninterrupted", tmp_path / "killed"
-    train_command(*CLI[3:], "--output-dir", str(ref_dir))  # in this process: the same command, no interpreter's start
+    train_command(*OPTIONS, "--output-dir", str(ref_dir))  # in this process: the same command, no interpreter's start
     rng = random.Random(0)
     kinds = ["start-up", "step", "checkpoint write"]
     during_write = 0
@@ -84,7 +86,7 @@ def test_sigkill_at_three_random_points_then_resume_gives_the_uninterrupted_run(
         during_write += kind == "checkpoint write" and (out / "checkpoint.pt.tmp").exists()
         _check_consistent(out)
     assert during_write >= 1, during_write  # killed with a half-written checkpoint.pt.tmp on disk
-    train_command(*CLI[3:], "--output-dir", str(out))
+    train_command(*OPTIONS, "--output-dir", str(out))
     got, want = read_metrics(out), read_metrics(ref_dir)
     assert [r["step"] for r in got] == list(range(KILL_STEPS))
     for a, b in zip(got, want):

@@ -159,7 +159,7 @@ def lcb_method(name: str) -> str:
         import warnings
 
         warnings.warn(f"lcb method {name!r} is now called {RENAMED_LCB_METHODS[name]!r} (it has no guarantee)",
-                      DeprecationWarning, stacklevel=3)
+                      FutureWarning, stacklevel=3)  # a user's word: shown by default
         return RENAMED_LCB_METHODS[name]
     if name not in LCB_METHODS:
         raise ValueError(f"method: expected one of {', '.join(LCB_METHODS)}, got {name!r}")

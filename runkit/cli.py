@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import sys
+import warnings
 from typing import Callable, TypeVar
 
 import tyro
@@ -43,13 +45,18 @@ def parse(cls: type[T], args: list[str] | None, prog: str, description: str | No
         return tyro.cli(cls, args=argv, prog=prog, description=description)
     buf = io.StringIO()
     try:
-        with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(buf):
-            return tyro.cli(cls, args=argv, prog=prog, description=description)
+        with (contextlib.redirect_stderr(buf), contextlib.redirect_stdout(buf),
+              warnings.catch_warnings(record=True) as seen):
+            warnings.simplefilter("always", FutureWarning)
+            config = tyro.cli(cls, args=argv, prog=prog, description=description)
     except SystemExit as exc:
         if exc.code in (0, None):
             raise
         fail(prog, _first_error_line(buf.getvalue()) + " (see --help)")
-    raise AssertionError("unreachable")
+    for w in seen:  # what the config says of a value it accepted (a renamed choice), which the capture would hide
+        if issubclass(w.category, FutureWarning):
+            print(f"{prog}: warning: {w.message}", file=sys.stderr)
+    return config
 
 
 def first_line(exc: BaseException, limit: int = 300) -> str:
@@ -85,4 +92,7 @@ def run_main(main: Callable[[list[str] | None], int], prog: str) -> None:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
+    except BrokenPipeError:  # the reader went away (``--help | head``): stop quietly, as Python's docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush fails no more
+        raise SystemExit(1) from None
     raise SystemExit(code or 0)

@@ -81,7 +81,7 @@ class GRPOConfig:
                 object.__setattr__(self, name, TOP_FIELDS[name].default)
         for name, cls in GROUPS.items():
             base = given.get(name)
-            if base is not None and not isinstance(base, cls):
+            if name in given and not isinstance(base, cls):
                 raise TypeError(f"GRPOConfig: {name} must be a {cls.__name__}, got {type(base).__name__}")
             group = cls(**flat[name]) if base is None else dataclasses.replace(base, **flat[name])
             object.__setattr__(group, "_owner", self)  # its assignments are checked against the other groups too
@@ -129,7 +129,8 @@ class GRPOConfig:
     def _check_across_groups(self) -> None:
         """The rules that tie two groups together."""
         require(self, self.max_steps >= 1, "max_steps", "must be >= 1")
-        require(self, self.seed >= 0, "seed", "must be >= 0 (numpy's generators take non-negative seeds)")
+        require(self, 0 <= self.seed < 2**63, "seed",
+                "must lie in [0, 2**63) (numpy's generators take non-negative seeds, torch's a 64-bit integer)")
         require(self, not (self.machine.fsdp and self.model.use_peft), "fsdp",
                 "shards whole weights; LoRA's adapters are small enough for data parallel: drop one of --fsdp and "
                 "--use-peft")
@@ -196,7 +197,15 @@ class GRPOConfig:
 
     @classmethod
     def from_json_file(cls, path: str | Path) -> "GRPOConfig":
-        return cls(**json.loads(Path(path).read_text()))
+        """The config a config.json holds; a file that is not one is a ValueError naming the file (a field missing
+        from it takes its default: a field added after the file was written)."""
+        try:
+            stored = json.loads(Path(path).read_text())
+            if not isinstance(stored, dict):
+                raise ValueError(f"holds a JSON {type(stored).__name__}, not an object of options")
+            return cls(**stored)
+        except (TypeError, ValueError) as exc:  # json's errors, a field's value, an unknown name
+            raise ValueError(f"{path}: {exc}") from None
 
     def replace(self, **changes) -> "GRPOConfig":
         """A copy with ``changes``: flat fields or whole groups (each group copied: the copy is independent)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Literal
 
 from grpo_theory.truncation import TokenFilter
@@ -217,8 +218,8 @@ class MachineConfig(ConfigGroup):
         require(self, self.logit_chunk_tokens >= 0, "logit_chunk_tokens", "must be >= 0 (0: automatic)")
         require(self, 0 <= self.num_threads <= (os.cpu_count() or 1), "num_threads",
                 f"must lie in [0, {os.cpu_count()}] (this machine's cores; 0: torch's default)")
-        require(self, self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
-                "device", "expected auto, cpu or cuda[:n]")
+        require(self, re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None, "device",
+                "expected auto, cpu or cuda[:n]")
 
     @property
     def prompts_shared(self) -> bool:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pydantic import TypeAdapter, ValidationError
+
+from llm.config.fields import STRICT, one_line, plain
 from llm.config.grpo import GROUPS, GRPOConfig
 
 # ---- TRL's names ---------------------------------------------------------------------------------
@@ -31,8 +34,31 @@ TRL_SWITCHES: dict[str, tuple[str, str | bool, str | bool | None]] = {
 TRL_REF_MODEL_SYNC_STEPS = 512
 
 
+#: TRL's words for a switch's value (``--bf16 true``, as ``transformers.HfArgumentParser`` reads them).
+TRUE_WORDS, FALSE_WORDS = ("true", "yes", "t", "y", "1"), ("false", "no", "f", "n", "0")
+_SWITCH = TypeAdapter(bool, config=STRICT)
+
+
+def _switch(name: str, value) -> bool:
+    """A TRL switch's value: True or False (numpy's bool too), checked by pydantic as the config's own switches."""
+    try:
+        return _SWITCH.validate_python(plain(value))
+    except ValidationError as exc:
+        raise one_line(exc, field=name) from None
+
+
 def _trl_values(given: dict) -> dict:
     """TRL's names and values (``given``: name -> value, strings or Python values) as this config's fields."""
+    given = {name: _switch(name, v) if name in TRL_SWITCHES else v for name, v in given.items()}
+    seen: dict[str, str] = {}
+    for name in given:
+        if name in TRL_NAMES:
+            field, values = TRL_NAMES[name]
+            if field in seen:
+                raise ValueError(f"{name}: {seen[field]} names the same option ({field}); give one")
+            seen[field] = name
+            if values is not None and given[name] not in values:  # checked even where use_vllm=False drops it
+                raise ValueError(f"{name}: expected one of {', '.join(values)}, got {given[name]!r}")
     out, sync_ref = {}, given.pop("sync_ref_model", None)
     steps = given.get("ref_model_sync_steps")
     if steps is not None and not sync_ref:
@@ -54,43 +80,65 @@ def _trl_values(given: dict) -> dict:
             out[field] = on if value else off
             continue
         field, values = TRL_NAMES[name]
-        if values is not None:
-            if value not in values:
-                raise ValueError(f"{name}: expected one of {', '.join(values)}, got {value!r}")
-            value = values[value]
-        out[field] = value
+        out[field] = value if values is None else values[value]
     return out
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _key(arg: str) -> str:
+    """An option's name as typed, with TRL's (and argparse's) underscores read as dashes: ``--use_vllm=true`` ->
+    ``--use-vllm``."""
+    key = arg.partition("=")[0]
+    return key.replace("_", "-") if key.startswith("--") else key
 
 
 def translate_trl_args(argv: list[str]) -> list[str]:
     """A command line with TRL's option names (``--vllm-importance-sampling-mode token_mask``, ``--bf16``...) as this
-    project's (``--importance-sampling-mode token_mask``, ``--dtype bfloat16``); other arguments unchanged."""
-    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
-    names = {flag(n): n for n in TRL_NAMES}
-    switches = {flag(n): (n, True) for n in TRL_SWITCHES} | {flag(f"no_{n}"): (n, False) for n in TRL_SWITCHES}
+    project's (``--importance-sampling-mode token_mask``, ``--dtype bfloat16``); other arguments unchanged. TRL's
+    spellings work too: underscores (``--use_vllm``) and a switch's value (``--bf16 true``, ``--use-vllm=False``).
+    A field given under both names is refused, as ``from_trl`` refuses it."""
+    names = {_flag(n): n for n in TRL_NAMES}
+    switches = {_flag(n): (n, True) for n in TRL_SWITCHES} | {_flag(f"no_{n}"): (n, False) for n in TRL_SWITCHES}
     given, rest, i = {}, [], 0
     while i < len(argv):
-        arg = argv[i]
-        key, eq, inline = arg.partition("=")
+        arg, key = argv[i], _key(argv[i])
+        _, eq, inline = arg.partition("=")
         if key in names:
+            name = names[key]
             if eq:
-                given[names[key]] = inline
+                given[name] = inline
             elif i + 1 < len(argv):
-                given[names[key]] = argv[i + 1]
+                given[name] = argv[i + 1]
                 i += 1
             else:
-                raise ValueError(f"{names[key]}: missing value")
-            if names[key] == "ref_model_sync_steps":
-                given[names[key]] = int(given[names[key]])
-        elif arg in switches:
-            name, on = switches[arg]
+                raise ValueError(f"{name}: missing value")
+            if name == "ref_model_sync_steps":
+                try:
+                    given[name] = int(given[name])
+                except ValueError:
+                    raise ValueError(f"{name}: must be an integer, got {given[name]!r}") from None
+        elif key in switches:
+            name, on = switches[key]
+            word = inline if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            if eq or word.lower() in TRUE_WORDS + FALSE_WORDS:
+                if word.lower() not in TRUE_WORDS + FALSE_WORDS:
+                    raise ValueError(f"{name}: expected true or false, got {word!r}")
+                on = on == (word.lower() in TRUE_WORDS)  # --no-bf16 false: on
+                i += 0 if eq else 1
             given[name] = on
         else:
             rest.append(arg)
         i += 1
     out = []
-    for field, value in _trl_values(given).items():
-        out += [flag(field if value else f"no_{field}")] if isinstance(value, bool) else [flag(field), str(value)]
+    translated = _trl_values(given)
+    typed = {_key(a) for a in rest}
+    for field, value in translated.items():
+        if {_flag(field), _flag(f"no_{field}")} & typed:
+            raise ValueError(f"{field}: given both under its own name and under TRL's; give one")
+        out += [_flag(field if value else f"no_{field}")] if isinstance(value, bool) else [_flag(field), str(value)]
     return rest + out
 
 

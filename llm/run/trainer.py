@@ -64,6 +64,9 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
     The objects that exist before the call are frozen (``gc.freeze``) for its length, so the garbage collector scans
     the run's own objects only; garbage among them is collected after the run, at the collector's next pass.
     """
+    if not isinstance(config, GRPOConfig):
+        raise TypeError(f"train() takes a GRPOConfig (GRPOConfig(**options), or llm.config.from_trl(**options) with "
+                        f"TRL's names), got {type(config).__name__}")
     # torchrun: this process's rank (one rank with the in-process engine runs as one process); else one process
     ranks = init_ranks(resolve_device(config.machine.device), config.machine.fsdp,
                        group_of_one=not sampler_class(config.sampling).owns_torch_distributed)

@@ -368,3 +368,20 @@ def test_misbehaving_reward_functions_are_one_line(reward_module, tokenizer, nam
     with pytest.raises(ValueError, match="^reward_funcs: " + match) as err:
         bound.score(idx, comps, [[5, 1]] * 2)
     assert "\n" not in str(err.value)
+
+
+def test_help_into_a_closed_pipe_ends_without_a_traceback():
+    """``python -m llm.train --help | head -2`` printed a BrokenPipeError traceback: the reader is gone before the
+    command writes (its pipe's read end closed at once)."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        res = subprocess.run([sys.executable, "-m", "llm.train", "--help"], stdout=write, stderr=subprocess.PIPE,
+                             text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert res.returncode == 1 and "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr, res.stderr

@@ -11,7 +11,7 @@ import typing
 import numpy as np
 import pytest
 
-from llm.config import GROUPS, GRPOConfig, from_trl
+from llm.config import GROUPS, TRL_SWITCHES, GRPOConfig, from_trl, translate_trl_args
 from llm.config.grpo import TOP_FIELDS
 
 
@@ -119,3 +119,101 @@ def test_from_trl_gives_one_answer_whatever_the_order_of_its_arguments():
 def test_a_misspelt_name_gets_the_nearest_one(build):
     with pytest.raises(TypeError, match=r"'lerning_rate' \(did you mean 'learning_rate'\?\)"):
         build()
+
+
+# ---- TRL's names, config.json and the entry points (each case below was accepted, or a traceback, before) ----------
+
+
+@pytest.mark.parametrize("value", ["no", 0, 2.5, None])
+def test_trls_switches_take_only_a_bool_as_ours_do(value):
+    """from_trl(bf16="no") ran in bfloat16 and use_vllm="no" with vLLM: a switch's value is checked as the config's
+    own switches are (numpy's bool passes)."""
+    for name in TRL_SWITCHES:
+        with pytest.raises(ValueError, match=rf"^{name}: must be True or False"):
+            from_trl(**{name: value})
+    assert from_trl(use_vllm=np.bool_(False)).sampler == "transformers"
+
+
+def test_two_trl_names_of_one_option_and_a_bad_choice_that_would_be_dropped_are_refused():
+    for a, b in (("vllm_importance_sampling_clip_max", "vllm_importance_sampling_cap"),
+                 ("vllm_importance_sampling_cap", "vllm_importance_sampling_clip_max")):
+        with pytest.raises(ValueError, match=f"^{b}: {a} names the same option"):
+            from_trl(**{a: 5.0, b: 2.0})
+    with pytest.raises(ValueError, match="^vllm_mode: expected one of colocate, server, got 'colocated'"):
+        from_trl(use_vllm=False, vllm_mode="colocated")  # use_vllm=False drops vllm_mode, after it was checked
+
+
+@pytest.mark.parametrize("argv,field", [(["--bf16", "--dtype", "float32"], "dtype"),
+                                        (["--dtype=float32", "--bf16"], "dtype"),
+                                        (["--sampler", "transformers", "--use-vllm"], "sampler"),
+                                        (["--vllm-mode", "server", "--sampler", "transformers"], "sampler"),
+                                        (["--entropy-coef", "0.2", "--entropy-coeff", "0.1"], "entropy_coef"),
+                                        (["--ref-sync-steps", "32", "--sync-ref-model"], "ref_sync_steps"),
+                                        (["--importance_sampling_mode", "paper", "--vllm-importance-sampling-mode",
+                                          "token_mask"], "importance_sampling_mode")])
+def test_an_option_under_its_own_and_trls_name_on_the_command_line_is_refused(argv, field):
+    """TRL's translated options went last and won whatever the order; ``from_trl`` already refused the pair."""
+    with pytest.raises(ValueError, match=f"^{field}: given both under its own name and under TRL's; give one"):
+        translate_trl_args(argv)
+
+
+def test_trls_own_spellings_of_its_options_are_read():
+    """HfArgumentParser's spellings: underscores, and a switch followed by its value."""
+    assert translate_trl_args(["--use_vllm"]) == ["--sampler", "vllm"]
+    assert translate_trl_args(["--vllm_importance_sampling_mode", "token_mask"]) == ["--importance-sampling-mode",
+                                                                                     "token_mask"]
+    assert translate_trl_args(["--sync_ref_model", "--ref_model_sync_steps", "64"]) == ["--ref-sync-steps", "64"]
+    assert translate_trl_args(["--bf16", "True", "--max-steps", "3"]) == ["--max-steps", "3", "--dtype", "bfloat16"]
+    assert translate_trl_args(["--bf16=false"]) == ["--dtype", "float32"]
+    assert translate_trl_args(["--use-vllm", "no"]) == ["--sampler", "transformers"]
+    with pytest.raises(ValueError, match="^bf16: expected true or false, got 'maybe'"):
+        translate_trl_args(["--bf16=maybe"])
+    with pytest.raises(ValueError, match="^ref_model_sync_steps: must be an integer, got 'x'"):
+        translate_trl_args(["--sync-ref-model", "--ref-model-sync-steps", "x"])
+
+
+@pytest.mark.parametrize("text,says", [(json.dumps({"learning_rat": 1}), r"'learning_rat' \(did you mean "
+                                                                          r"'learning_rate'\?\)"),
+                                       ("[1, 2]", "holds a JSON list, not an object of options"),
+                                       ("{'a': 1}", "Expecting property name"),
+                                       (json.dumps({"learning_rate": "fast"}), "learning_rate: must be a number")])
+def test_a_config_json_that_is_not_one_is_a_value_error_naming_the_file(tmp_path, text, says):
+    """A misspelt key or a list was a TypeError: a traceback when a run resumed from the file."""
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"^{path}: .*{says}"):
+        GRPOConfig.from_json_file(path)
+
+
+def test_a_seed_beyond_64_bits_a_malformed_device_and_a_group_of_none_are_refused():
+    """A seed of 2**64 stopped the run at start-up ('Overflow when unpacking long long'); 'cuda:x' was accepted;
+    optim=None quietly gave the default group."""
+    assert GRPOConfig(seed=2**63 - 1).seed == 2**63 - 1
+    with pytest.raises(ValueError, match=r"^seed: must lie in \[0, 2\*\*63\)"):
+        GRPOConfig(seed=2**63)
+    for device in ("cuda:x", "cuda:", "cuda:-1", "cuda:0:1", "gpu"):
+        with pytest.raises(ValueError, match=r"^device: expected auto, cpu or cuda\[:n\]"):
+            GRPOConfig(device=device)
+    assert [GRPOConfig(device=d).device for d in ("auto", "cpu", "cuda", "cuda:1")] == ["auto", "cpu", "cuda", "cuda:1"]
+    for build in (lambda: GRPOConfig(optim=None), lambda: GRPOConfig().replace(optim=None)):
+        with pytest.raises(TypeError, match="^GRPOConfig: optim must be a OptimConfig, got NoneType"):
+            build()
+
+
+def test_train_refuses_what_is_not_a_config():
+    from llm import train
+
+    with pytest.raises(TypeError, match="^train\\(\\) takes a GRPOConfig .* got dict"):
+        train({"learning_rate": 1e-3})
+
+
+def test_a_renamed_choice_warns_where_a_user_sees_it(capsys):
+    """The earlier lcb names were a DeprecationWarning, hidden by Python's default filters and, on the command line,
+    by the parser's capture: now a FutureWarning, and the command prints it."""
+    from runkit.cli import parse
+
+    with pytest.warns(FutureWarning, match="'cantelli' is now called 'cantelli_unguaranteed'"):
+        GRPOConfig(improvement_lcb_method="cantelli")
+    cfg = parse(GRPOConfig, ["--improvement-lcb-method", "t"], prog="python -m llm.train")
+    assert cfg.improvement_lcb_method == "t_unguaranteed"
+    assert "python -m llm.train: warning: lcb method 't' is now called 't_unguaranteed'" in capsys.readouterr().err

@@ -144,7 +144,7 @@ def test_the_unguaranteed_bounds_by_hand_their_old_names_and_their_abstention():
         x.mean() - np.sqrt(19.0) * se, abs=1e-12)
     assert ge.lower_confidence_bound(x, 0.95, method="t_unguaranteed") == pytest.approx(
         x.mean() - 1.7530503556925547 * se, abs=1e-12)
-    with pytest.warns(DeprecationWarning, match="now called 't_unguaranteed'"):
+    with pytest.warns(FutureWarning, match="now called 't_unguaranteed'"):
         assert ge.lower_confidence_bound(x, 0.95, method="t") == ge.lower_confidence_bound(x, 0.95,
                                                                                            method="t_unguaranteed")
     assert ge.DEFAULT_LCB_METHOD == "betting"
@@ -152,7 +152,7 @@ def test_the_unguaranteed_bounds_by_hand_their_old_names_and_their_abstention():
     from llm import GRPOConfig  # the trainer logs the default certificate
 
     assert GRPOConfig().improvement_lcb_method == SimConfig().improvement_lcb_method == "betting"
-    with pytest.warns(DeprecationWarning):
+    with pytest.warns(FutureWarning):
         assert GRPOConfig(improvement_lcb_method="cantelli").improvement_lcb_method == "cantelli_unguaranteed"
     assert np.isnan(ge.lower_confidence_bound(x[:15], 0.95, method="t_unguaranteed"))
     assert ge.lower_confidence_bound(x[:4], 0.95, method="t_unguaranteed", min_count=2) == pytest.approx(

@@ -32,7 +32,27 @@ def _first_error_line(text: str) -> str:
     if cur:
         blocks.append(cur)
     body = blocks[1] if len(blocks) > 1 else (blocks[0] if blocks else ["invalid command line"])
-    return " ".join(body)
+    hints = []
+    for block in blocks[2:]:  # tyro's "Perhaps you meant:" / "Arguments similar to --x:" and the options it lists
+        head = re.fullmatch(r"(?:Perhaps you meant|Arguments similar to (\S+)):", block[0])
+        flags = [line.split()[0] for line in block[1:] if line.startswith("--")]
+        if head and flags:
+            hints.append(f"{head.group(1) + ': ' if head.group(1) else ''}did you mean {', '.join(flags)}?")
+    return " ".join(body) + (f" ({'; '.join(hints)})" if hints else "")
+
+
+def _switch_hint(message: str, argv: list[str]) -> str:
+    """For a value tyro did not take after a switch (``--use-peft no``): how switches are written."""
+    if not message.startswith("Unrecognized options: "):
+        return ""
+    unknown = message.removeprefix("Unrecognized options: ").split(" (")[0].split(", ")
+    for i, arg in enumerate(argv[1:], 1):
+        flag = argv[i - 1]
+        if arg in unknown and not arg.startswith("-") and flag.startswith("--") and "=" not in flag and (
+                flag not in unknown):
+            name = flag[2:].removeprefix("no-")
+            return f" ({flag} is a switch: --{name} or --no-{name}, without a value)"
+    return ""
 
 
 def parse(cls: type[T], args: list[str] | None, prog: str, description: str | None = None) -> T:
@@ -52,7 +72,8 @@ def parse(cls: type[T], args: list[str] | None, prog: str, description: str | No
     except SystemExit as exc:
         if exc.code in (0, None):
             raise
-        fail(prog, _first_error_line(buf.getvalue()) + " (see --help)")
+        message = _first_error_line(buf.getvalue())
+        fail(prog, message + _switch_hint(message, argv) + " (see --help)")
     for w in seen:  # what the config says of a value it accepted (a renamed choice), which the capture would hide
         if issubclass(w.category, FutureWarning):
             print(f"{prog}: warning: {w.message}", file=sys.stderr)

@@ -385,3 +385,19 @@ def test_help_into_a_closed_pipe_ends_without_a_traceback():
     finally:
         os.close(write)
     assert res.returncode == 1 and "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--learning-rat", "1e-3"], "Unrecognized options: --learning-rat, 1e-3 (did you mean --learning-rate?)"),
+    (["--lerning-rate", "1", "--num-generatons", "4"], "--num-generatons: did you mean --num-generations"),
+    (["--use-peft", "no"], "Unrecognized options: no (--use-peft is a switch: --use-peft or --no-use-peft, without a "
+                           "value)"),
+    (["--max-steps", "3", "extra"], "Unrecognized options: extra (see --help)")])
+def test_an_unknown_option_gets_the_nearest_names_and_a_switchs_value_says_how_switches_go(argv, says):
+    """tyro's suggestions ("Perhaps you meant", "Arguments similar to") were cut from the one line, and a value after
+    a switch was only "Unrecognized options: no"."""
+    from llm.commands import train as train_cli
+
+    status, _, err = run_cli(train_cli.main, "python -m llm.train", argv)
+    assert status == 2 and says in err, err
+    assert_one_line_error(status, err, "python -m llm.train", _field_names(GRPOConfig))

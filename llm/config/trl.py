@@ -30,6 +30,13 @@ TRL_SWITCHES: dict[str, tuple[str, str | bool, str | bool | None]] = {
     "sync_ref_model": ("ref_sync_steps", "", "0"),  # on: ref_model_sync_steps (TRL's default 512)
     "use_transformers_paged": ("use_transformers_continuous_batching", True, False),  # TRL's deprecated alias
 }
+#: TRL's None (its default for these fields) where this config writes the same meaning as a value: epsilon_high None
+#: is epsilon, delta None no two-sided clip, min_p None no floor, num_completions_to_print None all of them,
+#: reward_weights None 1 each, vllm_importance_sampling_clip_min None no lower cap (TRL 1.16's GRPOConfig docs).
+#: vllm_server_base_url None no URL; num_generations_eval None is num_generations and vllm_importance_sampling_cap None
+#: (the older name's default) is not given (``from_trl``).
+TRL_NONE = {"epsilon_high": -1.0, "delta": 0.0, "min_p": 0.0, "num_completions_to_print": 0, "reward_weights": (),
+            "vllm_importance_sampling_clip_min": 0.0, "vllm_server_base_url": ""}
 #: TRL's default ref_model_sync_steps, used when sync_ref_model is on without it.
 TRL_REF_MODEL_SYNC_STEPS = 512
 
@@ -152,6 +159,15 @@ def from_trl(**kwargs) -> GRPOConfig:
     for k in kwargs:
         if k not in known:
             raise TypeError(f"from_trl got an unexpected keyword argument {k!r}{nearest_name(k, known)}")
+    for name, ours in TRL_NONE.items():  # TRL's defaults, given as TRL writes them
+        if name in kwargs and kwargs[name] is None:
+            kwargs[name] = ours
+    if "vllm_importance_sampling_cap" in kwargs and kwargs["vllm_importance_sampling_cap"] is None:
+        del kwargs["vllm_importance_sampling_cap"]
+    if "num_generations_eval" in kwargs and kwargs["num_generations_eval"] is None:
+        kwargs["num_generations_eval"] = kwargs.get("num_generations", GRPOConfig().num_generations)
+    if isinstance(kwargs.get("report_to"), str):  # TRL takes one name as a string
+        kwargs["report_to"] = (kwargs["report_to"],)
     trl = {k: kwargs.pop(k) for k in list(kwargs) if k in TRL_NAMES or k in TRL_SWITCHES}
     translated = _trl_values(trl)
     both = sorted(set(translated) & set(kwargs))

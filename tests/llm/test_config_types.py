@@ -217,3 +217,22 @@ def test_a_renamed_choice_warns_where_a_user_sees_it(capsys):
     cfg = parse(GRPOConfig, ["--improvement-lcb-method", "t"], prog="python -m llm.train")
     assert cfg.improvement_lcb_method == "t_unguaranteed"
     assert "python -m llm.train: warning: lcb method 't' is now called 't_unguaranteed'" in capsys.readouterr().err
+
+
+#: TRL 1.16's GRPOConfig defaults of None (read from trl.GRPOConfig's dataclass fields in .venv-bench) for fields
+#: from_trl knows, with the value meaning the same here.
+TRL_NONE_DEFAULTS = {"epsilon_high": ("epsilon_high", -1.0), "delta": ("delta", 0.0), "min_p": ("min_p", 0.0),
+                     "num_completions_to_print": ("num_completions_to_print", 0),
+                     "reward_weights": ("reward_weights", ()),
+                     "vllm_importance_sampling_clip_min": ("importance_sampling_cap_min", 0.0),
+                     "vllm_server_base_url": ("server_url", ""),
+                     "vllm_importance_sampling_cap": ("importance_sampling_cap", GRPOConfig().importance_sampling_cap)}
+
+
+@pytest.mark.parametrize("name", list(TRL_NONE_DEFAULTS))
+def test_trls_none_defaults_read_as_what_they_mean_here(name):
+    """from_trl(epsilon_high=None) and the like, TRL's own defaults, were refused ('must be a number, got None')."""
+    field, ours = TRL_NONE_DEFAULTS[name]
+    assert getattr(from_trl(**{name: None}), field) == ours
+    assert from_trl(num_generations=4, num_generations_eval=None).num_generations_eval == 4
+    assert from_trl(report_to="wandb").report_to == ("wandb",)  # TRL takes one tracker's name as a string

@@ -14,6 +14,8 @@ import tyro
 
 T = TypeVar("T")
 
+#: tyro's names of types, as the config's own one-line errors say them.
+_KINDS = {"none": "None", "int": "an integer", "float": "a number", "str": "text"}
 _RULE = re.compile(r"^[\s\-─━│┃╭╮╰╯┏┓┗┛]*$")
 _BOX_CHARS = re.compile(r"[│┃╭╮╰╯┏┓┗┛─━]")
 
@@ -38,7 +40,17 @@ def _first_error_line(text: str) -> str:
         flags = [line.split()[0] for line in block[1:] if line.startswith("--")]
         if head and flags:
             hints.append(f"{head.group(1) + ': ' if head.group(1) else ''}did you mean {', '.join(flags)}?")
-    return " ".join(body) + (f" ({'; '.join(hints)})" if hints else "")
+    message = re.sub(r"^Error parsing \S+: (?=\w+: )", "", " ".join(body))  # a config's own line: no group names
+    unread = re.fullmatch(r"Error parsing (\S+): no type matching (.+) could be instantiated from \[(.*)\]\.?", message)
+    if unread:  # tyro's words for a value of a union type it cannot read
+        kinds = " or ".join(_KINDS.get(k.strip("{}").lower(), k) for k in unread.group(2).split("|"))
+        message = f"{unread.group(1)}: must be {kinds}, got {unread.group(3)}"
+    python = re.fullmatch(r"Error parsing (\S+): (invalid literal for int\(\) with base 10|could not convert string "
+                          r"to float): (.*)", message)
+    if python:  # int()'s and float()'s words
+        message = f"{python.group(1)}: must be {'an integer' if 'int' in python.group(2) else 'a number'}, got " \
+                  f"{python.group(3)}"
+    return message + (f" ({'; '.join(hints)})" if hints else "")
 
 
 def _switch_hint(message: str, argv: list[str]) -> str:

@@ -401,3 +401,18 @@ def test_an_unknown_option_gets_the_nearest_names_and_a_switchs_value_says_how_s
     status, _, err = run_cli(train_cli.main, "python -m llm.train", argv)
     assert status == 2 and says in err, err
     assert_one_line_error(status, err, "python -m llm.train", _field_names(GRPOConfig))
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["--max-steps", "0"], "max_steps: must be >= 1, got 0"),
+    (["--num-generations", "1"], "num_generations: a group needs G >= 2 completions, got 1"),
+    (["--max-completion-length", "8.5"], "--max-completion-length: must be None or an integer, got '8.5'"),
+    (["--num-generations", "8.5"], "--num-generations: must be an integer, got '8.5'"),
+    (["--learning-rate", "abc"], "--learning-rate: must be a number, got 'abc'")])
+def test_a_bad_value_reads_as_the_configs_own_line_without_the_parsers_words(argv, line):
+    """tyro prefixed the config's line with its group ('Error parsing sampling: num_generations: ...') and said a
+    union's value in its own terms ('no type matching {None}|INT could be instantiated from ...')."""
+    from llm.commands import train as train_cli
+
+    status, _, err = run_cli(train_cli.main, "python -m llm.train", argv)
+    assert err == f"python -m llm.train: error: {line} (see --help)\n", err

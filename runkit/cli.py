@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import os
 import re
 import sys
+import typing
 import warnings
 from typing import Callable, TypeVar
 
@@ -53,17 +55,28 @@ def _first_error_line(text: str) -> str:
     return message + (f" ({'; '.join(hints)})" if hints else "")
 
 
-def _switch_hint(message: str, argv: list[str]) -> str:
-    """For a value tyro did not take after a switch (``--use-peft no``): how switches are written."""
+def switch_names(cls) -> set[str]:
+    """The names of the boolean fields of the dataclass ``cls`` and of the dataclasses it holds (its switches)."""
+    hints = typing.get_type_hints(cls)
+    out = set()
+    for f in dataclasses.fields(cls):
+        if hints[f.name] is bool:
+            out.add(f.name)
+        elif dataclasses.is_dataclass(hints[f.name]):
+            out |= switch_names(hints[f.name])
+    return out
+
+
+def _switch_hint(message: str, argv: list[str], switches: set[str]) -> str:
+    """For a value tyro did not take after one of the ``switches`` (``--use-peft no``): how switches are written."""
     if not message.startswith("Unrecognized options: "):
         return ""
     unknown = message.removeprefix("Unrecognized options: ").split(" (")[0].split(", ")
-    for i, arg in enumerate(argv[1:], 1):
-        flag = argv[i - 1]
-        if arg in unknown and not arg.startswith("-") and flag.startswith("--") and "=" not in flag and (
-                flag not in unknown):
-            name = flag[2:].removeprefix("no-")
-            return f" ({flag} is a switch: --{name} or --no-{name}, without a value)"
+    for flag, arg in zip(argv, argv[1:]):
+        name = flag.removeprefix("--").removeprefix("no-").removeprefix("no_").replace("-", "_")
+        if arg in unknown and not arg.startswith("-") and flag.startswith("--") and name in switches:
+            dashed = name.replace("_", "-")
+            return f" ({flag} is a switch: --{dashed} or --no-{dashed}, without a value)"
     return ""
 
 
@@ -85,7 +98,7 @@ def parse(cls: type[T], args: list[str] | None, prog: str, description: str | No
         if exc.code in (0, None):
             raise
         message = _first_error_line(buf.getvalue())
-        fail(prog, message + _switch_hint(message, argv) + " (see --help)")
+        fail(prog, message + _switch_hint(message, argv, switch_names(cls)) + " (see --help)")
     for w in seen:  # what the config says of a value it accepted (a renamed choice), which the capture would hide
         if issubclass(w.category, FutureWarning):
             print(f"{prog}: warning: {w.message}", file=sys.stderr)

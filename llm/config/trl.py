@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from pydantic import TypeAdapter, ValidationError
 
 from llm.config.fields import STRICT, one_line, plain
@@ -91,6 +93,27 @@ def _trl_values(given: dict) -> dict:
     return out
 
 
+@functools.cache
+def own_switches() -> frozenset[str]:
+    """The config's own switches (its boolean fields), which take TRL's words too: ``--use-peft true``."""
+    from runkit.cli import switch_names
+
+    return frozenset(switch_names(GRPOConfig))
+
+
+def _switch_word(name: str, argv: list[str], i: int, inline: str | None) -> bool | None:
+    """The word given to a switch as TRL writes it (``--bf16 true``, ``--bf16=no``): True, False, or None for none
+    (the next argument is another option). A value that is no such word is refused: no option here takes a
+    positional argument, so it could only be a mistake."""
+    word = inline if inline is not None else (argv[i + 1] if i + 1 < len(argv) else "-")
+    if inline is None and word.startswith("-"):
+        return None
+    if word.lower() not in TRUE_WORDS + FALSE_WORDS:
+        raise ValueError(f"{name}: a switch (--{name.replace('_', '-')} or --no-{name.replace('_', '-')}), "
+                         f"or TRL's --{name.replace('_', '-')} true|false; got {word!r}")
+    return word.lower() in TRUE_WORDS
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -129,13 +152,17 @@ def translate_trl_args(argv: list[str]) -> list[str]:
                     raise ValueError(f"{name}: must be an integer, got {given[name]!r}") from None
         elif key in switches:
             name, on = switches[key]
-            word = inline if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-            if eq or word.lower() in TRUE_WORDS + FALSE_WORDS:
-                if word.lower() not in TRUE_WORDS + FALSE_WORDS:
-                    raise ValueError(f"{name}: expected true or false, got {word!r}")
-                on = on == (word.lower() in TRUE_WORDS)  # --no-bf16 false: on
+            word = _switch_word(name, argv, i, inline if eq else None)
+            if word is not None:
+                on = on == word  # --no-bf16 false: on
                 i += 0 if eq else 1
             given[name] = on
+        elif key.removeprefix("--").removeprefix("no-").replace("-", "_") in own_switches():
+            name = key.removeprefix("--").removeprefix("no-").replace("-", "_")
+            word = _switch_word(name, argv, i, inline if eq else None)
+            on = key.startswith("--no-") != (word is not False)
+            rest.append(_flag(name if on else f"no_{name}"))
+            i += 0 if word is None or eq else 1
         else:
             rest.append(arg)
         i += 1

@@ -16,6 +16,8 @@ import importlib.util
 import os
 from pathlib import Path
 
+from runkit.cli import RunError, first_line
+
 from llm.config import GRPOConfig
 
 PROJECT = "offpolicy-grpo"
@@ -125,6 +127,9 @@ class Trackers:
             except ImportError as exc:  # installed, but something it imports is not
                 self.close()
                 raise missing(name, str(exc.name or exc)) from None
+            except Exception as exc:  # a tracker that will not start (W&B without a login or WANDB_MODE=offline)
+                self.close()
+                raise RunError(f"report_to: {name} did not start ({type(exc).__name__}: {first_line(exc)})") from None
 
     def __call__(self, step: int, row: dict) -> None:
         for backend in self.backends:

@@ -390,17 +390,27 @@ def test_help_into_a_closed_pipe_ends_without_a_traceback():
 @pytest.mark.parametrize("argv,says", [
     (["--learning-rat", "1e-3"], "Unrecognized options: --learning-rat, 1e-3 (did you mean --learning-rate?)"),
     (["--lerning-rate", "1", "--num-generatons", "4"], "--num-generatons: did you mean --num-generations"),
-    (["--use-peft", "no"], "Unrecognized options: no (--use-peft is a switch: --use-peft or --no-use-peft, without a "
-                           "value)"),
-    (["--max-steps", "3", "extra"], "Unrecognized options: extra (see --help)")])
+    (["--use-peft", "maybe"], "use_peft: a switch (--use-peft or --no-use-peft), or TRL's --use-peft true|false; "
+                              "got 'maybe'"),
+    (["--max-steps", "3", "extra"], "Unrecognized options: extra (see --help)"),
+    (["--max-steps", "2", "--foo", "2"], "Unrecognized options: --foo, 2 (see --help)")])
 def test_an_unknown_option_gets_the_nearest_names_and_a_switchs_value_says_how_switches_go(argv, says):
     """tyro's suggestions ("Perhaps you meant", "Arguments similar to") were cut from the one line, and a value after
-    a switch was only "Unrecognized options: no"."""
+    a switch was only "Unrecognized options: no" (TRL's words after a switch are read: tests/llm/test_config_types);
+    no hint where the value follows an option that takes one."""
     from llm.commands import train as train_cli
 
     status, _, err = run_cli(train_cli.main, "python -m llm.train", argv)
     assert status == 2 and says in err, err
     assert_one_line_error(status, err, "python -m llm.train", _field_names(GRPOConfig))
+
+
+def test_a_value_after_a_switch_of_the_simulator_says_how_switches_go():
+    from grpo_theory import simulate
+
+    status, _, err = run_cli(simulate.main, "python -m grpo_theory.simulate", ["--max-steps", "2", "--population", "2"])
+    assert status == 2 and "Unrecognized options: 2 (--population is a switch: --population or --no-population, " \
+                            "without a value)" in err, err
 
 
 @pytest.mark.parametrize("argv,line", [

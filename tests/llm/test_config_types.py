@@ -166,8 +166,14 @@ def test_trls_own_spellings_of_its_options_are_read():
     assert translate_trl_args(["--bf16", "True", "--max-steps", "3"]) == ["--max-steps", "3", "--dtype", "bfloat16"]
     assert translate_trl_args(["--bf16=false"]) == ["--dtype", "float32"]
     assert translate_trl_args(["--use-vllm", "no"]) == ["--sampler", "transformers"]
-    with pytest.raises(ValueError, match="^bf16: expected true or false, got 'maybe'"):
-        translate_trl_args(["--bf16=maybe"])
+    for argv in (["--bf16=maybe"], ["--bf16", "maybe"]):
+        with pytest.raises(ValueError, match=r"^bf16: a switch \(--bf16 or --no-bf16\), or TRL's --bf16 true\|false; "
+                                             "got 'maybe'"):
+            translate_trl_args(argv)
+    # the config's own switches take TRL's words too (HfArgumentParser reads every bool field so)
+    assert translate_trl_args(["--use_peft", "False", "--progress=no", "--max-steps", "2"]) == [
+        "--no-use-peft", "--no-progress", "--max-steps", "2"]
+    assert translate_trl_args(["--no_mask_truncated_completions", "false"]) == ["--mask-truncated-completions"]
     with pytest.raises(ValueError, match="^ref_model_sync_steps: must be an integer, got 'x'"):
         translate_trl_args(["--sync-ref-model", "--ref-model-sync-steps", "x"])
 

@@ -83,3 +83,32 @@ def test_a_tracker_without_its_package_is_refused_in_one_line(tmp_path, monkeypa
         _run(tmp_path, "nowb", report_to=("wandb",))
     with pytest.raises(ValueError, match="report_to: give 'none' alone"):
         GRPOConfig(report_to=("none", "tensorboard"))
+
+
+def test_a_tracker_that_will_not_start_is_one_line(tmp_path, monkeypatch):
+    """W&B without a login raised its UsageError through the run (a traceback of 36 lines); any tracker that raises
+    while starting is one line naming it, and the trackers started before it are closed."""
+    from runkit.cli import RunError
+
+    from llm.run import trackers
+
+    closed = []
+
+    class Starts:
+        def __init__(self, config, path):
+            pass
+
+        def close(self):
+            closed.append(True)
+
+    class NoLogin:
+        def __init__(self, config, path):
+            raise RuntimeError("No API key configured. Use `wandb login` to log in.\nmore")
+
+    monkeypatch.setitem(trackers.BACKENDS, "tensorboard", Starts)
+    monkeypatch.setitem(trackers.BACKENDS, "wandb", NoLogin)
+    cfg = GRPOConfig(output_dir=str(tmp_path / "run"), report_to=("tensorboard", "wandb"))
+    with pytest.raises(RunError, match=r"^report_to: wandb did not start \(RuntimeError: No API key configured\. "
+                                       r"Use `wandb login` to log in\.\)$"):
+        trackers.Trackers(cfg, tmp_path)
+    assert closed == [True]

@@ -39,6 +39,22 @@ TRL_SWITCHES: dict[str, tuple[str, str | bool, str | bool | None]] = {
 #: (the older name's default) is not given (``from_trl``).
 TRL_NONE = {"epsilon_high": -1.0, "delta": 0.0, "min_p": 0.0, "num_completions_to_print": 0, "reward_weights": (),
             "vllm_importance_sampling_clip_min": 0.0, "vllm_server_base_url": ""}
+#: TRL options with no field of their name here, and what does their work here (docs/trl.md's table says more): said
+#: instead of the nearest name, which would point at an unrelated option.
+TRL_COUNTERPARTS = {
+    "num_train_epochs": "none: a run is --max-steps long",
+    "model_init_kwargs": "--attn-implementation, and --dtype for torch_dtype",
+    "shuffle_dataset": "none: each step always draws its prompts from (seed, step)",
+    "generation_batch_size": "--sync-period (one sampler call generates a window's v steps)",
+    "steps_per_generation": "--sync-period (one sampler call generates a window's v steps)",
+    "generation_kwargs": "none: a sampling option outside the filters would make alpha a distribution the trainer "
+                         "does not compute",
+    "vllm_server_host": "--server-url http://host:port",
+    "vllm_server_port": "--server-url http://host:port",
+    "lora_dropout": "none: LoRA dropout is always 0 (the importance weight needs the same log-probs from every pass)",
+    "off_policy_mask_threshold": "none: TRL's off-policy sequence mask is not implemented; --max-staleness drops "
+                                 "whole stale steps",
+}
 #: TRL's default ref_model_sync_steps, used when sync_ref_model is on without it.
 TRL_REF_MODEL_SYNC_STEPS = 512
 
@@ -130,6 +146,11 @@ def translate_trl_args(argv: list[str]) -> list[str]:
     project's (``--importance-sampling-mode token_mask``, ``--dtype bfloat16``); other arguments unchanged. TRL's
     spellings work too: underscores (``--use_vllm``) and a switch's value (``--bf16 true``, ``--use-vllm=False``).
     A field given under both names is refused, as ``from_trl`` refuses it."""
+    counterparts = {_flag(n): n for n in TRL_COUNTERPARTS}
+    for key in map(_key, argv):
+        if key in counterparts:
+            raise ValueError(f"{counterparts[key]}: TRL's option; here {TRL_COUNTERPARTS[counterparts[key]]} "
+                             "(docs/trl.md)")
     names = {_flag(n): n for n in TRL_NAMES}
     switches = {_flag(n): (n, True) for n in TRL_SWITCHES} | {_flag(f"no_{n}"): (n, False) for n in TRL_SWITCHES}
     given, rest, i = {}, [], 0
@@ -184,6 +205,8 @@ def from_trl(**kwargs) -> GRPOConfig:
 
     known = [*TOP_FIELDS, *FIELD_GROUP, *TRL_NAMES, *TRL_SWITCHES, *GROUPS]
     for k in kwargs:
+        if k in TRL_COUNTERPARTS:
+            raise TypeError(f"from_trl: {k} is TRL's option; here {TRL_COUNTERPARTS[k]} (docs/trl.md)")
         if k not in known:
             raise TypeError(f"from_trl got an unexpected keyword argument {k!r}{nearest_name(k, known)}")
     for name, ours in TRL_NONE.items():  # TRL's defaults, given as TRL writes them
@@ -193,6 +216,8 @@ def from_trl(**kwargs) -> GRPOConfig:
         del kwargs["vllm_importance_sampling_cap"]
     if "num_generations_eval" in kwargs and kwargs["num_generations_eval"] is None:
         kwargs["num_generations_eval"] = kwargs.get("num_generations", GRPOConfig().num_generations)
+    if isinstance(kwargs.get("scale_rewards"), bool):  # TRL 1.16's GRPOConfig maps True and False so
+        kwargs["scale_rewards"] = "group" if kwargs["scale_rewards"] else "none"
     if isinstance(kwargs.get("report_to"), str):  # TRL takes one name as a string
         kwargs["report_to"] = (kwargs["report_to"],)
     trl = {k: kwargs.pop(k) for k in list(kwargs) if k in TRL_NAMES or k in TRL_SWITCHES}

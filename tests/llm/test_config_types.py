@@ -242,3 +242,21 @@ def test_trls_none_defaults_read_as_what_they_mean_here(name):
     assert getattr(from_trl(**{name: None}), field) == ours
     assert from_trl(num_generations=4, num_generations_eval=None).num_generations_eval == 4
     assert from_trl(report_to="wandb").report_to == ("wandb",)  # TRL takes one tracker's name as a string
+
+
+def test_trls_options_without_a_field_here_say_what_does_their_work():
+    """from_trl(num_train_epochs=1) suggested num_iterations and generation_kwargs generator_kwargs (reasoning-gym's):
+    unrelated options. Each of TRL's options without a field here names its counterpart, in Python and on the command
+    line, as docs/trl.md's table does; scale_rewards takes TRL's True and False."""
+    from pathlib import Path
+
+    from llm.config.trl import TRL_COUNTERPARTS
+
+    table = (Path(__file__).parents[2] / "docs" / "trl.md").read_text()
+    for name, counterpart in TRL_COUNTERPARTS.items():
+        assert f"`{name}`" in table, name
+        with pytest.raises(TypeError, match=f"^from_trl: {name} is TRL's option; here "):
+            from_trl(**{name: 1})
+        with pytest.raises(ValueError, match=f"^{name}: TRL's option; here "):
+            translate_trl_args(["--max-steps", "1", f"--{name}", "1"])
+    assert from_trl(scale_rewards=True).scale_rewards == "group" and from_trl(scale_rewards=False).scale_rewards == "none"

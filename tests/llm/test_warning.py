@@ -63,4 +63,4 @@ def test_the_command_reads_a_folder_of_runs_and_refuses_runs_without_exact_j(tmp
         main([str(bad)])
     with pytest.raises(SystemExit):
         main([str(tmp_path / "grid"), "--horizon", "0"])
-    assert "error: Error parsing WarningConfig: horizon: must be >= 1, got 0" in capsys.readouterr().err
+    assert "error: horizon: must be >= 1, got 0 (see --help)" in capsys.readouterr().err

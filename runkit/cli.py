@@ -67,13 +67,18 @@ def switch_names(cls) -> set[str]:
     return out
 
 
+def switch_name(flag: str) -> str:
+    """The field a switch's flag names, whichever spelling: ``--no-use-peft``, ``--use_peft`` -> ``use_peft``."""
+    return flag.removeprefix("--").replace("-", "_").removeprefix("no_")
+
+
 def _switch_hint(message: str, argv: list[str], switches: set[str]) -> str:
     """For a value tyro did not take after one of the ``switches`` (``--use-peft no``): how switches are written."""
     if not message.startswith("Unrecognized options: "):
         return ""
     unknown = message.removeprefix("Unrecognized options: ").split(" (")[0].split(", ")
     for flag, arg in zip(argv, argv[1:]):
-        name = flag.removeprefix("--").removeprefix("no-").removeprefix("no_").replace("-", "_")
+        name = switch_name(flag)
         if arg in unknown and not arg.startswith("-") and flag.startswith("--") and name in switches:
             dashed = name.replace("_", "-")
             return f" ({flag} is a switch: --{dashed} or --no-{dashed}, without a value)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 from pydantic import TypeAdapter, ValidationError
+from runkit.cli import switch_name, switch_names
 
 from llm.config.fields import STRICT, one_line, plain
 from llm.config.grpo import GROUPS, GRPOConfig
@@ -112,8 +113,6 @@ def _trl_values(given: dict) -> dict:
 @functools.cache
 def own_switches() -> frozenset[str]:
     """The config's own switches (its boolean fields), which take TRL's words too: ``--use-peft true``."""
-    from runkit.cli import switch_names
-
     return frozenset(switch_names(GRPOConfig))
 
 
@@ -178,8 +177,7 @@ def translate_trl_args(argv: list[str]) -> list[str]:
                 on = on == word  # --no-bf16 false: on
                 i += 0 if eq else 1
             given[name] = on
-        elif key.removeprefix("--").removeprefix("no-").replace("-", "_") in own_switches():
-            name = key.removeprefix("--").removeprefix("no-").replace("-", "_")
+        elif (name := switch_name(key)) in own_switches():
             word = _switch_word(name, argv, i, inline if eq else None)
             on = key.startswith("--no-") != (word is not False)
             rest.append(_flag(name if on else f"no_{name}"))

@@ -241,6 +241,15 @@ def test_trls_none_defaults_read_as_what_they_mean_here(name):
     field, ours = TRL_NONE_DEFAULTS[name]
     assert getattr(from_trl(**{name: None}), field) == ours
     assert from_trl(num_generations=4, num_generations_eval=None).num_generations_eval == 4
+
+
+def test_from_trl_evaluates_with_num_generations_when_num_generations_eval_is_absent():
+    """TRL's num_generations_eval defaults to None, i.e. num_generations: from_trl(num_generations=4) evaluated with
+    this config's own default of 8 completions per test prompt, where TRL's GRPOConfig takes 4."""
+    assert from_trl(num_generations=4).num_generations_eval == 4
+    assert from_trl(num_generations=4, num_generations_eval=2).num_generations_eval == 2
+    assert from_trl(num_generations_eval=2).num_generations_eval == 2
+    assert from_trl().num_generations_eval == GRPOConfig().num_generations_eval == 8  # TRL's num_generations is 8
     assert from_trl(report_to="wandb").report_to == ("wandb",)  # TRL takes one tracker's name as a string
 
 

@@ -21,6 +21,7 @@ each of its tokens has its step's lag.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -148,9 +149,26 @@ def with_observation(prompt, observation) -> list[dict]:
 
 
 def _make_and_reset(factory, row: dict, multi: bool):
+    """Make an environment and reset it on the row; an ``async def reset`` gives a coroutine of both, which the
+    episode's worker awaits on its own event loop."""
     env = factory()
     kwargs = {k: v for k, v in row.items() if k != ENVIRONMENT_COLUMN} if multi else dict(row)
-    return env, env.reset(**kwargs)
+    observation = env.reset(**kwargs)
+    if inspect.isawaitable(observation):
+        return _with_env(env, observation)
+    return env, observation
+
+
+async def _with_env(env, observation):
+    return env, await observation
+
+
+def exception_text(exc: BaseException) -> str:
+    """str() of a user's exception, or its type's name where that str() raises too."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - the user's __str__
+        return f"<{type(exc).__name__} whose str() raised>"
 
 
 class AgentSampler:
@@ -288,7 +306,7 @@ class AgentSampler:
 def _why(out: Outcome, timeout: float) -> str:
     if out.timed_out:
         return f"no answer within tool_timeout = {timeout:g} s"
-    return f"{type(out.error).__name__}: {out.error}"
+    return f"{type(out.error).__name__}: {exception_text(out.error)}"
 
 
 def read_turn(agent: Agent, e: Episode, ids: list[int], logprobs, events: Counter, first: dict) -> list[dict]:
@@ -356,16 +374,21 @@ def run_calls(agent: Agent, pending: list[tuple[Episode, list[dict]]], max_token
     for e, call, out in where:
         out = out or next(outs)
         name = call.get("function", call).get("name", "unknown")
+        content = None
         if out.ok:
-            content = agent.budget(answer_content(out.value))
-        else:
+            try:  # str() of the tool's value runs the user's code too
+                content = agent.budget(answer_content(out.value))
+            except Exception as exc:  # noqa: BLE001 - any exception becomes the call's error
+                out = Outcome(error=ValueError(f"its answer (a {type(out.value).__name__}) could not be turned into "
+                                               f"text: {type(exc).__name__}: {exception_text(exc)}"))
+        if content is None:
             e.failures += 1
             if out.timed_out:
                 e.stalled = True
                 kind, detail = "timed out", f"no answer within tool_timeout = {agent.workers.timeout:g} s"
             else:
                 kind = "unknown tool" if isinstance(out.error, UnknownTool) else "raised"
-                detail = str(out.error)
+                detail = exception_text(out.error)
             agent.note(events, first, kind, f"{name}: {type(out.error).__name__ + ': ' if out.error else ''}{detail}")
             content = agent.budget(error_content(detail))
         answers.setdefault(id(e), []).append({"role": "tool", "name": name, "content": content})

@@ -79,9 +79,9 @@ class DataConfig(ConfigGroup):
     """Reward functions with TRL's signature, as 'module:function' (several allowed): f(prompts, completions,
     completion_ids, **columns) -> list[float | None], called once per batch with the data's columns (answer among
     them) and, for conversational data, TRL's message lists as prompts and completions; each is logged as
-    ``rewards/<function>/mean|std``. The reward is their weighted sum (None counts as 0), any finite number; its range
-    is declared with --reward-range (a function with TRL's signature declares none). Replaces the task's own reward;
-    excludes ``reward_fn``."""
+    ``rewards/<function>/mean|std``; an async one is awaited. The reward is their weighted sum (None counts as 0; a
+    completion every source gives None stops the run), any finite number; its range is declared with --reward-range
+    (a function with TRL's signature declares none). Replaces the task's own reward; excludes ``reward_fn``."""
     reward_weights: tuple[float, ...] = ()
     """One weight per reward function (TRL's name); empty: 1 each."""
     reward_range: tuple[float, float] | None = None

@@ -9,9 +9,11 @@ reward functions with TRL's signature:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from llm.config.objects import OBJECT_PREFIX
 from llm.rewards.functions import (ANSWER_CHECKS, BatchReward, RewardFn, batch_rewards, check_answers, import_reward_fn,
                         math_verify_reward, numeric_reward, parse_answer, parse_number, text_reward)
 from llm.rewards.model import RewardModel, is_reward_model
@@ -19,7 +21,8 @@ from llm.rewards.overlong import NAME as OVERLONG, SoftOverlongPunishment
 
 __all__ = ["ANSWER_CHECKS", "BatchReward", "OVERLONG", "RewardContext", "RewardFn", "RewardModel",
            "SoftOverlongPunishment", "batch_rewards", "check_answers", "import_reward_fn", "is_reward_model",
-           "math_verify_reward", "numeric_reward", "parse_answer", "parse_number", "reward_funcs", "text_reward"]
+           "math_verify_reward", "numeric_reward", "parse_answer", "parse_number", "reward_funcs", "reward_name",
+           "text_reward"]
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,19 @@ def reward_function(spec: str, context: RewardContext):
         raise ValueError(str(exc).replace("reward_fn:", "reward_funcs:", 1).replace(
             "expected 'module:name'", f"expected 'module:function', {OVERLONG} or a reward model's directory")) \
             from None
-    return getattr(fn, "__name__", None) or spec.rpartition(":")[2], fn  # TRL's name: the function's
+    return reward_name(fn, spec), fn
+
+
+def reward_name(fn, spec: str) -> str:
+    """TRL's name of a reward function, its ``__name__``; for a ``functools.partial`` its function's, for another
+    callable without one its name in 'module:name', else its class's (an 'object:...' spec describes the object)."""
+    base = fn
+    while isinstance(base, functools.partial):
+        base = base.func
+    for candidate in (fn, base):
+        if isinstance(getattr(candidate, "__name__", None), str) and candidate.__name__:
+            return candidate.__name__
+    return type(fn).__name__ if spec.startswith(OBJECT_PREFIX) else spec.rpartition(":")[2]
 
 
 def reward_funcs(specs: Sequence[str], weights: Sequence[float], context: RewardContext = RewardContext()) \

@@ -6,15 +6,19 @@ TRL's signature called once per batch (their weighted sum is the reward).
   number of the completion equals it (``answer_check="last_number"``).
 - ``text_reward``: a user's ``(completion, answer) -> float in [0, 1]``, checked value by value.
 - ``batch_rewards``: TRL's ``f(prompts, completions, completion_ids, **columns) -> list[float | None]``, several with
-  weights (``BatchReward``); None means the function does not apply to that completion (counted as 0, as TRL does).
+  weights (``BatchReward``); None means the function does not apply to that completion (counted as 0, as TRL does);
+  an ``async def`` one is awaited on one event loop of its own thread (``reward_loop``), the async ones together.
   For conversational data they receive the prompts as message lists and each completion as
   ``[{"role": "assistant", "content": text}]``, as TRL passes them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -53,11 +57,21 @@ def batch_rewards(funcs: Sequence[BatchReward], prompts: list, completions: list
     (``llm.config.ranges``), never read off the rewards."""
     n = len(completions)
     total, parts = np.zeros(n), {}
+    hint = ENVIRONMENT_THREAD_HINT if columns.get("environments") is not None else ""
+    outputs = []
     for f in funcs:
         try:
-            values = f.fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+            outputs.append(f.fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns))
         except Exception as exc:  # noqa: BLE001 - the user's code: any exception becomes one line
-            raise ValueError(f"reward_funcs: {f.name} raised {type(exc).__name__}: {first_line(exc, 200)}") from None
+            raise ValueError(f"reward_funcs: {f.name} raised {type(exc).__name__}: {first_line(exc, 200)}{hint}") \
+                from None
+    pending = [i for i, out in enumerate(outputs) if inspect.isawaitable(out)]
+    for i, out in zip(pending, awaited_together([outputs[i] for i in pending]), strict=True):
+        if isinstance(out, BaseException):
+            raise ValueError(f"reward_funcs: {funcs[i].name} raised {type(out).__name__}: {first_line(out, 200)}"
+                             f"{hint}")
+        outputs[i] = out
+    for f, values in zip(funcs, outputs, strict=True):
         if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or len(values) != n:
             got = f"{len(values)} values" if hasattr(values, "__len__") else f"a {type(values).__name__}"
             raise ValueError(f"reward_funcs: {f.name} returned {got} for {n} completions; expected one number or "
@@ -76,6 +90,40 @@ def batch_rewards(funcs: Sequence[BatchReward], prompts: list, completions: list
     return total, parts
 
 
+#: Said after the error of a reward function given ``environments=``: it runs on the trainer's thread, each
+#: environment on its episode's worker thread (``llm.agents.workers``), so state bound to a thread cannot be read here.
+ENVIRONMENT_THREAD_HINT = (" (reward functions run on the trainer's thread and each environment on its episode's "
+                           "worker thread: read state bound to a thread, such as an sqlite connection opened in reset, "
+                           "in get_reward or a tool, or open it with check_same_thread=False)")
+
+
+def reward_loop() -> asyncio.AbstractEventLoop:
+    """The event loop that async reward functions run on, in a daemon thread of its own (TRL 1.16 runs them on one
+    such loop too): one for the process, so an async client made in one call is usable in the next."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            _LOOP = asyncio.new_event_loop()
+            threading.Thread(target=_LOOP.run_forever, name="reward-loop", daemon=True).start()
+        return _LOOP
+
+
+def awaited_together(awaitables: list) -> list:
+    """The async reward functions' results (or the exceptions they raised), awaited at once on ``reward_loop``, as
+    TRL's ``asyncio.gather`` does."""
+    if not awaitables:
+        return []
+
+    async def together():
+        return await asyncio.gather(*awaitables, return_exceptions=True)
+
+    return asyncio.run_coroutine_threadsafe(together(), reward_loop()).result()
+
+
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
 def require_scored(parts: dict[str, np.ndarray], completions: list, exempt=None) -> None:
     """Refuse, in one line, a completion that no reward source scored (every one returned None), unless ``exempt``
     (an episode whose environment failed: it scores 0 and is counted)."""
@@ -85,7 +133,9 @@ def require_scored(parts: dict[str, np.ndarray], completions: list, exempt=None)
     if exempt is not None:
         scored |= np.asarray(exempt, dtype=bool)
     for j in np.flatnonzero(~scored)[:1]:
-        raise ValueError(f"reward_funcs: every reward source returned None for completion {shown(completions[j])}")
+        raise ValueError(f"reward_funcs: every reward source returned None for completion {shown(completions[j])}; "
+                         "each completion needs a number from one source at least (TRL 1.16 masks such a completion; "
+                         "docs/trl.md)")
 
 
 def shown(completion) -> str:

@@ -203,3 +203,40 @@ def slow_multiply(a: int, b: int) -> int:
     if 2 in (a, b):
         time.sleep(HangsSometimes.hang_s)
     return a * b
+
+
+class AsyncReset(Multiplier):
+    """An ``async def reset``: awaited on the episode's worker as the async tools and get_reward are (every episode
+    failed with 'reset returned a coroutine')."""
+
+    async def reset(self, **row):
+        await asyncio.sleep(0)
+        super().reset(**row)
+        return " please"
+
+    def get_reward(self):
+        return float(self.asked)
+
+
+class Unprintable:
+    def __str__(self):
+        raise RuntimeError("cannot render me")
+
+
+class UnprintableAnswer(Multiplier):
+    """A tool whose value's str() raises: the call's error, not the run's end."""
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first factor.
+            b: The second factor.
+        """
+        Multiplier.multiply(self, a, b)
+        return Unprintable()
+
+
+def reads_the_database(prompts, completions, environments, **kwargs):
+    """A reward function reading WithDatabase's connection, made on the episode's worker thread."""
+    return [float(env.db.execute("select count(*) from calls").fetchone()[0]) for env in environments]

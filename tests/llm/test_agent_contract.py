@@ -301,3 +301,36 @@ def test_the_documented_example_trains_on_its_own_rows(tmp_path, monkeypatch):
                          reward_funcs=("calculator_tools:reward_used_the_tool",), prompts_per_step=8)
     assert all("rewards/CalculatorEnv/mean" in r and "rewards/reward_used_the_tool/mean" in r for r in rows)
     assert max(r["reward"] for r in rows) > 0 and all(r["tools/env_failure_frequency"] == 0 for r in rows)
+
+
+# ---- user code a TRL user wrote (an outside user's findings, 2026-11-28) ---------------------------------------------
+
+
+def test_an_async_reset_is_awaited_on_the_episodes_worker():
+    """docs/agents.md: async reset runs on the worker's event loop. It failed every episode ('reset returned a
+    coroutine'), scoring each 0 while the run went on."""
+    said = []
+    tok, task, agent = _env_agent("AsyncReset", log=said.append)
+    roll = _episodes(agent, tok, [CALL.format(a=3, b=4), "12<eos>"])
+    assert roll.env_failed == [False, False] and not said
+    assert [tok.decode(p) for p in roll.prompt_ids] == ["3*4= please", "5*4= please"]
+    assert roll.env_rewards == [{"AsyncReset": 1.0}, {"AsyncReset": 0.0}]
+
+
+def test_a_tool_answer_whose_str_raises_is_the_calls_error_not_the_runs_end():
+    """str() of a tool's value is the user's code: it raised through the run ('error: cannot render me', exit 2)."""
+    said = []
+    tok, task, agent = _env_agent("UnprintableAnswer", log=said.append)
+    roll = _episodes(agent, tok, [CALL.format(a=3, b=4), "12<eos>"], max_tokens=200)
+    assert roll.tool_failures == [1, 1] and len(said) == 1
+    assert "multiply" in said[0] and "could not be turned into text: RuntimeError: cannot render me" in said[0]
+    assert "could not be turned into text" in tok.decode(roll.completion_ids[0])
+
+
+def test_a_reward_function_reading_thread_bound_state_says_where_each_runs():
+    """A reward function over environments= that reads an sqlite connection opened in reset: sqlite refuses it on
+    the trainer's thread, and the one line says why and what to do instead."""
+    tok, task, agent = _env_agent("WithDatabase", reward_funcs=[f"{ENVS}:reads_the_database"])
+    roll = _episodes(agent, tok, [CALL.format(a=3, b=4), "12<eos>"])
+    with pytest.raises(ValueError, match=r"reads_the_database raised ProgrammingError: .*worker thread.*get_reward"):
+        task.bind(tok, agent=agent).score_parts([0, 1], ["", ""], roll.completion_ids, episodes=roll)

@@ -80,3 +80,67 @@ def test_reward_funcs_entries_it_cannot_read_are_one_line(tmp_path):
     with pytest.raises(ValueError, match="^reward_funcs: cannot load the reward model"):
         reward_funcs([str(tmp_path)], [])
     assert isinstance(reward_funcs([OVERLONG], [], RewardContext(soft_punish_cache=1))[0], BatchReward)
+
+
+def test_async_reward_functions_are_awaited_together_on_one_loop_as_trls_are():
+    """TRL 1.16 awaits ``async def`` reward functions (asyncio.gather on one loop of its own thread); they were
+    refused ('returned a coroutine'). Two async ones and a sync one; a client made in the first call is reused."""
+    import asyncio
+    import threading
+
+    seen = {}
+
+    async def lengths(prompts, completions, **kw):
+        seen.setdefault("loop", asyncio.get_running_loop())
+        assert seen["loop"] is asyncio.get_running_loop() and threading.current_thread().name == "reward-loop"
+        await asyncio.sleep(0.01)
+        return [len(c) for c in completions]
+
+    class Halves:
+        async def __call__(self, prompts, completions, **kw):
+            return [0.5 if c == "ab" else None for c in completions]
+
+    def ones(prompts, completions, **kw):
+        return [1.0] * len(completions)
+
+    funcs = [BatchReward("lengths", lengths, 2.0), BatchReward("halves", Halves()), BatchReward("ones", ones)]
+    for _ in range(2):
+        total, parts = batch_rewards(funcs, ["p", "p"], ["ab", "abc"], [[1], [1]], {})
+        assert total.tolist() == [2 * 2 + 0.5 + 1, 2 * 3 + 0 + 1]
+        assert parts["lengths"].tolist() == [2, 3] and np.isnan(parts["halves"][1])
+
+
+def test_an_async_reward_function_that_raises_or_returns_garbage_is_one_line():
+    async def raises(prompts, completions, **kw):
+        raise KeyError("label")
+
+    async def short(prompts, completions, **kw):
+        return [1.0]
+
+    with pytest.raises(ValueError, match=r"^reward_funcs: raises raised KeyError: 'label'$"):
+        batch_rewards([BatchReward("raises", raises)], ["p"] * 2, ["a", "b"], [[1], [1]], {})
+    with pytest.raises(ValueError, match="short returned 1 values for 2 completions"):
+        batch_rewards([BatchReward("short", short)], ["p"] * 2, ["a", "b"], [[1], [1]], {})
+
+
+def test_a_partial_reward_function_is_named_after_its_function(tmp_path):
+    """A functools.partial from Python was logged as 'rewards/5, scale=0.5)/mean' (the tail of its description,
+    which moved with its line number); TRL names a reward function by its function."""
+    import functools
+
+    from llm.config.objects import object_spec
+    from llm.rewards import reward_name
+
+    def weighted(prompts, completions, scale, **kw):
+        return [scale] * len(completions)
+
+    class Scorer:
+        def __call__(self, prompts, completions, **kw):
+            return [1.0] * len(completions)
+
+    partial = functools.partial(weighted, scale=0.5)
+    (f,) = reward_funcs([object_spec(partial, "reward_funcs")], [])
+    assert f.name == "weighted"
+    assert reward_name(functools.partial(partial, extra=1), "x:y") == "weighted"
+    assert reward_name(Scorer(), object_spec(Scorer(), "reward_funcs")) == "Scorer"
+    assert reward_name(Scorer(), "my_module:scorer") == "scorer"

@@ -107,6 +107,12 @@ def env_reward(prompts, completions, environments, **kwargs):
     return [0.25 * float(e.right) if hasattr(e, "right") else None for e in environments]
 
 
+async def async_env_reward(prompts, completions, environments, **kwargs):
+    """``env_reward`` as an ``async def`` (TRL awaits async reward functions): 0.5 iff the right call was seen."""
+    await asyncio.sleep(0)
+    return [0.5 * float(e.right) if hasattr(e, "right") else None for e in environments]
+
+
 def answer_reward(prompts, completions, **kwargs):
     """1 iff the last assistant turn's text is the product of the question's factors (the episode as messages)."""
     out = []

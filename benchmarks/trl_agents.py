@@ -5,8 +5,8 @@ greedy decoding; the episodes' token ids, the tool masks, the rewards per source
 
 Each case uses items of TRL 1.16's environment contract (``benchmarks/trl_agent_envs.py``): a class factory, a lambda
 and a ``functools.partial``, a dict of factories chosen by an ``environment`` column, an environment that owns the
-data (no dataset), an observation from ``reset``, sync and async tools and ``get_reward``, rewards outside [0, 1], a
-reward function over ``environments=``, a tool that raises, a call of a tool the row's environment lacks, a property
+data (no dataset), an observation from ``reset``, sync and async tools, ``get_reward`` and reward functions, rewards
+outside [0, 1], a reward function over ``environments=``, a tool that raises, a call of a tool the row's environment lacks, a property
 that must not be evaluated, standalone tools beside an environment; and the start-up refusal without any reward.
 
 TRL's side is its ``GRPOTrainer.train()`` for one step (transformers generation with ``do_sample=False``), read
@@ -53,8 +53,8 @@ CASES = {
         envs.Calculator, [envs.env_reward], [], rows_of(QUESTIONS)),
     "lambda factory, observation from reset, a tool that raises, answer reward": (
         lambda: envs.Picky(), [envs.answer_reward], [], rows_of(QUESTIONS)),
-    "functools.partial factory, async tool and get_reward in [-1, 2]": (
-        functools.partial(envs.AsyncCalculator), [], [], rows_of(QUESTIONS)),
+    "functools.partial factory, async tool and get_reward in [-1, 2], an async reward function": (
+        functools.partial(envs.AsyncCalculator), [envs.async_env_reward], [], rows_of(QUESTIONS)),
     "dict of factories by the environment column, unknown tool, None rewards": (
         {"mul": envs.Calculator, "add": envs.Adder}, [envs.env_reward], [],
         rows_of(QUESTIONS, environment=["mul", "add", "mul", "add"])),

@@ -110,10 +110,18 @@ def parse(cls: type[T], args: list[str] | None, prog: str, description: str | No
     return config
 
 
+def exception_text(exc: BaseException) -> str:
+    """str() of an exception, or its type's name where that str() raises too (a user's ``__str__``)."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - the user's __str__
+        return f"<{type(exc).__name__} whose str() raised>"
+
+
 def first_line(exc: BaseException, limit: int = 300) -> str:
     """The first non-empty line of an exception's message (at most ``limit`` characters), or its type's name:
     what a one-line error quotes of an exception raised by a library or a user's code."""
-    for line in str(exc).splitlines():
+    for line in exception_text(exc).splitlines():
         if line.strip():
             return line.strip()[:limit]
     return type(exc).__name__

@@ -33,6 +33,7 @@ from llm.agents.tools import AnswerBudget, answer_content, error_content
 from llm.agents.workers import Outcome, Worker, Workers
 from llm.core.token_filter import NO_FILTER, TokenFilter
 from llm.sampling.base import Rollout
+from runkit.cli import exception_text
 
 #: What an episode's tools or environment did wrong, by kind: each kind gets one log line per run, with a count and
 #: its first instance. A failed call counts in ``tools/failure_frequency``; a failed environment (``reset`` or
@@ -162,13 +163,6 @@ def _make_and_reset(factory, row: dict, multi: bool):
 async def _with_env(env, observation):
     return env, await observation
 
-
-def exception_text(exc: BaseException) -> str:
-    """str() of a user's exception, or its type's name where that str() raises too."""
-    try:
-        return str(exc)
-    except Exception:  # noqa: BLE001 - the user's __str__
-        return f"<{type(exc).__name__} whose str() raised>"
 
 
 class AgentSampler:

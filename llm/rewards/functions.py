@@ -58,18 +58,20 @@ def batch_rewards(funcs: Sequence[BatchReward], prompts: list, completions: list
     n = len(completions)
     total, parts = np.zeros(n), {}
     hint = ENVIRONMENT_THREAD_HINT if columns.get("environments") is not None else ""
+
+    def raised(f: BatchReward, exc: BaseException) -> ValueError:  # the user's code: any exception is one line
+        return ValueError(f"reward_funcs: {f.name} raised {type(exc).__name__}: {first_line(exc, 200)}{hint}")
+
     outputs = []
     for f in funcs:
         try:
             outputs.append(f.fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns))
-        except Exception as exc:  # noqa: BLE001 - the user's code: any exception becomes one line
-            raise ValueError(f"reward_funcs: {f.name} raised {type(exc).__name__}: {first_line(exc, 200)}{hint}") \
-                from None
+        except Exception as exc:  # noqa: BLE001
+            raise raised(f, exc) from None
     pending = [i for i, out in enumerate(outputs) if inspect.isawaitable(out)]
     for i, out in zip(pending, awaited_together([outputs[i] for i in pending]), strict=True):
         if isinstance(out, BaseException):
-            raise ValueError(f"reward_funcs: {funcs[i].name} raised {type(out).__name__}: {first_line(out, 200)}"
-                             f"{hint}")
+            raise raised(funcs[i], out) from None
         outputs[i] = out
     for f, values in zip(funcs, outputs, strict=True):
         if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or len(values) != n:

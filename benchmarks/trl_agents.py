@@ -1,5 +1,6 @@
 """Agents beside TRL 1.16's own trainer: the same tiny model, environments, rows and chat template, one step each,
-greedy decoding; the episodes' token ids, the tool masks, the rewards per source and TRL's two tool metrics compared.
+greedy decoding; the episodes' token ids, the tool masks, the episodes as messages (TRL's completions: what reward
+functions and ``--log-completions`` get), the rewards per source and TRL's two tool metrics compared.
 
     .venv-bench/bin/python benchmarks/trl_agents.py        # (make check-trl-agents) about 2 minutes on 2 cores
 
@@ -109,7 +110,7 @@ def trl_step(model_dir: Path, factory, reward_funcs, tools, rows, out: Path) -> 
     prompt_ids, completion_ids, tool_mask, completions = trainer.generated[:4]
     return {"rows": trainer.seen, "prompt_ids": [list(p) for p in prompt_ids],
             "completion_ids": [list(c) for c in completion_ids], "tool_mask": [list(m) for m in tool_mask],
-            "rewards": dict(zip(trainer.reward_func_names, trainer.per_func.T.tolist())),
+            "messages": [list(c) for c in completions], "rewards": dict(zip(trainer.reward_func_names, trainer.per_func.T.tolist())),
             "call_frequency": float(Logged.seen["tools/call_frequency"]),
             "failure_frequency": float(Logged.seen["tools/failure_frequency"])}
 
@@ -140,7 +141,8 @@ def our_step(model_dir: Path, factory, reward_funcs, tools, rows, trl_rows: list
         metrics = tool_metrics(roll.tool_mask, roll.tool_calls, roll.tool_failures, roll.malformed, roll.env_failed)
         prompt_ids = roll.prompt_ids or [task.prompt_ids[i] for i in idx]
         return {"prompt_ids": [list(p) for p in prompt_ids], "completion_ids": roll.completion_ids,
-                "tool_mask": roll.tool_mask, "rewards": {k: v.tolist() for k, v in parts.items()},
+                "tool_mask": roll.tool_mask, "messages": roll.messages,
+                "rewards": {k: v.tolist() for k, v in parts.items()},
                 "call_frequency": metrics["tools/call_frequency"],
                 "failure_frequency": metrics["tools/failure_frequency"]}
     finally:
@@ -160,7 +162,8 @@ def same(a, b) -> bool:
 def compare(trl: dict, ours: dict) -> list[str]:
     """The differences, by what differs."""
     out = []
-    for key in ("prompt_ids", "completion_ids", "tool_mask", "rewards", "call_frequency", "failure_frequency"):
+    for key in ("prompt_ids", "completion_ids", "tool_mask", "messages", "rewards", "call_frequency",
+                "failure_frequency"):
         if not same(trl[key], ours[key]):
             if isinstance(trl[key], list) and isinstance(ours[key], list) and len(trl[key]) == len(ours[key]):
                 j = next(j for j, (a, b) in enumerate(zip(trl[key], ours[key])) if not same(a, b))

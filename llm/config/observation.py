@@ -117,8 +117,9 @@ class OutputConfig(ConfigGroup):
     """Print a progress line every this many steps where no progress bar is shown (``--no-progress``, or output to a
     file or a CI log); metrics.jsonl always gets every step."""
     log_completions: bool = False
-    """Every logging_steps steps, show the step's prompts, completions, rewards and advantages: a table on the console,
-    rows in <output_dir>/completions.jsonl and a table in the trackers (TensorBoard text, W&B table; TRL's name)."""
+    """Every logging_steps steps, show the step's prompts, completions (an agent's episode whole: turns, calls and the
+    tools' answers), rewards, each reward function's value and advantages: a table on the console, rows in
+    <output_dir>/completions.jsonl and a table in the trackers (TensorBoard text, W&B table; TRL's name)."""
     num_completions_to_print: int = 0
     """Completions of a step that log_completions shows (TRL's name; 0: all)."""
     save_steps: int = resumable(50)

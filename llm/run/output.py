@@ -14,7 +14,7 @@ from llm.run.rundir import RunDir, read_metrics
 from llm.tasks import TokenizedTask
 
 StepCallback = Callable[[int, dict], None]
-__all__ = ["Output", "SilentOutput", "StepCallback", "arithmetic", "shorten", "sync_line"]
+__all__ = ["Output", "SilentOutput", "StepCallback", "arithmetic", "as_text", "shorten", "sync_line"]
 
 
 def arithmetic(config, n_params: int, n_trained: int, device, sampler_name: str, task: TokenizedTask,
@@ -132,7 +132,7 @@ class Output:
         self.write(f"step {step}: {len(rows)} completions (reward, advantage | prompt | completion)")
         for r in rows:
             self.write(f"  {r['reward']:+.3f} {r['advantage']:+.3f} | {shorten(r['prompt'], 80)} | "
-                       f"{shorten(r['completion'], 150)}")
+                       f"{shorten(as_text(r['completion']), 150)}")
         self.run.append_completions(rows)
         for cb in self.callbacks:
             if hasattr(cb, "table"):
@@ -149,6 +149,28 @@ class Output:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def as_text(completion) -> str:
+    """A completion as one text: itself, or an agent's episode (TRL's list of messages) as each message in turn,
+    ``role: content``, a turn's calls as ``name(arguments)`` and a tool's answer as ``name -> content``, joined by
+    `` / ``."""
+    if not isinstance(completion, list):
+        return str(completion)
+    parts = []
+    for m in completion:
+        calls = " ".join(f"{c['function']['name']}({arguments(c['function'].get('arguments', ''))})"
+                         for c in m.get("tool_calls") or [])
+        if m.get("role") == "tool":
+            parts.append(f"{m.get('name', 'tool')} -> {m.get('content', '')}")
+        else:
+            parts.append(f"{m.get('role', '?')}: " + " ".join(x for x in (str(m.get("content") or ""), calls) if x))
+    return " / ".join(parts)
+
+
+def arguments(args) -> str:
+    """A call's arguments as written in Python: ``a=347, b=28`` (as given where they are not a dict)."""
+    return ", ".join(f"{k}={v!r}" for k, v in args.items()) if isinstance(args, dict) else str(args)
 
 
 def shorten(text, width: int) -> str:

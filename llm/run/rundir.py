@@ -179,17 +179,17 @@ class RunDir:
             MetricsWriter(self.path, fresh=False).write(row)
 
     def append_completions(self, rows: list[dict]) -> None:
-        """``log_completions``: rows of prompt, completion, reward and advantage into completions.jsonl."""
+        """``log_completions``: its rows (``llm.step.step.completion_row``) into completions.jsonl."""
         path = self.path / "completions.jsonl"
         with writing(path), path.open("a") as f:
             for row in rows:
-                f.write(json.dumps(row) + "\n")
+                f.write(json.dumps(row, default=str) + "\n")
 
     def append_samples(self, rows: list[dict]) -> None:
         path = self.path / "samples.jsonl"
         with writing(path), path.open("a") as f:
             for row in rows:
-                f.write(json.dumps(row) + "\n")
+                f.write(json.dumps(row, default=str) + "\n")
 
     def save_checkpoint(self, state: dict) -> None:
         """Write to checkpoint.pt.tmp, then rename over checkpoint.pt (atomic: a crash or a failed write at any

@@ -19,6 +19,7 @@ from pathlib import Path
 from runkit.cli import RunError, first_line
 
 from llm.config import GRPOConfig
+from llm.run.output import as_text
 
 PROJECT = "offpolicy-grpo"
 
@@ -26,8 +27,11 @@ PROJECT = "offpolicy-grpo"
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
 
 
-#: The columns of ``log_completions``'s table (TRL's, less the images).
-COMPLETION_COLUMNS = ("step", "prompt", "completion", "reward", "advantage")
+def cell(value):
+    """A table's cell: a number as it is, None as nan, anything else (a conversation, an episode) as one text."""
+    if value is None:
+        return float("nan")
+    return value if isinstance(value, (int, float)) else as_text(value)
 
 
 def scalars(row: dict) -> dict[str, float]:
@@ -47,8 +51,9 @@ class TensorBoard:
         self.writer.flush()  # a killed run keeps every row it logged
 
     def table(self, step: int, rows: list[dict]) -> None:
-        lines = ["| " + " | ".join(COMPLETION_COLUMNS) + " |", "|" + "---|" * len(COMPLETION_COLUMNS)]
-        lines += ["| " + " | ".join(str(r[c]).replace("|", "\\|").replace("\n", " ") for c in COMPLETION_COLUMNS) + " |"
+        columns = list(rows[0])
+        lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join(str(cell(r[c])).replace("|", "\\|").replace("\n", " ") for c in columns) + " |"
                   for r in rows]
         self.writer.add_text("completions", "\n".join(lines), global_step=step)
         self.writer.flush()
@@ -71,8 +76,9 @@ class WandB:
     def table(self, step: int, rows: list[dict]) -> None:
         import wandb
 
-        self.run.log({"completions": wandb.Table(columns=list(COMPLETION_COLUMNS),
-                                                 data=[[r[c] for c in COMPLETION_COLUMNS] for r in rows])}, step=step)
+        columns = list(rows[0])
+        self.run.log({"completions": wandb.Table(columns=columns, data=[[cell(r[c]) for c in columns] for r in rows])},
+                     step=step)
 
     def close(self) -> None:
         self.run.finish()

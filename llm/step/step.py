@@ -31,13 +31,13 @@ from llm.core.passes import Passes
 from llm.evaluation import EvalSpec, evaluate
 from llm.evaluation.test_set import improvement_bounds
 from llm.optim import Objective, Schedule, optimise
-from llm.sampling import sampler_class
+from llm.sampling import Rollout, sampler_class
 from llm.step.behaviour import Behaviour, alpha_logprobs, sampler_logprobs
 from llm.step.clock import SyncClock, Tick
 from llm.step.diagnose import Heldout, diagnose, heldout_before_update, heldout_estimates, insample_estimates
 from llm.step.monitors import DeclaredRange, ExactJ, PhaseTimer, Warnings
 from llm.step.rollout import RolloutWindow, StepRollout
-from llm.step.score import Scored, VariedGroups, advantages, group_batch, reward_metrics, score
+from llm.step.score import Groups, Scored, VariedGroups, advantages, group_batch, reward_metrics, score
 from llm.step.weights import Weights
 from llm.tasks import TokenizedTask
 
@@ -151,9 +151,21 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
     samples = [entry(j) for j in range(0, rewards.size, G)]
     if config.output.log_completions and step % config.output.logging_steps == 0:
         n = min(config.output.num_completions_to_print or rewards.size, rewards.size)
-        run.output.completions(step, [{**entry(j), "advantage": float(groups.advantages.reshape(-1)[j])}
-                                      for j in range(n)])
+        run.output.completions(step, [completion_row(entry(j), roll, scored, groups, j) for j in range(n)])
     return row, samples[:SAMPLES_KEPT]
+
+
+def completion_row(entry: dict, roll: Rollout, scored: Scored, groups: Groups, j: int) -> dict:
+    """``log_completions``'s row of completion ``j``, TRL's table: its step, prompt and completion (an agent's episode
+    whole, as TRL's list of messages, the calls and the tools' answers included), its reward, each reward function's
+    value by the function's name (None where it gave None; ``rewards/<name>`` where the name is one of these columns),
+    and its advantage."""
+    if roll.messages is not None:
+        entry = entry | {"completion": roll.messages[j]}
+    for name, values in scored.parts.items():
+        value = float(values[j])
+        entry[f"rewards/{name}" if name in entry or name == "advantage" else name] = None if value != value else value
+    return entry | {"advantage": float(groups.advantages.reshape(-1)[j])}
 
 
 def dynamic_sampling(run: Run, step: int, prompt_idx: list[int], roll, scored, timer: PhaseTimer, row: dict):

@@ -426,9 +426,27 @@ def test_an_environment_factory_rewards_and_supplies_the_tools(tmp_path, factory
     data.write_text("".join(json.dumps({"prompt": f"{a}*{b}="}) + "\n" for a in range(2, 9) for b in range(2, 6)))
     rows = _train(tmp_path, "env", dataset=str(data), environment_factory=f"tests.llm.agent_tools:{factory}",
                   model_name_or_path=str(agent_model_dir()), max_steps=2, sampler="transformers", prompts_per_step=4,
-                  exact_j=False, eval_steps=0)
+                  exact_j=False, eval_steps=0, log_completions=True, num_completions_to_print=8)
     assert all(r["tools/call_frequency"] > 0 and 0 <= r["reward"] <= 1 for r in rows) and rows[0]["reward"] > 0
     assert all(f"rewards/{factory}/mean" in r for r in rows)
+    # --log-completions: each episode whole, as TRL's table holds it, and the environment's reward in its own column
+    table = [json.loads(line) for line in (tmp_path / "env" / "completions.jsonl").read_text().splitlines()]
+    assert len(table) == 8 and all(list(r) == ["step", "prompt", "completion", "reward", factory, "advantage"]
+                                   for r in table)
+    assert all(r[factory] == r["reward"] for r in table)
+    called = [r["completion"] for r in table if len(r["completion"]) > 1]
+    assert called and all(e[0].get("tool_calls") and e[1]["role"] == "tool" for e in called)
+
+
+def test_an_episode_is_one_line_in_the_completions_table():
+    from llm.run.output import as_text, shorten
+
+    episode = [{"role": "assistant", "content": "",
+                "tool_calls": [{"type": "function", "function": {"name": "multiply", "arguments": {"a": 3, "b": 4}}}]},
+               {"role": "tool", "name": "multiply", "content": "12"}, {"role": "assistant", "content": "It is\n12."}]
+    assert as_text(episode) == "assistant: multiply(a=3, b=4) / multiply -> 12 / assistant: It is\n12."
+    assert shorten(as_text(episode), 40) == "assistant: multiply(a=3, b=4) / multi..."
+    assert as_text("12") == "12"
 
 
 def test_trls_tools_and_environment_factory_given_as_objects_are_kept_by_name():

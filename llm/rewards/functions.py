@@ -7,7 +7,8 @@ TRL's signature called once per batch (their weighted sum is the reward).
 - ``text_reward``: a user's ``(completion, answer) -> float in [0, 1]``, checked value by value.
 - ``batch_rewards``: TRL's ``f(prompts, completions, completion_ids, **columns) -> list[float | None]``, several with
   weights (``BatchReward``); None means the function does not apply to that completion (counted as 0, as TRL does);
-  an ``async def`` one is awaited on one event loop of its own thread (``reward_loop``), the async ones together.
+  an ``async def`` one is awaited on one event loop of its own thread (``reward_loop``), the async ones together; one
+  that runs past ``REWARD_NOTICE_S`` is named while the step waits (``watched``).
   For conversational data they receive the prompts as message lists and each completion as
   ``[{"role": "assistant", "content": text}]``, as TRL passes them.
 """
@@ -20,6 +21,7 @@ import math
 import re
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,11 +67,16 @@ def batch_rewards(funcs: Sequence[BatchReward], prompts: list, completions: list
     outputs = []
     for f in funcs:
         try:
-            outputs.append(f.fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns))
+            with watched(f.name, n):
+                outputs.append(f.fn(prompts=prompts, completions=completions, completion_ids=completion_ids,
+                                    **columns))
         except Exception as exc:  # noqa: BLE001
             raise raised(f, exc) from None
-    pending = [i for i, out in enumerate(outputs) if inspect.isawaitable(out)]
-    for i, out in zip(pending, awaited_together([outputs[i] for i in pending]), strict=True):
+    pending, results = [i for i, out in enumerate(outputs) if inspect.isawaitable(out)], []
+    if pending:
+        with watched(", ".join(funcs[i].name for i in pending), n):
+            results = awaited_together([outputs[i] for i in pending])
+    for i, out in zip(pending, results, strict=True):
         if isinstance(out, BaseException):
             raise raised(funcs[i], out) from None
         outputs[i] = out
@@ -90,6 +97,30 @@ def batch_rewards(funcs: Sequence[BatchReward], prompts: list, completions: list
         parts[f.name] = arr
         total += f.weight * np.nan_to_num(arr)
     return total, parts
+
+
+#: Seconds a reward function runs before the run names it (it is not stopped: reward functions have no time limit,
+#: as in TRL 1.16).
+REWARD_NOTICE_S = 60.0
+
+
+@contextmanager
+def watched(name: str, n: int):
+    """Say, above the progress bar, which reward function the step waits for once it has run ``REWARD_NOTICE_S``
+    seconds: a hung one would otherwise leave a run silent for good."""
+    from tqdm.auto import tqdm
+
+    def notice():
+        tqdm.write(f"reward_funcs: {name} has run {REWARD_NOTICE_S:g} s on {n} completions without returning; reward "
+                   "functions have no time limit (as in TRL): Ctrl-C twice stops the run, keeping its last checkpoint")
+
+    timer = threading.Timer(REWARD_NOTICE_S, notice)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 #: Said after the error of a reward function given ``environments=``: it runs on the trainer's thread, each

@@ -123,6 +123,36 @@ def test_an_async_reward_function_that_raises_or_returns_garbage_is_one_line():
         batch_rewards([BatchReward("short", short)], ["p"] * 2, ["a", "b"], [[1], [1]], {})
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_reward_function_that_runs_long_is_named_while_the_step_waits(kind, monkeypatch, capsys):
+    """A hung reward function left the run silent for good (reward functions have no time limit, as in TRL): past
+    REWARD_NOTICE_S the run names it, above the progress bar, and says how to stop; a quick one is not named."""
+    import asyncio
+    import time
+
+    from llm.rewards import functions
+
+    monkeypatch.setattr(functions, "REWARD_NOTICE_S", 0.2)
+
+    def slow(prompts, completions, **kw):
+        time.sleep(0.6)
+        return [1.0] * len(completions)
+
+    async def slow_async(prompts, completions, **kw):
+        await asyncio.sleep(0.6)
+        return [1.0] * len(completions)
+
+    def quick(prompts, completions, **kw):
+        return [0.0] * len(completions)
+
+    funcs = [BatchReward("quick", quick), BatchReward("slow", slow if kind == "sync" else slow_async)]
+    total, _ = batch_rewards(funcs, ["p"] * 2, ["a", "b"], [[1], [1]], {})
+    assert total.tolist() == [1.0, 1.0]
+    out = capsys.readouterr().out
+    assert out.count("reward_funcs: slow has run 0.2 s on 2 completions without returning") == 1, out
+    assert "Ctrl-C twice" in out and "quick" not in out
+
+
 def test_a_partial_reward_function_is_named_after_its_function(tmp_path):
     """A functools.partial from Python was logged as 'rewards/5, scale=0.5)/mean' (the tail of its description,
     which moved with its line number); TRL names a reward function by its function."""

@@ -92,7 +92,13 @@ def test_passes_hold_at_most_the_token_budget(packed):
 
 def test_a_token_budget_changes_the_passes_not_the_step(tmp_path):
     """Two steps at v = 2 with a token budget small enough to cut the step into many passes log the unbudgeted run's
-    loss, gradient norm and TV up to float rounding, and the update's tokens per second."""
+    loss, gradient norm and TV up to float rounding, and the update's tokens per second. Step 0 starts from the same
+    weights: its gradient norm agrees to rel 1e-5 (measured 7e-7 apart across AVX2/AVX-512 kernels and 1 or 2
+    threads). Step 1 starts from weights that AdamW's first update moved by about lr per weight whatever a gradient
+    entry's size, so entries at float rounding carry the passes' rounding into step 1: the unbudgeted run alone moves
+    by rel 2.8e-4 (loss), 7.6e-5 (gradient norm) and 1.2e-4 (TV) between those kernels and thread counts, hence
+    rel 2e-3 there. Each pass weighted by its own tokens (bnpo's weights forced on) moves step 0's loss from 9e-8 to
+    -2.8e-3."""
     from llm import train
     from llm.run.rundir import read_metrics
 
@@ -102,8 +108,9 @@ def test_a_token_budget_changes_the_passes_not_the_step(tmp_path):
     cut = read_metrics(train(GRPOConfig(output_dir=str(tmp_path / "cut"), token_budget=40, **base),
                              log=lambda *a: None))
     for a, b in zip(plain, cut, strict=True):
+        rel = 1e-5 if a["step"] == 0 else 2e-3
         for key in ("loss", "grad_norm", "tv/pi_k_alpha"):
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+            assert b[key] == pytest.approx(a[key], rel=rel, abs=1e-6), (a["step"], key)
         assert b["perf/forwarded_tok_s_fwd_bwd"] > 0 and "perf/mfu_fwd_bwd" not in b  # no known peak on a CPU
 
 

@@ -274,10 +274,13 @@ def _torchrun(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=env, timeout=600)
 
 
-def _errors(res: subprocess.CompletedProcess) -> list[str]:
-    """What a failed torchrun said: error lines, the ranks' exceptions, signals (torchrun's frames left out)."""
-    return [ln for ln in res.stderr.splitlines() if ("error" in ln.lower() or "signal" in ln.lower() or
-                                                     ln.startswith("[rank")) and "File " not in ln]
+def _errors(res: subprocess.CompletedProcess) -> str:
+    """What a failed torchrun said, whole (pytest shortens a list): error lines, the ranks' exceptions, aborts
+    ("terminate called ..."), signals (torchrun's frames left out), and stdout's last line (rank 0's summary there:
+    the run had finished and was written before a rank failed)."""
+    said = [ln for ln in res.stderr.splitlines() if "File " not in ln and (
+        ln.startswith("[rank") or any(w in ln.lower() for w in ("error", "signal", "terminate", "what()")))]
+    return "\n".join([*said, "stdout's last line: " + (res.stdout.strip().splitlines() or [""])[-1]])
 
 
 @pytest.mark.slow

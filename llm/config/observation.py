@@ -121,7 +121,8 @@ class OutputConfig(ConfigGroup):
     tools' answers), rewards, each reward function's value and advantages: a table on the console, rows in
     <output_dir>/completions.jsonl and a table in the trackers (TensorBoard text, W&B table; TRL's name)."""
     num_completions_to_print: int = 0
-    """Completions of a step that log_completions shows (TRL's name; 0: all)."""
+    """Completions of a step that log_completions prints on the console, drawn at random as TRL draws them (TRL's
+    name; 0: all); completions.jsonl and the trackers get every completion."""
     save_steps: int = resumable(50)
     """Checkpoint every this many steps (and at the end, and on Ctrl-C). 0: only at the end."""
     report_to: tuple[Literal["none", "tensorboard", "wandb", "trackio"], ...] = resumable(("none",))

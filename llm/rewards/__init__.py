@@ -13,7 +13,6 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from llm.config.objects import OBJECT_PREFIX
 from llm.rewards.functions import (ANSWER_CHECKS, BatchReward, RewardFn, batch_rewards, check_answers, import_reward_fn,
                         math_verify_reward, numeric_reward, parse_answer, parse_number, text_reward)
 from llm.rewards.model import RewardModel, is_reward_model
@@ -55,19 +54,19 @@ def reward_function(spec: str, context: RewardContext):
         raise ValueError(str(exc).replace("reward_fn:", "reward_funcs:", 1).replace(
             "expected 'module:name'", f"expected 'module:function', {OVERLONG} or a reward model's directory")) \
             from None
-    return reward_name(fn, spec), fn
+    return reward_name(fn), fn
 
 
-def reward_name(fn, spec: str) -> str:
-    """TRL's name of a reward function, its ``__name__``; for a ``functools.partial`` its function's, for another
-    callable without one its name in 'module:name', else its class's (an 'object:...' spec describes the object)."""
+def reward_name(fn) -> str:
+    """TRL's name of a reward function (``get_callable_name``): its ``__name__``, for a ``functools.partial`` its
+    function's (unless the partial was given a ``__name__`` of its own), for a callable instance its class's."""
     base = fn
     while isinstance(base, functools.partial):
         base = base.func
     for candidate in (fn, base):
         if isinstance(getattr(candidate, "__name__", None), str) and candidate.__name__:
             return candidate.__name__
-    return type(fn).__name__ if spec.startswith(OBJECT_PREFIX) else spec.rpartition(":")[2]
+    return type(base).__name__
 
 
 def reward_funcs(specs: Sequence[str], weights: Sequence[float], context: RewardContext = RewardContext()) \
@@ -77,6 +76,8 @@ def reward_funcs(specs: Sequence[str], weights: Sequence[float], context: Reward
     weights = list(weights) or [1.0] * len(specs)
     funcs = [BatchReward(*reward_function(spec, context), float(w)) for spec, w in zip(specs, weights, strict=True)]
     names = [f.name for f in funcs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"reward_funcs: two functions share a name ({', '.join(names)}); their metrics would clash")
+    for name in sorted({n for n in names if names.count(n) > 1})[:1]:
+        raise ValueError(f"reward_funcs: {names.count(name)} functions are named {name!r} (TRL's name: a function's "
+                         "__name__, a partial's function's, an instance's class's), so their metrics would clash; give "
+                         "each a name of its own: fn.__name__ = 'my_name' (a partial or an instance takes one too)")
     return funcs

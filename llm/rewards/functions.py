@@ -71,6 +71,9 @@ def batch_rewards(funcs: Sequence[BatchReward], prompts: list, completions: list
                 outputs.append(f.fn(prompts=prompts, completions=completions, completion_ids=completion_ids,
                                     **columns))
         except Exception as exc:  # noqa: BLE001
+            for out in outputs:  # the async functions' calls made so far are not awaited now: closed, not left to warn
+                if inspect.iscoroutine(out):
+                    out.close()
             raise raised(f, exc) from None
     pending, results = [i for i, out in enumerate(outputs) if inspect.isawaitable(out)], []
     if pending:
@@ -90,8 +93,8 @@ def batch_rewards(funcs: Sequence[BatchReward], prompts: list, completions: list
             if v is None:
                 arr[j] = np.nan
             elif not is_number(v) or not math.isfinite(float(v)):
-                raise ValueError(f"reward_funcs: {f.name} returned {v!r} for completion {shown(completions[j])} "
-                                 "; expected a finite number or None")
+                raise ValueError(f"reward_funcs: {f.name} returned {v!r} for completion {shown(completions[j])}; "
+                                 "expected a finite number or None")
             else:
                 arr[j] = float(v)
         parts[f.name] = arr

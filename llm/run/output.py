@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 from grpo_theory.estimators import certificate_abstains, certificate_floor
 
 from llm.run.rundir import RunDir, read_metrics
@@ -127,11 +128,20 @@ class Output:
             self.log("  ".join(parts))
 
     def completions(self, step: int, rows: list[dict]) -> None:
-        """``log_completions``: the step's table on the console (one short line per completion), in
-        completions.jsonl and to every callback with a ``table`` method (the trackers)."""
-        self.write(f"step {step}: {len(rows)} completions (reward, advantage | prompt | completion)")
-        for r in rows:
-            self.write(f"  {r['reward']:+.3f} {r['advantage']:+.3f} | {shorten(r['prompt'], 80)} | "
+        """``log_completions``: every completion of the step in completions.jsonl and to every callback with a
+        ``table`` method (the trackers); on the console, as TRL prints them, ``num_completions_to_print`` of them (0:
+        all) drawn at random (seeded by the run's seed and the step, shown in the step's order), a line each with its
+        reward, each reward function's value and its advantage."""
+        n = self.config.output.num_completions_to_print
+        shown = range(len(rows)) if not n or n >= len(rows) else sorted(
+            np.random.default_rng([self.config.seed, step]).choice(len(rows), n, replace=False))
+        self.write(f"step {step}: {len(shown)} of {len(rows)} completions (reward (each reward function's value) "
+                   f"advantage | prompt | completion)")
+        for r in (rows[j] for j in shown):
+            parts = ", ".join(f"{k} {'None' if r[k] is None else format(r[k], '.3f')}" for k in r
+                              if k not in TABLE_COLUMNS)
+            parts = f" ({parts})" if parts else ""
+            self.write(f"  {r['reward']:+.3f}{parts} {r['advantage']:+.3f} | {shorten(r['prompt'], 80)} | "
                        f"{shorten(as_text(r['completion']), 150)}")
         self.run.append_completions(rows)
         for cb in self.callbacks:
@@ -149,6 +159,10 @@ class Output:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+#: The columns of a ``log_completions`` row that are not a reward function's value.
+TABLE_COLUMNS = ("step", "prompt", "completion", "reward", "advantage")
 
 
 def as_text(completion) -> str:

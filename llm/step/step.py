@@ -150,8 +150,7 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
                        "completion": scored.texts[j], "reward": float(rewards[j])}
     samples = [entry(j) for j in range(0, rewards.size, G)]
     if config.output.log_completions and step % config.output.logging_steps == 0:
-        n = min(config.output.num_completions_to_print or rewards.size, rewards.size)
-        run.output.completions(step, [completion_row(entry(j), roll, scored, groups, j) for j in range(n)])
+        run.output.completions(step, [completion_row(entry(j), roll, scored, groups, j) for j in range(rewards.size)])
     return row, samples[:SAMPLES_KEPT]
 
 

@@ -123,6 +123,31 @@ def test_an_async_reward_function_that_raises_or_returns_garbage_is_one_line():
         batch_rewards([BatchReward("short", short)], ["p"] * 2, ["a", "b"], [[1], [1]], {})
 
 
+def test_a_sync_reward_function_that_raises_after_an_async_one_leaves_no_warning():
+    """The async function's call, made before the sync one raised, is closed: the one line is all the user sees (it
+    was followed by "RuntimeWarning: coroutine 'judge' was never awaited"). A number that is not finite is one line
+    too."""
+    import gc
+    import warnings
+
+    async def judge(prompts, completions, **kw):
+        return [1.0] * len(completions)
+
+    def raises(prompts, completions, **kw):
+        raise KeyError("label")
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match=r"^reward_funcs: raises raised KeyError: 'label'$"):
+            batch_rewards([BatchReward("judge", judge), BatchReward("raises", raises)], ["p"] * 2, ["a", "b"],
+                          [[1], [1]], {})
+        gc.collect()
+    assert not [w for w in said if "never awaited" in str(w.message)]
+    with pytest.raises(ValueError, match=r"^reward_funcs: nan returned nan for completion 'b'; expected a finite"):
+        batch_rewards([BatchReward("nan", lambda completions, **kw: [0.0, float("nan")])], ["p"] * 2, ["a", "b"],
+                      [[1], [1]], {})
+
+
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_reward_function_that_runs_long_is_named_while_the_step_waits(kind, monkeypatch, capsys):
     """A hung reward function left the run silent for good (reward functions have no time limit, as in TRL): past
@@ -171,6 +196,12 @@ def test_a_partial_reward_function_is_named_after_its_function(tmp_path):
     partial = functools.partial(weighted, scale=0.5)
     (f,) = reward_funcs([object_spec(partial, "reward_funcs")], [])
     assert f.name == "weighted"
-    assert reward_name(functools.partial(partial, extra=1), "x:y") == "weighted"
-    assert reward_name(Scorer(), object_spec(Scorer(), "reward_funcs")) == "Scorer"
-    assert reward_name(Scorer(), "my_module:scorer") == "scorer"
+    assert reward_name(functools.partial(partial, extra=1)) == "weighted"
+    assert reward_name(Scorer()) == "Scorer"  # TRL's get_callable_name: an instance by its class, from Python or not
+    # two partials of one function share TRL's name: refused in one line that names the clash and its mend
+    small, large = functools.partial(weighted, scale=0.1), functools.partial(weighted, scale=2.0)
+    with pytest.raises(ValueError, match=r"^reward_funcs: 2 functions are named 'weighted' .* fn.__name__ = "):
+        reward_funcs([object_spec(p, "reward_funcs") for p in (small, large)], [])
+    small.__name__, large.__name__ = "small", "large"
+    assert [f.name for f in reward_funcs([object_spec(p, "reward_funcs") for p in (small, large)], [])] == [
+        "small", "large"]

@@ -30,14 +30,17 @@ def test_tensorboard_gets_every_metric_of_every_step(tmp_path, capsys):
     run = _run(tmp_path, "tb", report_to=("tensorboard",), log_completions=True, num_completions_to_print=3,
                logging_steps=2)
     table = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in table] == [0, 0, 0, 2, 2, 2]
+    n = len(table) // 2  # every completion of the step, whatever the console prints (TRL's table)
+    assert n > 3 and [r["step"] for r in table] == [0] * n + [2] * n
     assert set(table[0]) == {"step", "prompt", "completion", "reward", "advantage"}
     out = capsys.readouterr().out
-    assert out.count("completions (reward, advantage | prompt | completion)") == 2 and table[0]["prompt"] in out
+    assert out.count(f"3 of {n} completions (reward") == 2
     texts = EventAccumulator(str(run / "tensorboard"), size_guidance={"tensors": 0})
     texts.Reload()
     logged = texts.Tensors("completions/text_summary")
-    assert [e.step for e in logged] == [0, 2] and table[3]["prompt"] in logged[1].tensor_proto.string_val[0].decode()
+    assert [e.step for e in logged] == [0, 2]
+    assert logged[1].tensor_proto.string_val[0].decode().count(table[n]["prompt"]) >= 1
+    assert len(logged[1].tensor_proto.string_val[0].decode().splitlines()) >= n + 2  # header, rule, every row
     rows = read_metrics(run)
     acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
     acc.Reload()
@@ -51,6 +54,33 @@ def test_tensorboard_gets_every_metric_of_every_step(tmp_path, capsys):
         assert logged[key].keys() == by_step.keys(), key
         for step, v in by_step.items():
             assert logged[key][step] == pytest.approx(v, rel=TB_RTOL, abs=1e-30, nan_ok=True), (key, step)
+
+
+def test_the_console_prints_a_seeded_sample_with_each_reward_functions_value(capsys):
+    """--num-completions-to-print N: the console shows N of the step's completions drawn at random, as TRL's table
+    does, but seeded by the run's seed and the step (the same run prints the same), in the step's order, each with
+    every reward function's value (None where it gave None); completions.jsonl and the trackers get every one."""
+    from types import SimpleNamespace
+
+    from llm.run.output import Output
+
+    written = []
+    config = SimpleNamespace(seed=0, output=SimpleNamespace(num_completions_to_print=3, progress=False))
+    out = Output(config, SimpleNamespace(path=None, append_completions=written.extend), 0, log=lambda *a: None)
+    rows = [{"step": 5, "prompt": f"p{j}", "completion": f"c{j}", "reward": j / 10, "ok": 1.0,
+             "judge": None if j % 2 else 0.25, "advantage": 0.5} for j in range(8)]
+    shown = []
+    for step in (5, 5, 6, 7, 8):
+        out.completions(step, rows)
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0] == f"step {step}: 3 of 8 completions (reward (each reward function's value) advantage | " \
+                           "prompt | completion)" and len(lines) == 4
+        picked = [int(line.split("| p")[1].split()[0]) for line in lines[1:]]
+        assert picked == sorted(set(picked))
+        for line, j in zip(lines[1:], picked):
+            assert line == f"  +{j / 10:.3f} (ok 1.000, judge {'None' if j % 2 else '0.250'}) +0.500 | p{j} | c{j}"
+        shown.append(picked)
+    assert written == rows * 5 and shown[0] == shown[1] and len({tuple(p) for p in shown}) > 1
 
 
 def test_wandb_offline_gets_every_metric_of_every_step(tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ import numpy as np
 from grpo_theory.estimators import certificate_abstains, certificate_floor
 
 from llm.run.rundir import RunDir, read_metrics
+from llm.step.step import TABLE_COLUMNS
 from llm.tasks import TokenizedTask
 
 StepCallback = Callable[[int, dict], None]
@@ -159,10 +160,6 @@ class Output:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-
-
-#: The columns of a ``log_completions`` row that are not a reward function's value.
-TABLE_COLUMNS = ("step", "prompt", "completion", "reward", "advantage")
 
 
 def as_text(completion) -> str:

@@ -154,6 +154,10 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
     return row, samples[:SAMPLES_KEPT]
 
 
+#: The columns of a ``log_completions`` row that are not a reward function's value (``completion_row``).
+TABLE_COLUMNS = ("step", "prompt", "completion", "reward", "advantage")
+
+
 def completion_row(entry: dict, roll: Rollout, scored: Scored, groups: Groups, j: int) -> dict:
     """``log_completions``'s row of completion ``j``, TRL's table: its step, prompt and completion (an agent's episode
     whole, as TRL's list of messages, the calls and the tools' answers included), its reward, each reward function's
@@ -163,7 +167,7 @@ def completion_row(entry: dict, roll: Rollout, scored: Scored, groups: Groups, j
         entry = entry | {"completion": roll.messages[j]}
     for name, values in scored.parts.items():
         value = float(values[j])
-        entry[f"rewards/{name}" if name in entry or name == "advantage" else name] = None if value != value else value
+        entry[f"rewards/{name}" if name in TABLE_COLUMNS else name] = None if value != value else value
     return entry | {"advantage": float(groups.advantages.reshape(-1)[j])}
 
 

@@ -411,5 +411,63 @@ def group_metrics(group_rewards: np.ndarray, log_w_k: np.ndarray, eps: float,
     }
 
 
+#: The certificate's keys (``bound_estimates`` with ``lcb_level``): nan where it abstains.
+CERTIFICATE_KEYS = ("improvement_lcb", "improvement_e", "improvement_capped")
+
+
+def heldout_terms(rewards: np.ndarray, logp_alpha: torch.Tensor, logp_k: torch.Tensor, logp_new: torch.Tensor,
+                  mask: torch.Tensor, eps: float, reward_range: RewardRange = UNIT_RANGE, *, lcb_level: float = 0.95,
+                  lcb_method: str = ge.DEFAULT_LCB_METHOD, lcb_cap: float = ge.IMPROVEMENT_WEIGHT_CAP,
+                  certify: bool = True) -> tuple[dict[str, float], np.ndarray]:
+    """The held-out prompts' estimates (unprefixed; callers add ``heldout/``) from their rewards (P, G) and the token
+    log-probs (B = P G, T) of alpha, pi_k and pi_{k+1} over the policy's tokens (``mask``): ``bound_estimates`` with
+    standard errors and the certificate at ``lcb_level`` (nan unless ``certify``: a declared range and alpha's own
+    log-probs), and the reward's mean and standard error over the prompts. Also returns log pi_k/alpha (P, G). One
+    function for ``llm.step.diagnose.heldout_estimates`` (this trainer) and ``llm.integrations`` (another's)."""
+    P, G = rewards.shape
+    log_w = lambda logp: sequence_log_ratio(logp, logp_alpha, mask, P, G)  # noqa: E731
+    log_w_k = log_w(logp_k)
+    est = bound_estimates(rewards, log_w_k, log_w(logp_new), eps, reward_range, standard_errors=True,
+                          lcb_level=lcb_level, lcb_method=lcb_method, lcb_cap=lcb_cap)
+    if not certify:  # no level to claim: abstain
+        est.update({k: float("nan") for k in CERTIFICATE_KEYS if k in est})
+    est["reward"], est["reward_se"] = ge.mean_and_standard_error(np.asarray(rewards, np.float64).mean(axis=1))
+    return est, log_w_k
+
+
+@_overflow_is_the_answer
+def clustered_metrics(log_w_k: np.ndarray, prompts: np.ndarray, log_w_gen: np.ndarray | None = None
+                      ) -> dict[str, float]:
+    """TV(pi_k, alpha) from completions labelled by their prompt, any number per prompt (a host trainer's micro-batches
+    split a prompt's group across optimiser steps): per prompt ``grpo_theory.estimators.tv_estimate`` of its
+    completions' sequence weights w = pi_k/alpha (``log_w_k`` (n,), ``prompts`` (n,) labels), their mean and standard
+    error over the prompts (independent draws: ``tv/pi_k_alpha``, ``tv/pi_k_alpha_se``), the Kish effective sample
+    size of every weight (``ess/pi_k_alpha``) and the largest and mean weight (``is_weight_seq/*``). With every
+    prompt's G completions present these are ``group_metrics``'s (tested equal). ``log_w_gen``: log pi_gen/alpha,
+    pi_gen the trainer's weights the sampler was synced from (where the host computed both beside the engine's
+    log-probs; nan where unknown) splits the distance into staleness, TV(pi_k, pi_gen)
+    (``grpo_theory.estimators.tv_between_estimate``: ``tv/staleness``), and the engine's own mismatch at equal
+    weights, TV(pi_gen, alpha) (``tv_estimate``: ``tv/engine_mismatch``), each with its standard error; by the
+    triangle inequality TV(pi_k, alpha) <= their sum."""
+    w_k = np.exp(np.asarray(log_w_k, np.float64)).reshape(-1)
+    labels = np.asarray(prompts).reshape(-1)
+    groups = [np.flatnonzero(labels == u) for u in np.unique(labels)]
+    out = {}
+    out["tv/pi_k_alpha"], out["tv/pi_k_alpha_se"] = ge.mean_and_standard_error([ge.tv_estimate(w_k[g]) for g in groups])
+    out["ess/pi_k_alpha"] = float(ge.kish_ess_fraction(w_k)) if w_k.size else float("nan")
+    out["is_weight_seq/max"] = float(w_k.max()) if w_k.size else float("nan")
+    out["is_weight_seq/mean"] = float(w_k.mean()) if w_k.size else float("nan")
+    if log_w_gen is not None:
+        w_gen = np.exp(np.asarray(log_w_gen, np.float64)).reshape(-1)
+        known = [g[np.isfinite(w_gen[g])] for g in groups]
+        known = [g for g in known if g.size]
+        if known:
+            out["tv/staleness"], out["tv/staleness_se"] = ge.mean_and_standard_error(
+                [ge.tv_between_estimate(w_k[g], w_gen[g]) for g in known])
+            out["tv/engine_mismatch"], out["tv/engine_mismatch_se"] = ge.mean_and_standard_error(
+                [ge.tv_estimate(w_gen[g]) for g in known])
+    return out
+
+
 def prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
     return {f"{prefix}/{k}": v for k, v in metrics.items()}

@@ -9,8 +9,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from grpo_theory.estimators import mean_and_standard_error
-
 from llm.core import diagnostics as dg
 from llm.core.batch import Batch
 from llm.core.logprobs import TokenDists
@@ -108,19 +106,12 @@ def heldout_estimates(passes: Passes, policy: torch.nn.Module, heldout: Heldout,
     (``tv/token_*``, ``bound_est/trm_*``: ``llm.core.diagnostics.trm_estimates``). The certificate abstains (nan)
     unless ``certify`` (a declared reward range) and log alpha is the sampler's own."""
     new = passes.logprobs(policy, heldout.batch, keep_hidden=heldout.dists_k is not None)
-    logp_new = new.logp
     cm = heldout.batch.policy_mask
-    P, G = heldout.rewards.shape
-    log_w = lambda logp: dg.sequence_log_ratio(logp, heldout.logp_alpha, cm, P, G)  # noqa: E731
-    log_w_k = log_w(heldout.logp_k)
-    est = dg.bound_estimates(heldout.rewards, log_w_k, log_w(logp_new), eps, reward_range,
-                             standard_errors=True, lcb_level=lcb_level, lcb_method=lcb_method, lcb_cap=lcb_cap)
-    if not (certify and heldout.alpha_from_sampler):  # no level to claim: abstain
-        est.update({k: float("nan") for k in ("improvement_lcb", "improvement_e", "improvement_capped") if k in est})
+    est, log_w_k = dg.heldout_terms(heldout.rewards, heldout.logp_alpha, heldout.logp_k, new.logp, cm, eps,
+                                    reward_range, lcb_level=lcb_level, lcb_method=lcb_method, lcb_cap=lcb_cap,
+                                    certify=certify and heldout.alpha_from_sampler)
     if heldout.dists_k is not None:
         tv, kl = passes.token_divergences(heldout.dists_k, passes.dists(policy, new.hidden), cm)
-        est.update(dg.trm_estimates(tv, kl, cm, heldout.logp_k, logp_new, log_w_k, heldout.rewards, horizon,
+        est.update(dg.trm_estimates(tv, kl, cm, heldout.logp_k, new.logp, log_w_k, heldout.rewards, horizon,
                                     reward_range))
-    rewards = heldout.rewards.mean(axis=1)
-    est["reward"], est["reward_se"] = mean_and_standard_error(rewards)
     return dg.prefixed("heldout", est)

@@ -1,0 +1,496 @@
+"""This project's readings inside TRL 1.16's ``GRPOTrainer``: two lines in a TRL user's own script.
+
+    from llm.integrations.trl import watch
+    watch(trainer, reward_range=(0, 1), heldout_prompts=8)
+
+``watch`` takes a built ``GRPOTrainer`` and returns it. It observes and never trains: it reads the tensors TRL
+already computes and appends its readings to ``trainer._metrics["train"]`` before ``GRPOTrainer.log`` averages them,
+so they reach every tracker TRL reports to, under the names ``llm.train`` logs (``llm.integrations.readings``). How:
+
+- ``_generate_and_score_completions`` (wrapped): notes the optimiser step a generation was made at; with
+  ``heldout_prompts``, draws the held-out completions there from the same sampler (``HeldoutSampler``) under a forked
+  random state, so TRL's own streams are untouched;
+- ``_compute_loss`` (wrapped) with ``_get_per_token_logps_and_entropies`` (wrapped): keeps the policy's log-probs
+  that TRL's loss computes anyway, detached, with the micro-batch's sampler and old log-probs and masks;
+- ``_calculate_rewards`` (wrapped): reads the rewards against the declared range;
+- a ``TrainerCallback``'s ``on_step_end``, after each optimiser step and before TRL logs: the step's readings, and the
+  held-out forward of pi_{k+1}; ``on_train_end``: the per-lag table.
+
+The policy pi_theta and alpha are TRL's: softmax(logits / temperature) of the trainer's weights and the sampler's
+distribution, whose log-probs TRL's vLLM path reports (``sampling_per_token_logps``, processed) and which
+transformers' ``generate`` samples from the same weights. With top-k, top-p or min-p, TRL's trainer-side log-probs are
+the unfiltered softmax's, so pi_k/alpha would be off: the watcher then refuses in one line (docs/integrations.md).
+Nothing the watcher computes can stop the host: an error in it is one line, and the watcher stops observing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from llm.core import diagnostics as dg
+from llm.core.token_filter import filtered_log_softmax
+from llm.integrations.readings import (HeldoutSet, LagTable, MicroBatch, RangeWatch, WatchOptions, heldout_metrics,
+                                       sequence_log_weights, step_metrics, watch_options)
+from llm.sampling.hf_generate import TemperedLogprobs
+from llm.step.monitors import Warnings
+
+__all__ = ["watch", "TRLWatcher"]
+
+#: The attribute a watched trainer carries its watcher under (``trainer.offpolicy_watch.summary()``).
+ATTRIBUTE = "offpolicy_watch"
+
+
+def watch(trainer, **options):
+    """Attach this project's readings to a built TRL 1.16 ``GRPOTrainer`` and return it (module docstring; the options
+    are ``llm.integrations.readings.WatchOptions``). A wrong option, or a set-up the readings cannot serve, is one
+    line (``ValueError``/``TypeError``) here, before training."""
+    opts = watch_options(**options)
+    try:
+        from trl import GRPOTrainer
+    except ImportError as exc:
+        raise ImportError("watch: TRL is not installed (pip install trl==1.16.0)") from exc
+    if not isinstance(trainer, GRPOTrainer):
+        raise TypeError(f"watch: expected a built trl.GRPOTrainer, got {type(trainer).__name__}")
+    if getattr(trainer, ATTRIBUTE, None) is not None:
+        raise ValueError("watch: this trainer is already watched")
+    watcher = TRLWatcher(trainer, opts)
+    watcher.attach()
+    return trainer
+
+
+def _say(options: WatchOptions):
+    if options.log is not None:
+        return options.log
+    return lambda line: print(line, file=sys.stderr, flush=True)
+
+
+def token_filter_of(trainer):
+    """The sampler's truncation as ``llm.core.token_filter.TokenFilter`` (TRL's top_k None/0 and min_p None: off)."""
+    from llm.core.token_filter import TokenFilter
+
+    return TokenFilter(top_k=int(trainer.top_k or 0), top_p=float(1.0 if trainer.top_p is None else trainer.top_p),
+                       min_p=float(trainer.min_p or 0.0))
+
+
+class _Recorder(TemperedLogprobs):
+    """A logits processor for ``generate`` that records log alpha of each sampled token, the temperature and the
+    truncation applied to the scores it is handed (custom processors run before transformers' warpers, which then
+    sample from exactly that distribution), and returns the scores unchanged."""
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._collect(input_ids[:, -1])
+        self.prev = filtered_log_softmax(scores.float() / self.temperature, self.token_filter)
+        return scores
+
+
+class HeldoutSampler:
+    """Held-out completions from the host's own sampler: the rows, the prompts as TRL renders them, the sampler
+    (transformers' ``generate`` with TRL's generation config, or TRL's vLLM engine), the rewards by TRL's own
+    ``_calculate_rewards`` (its side buffers restored), the sampler's log alpha and the trainer's log pi."""
+
+    def __init__(self, trainer, options: WatchOptions, seed: int):
+        self.trainer, self.options = trainer, options
+        self.rng = np.random.default_rng([seed, 7211])  # the watcher's own stream: the host's is never drawn from
+        self.torch_seed = int(self.rng.integers(2**31))
+        self.draws = 0
+
+    def rows(self) -> list[dict]:
+        ds = self.trainer.train_dataset
+        idx = self.rng.choice(len(ds), size=self.options.heldout_prompts, replace=len(ds) < self.options.heldout_prompts)
+        return [dict(ds[int(i)]) for i in idx]
+
+    @contextlib.contextmanager
+    def _own_random_state(self):
+        """Every random stream the host draws from, restored afterwards; torch's seeded for this draw."""
+        t = self.trainer
+        devices = [t.accelerator.device] if t.accelerator.device.type == "cuda" else []
+        state_py, state_np = random.getstate(), np.random.get_state()
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.torch_seed + self.draws)
+            try:
+                yield
+            finally:
+                random.setstate(state_py)
+                np.random.set_state(state_np)
+        self.draws += 1
+
+    def draw(self, step: int, ranges: RangeWatch, say) -> HeldoutSet | None:
+        t = self.trainer
+        G = t.num_generations
+        rows = self.rows()
+        inputs = [dict(r) for r in rows for _ in range(G)]
+        prompts = [x["prompt"] for x in inputs]
+        with self._own_random_state():
+            prompt_ids, completion_ids, logprobs = self.sample(prompts)
+            completions = self.decode(prompts, prompt_ids, completion_ids)
+            per_func = self.rewards(inputs, prompts, completions, completion_ids)
+        totals = (per_func * t.reward_weights.to(per_func.device)).nansum(dim=1)
+        totals[torch.isnan(per_func).all(dim=1)] = torch.nan
+        rewards = totals.double().cpu().numpy().reshape(len(rows), G)
+        rewards, line = ranges.see(step, "held-out", rewards)
+        if line:
+            say(f"offpolicy-grpo watch: {line}")
+        keep = np.isfinite(rewards).all(axis=1)
+        if not keep.any():
+            return None
+        ids, attention, mask, logits_to_keep = self.tensors(prompt_ids, completion_ids)
+        logp_alpha = self.pad(logprobs, mask.shape[1]).to(mask.device)
+        logp_k = self.logprobs(ids, attention, logits_to_keep)
+        rows_kept = torch.from_numpy(np.repeat(keep, G)).to(mask.device)
+        take = lambda x: x[rows_kept]  # noqa: E731
+        return HeldoutSet(step, rewards[keep], take(ids), take(attention), take(mask).float(), take(logp_alpha),
+                          take(logp_k), alpha_from_sampler=True, dropped=int((~keep).sum()),
+                          extra={"logits_to_keep": logits_to_keep})
+
+    def sample(self, prompts: list):
+        """(prompt ids, completion ids (after the first EOS cut, EOS kept), the sampler's log alpha per token)."""
+        t = self.trainer
+        prompt_ids, images, multimodal = t._tokenize_prompts(prompts)
+        if images is not None or multimodal:
+            raise RuntimeError("held-out prompts with images are not supported")
+        if t.use_vllm:
+            _, completion_ids, logprobs, _ = t.vllm_generation.generate(
+                prompts=prompt_ids, images=None, num_generations=t.num_generations)
+            return prompt_ids, completion_ids, [[lp[0] for lp in seq] for seq in logprobs]
+        from trl.models import unwrap_model_for_generation
+        from trl.trainer.utils import pad
+
+        device = t.accelerator.device
+        tensors = [torch.tensor(ids) for ids in prompt_ids]
+        padded = pad(tensors, padding_value=t._tokenizer.pad_token_id, padding_side="left").to(device)
+        attention = pad([torch.ones_like(x) for x in tensors], padding_value=0, padding_side="left").to(device)
+        recorder = _Recorder(t.temperature, token_filter_of(t))
+        from transformers import LogitsProcessorList
+
+        with (unwrap_model_for_generation(t.model_wrapped, t.accelerator,
+                                          gather_deepspeed3_params=t.args.ds3_gather_for_generation,
+                                          generation_kwargs=t.generation_kwargs,
+                                          gradient_checkpointing_kwargs=t.args.gradient_checkpointing_kwargs) as model,
+              torch.no_grad()):
+            sequences = model.generate(input_ids=padded, attention_mask=attention, generation_config=t.generation_config,
+                                       logits_processor=LogitsProcessorList([recorder]))
+        logp = recorder.finish(sequences)
+        completion = sequences[:, padded.shape[1]:]
+        is_eos = torch.isin(completion, torch.tensor(t.eos_token_ids, device=completion.device))
+        ends = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), torch.full_like(is_eos[:, 0], completion.shape[1],
+                                                                                          dtype=torch.long))
+        completion_ids, logprobs = [], []
+        for row, end in enumerate(ends.tolist()):
+            n = min(end + 1, completion.shape[1])
+            completion_ids.append(completion[row, :n].tolist())
+            logprobs.append(logp[row, :n].tolist())
+        return prompt_ids, completion_ids, logprobs
+
+    def decode(self, prompts, prompt_ids, completion_ids):
+        """The completions as TRL's ``_generate`` hands them to reward functions."""
+        import transformers
+        from packaging.version import Version
+        from trl.data_utils import is_conversational
+
+        t = self.trainer
+        if is_conversational({"prompt": prompts[0]}):
+            tok = t._tokenizer
+            if Version(transformers.__version__) >= Version("5.0.0") and (
+                    getattr(tok, "response_template", None) is not None or getattr(tok, "response_schema", None)
+                    is not None):
+                from trl.chat_template_utils import parse_response
+
+                return [[parse_response(tok, ids, prefix=prompt_ids[i], tools=t.tools)]
+                        for i, ids in enumerate(completion_ids)]
+            texts = t.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+            return [[{"role": "assistant", "content": text}] for text in texts]
+        return t.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+
+    def rewards(self, inputs, prompts, completions, completion_ids) -> torch.Tensor:
+        """TRL's own ``_calculate_rewards`` (rewards per function, None as nan); what reward functions log through
+        ``log_metric`` and ``log_extra`` on these calls is dropped, so TRL's logs stay its own."""
+        t = self.trainer
+        saved = {name: {k: list(v) for k, v in getattr(t, name).items()}
+                 for name in ("_pending_extra_logs", "_pending_metrics")}
+        try:
+            return t._calculate_rewards(inputs, prompts, completions, completion_ids)
+        finally:
+            for name, content in saved.items():
+                getattr(t, name).clear()
+                getattr(t, name).update(content)
+
+    def tensors(self, prompt_ids, completion_ids):
+        """(input ids, attention mask, policy mask of the completion tokens, completion width) as TRL pads them."""
+        from trl.trainer.utils import pad
+
+        t = self.trainer
+        device = t.accelerator.device
+        p = [torch.tensor(ids) for ids in prompt_ids]
+        c = [torch.tensor(ids, dtype=torch.long) for ids in completion_ids]
+        pid = pad(p, padding_value=t._tokenizer.pad_token_id, padding_side="left").to(device)
+        pm = pad([torch.ones_like(x) for x in p], padding_value=0, padding_side="left").to(device)
+        cid = pad(c, padding_value=t._tokenizer.pad_token_id, padding_side="right").to(device)
+        cm = pad([torch.ones_like(x) for x in c], padding_value=0, padding_side="right").to(device)
+        return torch.cat([pid, cid], dim=1), torch.cat([pm, cm], dim=1), cm, cid.shape[1]
+
+    @staticmethod
+    def pad(rows, width: int) -> torch.Tensor:
+        out = torch.zeros(len(rows), width)
+        for i, r in enumerate(rows):
+            vals = [float("nan") if x is None else float(x) for x in r][:width]
+            out[i, :len(vals)] = torch.tensor(vals)
+        return out
+
+    def logprobs(self, ids, attention, logits_to_keep) -> torch.Tensor:
+        """log pi of the completion tokens at the trainer's current weights, by TRL's own forward, with no
+        gradient and the host's random streams untouched."""
+        from trl.models.utils import disable_gradient_checkpointing
+
+        t = self.trainer
+        devices = [t.accelerator.device] if t.accelerator.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), \
+                disable_gradient_checkpointing(t.model, t.args.gradient_checkpointing_kwargs):
+            logp, _, _ = t._get_per_token_logps_and_entropies(t.model, ids, attention, logits_to_keep,
+                                                              batch_size=t.args.per_device_train_batch_size)
+        return logp.detach().float()
+
+
+class TRLWatcher:
+    """The watcher of one ``GRPOTrainer`` (module docstring): ``attach`` wraps four of its methods and adds a callback;
+    ``summary`` is what the run's end prints and writes."""
+
+    def __init__(self, trainer, options: WatchOptions):
+        self.trainer, self.options = trainer, options
+        self.say = _say(options)
+        self.generation_step: int | None = None  # the optimiser step TRL's latest generation was made at
+        self.generation = 0
+        self.parts: list[MicroBatch] = []
+        self.table = LagTable()
+        self.ranges = RangeWatch(options.reward_range)
+        self.warnings = Warnings(self.sync_dtype())
+        self.heldout: HeldoutSet | None = None
+        seed = options.seed if options.seed is not None else int(trainer.args.seed)
+        self.sampler = HeldoutSampler(trainer, options, seed) if options.heldout_prompts else None
+        self.capturing = False
+        self.captured: torch.Tensor | None = None
+        self.in_heldout = False
+        self.stopped: str | None = None
+        self.steps = 0
+        self.refuse_setups()
+
+    # -- set-up ------------------------------------------------------------------------------------------------
+    def refuse_setups(self) -> None:
+        """What the readings cannot serve, refused in one line before training."""
+        t, o = self.trainer, self.options
+        if token_filter_of(t).active:
+            raise ValueError("watch: top_k, top_p or min_p is set: TRL's trainer-side log-probs are the unfiltered "
+                             "softmax's, so pi_k/alpha would not be the sampler's; watch a run without them "
+                             "(docs/integrations.md)")
+        if not getattr(getattr(t, "generation_config", None), "do_sample", True):
+            raise ValueError("watch: the generation is greedy (do_sample=False): alpha is a point mass, and no "
+                             "importance weight or TV is defined")
+        if o.heldout_prompts:
+            why = None
+            if t.environment_factories is not None or t.tools:
+                why = "tools and environments (their episodes would run your tools and move your environments' state)"
+            elif t.rollout_func is not None:
+                why = "a rollout_func"
+            elif t.accelerator.num_processes > 1:
+                why = "several processes"
+            elif not hasattr(t.train_dataset, "__len__") or len(t.train_dataset) == 0:
+                why = "an iterable or empty training dataset"
+            if why:
+                raise ValueError(f"watch: heldout_prompts with {why} is not supported; the in-sample readings "
+                                 "(heldout_prompts=0) are")
+
+    def sync_dtype(self) -> str:
+        """The sync check's rule: bfloat16's (twice the run's own rounding floor) when the trainer or the engine
+        computes in bfloat16 or float16, float32's otherwise."""
+        t, chosen = self.trainer, self.options.engine_dtype
+        if chosen == "auto":
+            chosen = "float32"
+            with contextlib.suppress(Exception):
+                if t.use_vllm and t.vllm_mode == "colocate":
+                    chosen = str(t.vllm_generation.llm.llm_engine.model_config.dtype).removeprefix("torch.")
+        trainer_half = bool(t.args.bf16 or t.args.fp16)
+        return "bfloat16" if trainer_half or chosen in ("bfloat16", "float16") else "float32"
+
+    def attach(self) -> None:
+        t = self.trainer
+        for name in ("_generate_and_score_completions", "_compute_loss", "_get_per_token_logps_and_entropies",
+                     "_calculate_rewards"):
+            original = getattr(t, name)
+            setattr(t, name, functools.wraps(original)(functools.partial(getattr(self, "_" + name.lstrip("_")),
+                                                                         original)))
+        from transformers import TrainerCallback
+
+        watcher = self
+
+        class _Step(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                watcher.guarded(watcher.end_step, state.global_step - 1)
+
+            def on_train_end(self, args, state, control, **kwargs):
+                watcher.guarded(watcher.end_train)
+
+        t.add_callback(_Step())
+        setattr(t, ATTRIBUTE, self)
+        what = ["lag", "tv/pi_k_alpha", "ess/pi_k_alpha"]
+        if t.use_vllm:
+            what += ["sampling/logp_diff_* at lag 0", "tv/staleness", "tv/engine_mismatch"]
+        if self.sampler:
+            what.append(f"heldout/* on {self.options.heldout_prompts} prompts x {t.num_generations} per generation")
+        rng = self.options.reward_range
+        self.say("offpolicy-grpo watch: logging " + ", ".join(what) + "; reward range "
+                 + (f"[{rng[0]:g}, {rng[1]:g}] (declared)" if rng else "not declared (the certificate abstains)"))
+
+    def guarded(self, fn, *args):
+        """Run an observation; an error in it is one line and ends the watching, never the host's training."""
+        if self.stopped:
+            return None
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 - the host must never pay for the observer
+            self.stopped = f"{type(exc).__name__}: {exc}"
+            self.say(f"offpolicy-grpo watch: stopped observing at step {self.trainer.state.global_step} ({self.stopped});"
+                     " training goes on unobserved")
+            return None
+
+    # -- wrapped methods -------------------------------------------------------------------------------------
+    def _generate_and_score_completions(self, original, inputs):
+        out = original(inputs)
+        if self.trainer.model.training and not self.stopped:
+            self.generation_step = self.trainer.state.global_step
+            self.generation += 1
+            if self.sampler is not None:
+                self.guarded(self.draw_heldout)
+        return out
+
+    def _get_per_token_logps_and_entropies(self, original, *args, **kwargs):
+        out = original(*args, **kwargs)
+        if self.capturing and self.captured is None:
+            self.captured = out[0].detach()
+        return out
+
+    def _compute_loss(self, original, model, inputs):
+        if not self.trainer.model.training or self.stopped:
+            return original(model, inputs)
+        self.capturing, self.captured = True, None
+        try:
+            loss = original(model, inputs)
+        finally:
+            self.capturing = False
+        self.guarded(self.record, inputs, self.captured)
+        self.captured = None
+        return loss
+
+    def _calculate_rewards(self, original, inputs, prompts, completions, completion_ids_list):
+        out = original(inputs, prompts, completions, completion_ids_list)
+        if self.trainer.model.training and not self.in_heldout and not self.stopped:
+            self.guarded(self.see_rewards, out)
+        return out
+
+    # -- observations ------------------------------------------------------------------------------------------
+    def see_rewards(self, per_func: torch.Tensor) -> None:
+        t = self.trainer
+        totals = (per_func * t.reward_weights.to(per_func.device)).nansum(dim=1)
+        totals[torch.isnan(per_func).all(dim=1)] = torch.nan
+        _, line = self.ranges.see(t.state.global_step, "training", totals.double().cpu().numpy())
+        if line:
+            self.say(f"offpolicy-grpo watch: {line}")
+
+    def labels(self, inputs) -> np.ndarray:
+        """Each completion's prompt label: its generation and its prompt's tokens (a prompt drawn twice in one
+        generation counts once: conservative for the standard errors)."""
+        ids, mask = inputs["prompt_ids"].cpu(), inputs["prompt_mask"].cpu().bool()
+        head = self.generation.to_bytes(8, "little", signed=False)
+        out = np.empty(ids.shape[0], dtype=np.int64)
+        for i in range(ids.shape[0]):
+            digest = hashlib.blake2b(head + ids[i][mask[i]].numpy().astype(np.int64).tobytes(), digest_size=8)
+            out[i] = int.from_bytes(digest.digest(), "little", signed=True)
+        return out
+
+    def record(self, inputs, logp_k: torch.Tensor | None) -> None:
+        """A micro-batch's completions: log pi_k (TRL's loss forward), log alpha (the engine's when reported, else
+        the trainer's at the sampler's weights, else pi_k's own at lag 0), the policy mask."""
+        if logp_k is None:
+            raise RuntimeError("TRL's loss computed no log-probabilities to read")
+        t = self.trainer
+        lag = t.state.global_step - (self.generation_step if self.generation_step is not None else t.state.global_step)
+        mask = inputs["completion_mask"].float()
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"].float()
+        sampler, old = inputs.get("sampling_per_token_logps"), inputs.get("old_per_token_logps")
+        alpha = sampler if sampler is not None else old if old is not None else logp_k
+        if sampler is None and old is None and lag > 0:
+            raise RuntimeError(f"lag {lag} without the sampler's or TRL's old log-probabilities")
+        keep = mask.sum(dim=1) > 0  # a completion masked whole (mask_truncated_completions) is not trained on
+        log_w_k = sequence_log_weights(logp_k, torch.nan_to_num(alpha.float(), nan=0.0), mask)[keep.cpu().numpy()]
+        log_w_gen = gap = None
+        if sampler is not None:
+            gen = old if old is not None else (logp_k if lag == 0 else None)
+            if gen is not None:
+                log_w_gen = sequence_log_weights(gen, torch.nan_to_num(sampler.float(), nan=0.0), mask)
+                log_w_gen = log_w_gen[keep.cpu().numpy()]
+                if lag == 0:
+                    gap = (sampler.detach().float().cpu(), gen.detach().float().cpu(), mask.cpu())
+        n = int(keep.sum())
+        self.parts.append(MicroBatch(np.full(n, lag), self.labels(inputs)[keep.cpu().numpy()], log_w_k, log_w_gen, gap))
+
+    def draw_heldout(self) -> None:
+        self.in_heldout = True
+        try:
+            self.heldout = self.sampler.draw(self.trainer.state.global_step, self.ranges, self.say)
+        finally:
+            self.in_heldout = False
+
+    def end_step(self, step: int) -> None:
+        """Step k's readings into TRL's metrics, before TRL logs them."""
+        parts, self.parts = self.parts, []
+        if not parts:
+            return
+        row, by_lag = step_metrics(parts)
+        self.table.add(by_lag)
+        if self.heldout is not None:
+            held = self.heldout
+            logp_new = self.sampler.logprobs(held.input_ids, held.attention_mask, held.extra["logits_to_keep"])
+            row.update(heldout_metrics(held, logp_new, self.options, self.ranges))
+            held.logp_k = logp_new  # pi_{k+1} is the next step's pi_k
+            self.ranges.record(step, row.get("heldout/improvement_lcb", math.nan))
+            row["heldout/lag"] = float(step - held.step)
+        if self.ranges.void_step is not None:
+            row["bound/certificates_void"] = 1.0
+        row["bound/range_declared"] = float(self.ranges.declared is not None)
+        self.warnings.see({"step": step, **row}, synced=bool(row.get("lag", 1) == 0 and "sampling/logp_diff_max" in row),
+                          write=lambda line: self.say(f"offpolicy-grpo watch: {line}"))
+        sink = self.trainer._metrics["train"]
+        for key, value in row.items():
+            sink[key].append(float(value))
+        self.steps += 1
+
+    def summary(self) -> dict:
+        """The run's readings: the per-lag table (``LagTable``), the certificates under the declared range, and
+        whether the watcher stopped (why)."""
+        return {"steps": self.steps, "per_lag": self.table.rows(), "certificates": self.ranges.summary(),
+                "stopped": self.stopped}
+
+    def end_train(self) -> None:
+        s = self.summary()
+        self.say("offpolicy-grpo watch: readings by lag\n" + self.table.markdown())
+        c = s["certificates"]
+        if self.sampler is not None:
+            self.say(f"offpolicy-grpo watch: certificates: {c['steps_certified']} of {c['steps_logged']} steps "
+                     f"certified" + (f"; void from step {c['void_from_step']}" if c["void_from_step"] is not None
+                                     else "") + ("" if c["declared"] else " (no declared range: abstained)"))
+        if self.options.summary_file:
+            path = Path(self.options.summary_file)
+            if not path.is_absolute():
+                path = Path(self.trainer.args.output_dir) / path
+            if self.trainer.accelerator.is_main_process:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(s, indent=1, default=float))

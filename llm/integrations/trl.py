@@ -10,15 +10,21 @@ so they reach every tracker TRL reports to, under the names ``llm.train`` logs (
 - ``_generate_and_score_completions`` (wrapped): notes the optimiser step a generation was made at; with
   ``heldout_prompts``, draws the held-out completions there from the same sampler (``HeldoutSampler``) under a forked
   random state, so TRL's own streams are untouched;
+- ``_generate_single_turn`` (wrapped; transformers' ``generate`` without tools): one more logits processor that
+  records the sampler's own log-probs and leaves the scores, hence the draws, as they were; with vLLM, TRL's
+  ``sampling_per_token_logps`` are the engine's own;
 - ``_compute_loss`` (wrapped) with ``_get_per_token_logps_and_entropies`` (wrapped): keeps the policy's log-probs
   that TRL's loss computes anyway, detached, with the micro-batch's sampler and old log-probs and masks;
 - ``_calculate_rewards`` (wrapped): reads the rewards against the declared range;
 - a ``TrainerCallback``'s ``on_step_end``, after each optimiser step and before TRL logs: the step's readings, and the
   held-out forward of pi_{k+1}; ``on_train_end``: the per-lag table.
 
-The policy pi_theta and alpha are TRL's: softmax(logits / temperature) of the trainer's weights and the sampler's
-distribution, whose log-probs TRL's vLLM path reports (``sampling_per_token_logps``, processed) and which
-transformers' ``generate`` samples from the same weights. With top-k, top-p or min-p, TRL's trainer-side log-probs are
+The policy pi_theta and alpha are TRL's: softmax(logits / temperature) of the trainer's weights as TRL's loss computes
+it (under its autocast: ``bf16=True``, TRL's default, computes the trainer's forward in bfloat16), and the sampler's
+distribution, whose log-probs vLLM reports (``sampling_per_token_logps``, processed) and transformers' ``generate``
+has recorded (in the model's own dtype, outside the autocast). Where neither exists (continuous batching, tool
+episodes), alpha's log-probs are TRL's own forward of the sampler's weights (``old_per_token_logps``), which leaves
+out the engine's mismatch. With top-k, top-p or min-p, TRL's trainer-side log-probs are
 the unfiltered softmax's, so pi_k/alpha would be off: the watcher then refuses in one line (docs/integrations.md).
 Nothing the watcher computes can stop the host: an error in it is one line, and the watcher stops observing.
 """
@@ -37,7 +43,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from llm.core import diagnostics as dg
+from transformers import LogitsProcessorList
+
 from llm.core.token_filter import filtered_log_softmax
 from llm.integrations.readings import (HeldoutSet, LagTable, MicroBatch, RangeWatch, WatchOptions, heldout_metrics,
                                        sequence_log_weights, step_metrics, watch_options)
@@ -91,6 +98,10 @@ class _Recorder(TemperedLogprobs):
         self._collect(input_ids[:, -1])
         self.prev = filtered_log_softmax(scores.float() / self.temperature, self.token_filter)
         return scores
+
+
+def _row_key(prompt, completion) -> bytes:
+    return np.asarray(list(prompt), np.int64).tobytes() + b"|" + np.asarray(list(completion), np.int64).tobytes()
 
 
 class HeldoutSampler:
@@ -170,8 +181,6 @@ class HeldoutSampler:
         padded = pad(tensors, padding_value=t._tokenizer.pad_token_id, padding_side="left").to(device)
         attention = pad([torch.ones_like(x) for x in tensors], padding_value=0, padding_side="left").to(device)
         recorder = _Recorder(t.temperature, token_filter_of(t))
-        from transformers import LogitsProcessorList
-
         with (unwrap_model_for_generation(t.model_wrapped, t.accelerator,
                                           gather_deepspeed3_params=t.args.ds3_gather_for_generation,
                                           generation_kwargs=t.generation_kwargs,
@@ -276,6 +285,7 @@ class TRLWatcher:
         self.heldout: HeldoutSet | None = None
         seed = options.seed if options.seed is not None else int(trainer.args.seed)
         self.sampler = HeldoutSampler(trainer, options, seed) if options.heldout_prompts else None
+        self.sampled: dict[bytes, torch.Tensor] = {}  # the transformers sampler's log alpha, by prompt and completion
         self.capturing = False
         self.captured: torch.Tensor | None = None
         self.in_heldout = False
@@ -322,8 +332,8 @@ class TRLWatcher:
 
     def attach(self) -> None:
         t = self.trainer
-        for name in ("_generate_and_score_completions", "_compute_loss", "_get_per_token_logps_and_entropies",
-                     "_calculate_rewards"):
+        for name in ("_generate_and_score_completions", "_generate_single_turn", "_compute_loss",
+                     "_get_per_token_logps_and_entropies", "_calculate_rewards"):
             original = getattr(t, name)
             setattr(t, name, functools.wraps(original)(functools.partial(getattr(self, "_" + name.lstrip("_")),
                                                                          original)))
@@ -341,7 +351,7 @@ class TRLWatcher:
         t.add_callback(_Step())
         setattr(t, ATTRIBUTE, self)
         what = ["lag", "tv/pi_k_alpha", "ess/pi_k_alpha"]
-        if t.use_vllm:
+        if t.use_vllm or not (t.use_transformers_continuous_batching or t.tools):  # the sampler's own log-probs
             what += ["sampling/logp_diff_* at lag 0", "tv/staleness", "tv/engine_mismatch"]
         if self.sampler:
             what.append(f"heldout/* on {self.options.heldout_prompts} prompts x {t.num_generations} per generation")
@@ -363,6 +373,8 @@ class TRLWatcher:
 
     # -- wrapped methods -------------------------------------------------------------------------------------
     def _generate_and_score_completions(self, original, inputs):
+        if self.trainer.model.training:
+            self.sampled = {}  # TRL keeps one generation's batch: the last one's log-probs are all that is asked for
         out = original(inputs)
         if self.trainer.model.training and not self.stopped:
             self.generation_step = self.trainer.state.global_step
@@ -370,6 +382,37 @@ class TRLWatcher:
             if self.sampler is not None:
                 self.guarded(self.draw_heldout)
         return out
+
+    def _generate_single_turn(self, original, prompt_ids, *args, **kwargs):
+        """TRL's transformers ``generate`` with a recording logits processor beside its own (``_Recorder``: the scores
+        and the draws unchanged), so that alpha's log-probs are the sampler's own, as vLLM reports them; vLLM,
+        continuous batching and tool episodes (whose turns TRL re-assembles) keep TRL's path untouched."""
+        t = self.trainer
+        if (t.use_vllm or t.use_transformers_continuous_batching or t.tools or self.stopped
+                or not t.model.training):
+            return original(prompt_ids, *args, **kwargs)
+        model = t.accelerator.unwrap_model(t.model_wrapped)
+        recorder, seen = _Recorder(t.temperature, token_filter_of(t)), {}
+        generate = model.generate
+
+        def recording(*a, **kw):
+            processors = kw.get("logits_processor")
+            kw["logits_processor"] = LogitsProcessorList([*(processors or []), recorder])
+            seen["sequences"] = generate(*a, **kw)
+            return seen["sequences"]
+
+        model.generate = recording
+        try:
+            completion_ids, logprobs = original(prompt_ids, *args, **kwargs)
+        finally:
+            del model.generate  # the class's own again
+        if "sequences" in seen:
+            self.guarded(self.keep_sampled, prompt_ids, completion_ids, recorder.finish(seen["sequences"]))
+        return completion_ids, logprobs
+
+    def keep_sampled(self, prompt_ids, completion_ids, logp: torch.Tensor) -> None:
+        for row, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+            self.sampled[_row_key(p, c)] = logp[row, :len(c)].detach().float().cpu()
 
     def _get_per_token_logps_and_entropies(self, original, *args, **kwargs):
         out = original(*args, **kwargs)
@@ -426,6 +469,8 @@ class TRLWatcher:
         if "tool_mask" in inputs:
             mask = mask * inputs["tool_mask"].float()
         sampler, old = inputs.get("sampling_per_token_logps"), inputs.get("old_per_token_logps")
+        if sampler is None and self.sampled:
+            sampler = self.recorded(inputs)
         alpha = sampler if sampler is not None else old if old is not None else logp_k
         if sampler is None and old is None and lag > 0:
             raise RuntimeError(f"lag {lag} without the sampler's or TRL's old log-probabilities")
@@ -441,6 +486,20 @@ class TRLWatcher:
                     gap = (sampler.detach().float().cpu(), gen.detach().float().cpu(), mask.cpu())
         n = int(keep.sum())
         self.parts.append(MicroBatch(np.full(n, lag), self.labels(inputs)[keep.cpu().numpy()], log_w_k, log_w_gen, gap))
+
+    def recorded(self, inputs) -> torch.Tensor | None:
+        """The sampler's log alpha of a micro-batch's completions, recorded at generation (``_generate_single_turn``),
+        as a (B, T) tensor; None if a row was not recorded."""
+        ids, lengths = inputs["completion_ids"].cpu(), inputs["completion_mask"].sum(dim=1).cpu()
+        prompts, pmask = inputs["prompt_ids"].cpu(), inputs["prompt_mask"].cpu().bool()
+        out = torch.zeros(ids.shape, dtype=torch.float32)
+        for i in range(ids.shape[0]):
+            n = int(lengths[i])
+            logp = self.sampled.get(_row_key(prompts[i][pmask[i]].tolist(), ids[i, :n].tolist()))
+            if logp is None:
+                return None
+            out[i, :n] = logp[:n]
+        return out.to(inputs["completion_ids"].device)
 
     def draw_heldout(self) -> None:
         self.in_heldout = True

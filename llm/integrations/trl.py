@@ -511,6 +511,10 @@ class TRLWatcher:
     def end_step(self, step: int) -> None:
         """Step k's readings into TRL's metrics, before TRL logs them."""
         parts, self.parts = self.parts, []
+        if self.trainer.accelerator.num_processes > 1:  # every rank's completions: labels are content hashes
+            from accelerate.utils import gather_object
+
+            parts = gather_object(parts)
         if not parts:
             return
         row, by_lag = step_metrics(parts)

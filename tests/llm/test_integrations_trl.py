@@ -8,7 +8,6 @@ import copy
 import json
 import math
 import warnings
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,15 +23,10 @@ from llm.integrations import readings as rd  # noqa: E402
 from llm.integrations.trl import TRLWatcher, watch  # noqa: E402
 from llm.models.model import load_tokenizer  # noqa: E402
 from llm.models.tiny import agent_model_dir, tiny_model_dir  # noqa: E402
-from llm.tasks import arithmetic_task  # noqa: E402
+from tests.llm.trl_harness import TASK, DeltaEngine, EngineTrainer, exact_reward  # noqa: E402
 
 #: TRL's keys that are wall-clock, not a function of the seed.
 CLOCK_KEYS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
-TASK = arithmetic_task()
-
-
-def exact_reward(completions, answer, **kwargs):
-    return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
 
 
 class Logs(TrainerCallback):
@@ -386,72 +380,6 @@ def test_with_tools_only_the_policys_tokens_enter_the_readings(tmp_path):
 # ---- an engine that never received the weights ----------------------------------------------------------------
 
 
-class EngineTrainer(trl.GRPOTrainer):
-    """TRL's vLLM path with a stand-in engine: the model loaded again in ``engine_dtype`` (as vLLM loads it from the
-    model's directory) that samples with ``generate`` and reports its own log-probs of what it sampled; TRL then
-    computes old_per_token_logps and its importance-sampling ratio exactly as with vLLM. TRL's sync, at each
-    generation of a new step, writes the trainer's weights into it: rounded to its dtype (``sync = "rounded"``, as
-    TRL's colocate sync does), or as the change since the last sync added in the engine's dtype (``"delta"``), where
-    every change below half the dtype's spacing of a weight rounds away."""
-
-    engine_dtype = torch.bfloat16
-    sync = "rounded"
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.use_vllm, self.vllm_importance_sampling_correction = True, True
-        self.engine = AutoModelForCausalLM.from_pretrained(self.model.name_or_path, dtype=self.engine_dtype).eval()
-        # where the watcher reads a colocated engine's dtype (``engine_dtype="auto"``)
-        self.vllm_mode = "colocate"
-        self.vllm_generation = SimpleNamespace(llm=SimpleNamespace(llm_engine=SimpleNamespace(
-            model_config=SimpleNamespace(dtype=self.engine_dtype))))
-        self.sent = [p.detach().clone() for p in self.model.parameters()]
-        self._last_loaded_step = -1
-
-    def sync_engine(self):
-        with torch.no_grad():
-            for mine, theirs, sent in zip(self.engine.parameters(), self.model.parameters(), self.sent):
-                if self.sync == "rounded":
-                    mine.copy_(theirs.to(self.engine_dtype))
-                else:
-                    mine.add_((theirs - sent).to(self.engine_dtype))
-                sent.copy_(theirs)
-
-    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        from llm.integrations.trl import _Recorder, token_filter_of
-        from trl.trainer.utils import pad
-
-        if self.state.global_step != self._last_loaded_step:  # TRL's sync, at the first generation of a step
-            self.sync_engine()
-            self._last_loaded_step = self.state.global_step
-        tensors = [torch.tensor(ids) for ids in prompt_ids]
-        ids = pad(tensors, padding_value=self._tokenizer.pad_token_id, padding_side="left")
-        attention = pad([torch.ones_like(x) for x in tensors], padding_value=0, padding_side="left")
-        recorder = _Recorder(self.temperature, token_filter_of(self))
-        from transformers import LogitsProcessorList
-
-        with torch.no_grad():
-            out = self.engine.generate(input_ids=ids, attention_mask=attention, generation_config=self.generation_config,
-                                       logits_processor=LogitsProcessorList([recorder]))
-        logp = recorder.finish(out)
-        completion = out[:, ids.shape[1]:]
-        completion_ids, logprobs = [], []
-        for row in range(completion.shape[0]):
-            ends = (completion[row] == self.eos_token_ids[0]).nonzero()
-            n = int(ends[0]) + 1 if len(ends) else completion.shape[1]
-            completion_ids.append(completion[row, :n].tolist())
-            logprobs.append([[x] for x in logp[row, :n].tolist()])
-        return completion_ids, [[lp[0] for lp in seq] for seq in logprobs]
-
-
-class Fp32Engine(EngineTrainer):
-    engine_dtype = torch.float32
-
-
-class DeltaEngine(EngineTrainer):
-    sync = "delta"
-
-
 def test_the_sync_check_flags_a_bf16_engine_whose_weights_never_change_beside_an_fp32_trainer(tmp_path):
     """martingale's first real run: a float32 trainer beside a bfloat16 engine whose policy never moved, because the
     trainer's small updates were lost to bf16's spacing. Here the engine receives each sync as the change since the
@@ -474,3 +402,24 @@ def test_the_sync_check_flags_a_bf16_engine_whose_weights_never_change_beside_an
     assert not any("may hold stale weights" in line for line in fine.lines)
     assert max(r["sampling/logp_diff_mean"] for r in step_rows(fine_logs)) < 2 * rows[0]["sampling/logp_diff_mean"]
     assert faulty.offpolicy_watch.warnings.check.metric == "sampling/logp_diff_mean"  # the engine's bf16: bf16's rule
+
+
+def test_a_lora_run_is_watched_and_trains_as_without(tmp_path):
+    """TRL with a LoRA adapter (peft_config): the sampler's log-probs are recorded through the PEFT model's generate,
+    TRL's logs are the same with and without the watcher, and the stale steps read a TV above the lag-0 floor."""
+    from peft import LoraConfig
+
+    def lora():
+        return dict(peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+
+    plain, plain_logs = trainer(tmp_path / "a", steps=4, num_iterations=2, learning_rate=1e-2, trainer_kwargs=lora())
+    plain.train()
+    t, logs = trainer(tmp_path / "b", dict(reward_range=(0, 1), heldout_prompts=4), steps=4, num_iterations=2,
+                      learning_rate=1e-2, trainer_kwargs=lora())
+    t.train()
+    assert [trl_part(r) for r in logs.rows] == [trl_part(r) for r in plain_logs.rows]
+    rows = step_rows(logs)
+    assert [r["lag"] for r in rows] == [0, 1, 0, 1]
+    assert all(r["sampling/logp_diff_max"] < 1e-4 for r in rows if r["lag"] == 0)
+    assert max(r["tv/pi_k_alpha"] for r in rows if r["lag"] == 1) > 1e-3
+    assert all(math.isfinite(r["heldout/improvement_lcb"]) for r in rows)

@@ -11,6 +11,7 @@ lag (docs/integrations.md).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import tyro
@@ -29,13 +30,16 @@ class Args:
     num_iterations: int = 2
     learning_rate: float = 3e-4
     heldout_prompts: int = 8
+    bf16: bool | None = None
+    """TRL's bf16 (autocast of the trainer's forward); None: TRL's default (True)."""
     output_dir: str = "runs/trl_watch"
 
 
 def reward(completions, answer, **kwargs):
-    """1 for the exact answer (the first line of the completion, stripped), else 0: rewards in [0, 1]."""
+    """1 when the completion's last number is the answer, else 0: rewards in [0, 1]."""
     texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
-    return [1.0 if t.strip().split("\n")[0].strip() == a else 0.0 for t, a in zip(texts, answer)]
+    last = [re.findall(r"-?\d+", t) for t in texts]
+    return [1.0 if n and n[-1] == a else 0.0 for n, a in zip(last, answer)]
 
 
 def main(args: Args) -> None:
@@ -53,8 +57,9 @@ def main(args: Args) -> None:
     config = GRPOConfig(output_dir=args.output_dir, max_steps=args.max_steps, learning_rate=args.learning_rate,
                         num_generations=8, per_device_train_batch_size=32,
                         steps_per_generation=args.steps_per_generation, num_iterations=args.num_iterations,
-                        max_completion_length=8 if not args.model else 16, beta=0.0, logging_steps=1,
-                        report_to="none", save_strategy="no", use_cpu=True, seed=0)
+                        max_completion_length=8 if not args.model else 24, beta=0.0, logging_steps=1,
+                        report_to="none", save_strategy="no", use_cpu=True, seed=0,
+                        **({} if args.bf16 is None else {"bf16": args.bf16}))
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset)
     watch(trainer, reward_range=(0, 1), heldout_prompts=args.heldout_prompts)  # (2) the readings, into TRL's logs
     trainer.train()

@@ -32,13 +32,8 @@ Nothing the watcher computes can stop the host: an error in it is one line, and 
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
-import json
-import math
 import random
-import sys
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -46,39 +41,37 @@ import torch
 from transformers import LogitsProcessorList
 
 from llm.core.token_filter import filtered_log_softmax
-from llm.integrations.readings import (HeldoutSet, LagTable, MicroBatch, RangeWatch, WatchOptions, heldout_metrics,
-                                       sequence_log_weights, step_metrics, watch_options)
+from llm.integrations.readings import (HeldoutSet, MicroBatch, RangeWatch, WatchOptions, sequence_log_weights,
+                                       watch_options)
+from llm.integrations.watcher import ATTRIBUTE, PREFIX, Watcher
 from llm.sampling.hf_generate import TemperedLogprobs
-from llm.step.monitors import Warnings
 
 __all__ = ["watch", "TRLWatcher"]
 
-#: The attribute a watched trainer carries its watcher under (``trainer.offpolicy_watch.summary()``).
-ATTRIBUTE = "offpolicy_watch"
-
-
 def watch(trainer, **options):
-    """Attach this project's readings to a built TRL 1.16 ``GRPOTrainer`` and return it (module docstring; the options
-    are ``llm.integrations.readings.WatchOptions``). A wrong option, or a set-up the readings cannot serve, is one
+    """Attach this project's readings to a built TRL 1.16 ``GRPOTrainer`` (or ``AsyncGRPOTrainer``:
+    ``llm.integrations.async_grpo``) and return it (module docstring; the options are
+    ``llm.integrations.readings.WatchOptions``). A wrong option, or a set-up the readings cannot serve, is one
     line (``ValueError``/``TypeError``) here, before training."""
     opts = watch_options(**options)
     try:
         from trl import GRPOTrainer
     except ImportError as exc:
         raise ImportError("watch: TRL is not installed (pip install trl==1.16.0)") from exc
-    if not isinstance(trainer, GRPOTrainer):
-        raise TypeError(f"watch: expected a built trl.GRPOTrainer, got {type(trainer).__name__}")
+    asynchronous = any(c.__name__ == "AsyncGRPOTrainer" and c.__module__.startswith("trl.experimental.async_grpo")
+                       for c in type(trainer).__mro__)
+    if not (asynchronous or isinstance(trainer, GRPOTrainer)):
+        raise TypeError(f"watch: expected a built trl.GRPOTrainer or AsyncGRPOTrainer, got {type(trainer).__name__}")
     if getattr(trainer, ATTRIBUTE, None) is not None:
         raise ValueError("watch: this trainer is already watched")
-    watcher = TRLWatcher(trainer, opts)
+    if asynchronous:
+        from llm.integrations.async_grpo import AsyncWatcher
+
+        watcher = AsyncWatcher(trainer, opts)
+    else:
+        watcher = TRLWatcher(trainer, opts)
     watcher.attach()
     return trainer
-
-
-def _say(options: WatchOptions):
-    if options.log is not None:
-        return options.log
-    return lambda line: print(line, file=sys.stderr, flush=True)
 
 
 def token_filter_of(trainer):
@@ -150,7 +143,7 @@ class HeldoutSampler:
         rewards = totals.double().cpu().numpy().reshape(len(rows), G)
         rewards, line = ranges.see(step, "held-out", rewards)
         if line:
-            say(f"offpolicy-grpo watch: {line}")
+            say(PREFIX + line)
         keep = np.isfinite(rewards).all(axis=1)
         if not keep.any():
             return None
@@ -269,19 +262,15 @@ class HeldoutSampler:
         return logp.detach().float()
 
 
-class TRLWatcher:
-    """The watcher of one ``GRPOTrainer`` (module docstring): ``attach`` wraps four of its methods and adds a callback;
-    ``summary`` is what the run's end prints and writes."""
+class TRLWatcher(Watcher):
+    """The watcher of one ``GRPOTrainer`` (module docstring): ``attach`` wraps five of its methods and adds a
+    callback; ``summary`` is what the run's end prints and writes."""
 
     def __init__(self, trainer, options: WatchOptions):
         self.trainer, self.options = trainer, options
-        self.say = _say(options)
+        super().__init__(trainer, options, self.sync_dtype())
         self.generation_step: int | None = None  # the optimiser step TRL's latest generation was made at
         self.generation = 0
-        self.parts: list[MicroBatch] = []
-        self.table = LagTable()
-        self.ranges = RangeWatch(options.reward_range)
-        self.warnings = Warnings(self.sync_dtype())
         self.heldout: HeldoutSet | None = None
         seed = options.seed if options.seed is not None else int(trainer.args.seed)
         self.sampler = HeldoutSampler(trainer, options, seed) if options.heldout_prompts else None
@@ -289,8 +278,6 @@ class TRLWatcher:
         self.capturing = False
         self.captured: torch.Tensor | None = None
         self.in_heldout = False
-        self.stopped: str | None = None
-        self.steps = 0
         self.refuse_setups()
 
     # -- set-up ------------------------------------------------------------------------------------------------
@@ -332,44 +319,14 @@ class TRLWatcher:
 
     def attach(self) -> None:
         t = self.trainer
-        for name in ("_generate_and_score_completions", "_generate_single_turn", "_compute_loss",
-                     "_get_per_token_logps_and_entropies", "_calculate_rewards"):
-            original = getattr(t, name)
-            setattr(t, name, functools.wraps(original)(functools.partial(getattr(self, "_" + name.lstrip("_")),
-                                                                         original)))
-        from transformers import TrainerCallback
-
-        watcher = self
-
-        class _Step(TrainerCallback):
-            def on_step_end(self, args, state, control, **kwargs):
-                watcher.guarded(watcher.end_step, state.global_step - 1)
-
-            def on_train_end(self, args, state, control, **kwargs):
-                watcher.guarded(watcher.end_train)
-
-        t.add_callback(_Step())
-        setattr(t, ATTRIBUTE, self)
+        self.wrap("_generate_and_score_completions", "_generate_single_turn", "_compute_loss",
+                  "_get_per_token_logps_and_entropies", "_calculate_rewards")
         what = ["lag", "tv/pi_k_alpha", "ess/pi_k_alpha"]
         if t.use_vllm or not (t.use_transformers_continuous_batching or t.tools):  # the sampler's own log-probs
             what += ["sampling/logp_diff_* at lag 0", "tv/staleness", "tv/engine_mismatch"]
         if self.sampler:
             what.append(f"heldout/* on {self.options.heldout_prompts} prompts x {t.num_generations} per generation")
-        rng = self.options.reward_range
-        self.say("offpolicy-grpo watch: logging " + ", ".join(what) + "; reward range "
-                 + (f"[{rng[0]:g}, {rng[1]:g}] (declared)" if rng else "not declared (the certificate abstains)"))
-
-    def guarded(self, fn, *args):
-        """Run an observation; an error in it is one line and ends the watching, never the host's training."""
-        if self.stopped:
-            return None
-        try:
-            return fn(*args)
-        except Exception as exc:  # noqa: BLE001 - the host must never pay for the observer
-            self.stopped = f"{type(exc).__name__}: {exc}"
-            self.say(f"offpolicy-grpo watch: stopped observing at step {self.trainer.state.global_step} ({self.stopped});"
-                     " training goes on unobserved")
-            return None
+        super().attach(what)
 
     # -- wrapped methods -------------------------------------------------------------------------------------
     def _generate_and_score_completions(self, original, inputs):
@@ -445,7 +402,7 @@ class TRLWatcher:
         totals[torch.isnan(per_func).all(dim=1)] = torch.nan
         _, line = self.ranges.see(t.state.global_step, "training", totals.double().cpu().numpy())
         if line:
-            self.say(f"offpolicy-grpo watch: {line}")
+            self.say(PREFIX + line)
 
     def labels(self, inputs) -> np.ndarray:
         """Each completion's prompt label: its generation and its prompt's tokens (a prompt drawn twice in one
@@ -507,53 +464,3 @@ class TRLWatcher:
             self.heldout = self.sampler.draw(self.trainer.state.global_step, self.ranges, self.say)
         finally:
             self.in_heldout = False
-
-    def end_step(self, step: int) -> None:
-        """Step k's readings into TRL's metrics, before TRL logs them."""
-        parts, self.parts = self.parts, []
-        if self.trainer.accelerator.num_processes > 1:  # every rank's completions: labels are content hashes
-            from accelerate.utils import gather_object
-
-            parts = gather_object(parts)
-        if not parts:
-            return
-        row, by_lag = step_metrics(parts)
-        self.table.add(by_lag)
-        if self.heldout is not None:
-            held = self.heldout
-            logp_new = self.sampler.logprobs(held.input_ids, held.attention_mask, held.extra["logits_to_keep"])
-            row.update(heldout_metrics(held, logp_new, self.options, self.ranges))
-            held.logp_k = logp_new  # pi_{k+1} is the next step's pi_k
-            self.ranges.record(step, row.get("heldout/improvement_lcb", math.nan))
-            row["heldout/lag"] = float(step - held.step)
-        if self.ranges.void_step is not None:
-            row["bound/certificates_void"] = 1.0
-        row["bound/range_declared"] = float(self.ranges.declared is not None)
-        self.warnings.see({"step": step, **row}, synced=bool(row.get("lag", 1) == 0 and "sampling/logp_diff_max" in row),
-                          write=lambda line: self.say(f"offpolicy-grpo watch: {line}"))
-        sink = self.trainer._metrics["train"]
-        for key, value in row.items():
-            sink[key].append(float(value))
-        self.steps += 1
-
-    def summary(self) -> dict:
-        """The run's readings: the per-lag table (``LagTable``), the certificates under the declared range, and
-        whether the watcher stopped (why)."""
-        return {"steps": self.steps, "per_lag": self.table.rows(), "certificates": self.ranges.summary(),
-                "stopped": self.stopped}
-
-    def end_train(self) -> None:
-        s = self.summary()
-        self.say("offpolicy-grpo watch: readings by lag\n" + self.table.markdown())
-        c = s["certificates"]
-        if self.sampler is not None:
-            self.say(f"offpolicy-grpo watch: certificates: {c['steps_certified']} of {c['steps_logged']} steps "
-                     f"certified" + (f"; void from step {c['void_from_step']}" if c["void_from_step"] is not None
-                                     else "") + ("" if c["declared"] else " (no declared range: abstained)"))
-        if self.options.summary_file:
-            path = Path(self.options.summary_file)
-            if not path.is_absolute():
-                path = Path(self.trainer.args.output_dir) / path
-            if self.trainer.accelerator.is_main_process:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps(s, indent=1, default=float))

@@ -306,7 +306,7 @@ def test_a_wrong_option_or_setup_is_one_line_before_training(tmp_path, options, 
 
 
 def test_watch_refuses_what_is_not_a_trainer_and_a_second_watch(tmp_path):
-    with pytest.raises(TypeError, match="expected a built trl.GRPOTrainer"):
+    with pytest.raises(TypeError, match="expected a built trl.GRPOTrainer or AsyncGRPOTrainer"):
         watch(object())
     t, _ = trainer(tmp_path, dict(), steps=1)
     with pytest.raises(ValueError, match="already watched"):
@@ -314,7 +314,7 @@ def test_watch_refuses_what_is_not_a_trainer_and_a_second_watch(tmp_path):
 
 
 def test_an_error_inside_the_watcher_is_one_line_and_trl_trains_on_unchanged(tmp_path, monkeypatch):
-    import llm.integrations.trl as plugin
+    import llm.integrations.watcher as plugin
 
     def broken(parts):
         raise RuntimeError("a bug of ours")
@@ -423,3 +423,106 @@ def test_a_lora_run_is_watched_and_trains_as_without(tmp_path):
     assert all(r["sampling/logp_diff_max"] < 1e-4 for r in rows if r["lag"] == 0)
     assert max(r["tv/pi_k_alpha"] for r in rows if r["lag"] == 1) > 1e-3
     assert all(math.isfinite(r["heldout/improvement_lcb"]) for r in rows)
+
+
+# ---- AsyncGRPOTrainer: every sample with its own lag -----------------------------------------------------------
+
+#: AsyncGRPO's wall-clock keys (and the queue's fill level, a function of timing in a real run).
+ASYNC_CLOCK = ("perf/", "sample/rollout_queue_size", "train_runtime", "train_samples_per_second",
+               "train_steps_per_second")
+
+
+def async_run(tmp_path, watched=None, **kwargs):
+    from tests.llm.trl_harness import async_trainer
+
+    logs = Logs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t, _ = async_trainer(tmp_path, callbacks=[logs], **kwargs)
+    if watched is not None:
+        t.lines = []
+        watch(t, log=t.lines.append, **watched)
+    t.train()
+    return t, logs
+
+
+def test_async_grpo_logs_each_steps_lag_tv_and_ess_and_its_own_logs_stay_the_same(tmp_path):
+    """TRL's AsyncGRPOTrainer (its own loop, packing, loss and staleness accounting; a CPU rollout worker, weight
+    transfer and tree attention stand in for vLLM, NCCL and flash-attention 3: tests/llm/trl_harness.py): every
+    number it logs is the same with and without the watcher, and every step logs the lag of the samples it trained
+    on. From step 1 on they were drawn one update before: accelerate's dataloader fetches the next micro-batch
+    while this one trains, so TRL's own ``sample/staleness_mean``, counted at the fetch, reads 0. TRL's own ``ratio``
+    shows the lag too: exactly 1 at step 0, not at the stale steps."""
+    plain, plain_logs = async_run(tmp_path / "a", steps=6)
+    t, logs = async_run(tmp_path / "b", dict(), steps=6)
+    drop = lambda row: {k: v for k, v in row.items() if not k.startswith(ASYNC_CLOCK + OURS)}  # noqa: E731
+    assert [drop(r) for r in logs.rows] == [drop(r) for r in plain_logs.rows]
+    rows = step_rows(logs)
+    assert [r["lag"] for r in rows] == [0, 1, 1, 1, 1, 1]
+    assert all(r["sample/staleness_mean"] == 0 for r in rows)  # TRL's count, at the fetch
+    assert abs(rows[0]["ratio"] - 1) < 1e-6 and rows[0]["sampling/logp_diff_max"] < 1e-5
+    assert rows[0]["tv/pi_k_alpha"] < 1e-5
+    stale = rows[1:]
+    assert all("sampling/logp_diff_max" not in r for r in stale)  # no sync check off lag 0
+    assert max(abs(r["ratio"] - 1) for r in stale) > 1e-3 and max(r["tv/pi_k_alpha"] for r in stale) > 0.01
+    assert all(0 < r["ess/pi_k_alpha"] <= 1 for r in rows)
+    assert t.offpolicy_watch.summary()["per_lag"][1]["steps"] == 5
+
+
+def test_async_grpo_with_held_out_prompts_is_refused_in_one_line(tmp_path):
+    from tests.llm.trl_harness import async_trainer
+
+    t, _ = async_trainer(tmp_path, steps=1)
+    with pytest.raises(ValueError, match="heldout_prompts with AsyncGRPOTrainer is not supported"):
+        watch(t, heldout_prompts=4)
+
+
+def test_async_grpo_readings_are_our_estimators_on_each_samples_own_forward(tmp_path):
+    """The per-sample log pi_k/alpha the watcher reads off AsyncGRPO's packed, tree-attended micro-batch equals a
+    plain forward of the trainer's weights over each sample alone, against the sampler's log-probs; the step's TV
+    and ESS are ``clustered_metrics`` of those, the samples labelled by their group."""
+    from tests.llm.trl_harness import async_trainer
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t, _ = async_trainer(tmp_path, steps=3)
+    logs = Logs()
+    t.add_callback(logs)
+    watch(t, log=lambda line: None)
+    watcher = t.offpolicy_watch
+    seen, expected = [], []
+    note = watcher.note_batch
+
+    def keep(examples):
+        note(examples)
+        seen.append(list(examples[0][0].samples))
+
+    watcher.note_batch = keep
+    record = watcher.record
+
+    def check(inputs, log_probs):
+        samples = seen.pop(0)
+        model = t.accelerator.unwrap_model(t.model)
+        log_w = []
+        model.set_attn_implementation("sdpa")  # plain causal attention, not the packed tree's
+        for s in samples:  # the sample alone, the trainer's weights at this step
+            ids = torch.as_tensor(s["input_ids"])[None]
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits[0, :-1].float()
+            logp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+            mask = torch.as_tensor(s["completion_mask"])[1:].bool()
+            old = torch.as_tensor(s["old_log_probs"])[1:]
+            log_w.append(float((logp - old)[mask].sum()))
+        model.set_attn_implementation("tree_fa3")
+        groups = np.array([s["group_id"] for s in samples])
+        expected.append(dg.clustered_metrics(np.array(log_w), groups))
+        record(inputs, log_probs)
+
+    watcher.record = check
+    t.train()
+    assert watcher.stopped is None
+    rows = step_rows(logs)
+    assert len(rows) == len(expected) == 3
+    for row, ours in zip(rows, expected):
+        for key in ("tv/pi_k_alpha", "tv/pi_k_alpha_se", "ess/pi_k_alpha"):
+            assert row[key] == pytest.approx(ours[key], rel=1e-4, abs=1e-6), key

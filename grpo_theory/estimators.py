@@ -8,6 +8,8 @@ estimates and its bias are stated in its docstring and pinned by exact-expectati
 - ``tv_estimate``: mean_g (1 - w_g)^+, unbiased for TV(pi, alpha), always in [0, 1];
 - ``tv_between_estimate``: mean_g |w_g - w_k,g| / 2, unbiased for TV(pi, pi_k) where alpha covers both (one step's
   drift, measured on alpha's samples);
+- ``tv_anchored_estimate``: mean_g (w_ref,g - w_g)^+, unbiased for the same TV, each value at most w_ref (the
+  staleness reading of ``llm.integrations``, where one sequence's weight of pi_k can be huge);
 - ``improvement_estimate``: mean_g (w_g - w_k,g)(r_g - rbar_{-g}), unbiased for J(pi) - J(pi_k), exactly 0 when the
   group's rewards are all equal (rbar_{-g}: the mean of the other G - 1 rewards, a leave-one-out baseline);
 - ``mean_and_standard_error``: the mean of independent estimates and its standard error (every ``*_se``);
@@ -91,6 +93,17 @@ def tv_between_estimate(w_a, w_b) -> np.ndarray:
     off alpha's support (truncated sampling) are never drawn: there the estimate is biased low by exactly
     sum_{y: alpha(y) = 0} |a(y) - b(y)| / 2. With w_b = 1 (b = alpha) it is |1 - w_a| / 2, whose mean is ``tv_estimate``'s on alpha's support."""
     return 0.5 * np.mean(np.abs(np.asarray(w_a, dtype=np.float64) - np.asarray(w_b, dtype=np.float64)), axis=-1)
+
+
+def tv_anchored_estimate(w, w_ref) -> np.ndarray:
+    """mean_g (w_ref,g - w_g)^+ for the weights of a policy p (``w``) and a reference policy q (``w_ref``) against the
+    same alpha: unbiased for TV(p, q) = E_q (1 - p/q)^+ = sum_y (q(y) - p(y))^+ where alpha(y) > 0 on q's support (low by
+    sum_{y: alpha(y) = 0} (q(y) - p(y))^+ otherwise). Each value is at most w_ref: anchored on q, a heavy weight of p
+    enters not at all, where ``tv_between_estimate``'s |w - w_ref| / 2 is unbounded (one completion with w = 3,324
+    adds 1,662 / G to it); exactly 0 when p and q give the same weights. With w_ref = 1 (q = alpha) it is
+    ``tv_estimate``. The staleness reading of ``llm.integrations``: p = pi_k, q = the policy the sampler was synced
+    from, whose weight against the sampler is the engine's mismatch, near 1."""
+    return np.mean(np.maximum(np.asarray(w_ref, dtype=np.float64) - np.asarray(w, dtype=np.float64), 0.0), axis=-1)
 
 
 def improvement_estimate(r, w_new, w_k) -> np.ndarray:

@@ -446,7 +446,7 @@ def clustered_metrics(log_w_k: np.ndarray, prompts: np.ndarray, log_w_gen: np.nd
     prompt's G completions present these are ``group_metrics``'s (tested equal). ``log_w_gen``: log pi_gen/alpha,
     pi_gen the trainer's weights the sampler was synced from (where the host computed both beside the engine's
     log-probs; nan where unknown) splits the distance into staleness, TV(pi_k, pi_gen)
-    (``grpo_theory.estimators.tv_between_estimate``: ``tv/staleness``), and the engine's own mismatch at equal
+    (``grpo_theory.estimators.tv_anchored_estimate``, anchored on pi_gen: ``tv/staleness``), and the engine's own mismatch at equal
     weights, TV(pi_gen, alpha) (``tv_estimate``: ``tv/engine_mismatch``), each with its standard error; by the
     triangle inequality TV(pi_k, alpha) <= their sum."""
     w_k = np.exp(np.asarray(log_w_k, np.float64)).reshape(-1)
@@ -463,7 +463,7 @@ def clustered_metrics(log_w_k: np.ndarray, prompts: np.ndarray, log_w_gen: np.nd
         known = [g for g in known if g.size]
         if known:
             out["tv/staleness"], out["tv/staleness_se"] = ge.mean_and_standard_error(
-                [ge.tv_between_estimate(w_k[g], w_gen[g]) for g in known])
+                [ge.tv_anchored_estimate(w_k[g], w_gen[g]) for g in known])
             out["tv/engine_mismatch"], out["tv/engine_mismatch_se"] = ge.mean_and_standard_error(
                 [ge.tv_estimate(w_gen[g]) for g in known])
     return out

@@ -93,6 +93,29 @@ class _Recorder(TemperedLogprobs):
         return scores
 
 
+def filtered_logprobs(trainer, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+                      token_filter) -> torch.Tensor:
+    """log pi of the last ``logits_to_keep`` tokens on the kept set of ``token_filter`` (the sampler's top-k, top-p,
+    min-p: docs/theory.md, §1.1), at the trainer's current weights: TRL's forward to the decoder's last hidden states
+    (its autocast, its positions), then this project's output layer on them (``llm.core.logprobs.LogitHead``,
+    chunked, the kept set as the sampler's). (B, logits_to_keep) float32, 0 on padding. No gradient; the host's
+    random streams untouched."""
+    from llm.core.logprobs import LogitHead, token_logprobs
+
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    devices = [trainer.accelerator.device] if trainer.accelerator.device.type == "cuda" else []
+    out = torch.zeros(input_ids.shape[0], logits_to_keep, device=input_ids.device)
+    keep = attention_mask[:, -logits_to_keep:].bool()
+    with torch.random.fork_rng(devices=devices), torch.no_grad(), trainer.accelerator.autocast():
+        hidden = base.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                    use_cache=False).last_hidden_state[:, -logits_to_keep - 1:-1]
+        logp, _ = token_logprobs(LogitHead(base, trainer.temperature, token_filter), hidden[keep],
+                                 input_ids[:, -logits_to_keep:][keep])
+    out[keep] = logp.float()
+    return out
+
+
 def _row_key(prompt, completion) -> bytes:
     return np.asarray(list(prompt), np.int64).tobytes() + b"|" + np.asarray(list(completion), np.int64).tobytes()
 
@@ -254,6 +277,8 @@ class HeldoutSampler:
         from trl.models.utils import disable_gradient_checkpointing
 
         t = self.trainer
+        if token_filter_of(t).active:
+            return filtered_logprobs(t, ids, attention, logits_to_keep, token_filter_of(t))
         devices = [t.accelerator.device] if t.accelerator.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), torch.no_grad(), \
                 disable_gradient_checkpointing(t.model, t.args.gradient_checkpointing_kwargs):
@@ -284,10 +309,10 @@ class TRLWatcher(Watcher):
     def refuse_setups(self) -> None:
         """What the readings cannot serve, refused in one line before training."""
         t, o = self.trainer, self.options
-        if token_filter_of(t).active:
-            raise ValueError("watch: top_k, top_p or min_p is set: TRL's trainer-side log-probs are the unfiltered "
-                             "softmax's, so pi_k/alpha would not be the sampler's; watch a run without them "
-                             "(docs/integrations.md)")
+        if token_filter_of(t).active and not t.use_vllm and (t.use_transformers_continuous_batching or t.tools):
+            raise ValueError("watch: top_k, top_p or min_p with continuous batching or tools: no log-probs of the "
+                             "sampler's kept set exist to read (TRL's own are the unfiltered softmax's); watch such "
+                             "a run without truncation, or with transformers' generate (docs/integrations.md)")
         if not getattr(getattr(t, "generation_config", None), "do_sample", True):
             raise ValueError("watch: the generation is greedy (do_sample=False): alpha is a point mass, and no "
                              "importance weight or TV is defined")
@@ -422,12 +447,21 @@ class TRLWatcher(Watcher):
             raise RuntimeError("TRL's loss computed no log-probabilities to read")
         t = self.trainer
         lag = t.state.global_step - (self.generation_step if self.generation_step is not None else t.state.global_step)
+        token_filter = token_filter_of(t)
+        if token_filter.active:  # TRL's log-probs are the unfiltered softmax's: pi_k on the sampler's kept set
+            ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+            attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+            logp_k = filtered_logprobs(t, ids, attention, inputs["completion_ids"].shape[1], token_filter)
         mask = inputs["completion_mask"].float()
         if "tool_mask" in inputs:
             mask = mask * inputs["tool_mask"].float()
         sampler, old = inputs.get("sampling_per_token_logps"), inputs.get("old_per_token_logps")
         if sampler is None and self.sampled:
             sampler = self.recorded(inputs)
+        if token_filter.active:
+            old = None  # TRL's forward of the sampler's weights is unfiltered: no staleness/mismatch split
+            if sampler is None:
+                raise RuntimeError("truncated sampling without the sampler's log-probs of its kept set")
         alpha = sampler if sampler is not None else old if old is not None else logp_k
         if sampler is None and old is None and lag > 0:
             raise RuntimeError(f"lag {lag} without the sampler's or TRL's old log-probabilities")

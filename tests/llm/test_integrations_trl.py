@@ -23,6 +23,7 @@ from llm.integrations import readings as rd  # noqa: E402
 from llm.integrations.trl import TRLWatcher, watch  # noqa: E402
 from llm.models.model import load_tokenizer  # noqa: E402
 from llm.models.tiny import agent_model_dir, tiny_model_dir  # noqa: E402
+from tests.llm.agent_envs import Multiplier  # noqa: E402
 from tests.llm.trl_harness import TASK, DeltaEngine, EngineTrainer, exact_reward  # noqa: E402
 
 #: TRL's keys that are wall-clock, not a function of the seed.
@@ -294,7 +295,7 @@ def test_range_rounding_is_read_as_the_edge_and_a_real_excess_is_not():
     (dict(improvement_lcb_level=1.5), {}, ValueError, "improvement_lcb_level"),
     (dict(improvement_lcb_method="z"), {}, ValueError, "method"),
     (dict(heldout_prompts="8"), {}, ValueError, "heldout_prompts: must be an integer"),
-    (dict(), dict(top_p=0.9), ValueError, "top_k, top_p or min_p"),
+    (dict(), dict(top_p=0.9, use_transformers_continuous_batching=True), ValueError, "top_k, top_p or min_p with"),
     (dict(), dict(generation_kwargs={"do_sample": False}), ValueError, "greedy"),
 ])
 def test_a_wrong_option_or_setup_is_one_line_before_training(tmp_path, options, setup, error, words):
@@ -330,26 +331,6 @@ def test_an_error_inside_the_watcher_is_one_line_and_trl_trains_on_unchanged(tmp
 
 
 # ---- tools: only the policy's tokens count -------------------------------------------------------------------
-
-
-class Multiplier:
-    """TRL 1.16's environment contract (tests/llm/agent_envs.py's): the tool's answers are environment tokens."""
-
-    def reset(self, **row):
-        self.asked = False
-
-    def multiply(self, a: int, b: int) -> int:
-        """Multiply two integers.
-
-        Args:
-            a: The first factor.
-            b: The second factor.
-        """
-        self.asked = True
-        return a * b
-
-    def get_reward(self):
-        return float(self.asked)
 
 
 def test_with_tools_only_the_policys_tokens_enter_the_readings(tmp_path):
@@ -526,3 +507,24 @@ def test_async_grpo_readings_are_our_estimators_on_each_samples_own_forward(tmp_
     for row, ours in zip(rows, expected):
         for key in ("tv/pi_k_alpha", "tv/pi_k_alpha_se", "ess/pi_k_alpha"):
             assert row[key] == pytest.approx(ours[key], rel=1e-4, abs=1e-6), key
+
+
+def test_with_top_p_and_top_k_pi_k_and_alpha_are_both_on_the_samplers_kept_set(tmp_path):
+    """TRL's trainer-side log-probs are the unfiltered softmax's while its sampler draws from the top-k/top-p kept
+    set, so at lag 0 TRL's own pi/alpha is not 1. The watcher reads both on the kept set (pi_k by this project's
+    filtered output layer, alpha recorded from the scores generate sampled from): at lag 0 they agree to float
+    rounding, the stale steps read a TV, and TRL's logs are the same with and without it."""
+    setup = dict(steps=4, num_iterations=2, learning_rate=1e-3, top_p=0.8, top_k=10)
+    plain, plain_logs = trainer(tmp_path / "a", **setup)
+    plain.train()
+    t, logs = trainer(tmp_path / "b", dict(reward_range=(0, 1), heldout_prompts=4), cls=Captured, **setup)
+    t.train()
+    assert [trl_part(r) for r in logs.rows] == [trl_part(r) for r in plain_logs.rows]
+    rows = step_rows(logs)
+    assert [r["lag"] for r in rows] == [0, 1, 0, 1]
+    assert all(r["sampling/logp_diff_max"] < 1e-4 for r in rows if r["lag"] == 0)
+    assert max(r["tv/pi_k_alpha"] for r in rows if r["lag"] == 1) > 0.01
+    assert all("tv/staleness" not in r for r in rows if r["lag"] == 1)  # TRL's old log-probs are unfiltered
+    step, inputs, logp = t.seen[0]  # lag 0: TRL's unfiltered log-probs against the kept-set sampler's
+    unfiltered_gap = ((logp - inputs["recorded"]).abs() * inputs["completion_mask"]).max()
+    assert unfiltered_gap > 1e-3

@@ -63,6 +63,22 @@ def test_tv_between_estimate_is_unbiased_where_alpha_covers_both(seed, G, gap):
 
 
 @given(st.integers(0, 2**32 - 1), st.sampled_from([2, 3, 4]), st.booleans())
+def test_tv_anchored_estimate_is_unbiased_where_alpha_covers_the_reference_and_bounded_by_its_weight(seed, G, gap):
+    """E mean_g (w_k,g - w_g)^+ = TV(pi, pi_k); where alpha never samples action 0 it is low by exactly
+    (pi_k(0) - pi(0))^+; each value is at most the reference's weight, 0 when both weights agree, and with the
+    reference's weights 1 it is tv_estimate."""
+    pi, pi_k, alpha, r = policies_and_rewards(seed, gap=gap)
+    est = expectation(lambda r_, w, wk: ge.tv_anchored_estimate(w, wk), pi, pi_k, alpha, r, G)
+    missed = max(pi_k[0] - pi[0], 0.0) if gap else 0.0
+    assert est == pytest.approx(float(gt.tv_distance(pi, pi_k)) - missed, abs=EXACT)
+    g = np.random.default_rng(seed)
+    w, w_ref = g.lognormal(0, 3, size=(5, G)), g.lognormal(0, 0.1, size=(5, G))
+    assert (ge.tv_anchored_estimate(w, w_ref) <= w_ref.max(axis=-1)).all()
+    assert (ge.tv_anchored_estimate(w_ref, w_ref) == 0).all()
+    assert np.array_equal(ge.tv_anchored_estimate(w, np.ones_like(w)), ge.tv_estimate(w))
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from([2, 3, 4]), st.booleans())
 def test_improvement_estimate_is_unbiased_and_zero_on_equal_rewards(seed, G, binary):
     pi, pi_k, alpha, r = policies_and_rewards(seed, binary=binary)
     est = expectation(lambda r_, w, wk: ge.improvement_estimate(r_, w, wk), pi, pi_k, alpha, r, G)

@@ -8,6 +8,7 @@ estimates, and the bound's estimates against the realised improvement.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import numpy as np
 
 from grpo_theory.estimators import mean_and_standard_error
 
-from llm.core.metrics import PHASE_KEYS, certificate_shares, step_seconds
+from llm.core.metrics import PHASE_KEYS, VOID_KEY, certificate_shares, step_seconds
 from llm.run.rundir import read_metrics
 
 COLUMNS = ["reward", "j/pi_new", "improvement", "heldout/improvement", "insample/improvement",
@@ -110,20 +111,32 @@ def certificate_lines(rows: list[dict]) -> list[str]:
     the lower confidence bound exceeded it (at level L, at most about 1 - L of the steps when it keeps its level)."""
     shares = certificate_shares(rows)
     logged = [r for r in rows if "heldout/improvement_lcb" in r]
+    void = [r for r in rows if r.get(VOID_KEY)]
+    lines = []
+    if void:
+        lines.append(f"  certificates: void. The run stopped at step {void[0].get('bound/void_step')} on a reward outside "
+                     "its declared range, so every certificate it logged (heldout/improvement_lcb, eval/improvement_lcb)"
+                     " was claimed under a declaration the data refuted: none is counted")
     if not logged:
-        return []
+        return lines
     undeclared = [r for r in rows if r.get("bound/range_declared") == 0.0]
     why = ("no reward range was declared" if undeclared else
            "too few held-out prompts, or log alpha recomputed by the trainer")
-    abstained = f" (it abstained on {shares['abstained']:.0%}: {why})" if shares["abstained"] else ""
-    lines = []
     if undeclared:
         lines.append(f"  reward range: not declared on {len(undeclared)} of {len(rows)} steps: Theorem 1's terms used the "
                      "range seen (bound/reward_lo|hi; no guarantee) and the certificates abstained (nan); declare it "
                      "with --reward-range LOW HIGH")
-    lines.append(f"  improvement certificate (heldout/improvement_lcb > 0): {shares['certified']:.0%} of {len(logged)}"
-                 f" steps{abstained}; Theorem 1's held-out estimate (heldout/bound_est/lower_tight > 0): "
-                 f"{_share(r.get('heldout/bound_est/lower_tight', float('nan')) > 0 for r in logged)}")
+    estimate = (f"Theorem 1's held-out estimate (heldout/bound_est/lower_tight > 0): "
+                f"{_share(r.get('heldout/bound_est/lower_tight', float('nan')) > 0 for r in logged)}")
+    if void:
+        lines.append(f"  improvement certificate (heldout/improvement_lcb): void on all {len(logged)} steps; {estimate}")
+    elif shares["abstained"] == 1:
+        lines.append(f"  improvement certificate (heldout/improvement_lcb): abstained on all {len(logged)} steps ({why});"
+                     f" {estimate}")
+    else:
+        abstained = f" (it abstained on {shares['abstained']:.0%}: {why})" if shares["abstained"] else ""
+        lines.append(f"  improvement certificate (heldout/improvement_lcb > 0): {shares['certified']:.0%} of "
+                     f"{len(logged)} steps{abstained}; {estimate}")
     if "e_bh" in shares:
         lines.append(f"  across the run (e-values heldout/improvement_e): certified steps {shares['e_bh']:.0%} by e-BH "
                      f"(the expected share of false ones among them at most 5%, at level 0.95), {shares['spending']:.0%} "
@@ -135,12 +148,12 @@ def certificate_lines(rows: list[dict]) -> list[str]:
     run_cert = [r for r in rows if "eval/improvement_lcb" in r]
     if run_cert:
         last = run_cert[-1]
+        bound = lambda key: "abstained" if not math.isfinite(last.get(key, math.nan)) else (  # noqa: E731
+            f"{last[key]:+.4f}" + (" (certified)" if last[key] > 0 else " (not certified)"))
         lines.append(f"  run certificate at step {last['step']} (eval/improvement_lcb, paired per test prompt since the "
-                     f"first evaluation; a union bound over the evaluations, so every one's bound holds at once with "
-                     f"probability >= the level): sampled accuracy improved by at least "
-                     f"{last['eval/improvement_lcb']:.4f}, greedy by at least "
-                     f"{last.get('eval/improvement_lcb_greedy', float('nan')):.4f}"
-                     f"{' (certified)' if last['eval/improvement_lcb'] > 0 else ' (not certified)'}")
+                     "first evaluation; a union bound over the evaluations and the two accuracies, so every bound holds "
+                     f"at once with probability >= the level): sampled accuracy {bound('eval/improvement_lcb')}, "
+                     f"greedy {bound('eval/improvement_lcb_greedy')}" + ("; void, as above" if void else ""))
     return lines
 
 

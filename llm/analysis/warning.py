@@ -33,7 +33,8 @@ import tyro
 from scipy import stats
 
 from runkit.cli import parse, run_main
-from runkit.runio import read_metrics
+
+from llm.run.rundir import read_metrics
 
 #: Signal name -> metrics key (``step``: the step index, the baseline).
 SIGNALS = {

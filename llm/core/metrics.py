@@ -31,6 +31,21 @@ def is_wall_clock(key: str) -> bool:
     return key.startswith(WALL_CLOCK)
 
 
+#: The key of the last row a run writes when it stops on a reward outside its declared range (``llm.run.trainer``):
+#: every certificate it logged was claimed under a declaration the data refuted, so none counts.
+VOID_KEY = "bound/certificates_void"
+
+
+def fold_void(rows: list[dict]) -> list[dict]:
+    """A run's rows as readers take them: the step rows, each carrying ``VOID_KEY`` 1 where the run wrote a void
+    marker (a row of ``VOID_KEY`` without a ``loss``), the marker itself dropped."""
+    markers = [r for r in rows if r.get(VOID_KEY) and "loss" not in r]
+    kept = [r for r in rows if not (r.get(VOID_KEY) and "loss" not in r)]
+    if markers:
+        kept = [{**r, VOID_KEY: 1.0, "bound/void_step": markers[0].get("step")} for r in kept]
+    return kept
+
+
 def certificate_shares(rows: list[dict], level: float = 0.95) -> dict[str, float]:
     """How the improvement certificate (``heldout/improvement_lcb``) went over the steps that logged it, one
     convention for every reader: ``certified``, the share with a positive bound (each step's own claim at the run's
@@ -40,18 +55,20 @@ def certificate_shares(rows: list[dict], level: float = 0.95) -> dict[str, float
     (``heldout/improvement_e``), ``e_bh``, the share certified by e-BH over the run at ``level`` (the expected share
     of false certificates among them at most 1 - level), and ``spending``, the share certified by alpha-spending
     (no false certificate at all with probability >= level); ``steps``, how many steps logged it (0: every share
-    nan)."""
+    nan); ``void``, 1 where the run stopped on a reward outside its declared range (``VOID_KEY``): then nothing is
+    certified."""
     import math
 
     logged = [r for r in rows if "heldout/improvement_lcb" in r]
     n = len(logged)
     share = (lambda hits: sum(hits) / n) if n else (lambda hits: float("nan"))  # noqa: E731
-    lcb = [r["heldout/improvement_lcb"] for r in logged]
+    void = any(r.get(VOID_KEY) for r in rows)
+    lcb = [float("nan") if void else r["heldout/improvement_lcb"] for r in logged]  # void: none counts
     out = {"steps": float(n), "certified": share([x > 0 for x in lcb]),
-           "abstained": share([not math.isfinite(x) for x in lcb])}
+           "abstained": share([not math.isfinite(x) for x in lcb]), "void": float(void)}
     if logged and all("improvement" in r for r in logged):
         out["above_exact"] = share([x > r["improvement"] for x, r in zip(lcb, logged)])
-    if logged and all("heldout/improvement_e" in r for r in logged):  # the betting certificate's e-values
+    if logged and not void and all("heldout/improvement_e" in r for r in logged):  # the betting certificate's e-values
         from grpo_theory.betting import alpha_spending, e_bh
 
         e = [r["heldout/improvement_e"] for r in logged]

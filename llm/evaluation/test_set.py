@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from llm.config.ranges import beyond_range, onto_range
 from llm.core.token_filter import NO_FILTER, TokenFilter
 from llm.evaluation.exact import prompt_exact_j
 from llm.evaluation.passk import exact_pass_at_k, ks_up_to, pass_and_maj
@@ -93,15 +94,23 @@ def evaluate(model, task: TokenizedTask, spec: EvalSpec, *, seed: int, pad: int,
 CERTIFIED_ACCURACIES = {"accuracy_sampled": "", "accuracy_greedy": "_greedy"}
 
 
+def certificate_level(level: float, claims: int = len(CERTIFIED_ACCURACIES)) -> float:
+    """The level each of the run certificate's ``claims`` bounds is computed at so that all hold at once at ``level``:
+    their misses add up (a union bound), so each is given 1 - (1 - level) / claims (0.975 each for 0.95 over the
+    sampled and the greedy accuracy)."""
+    return 1.0 - (1.0 - level) / claims
+
+
 def improvement_bounds(now: dict, initial: dict, level: float, look: int, reward_range=None) -> dict[str, float]:
     """The run's certificate at its ``look``-th evaluation (1, 2, ...): for the sampled and the greedy accuracy, a lower
     confidence bound on the improvement since the first evaluation, from the test prompts' paired differences (each
     prompt's mean reward now minus before, in [-(hi - lo), hi - lo] for rewards in the declared ``reward_range``
-    (lo, hi); divided by hi - lo they lie in [-1, 1]), by the betting bound at the spent level
-    ``grpo_theory.betting.spent_level(level, look)``, in units of the reward. Every evaluation's bound holds at once
-    with probability >= ``level``, however many are read: a union bound over the looks, whose levels' misses add up
-    to at most 1 - ``level`` (docs/theory.md, §8.6). Assumes the test prompts are a sample of the task's prompts, drawn
-    before the run, and rewards in the declared range; nan without a declared range."""
+    (lo, hi); divided by hi - lo they lie in [-1, 1]; a mean within float rounding of an edge is the edge), by the
+    betting bound at the spent level ``grpo_theory.betting.spent_level(certificate_level(level), look)``, in units of
+    the reward. Every evaluation's bounds, sampled and greedy, hold at once with probability >= ``level``, however many
+    are read: a union bound over the looks and the two accuracies, whose misses add up to at most 1 - ``level``
+    (docs/theory.md, §8.6). Assumes the test prompts are a sample of the task's prompts, drawn before the run, and
+    rewards in the declared range; nan without a declared range."""
     from grpo_theory.betting import spent_level
     from grpo_theory.estimators import lower_confidence_bound
 
@@ -114,9 +123,10 @@ def improvement_bounds(now: dict, initial: dict, level: float, look: int, reward
             continue
         lo, hi = reward_range
         a, b = np.asarray(now[name], dtype=np.float64), np.asarray(initial[name], dtype=np.float64)
-        inside = np.all((a >= lo) & (a <= hi)) and np.all((b >= lo) & (b <= hi))
+        inside = not (beyond_range(a, lo, hi).any() or beyond_range(b, lo, hi).any())
+        a, b = onto_range(a, lo, hi)[0], onto_range(b, lo, hi)[0]  # a mean at an edge by float rounding is the edge
         d = (a - b) / (hi - lo)
-        out[f"eval/improvement_lcb{suffix}"] = ((hi - lo) * lower_confidence_bound(d, spent_level(level, look),
-                                                                                   low=-1.0, high=1.0)
+        out[f"eval/improvement_lcb{suffix}"] = ((hi - lo) * lower_confidence_bound(
+            d, spent_level(certificate_level(level), look), low=-1.0, high=1.0)
                                                 if inside and d.size else float("nan"))
     return out

@@ -27,11 +27,20 @@ from pathlib import Path
 import torch
 
 from runkit.cli import RunError, first_line
-from runkit.runio import MetricsWriter, atomic_write_text, read_metrics, write_config
+from runkit.runio import MetricsWriter, atomic_write_text, write_config
+from runkit.runio import read_metrics as read_rows
 
 from llm.config import RESUMABLE_FIELDS, GRPOConfig
 
 __all__ = ["RunDir", "read_metrics", "RESUMABLE_FIELDS"]
+
+
+def read_metrics(run_dir) -> list[dict]:
+    """A run's metrics.jsonl as readers take it: its step rows, each marked void where the run stopped on a reward
+    outside its declared range (``llm.core.metrics.fold_void``)."""
+    from llm.core.metrics import fold_void
+
+    return fold_void(read_rows(run_dir))
 
 
 def tensor_bytes(obj) -> int:

@@ -32,6 +32,7 @@ from llm.config import GRPOConfig
 from llm.agents.setup import build_agent
 from llm.core.batch import make_batch
 from llm.core.logprobs import check_head, check_packing
+from llm.core.metrics import VOID_KEY
 from llm.core.passes import Passes
 from llm.models import pretrained
 from llm.models.distributed import SINGLE, Ranks, close_ranks, collective_failure, init_ranks
@@ -45,7 +46,7 @@ from llm.run.rundir import RunDir
 from llm.run.trackers import Trackers, check_trackers
 from llm.sampling import max_model_len, sampler_class
 from llm.step.clock import SyncClock
-from llm.step.monitors import DeclaredRange, ExactJ, Warnings
+from llm.step.monitors import DeclaredRange, ExactJ, RangeViolation, Warnings
 from llm.step.rollout import RolloutWindow
 from llm.step.step import Run, run_step
 from llm.step.weights import Weights
@@ -244,6 +245,9 @@ def run_loop(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_pa
             output.announce(row)  # callbacks see the row written and the checkpoint saved
         else:
             step = config.max_steps
+    except RangeViolation as exc:  # the declaration the certificates read was wrong: mark them void, then stop
+        output.append({"step": exc.step, VOID_KEY: 1.0, "bound/void_reason": str(exc)[:500]})
+        raise
     except KeyboardInterrupt:  # a second Ctrl-C: the step in progress is inconsistent, keep the last checkpoint
         output.close()
         stop.restore()

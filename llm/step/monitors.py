@@ -12,6 +12,7 @@ import numpy as np
 
 from runkit.cli import RunError
 
+from llm.config.ranges import beyond_range, onto_range
 from llm.core import diagnostics as dg
 from llm.core.diagnostics import SYNC_CHECKS
 from llm.core.metrics import PHASES
@@ -110,11 +111,14 @@ class DeclaredRange:
 
     def see(self, step: int, rewards: np.ndarray, heldout_rewards: np.ndarray | None, row: dict, write,
             parts: dict | None = None, texts: list[str] | None = None) -> dg.RewardRange:
-        """Check (declared) or widen by (undeclared) a step's training and held-out rewards; log the range used."""
+        """Check (declared) or widen by (undeclared) a step's training and held-out rewards; log the range used.
+        Declared: a reward within float rounding of an edge is set to it, in place (``bound/rewards_rounded`` counts
+        them), so every term reads rewards in the range."""
         if self.declared is not None:
-            self.check(step, "training", rewards, parts, texts)
+            rounded = self.check(step, "training", rewards, parts, texts)
             if heldout_rewards is not None:
-                self.check(step, "held-out", heldout_rewards)
+                rounded += self.check(step, "held-out", heldout_rewards)
+            row["bound/rewards_rounded"] = float(rounded)
         else:
             wider = self.range.widened(rewards)
             wider = wider if heldout_rewards is None else wider.widened(heldout_rewards)
@@ -127,22 +131,40 @@ class DeclaredRange:
         row["bound/range_declared"] = float(self.declared is not None)
         return self.range
 
-    def check(self, step: int, what: str, rewards, parts: dict | None = None, texts: list[str] | None = None) -> None:
-        """Stop the run, in one line, at a reward outside the declared range."""
+    def check(self, step: int, what: str, rewards, parts: dict | None = None, texts: list[str] | None = None) -> int:
+        """Stop the run, in one line, at a reward outside the declared range by more than float rounding
+        (``llm.config.ranges.beyond_range``: 0.1 + 0.2 under [0, 0.3] is 0.3); set the rewards within rounding of an
+        edge to it, in place where ``rewards`` is a float64 array, and return how many were. The line shows the value
+        with every digit (``repr``), so that 1.0000000000000002 is not printed as 1."""
         if self.declared is None:
-            return
-        r = np.asarray(rewards, dtype=np.float64).reshape(-1)
-        outside = np.flatnonzero(~((r >= self.declared.lo) & (r <= self.declared.hi)))
-        if not outside.size:
-            return
-        j = int(outside[0])
-        sources = ", ".join(f"{name} {float(np.asarray(v).reshape(-1)[j]):g}" for name, v in (parts or {}).items())
-        where = f" (sources: {sources})" if sources else ""
-        shown = f" of completion {texts[j][:120]!r}" if texts else ""
-        raise RunError(f"reward_range: step {step}: a {what} reward {r[j]:g}{shown}{where} lies outside the declared "
-                       f"range [{self.declared.lo:g}, {self.declared.hi:g}] ({outside.size} such); a reward outside the "
-                       "range voids every bound computed from it, so the run stops here (its rows and its last "
-                       "checkpoint kept); declare a range that holds every reward with --reward-range LOW HIGH")
+            return 0
+        lo, hi = self.declared.lo, self.declared.hi
+        r = np.asarray(rewards, dtype=np.float64)
+        flat = r.reshape(-1)
+        outside = np.flatnonzero(beyond_range(flat, lo, hi))
+        if outside.size:
+            j = int(outside[0])
+            sources = ", ".join(f"{name} {float(np.asarray(v).reshape(-1)[j])!r}" for name, v in (parts or {}).items())
+            where = f" (sources: {sources})" if sources else ""
+            shown = f" of completion {texts[j][:120]!r}" if texts else ""
+            raise RangeViolation(
+                f"reward_range: step {step}: a {what} reward {float(flat[j])!r}{shown}{where} lies outside the declared "
+                f"range [{lo:g}, {hi:g}] ({outside.size} such); a reward outside the range voids every bound computed "
+                "from it, so the run stops here (its rows and its last checkpoint kept; the certificates it logged "
+                "are void: a last row of metrics.jsonl says so); declare a range that holds every reward with "
+                "--reward-range LOW HIGH", step)
+        clipped, moved = onto_range(flat, lo, hi)
+        if moved and isinstance(rewards, np.ndarray) and rewards.dtype == np.float64:
+            np.copyto(rewards, clipped.reshape(rewards.shape))
+        return moved
+
+
+class RangeViolation(RunError):
+    """A reward outside the declared range: the run stops, and every certificate it logged is void (its ``step``)."""
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
 
 
 #: Warn when the importance weights' effective sample size falls below this fraction of the completions.

@@ -112,7 +112,8 @@ def test_the_transformers_sampler_in_micro_batches_samples_what_the_unsplit_call
 
 def test_the_runs_certificate_is_the_betting_bound_on_paired_differences_at_the_spent_level():
     """``improvement_bounds``: for each accuracy, the betting bound on the per-prompt differences now - before at
-    the level spent on the look-th evaluation (so every look's bound holds at once), for rewards in the declared range
+    the level spent on the look-th evaluation of half the run's miss (so every look's bounds, sampled and greedy, hold
+    at once), for rewards in the declared range
     [0, 1]; nan when an accuracy leaves it; accuracies without a first evaluation are skipped; a later look is never
     less strict."""
     import numpy as np
@@ -128,8 +129,8 @@ def test_the_runs_certificate_is_the_betting_bound_on_paired_differences_at_the_
     unit = (0.0, 1.0)
     out = improvement_bounds(now, before, 0.95, 4, unit)
     d = now["accuracy_sampled"] - before["accuracy_sampled"]
-    assert out["eval/improvement_lcb"] == pytest.approx(lower_confidence_bound(d, spent_level(0.95, 4), low=-1,
-                                                                               high=1))
+    assert out["eval/improvement_lcb"] == pytest.approx(lower_confidence_bound(d, spent_level(0.975, 4), low=-1,
+                                                                               high=1))  # half the miss each
     assert 0 < out["eval/improvement_lcb"] < d.mean() and 0 < out["eval/improvement_lcb_greedy"]
     assert improvement_bounds(now, before, 0.95, 40, unit)["eval/improvement_lcb"] <= out["eval/improvement_lcb"]
     wide = {**now, "accuracy_sampled": now["accuracy_sampled"] * 2.0}

@@ -121,4 +121,4 @@ def test_the_report_reads_the_certificates_across_the_run_and_says_which_guarant
     assert shares["spending"] == pytest.approx(1 / 3)  # 70 >= 32.9 at j = 1; 25 < 131.6 at j = 2
     text = "\n".join(certificate_lines(rows))
     assert "33% by e-BH" in text and "by alpha-spending (none false" in text and "each step's own claim" in text
-    assert "improved by at least 0.1200, greedy by at least 0.2000 (certified)" in text
+    assert "sampled accuracy +0.1200 (certified), greedy +0.2000 (certified)" in text

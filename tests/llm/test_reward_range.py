@@ -25,6 +25,20 @@ def jumps_at_step_one(prompts, completions, answer, **kwargs):
 
 def correct(prompts, completions, answer, **kwargs):
     return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+def jumps_at_third_call(prompts, completions, answer, **kwargs):
+    """jumps_at_step_one for a run with held-out prompts: step 0 calls it twice (training, held-out)."""
+    calls.append(len(completions))
+    bonus = 1.0 if len(calls) >= 3 else 0.0
+    return [float(c.strip() == a) + bonus for c, a in zip(completions, answer)]
+
+def tenths(prompts, completions, answer, **kwargs):
+    """0.1 + 0.2 for a correct answer: 0.30000000000000004, one float64 rounding above a declared 0.3."""
+    return [0.1 + 0.2 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
+
+def over_by_an_ulp(completion, answer):
+    """A text reward as reasoning-gym's spell_backward scores near misses: 1.0000000000000002."""
+    return 1.0000000000000002 if completion.strip() == answer else 0.0
 '''
 
 
@@ -105,8 +119,102 @@ def test_a_reward_outside_the_declared_range_stops_the_run_in_one_line_keeping_r
     assert "\n" not in message and "step 1" in message and "declared range [0, 1]" in message
     assert "jumps_at_step_one" in message  # the source and its value
     run = tmp_path / "out"
-    assert len((run / "metrics.jsonl").read_text().splitlines()) == 1  # step 0's row kept
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and "loss" in lines[0]  # step 0's row kept
+    assert lines[1] == {"step": 1, "bound/certificates_void": 1.0, "bound/void_reason": message[:500]}  # the void mark
     assert torch.load(run / "checkpoint.pt", weights_only=True)["step"] == 1  # and its checkpoint
+
+
+def test_a_wrong_declaration_found_later_voids_the_certificates_logged_before_it(stepped, tmp_path):
+    """Step 0's held-out certificate was claimed under [0, 1]; step 1's rewards refute it: the run stops, the last row
+    of metrics.jsonl marks the certificates void, readers see every row void, and the report counts none."""
+    from runkit.cli import RunError
+
+    from llm.analysis.report import certificate_lines
+    from llm.core.metrics import certificate_shares
+    from llm.run.rundir import read_metrics
+
+    with pytest.raises(RunError):
+        _train(tmp_path, "void", reward_funcs=(f"{stepped}:jumps_at_third_call",), reward_range=(0, 1),
+               heldout_prompts=4)
+    rows = read_metrics(tmp_path / "void")
+    assert len(rows) == 1 and np.isfinite(rows[0]["heldout/improvement_lcb"])  # logged, and now void
+    assert rows[0]["bound/certificates_void"] == 1.0 and rows[0]["bound/void_step"] == 1
+    shares = certificate_shares(rows)
+    assert shares["void"] == 1 and shares["certified"] == 0 and "e_bh" not in shares
+    certified = {**rows[0], "heldout/improvement_lcb": 0.5}  # even a certified step counts for nothing once void
+    assert certificate_shares([certified])["certified"] == 0
+    text = "\n".join(certificate_lines(rows))
+    assert "certificates: void" in text and "none is counted" in text
+
+
+# ---- float rounding at an edge is the edge -------------------------------------------------------------------------
+
+
+def test_rewards_at_an_edge_by_float_rounding_are_the_edge_and_the_run_trains_on(stepped, tmp_path):
+    """0.1 + 0.2 under a declared [0, 0.3], and a text reward of 1.0000000000000002 under its own [0, 1]: both runs
+    train to their end, the rewards read as the edge (``bound/rewards_rounded`` counts them) and the certificates
+    certify or not as usual; a real excess still stops the run, its value printed with every digit."""
+    from runkit.cli import RunError
+
+    from llm.config.ranges import beyond_range, onto_range
+    from llm.step.monitors import DeclaredRange
+
+    rows, _, _ = _train(tmp_path, "tenths", reward_funcs=(f"{stepped}:tenths",), reward_range=(0, 0.3),
+                        heldout_prompts=4)
+    assert len(rows) == 3 and sum(r["bound/rewards_rounded"] for r in rows) > 0
+    assert all(np.isfinite(r["heldout/improvement_lcb"]) for r in rows)
+    rows, _, _ = _train(tmp_path, "ulp", reward_fn=f"{stepped}:over_by_an_ulp", heldout_prompts=4)
+    assert len(rows) == 3 and sum(r["bound/rewards_rounded"] for r in rows) > 0
+    assert not beyond_range([0.1 + 0.2, (0.1 + 0.1 + 0.1) / 3 * 3], 0.0, 0.3).any()
+    assert beyond_range([0.3001, float("nan")], 0.0, 0.3).tolist() == [True, False]
+    values, moved = onto_range(np.array([0.30000000000000004, 0.1]), 0.0, 0.3)
+    assert values[0] == 0.3 and moved == 1
+    rewards = np.array([[0.2, 1.0000000000000002]])
+    assert DeclaredRange((0, 1), [], print).check(0, "training", rewards) == 1 and rewards[0, 1] == 1.0
+    with pytest.raises(RunError, match=r"reward 1\.0000001 lies outside"):
+        DeclaredRange((0, 1), [], print).check(0, "training", np.array([1.0000001]))
+
+
+def test_a_test_prompts_mean_at_an_edge_by_rounding_is_the_edge():
+    """A test prompt's mean of three 0.1 rewards is 0.10000000000000002: under a declared [0, 0.1] the run
+    certificate reads 0.1, where it used to abstain."""
+    from llm.evaluation.test_set import improvement_bounds
+
+    mean = np.mean([0.1, 0.1, 0.1])
+    assert mean > 0.1
+    now, before = {"accuracy_sampled": np.full(40, mean)}, {"accuracy_sampled": np.full(40, 0.0)}
+    assert np.isfinite(improvement_bounds(now, before, 0.95, 1, (0.0, 0.1))["eval/improvement_lcb"])
+
+
+def test_the_run_certificate_spends_half_its_level_on_each_accuracy():
+    """The sampled and the greedy bound hold at once at the run's level: each at 1 - (1 - level) / 2 (a union bound
+    over the two, on top of the one over the looks)."""
+    from grpo_theory.betting import spent_level
+    from grpo_theory.estimators import lower_confidence_bound
+
+    from llm.evaluation.test_set import certificate_level, improvement_bounds
+
+    assert certificate_level(0.95) == pytest.approx(0.975)
+    a, b = np.tile([0.5, 1.0, 0.25, 0.75], 10), np.tile([0.25, 0.5, 0.25, 0.5], 10)
+    out = improvement_bounds({"accuracy_sampled": a, "accuracy_greedy": a}, {"accuracy_sampled": b,
+                                                                            "accuracy_greedy": b}, 0.95, 2, (0.0, 1.0))
+    expected = lower_confidence_bound(a - b, spent_level(0.975, 2), low=-1.0, high=1.0)
+    assert out["eval/improvement_lcb"] == pytest.approx(expected) == out["eval/improvement_lcb_greedy"]
+    assert expected < lower_confidence_bound(a - b, spent_level(0.95, 2), low=-1.0, high=1.0)
+
+
+def test_the_report_says_abstained_where_every_certificate_abstained():
+    from llm.analysis.report import certificate_lines
+
+    rows = [{"step": k, "heldout/improvement_lcb": float("nan"), "bound/range_declared": 0.0,
+             "heldout/bound_est/lower_tight": 0.1} for k in range(3)]
+    rows[-1].update({"eval/improvement_lcb": float("nan"), "eval/improvement_lcb_greedy": float("nan")})
+    lines = certificate_lines(rows)
+    step_line = next(line for line in lines if "improvement certificate" in line)
+    run_line = next(line for line in lines if "run certificate" in line)
+    assert "abstained on all 3 steps" in step_line and "%" not in step_line.split(";")[0]
+    assert "sampled accuracy abstained, greedy abstained" in run_line and "nan" not in run_line
 
 
 def test_without_a_declared_range_the_run_trains_and_the_certificates_abstain(stepped, tmp_path):
@@ -166,3 +274,22 @@ def test_certified_refuses_nan_values_and_an_abstention_does_not_certify():
     assert not certified(np.full((1, 4), 0.5), 0.95, method="t_unguaranteed")[0]  # below min_count: abstains
     with pytest.raises(ValueError):
         certified(np.array([[0.5, np.nan] * 10]), 0.95)
+
+
+def test_reasoning_gyms_spell_backward_scoring_a_near_miss_above_1_is_read_as_1():
+    """spell_backward scores an answer with one letter too many 1.0000000000000002: the task's reward returns it (a
+    source within rounding of its own [0, 1]) and the run's range check reads it as 1 instead of stopping."""
+    pytest.importorskip("reasoning_gym")
+    from llm.models.model import load_tokenizer
+    from llm.models.tiny import tiny_model_dir
+    from llm.step.monitors import DeclaredRange
+    from llm.tasks.procedural import reasoning_gym_task
+
+    task = reasoning_gym_task("spell_backward").bind(load_tokenizer(str(tiny_model_dir())))
+    n = min(64, len(task.task.answers))
+    texts = [task.task.answers[i] + "x" for i in range(n)]
+    rewards = task.score(list(range(n)), texts, [[1]] * n)
+    assert (rewards > 1).sum() > 0 and rewards.max() == 1.0000000000000002  # what the scorer says
+    above = int((rewards > 1).sum())
+    assert DeclaredRange((0, 1), [], print).check(0, "training", rewards) == above
+    assert rewards.max() == 1.0  # read as the edge, in place

@@ -27,7 +27,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from llm.agents.environments import ENVIRONMENT_COLUMN, Environment, environment_tools, reward_value
+from llm.agents.environments import (ENVIRONMENT_COLUMN, Environment, EnvironmentPool, Lease, environment_tools,
+                                    reward_value)
 from llm.agents.template import ToolTemplate
 from llm.agents.tools import AnswerBudget, answer_content, error_content
 from llm.agents.workers import Outcome, Worker, Workers
@@ -50,6 +51,7 @@ class Episode:
     row: dict | None = None
     env: object = None
     environment: Environment | None = None
+    lease: Lease | None = None  # its environment's pooled instance (``EnvironmentPool``)
     worker: Worker | None = None
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -63,6 +65,7 @@ class Episode:
     stalled: bool = False  # a call of its environment is still running past its deadline
     reported: bool = True  # the sampler reported log alpha of every turn
     messages: list[dict] = field(default_factory=list)  # the episode as messages (TRL's conversational completion)
+    shown: object = None  # its prompt with reset's observation appended (None: the row's prompt as it is)
     rewards: dict = field(default_factory=dict)  # environment reward source -> value (nan: does not apply)
 
     def add(self, ids, logprobs, policy: bool) -> None:
@@ -82,6 +85,7 @@ class Agent:
     workers: Workers
     tools: dict = field(default_factory=dict)
     environments: dict = field(default_factory=dict)
+    pool: EnvironmentPool | None = None  # the environments' instances, reused across steps
     max_tool_calling_iterations: int = 0  # 0: no limit but the budget
     log: Callable = print
     said: set = field(default_factory=set)  # the kinds of failure logged so far: each gets one line per run
@@ -149,10 +153,12 @@ def with_observation(prompt, observation) -> list[dict]:
     return messages[:-1] + [{**messages[-1], "content": content + observation}]
 
 
-def _make_and_reset(factory, row: dict, multi: bool):
-    """Make an environment and reset it on the row; an ``async def reset`` gives a coroutine of both, which the
-    episode's worker awaits on its own event loop."""
-    env = factory()
+def _reset(lease: Lease, factory, row: dict, multi: bool):
+    """Reset the lease's instance on the row, made first if it is new; an ``async def reset`` gives a coroutine of
+    both, which the episode's worker awaits on its own event loop."""
+    if lease.env is None:
+        lease.env = factory()
+    env = lease.env
     kwargs = {k: v for k, v in row.items() if k != ENVIRONMENT_COLUMN} if multi else dict(row)
     observation = env.reset(**kwargs)
     if inspect.isawaitable(observation):
@@ -175,6 +181,8 @@ class AgentSampler:
         return getattr(self.inner, name)
 
     def close(self) -> None:
+        if self.agent.pool is not None:
+            self.agent.pool.close()
         self.agent.workers.close()
         self.inner.close()
 
@@ -212,9 +220,12 @@ class AgentSampler:
             self._rewards(episodes, events, first)
         finally:
             for e in episodes:
-                if e.worker is not None:
+                if e.lease is not None and (e.failed or e.stalled):  # a failed instance is not reused
+                    agent.pool.drop(e.lease)
+                    e.lease = None
+                elif e.worker is not None and e.lease is None:
                     agent.workers.release(e.worker)
-                    e.worker = None
+                e.worker = None  # a leased instance keeps its worker: given back with it (``Rollout.release``)
         agent.say(events, first)
         sources = agent.reward_sources
         return Rollout([e.ids for e in episodes],
@@ -225,7 +236,9 @@ class AgentSampler:
                        if sources else None,
                        environments=[e.env for e in episodes] if agent.environments else None,
                        prompt_ids=[e.prompt for e in episodes] if changed else None,
-                       env_failed=[bool(e.failed) for e in episodes], malformed=[e.malformed for e in episodes])
+                       env_failed=[bool(e.failed) for e in episodes], malformed=[e.malformed for e in episodes],
+                       leases=[e.lease for e in episodes] if agent.environments else None,
+                       prompts_shown=[e.shown for e in episodes] if changed else None)
 
     # ---- the phases of an episode ---------------------------------------------------------------------------------
 
@@ -239,8 +252,9 @@ class AgentSampler:
         calls = []
         for e in episodes:
             e.environment = agent.environment_of(e.row)
-            e.worker = agent.workers.acquire()
-            calls.append((e.worker, _make_and_reset, (e.environment.factory, e.row or {}, multi)))
+            e.lease = agent.pool.take(e.environment.name)
+            e.worker = e.lease.worker
+            calls.append((e.worker, _reset, (e.lease, e.environment.factory, e.row or {}, multi)))
         changed = False
         for e, out in zip(episodes, agent.workers.run(calls)):
             if not out.ok:
@@ -254,8 +268,8 @@ class AgentSampler:
                 self._fail(e, "reset failed", f"reset returned a {type(observation).__name__}; expected None, text "
                            "or a list of content blocks", events, first)
                 continue
-            e.prompt = agent.template.prompt_ids(with_observation((e.row or {}).get("prompt", ""), observation),
-                                                 tools=e.schemas)
+            e.shown = with_observation((e.row or {}).get("prompt", ""), observation)
+            e.prompt = agent.template.prompt_ids(e.shown, tools=e.schemas)
             changed = True
         return changed
 
@@ -289,6 +303,10 @@ class AgentSampler:
                 self._fail(e, "get_reward failed", _why(out, agent.workers.timeout), events, first)
             elif out.value is None:
                 e.rewards[source] = math.nan  # TRL's None: the source does not apply
+            elif isinstance(out.value, float) and math.isnan(out.value):  # TRL's nansum reads nan as None
+                agent.note(events, first, "get_reward returned nan (read as None: the source does not apply to "
+                           "the episode, as TRL reads it)", source)
+                e.rewards[source] = math.nan
             elif isinstance(out.value, (str, bytes)) or not hasattr(out.value, "__float__") \
                     or not math.isfinite(float(out.value)):
                 self._fail(e, "get_reward failed", f"{source} returned {out.value!r}; expected a finite number or None",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llm.agents.environments import ENVIRONMENT_COLUMN, environment_tools, load_environments
+from llm.agents.environments import ENVIRONMENT_COLUMN, EnvironmentPool, environment_tools, load_environments
 from llm.agents.episodes import Agent
 from llm.agents.template import ToolTemplate
 from llm.agents.tools import AnswerBudget, load_tools
@@ -24,15 +24,18 @@ def read_chat_template(path: str) -> str:
 
 def build_agent(agent_config, task, tokenizer, log=print) -> Agent | None:
     """The run's agent (None without tools, an environment or an agent task): the task's own tools, replaced by a
-    user's of the same name, plus the user's others; the environments, each probed on one instance
-    (``llm.agents.environments``); the template checked to express tool calls and their answers (``ToolTemplate``);
+    user's of the same name, plus the user's others; the environments, each probed on one instance, the first of its
+    pool (``llm.agents.environments``); the template checked to express tool calls and their answers (``ToolTemplate``);
     a run with no reward source at all refused, as TRL refuses it. ``--chat-template-path`` becomes the tokenizer's
     template first (agent or not), so the prompts, the episodes and the saved model use the same one."""
     if agent_config.chat_template_path:
         tokenizer.chat_template = read_chat_template(agent_config.chat_template_path)
     own = {t.__name__: t for t in task.tools}
     user = {t.__name__: t for t in load_tools(agent_config.tools)}
-    environments = load_environments(agent_config.environment_factory) if agent_config.environment_factory else {}
+    workers = Workers(agent_config.tool_timeout)
+    pool = EnvironmentPool(workers)
+    environments = (load_environments(agent_config.environment_factory, pool) if agent_config.environment_factory
+                    else {})
     for env in environments.values():
         if clash := sorted(set(env.tool_names) & set(user)):
             log(f"tools: {', '.join(clash)} is both a tool and a method of the environment {env.class_name}: its "
@@ -47,9 +50,8 @@ def build_agent(agent_config, task, tokenizer, log=print) -> Agent | None:
     template = ToolTemplate(tokenizer, schemas)
     if replaced := sorted(set(own) & set(user)):
         log(f"tools: {', '.join(replaced)} given with --tools replace the task's own")
-    return Agent(template, AnswerBudget(agent_config.max_tool_response_length, tokenizer),
-                 Workers(agent_config.tool_timeout), tools, environments,
-                 agent_config.max_tool_calling_iterations or 0, log)
+    return Agent(template, AnswerBudget(agent_config.max_tool_response_length, tokenizer), workers, tools, environments,
+                 pool, agent_config.max_tool_calling_iterations or 0, log)
 
 
 def check_reward_sources(task, environments) -> None:

@@ -15,6 +15,7 @@ import functools
 import importlib
 import re
 import traceback
+from pathlib import Path
 
 #: Modules of this package that moved, by their old names: a spec naming the old one still imports.
 MOVED_MODULES = {"llm.agents.builtin": "llm.tasks.arithmetic_tools", "llm.agents.rewards": "llm.rewards.agents"}
@@ -26,13 +27,14 @@ OBJECT_PREFIX = "object:"
 
 
 def describe(obj) -> str:
-    """A text for an object that names what it is and where it was defined, the same in every process (no address)."""
+    """A text for an object that names what it is and where it was defined (its file's name and line: no directory of
+    this machine goes into config.json), the same in every process (no address)."""
     if isinstance(obj, functools.partial):
         args = [describe(obj.func)] + [repr(a) for a in obj.args] + [f"{k}={v!r}" for k, v in obj.keywords.items()]
         return re.sub(r" at 0x[0-9a-f]+", "", f"functools.partial({', '.join(args)})")
     code = getattr(obj, "__code__", None)
     name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
-    where = f" at {code.co_filename}:{code.co_firstlineno}" if code is not None else ""
+    where = f" at {Path(code.co_filename).name}:{code.co_firstlineno}" if code is not None else ""  # no machine path
     return re.sub(r" at 0x[0-9a-f]+", "", f"{getattr(obj, '__module__', '?')}:{name}{where}")
 
 

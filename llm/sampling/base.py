@@ -48,6 +48,20 @@ class Rollout:
     else): the episode scores 0."""
     malformed: list[int] | None = None
     """An agent's episodes: the turns the parser could not read (each ended its episode as a final answer)."""
+    leases: list | None = None
+    """An agent's episodes with environments: each one's pooled instance (``llm.agents.environments.Lease``; None
+    where it failed), given back to the pool by ``release`` once the episodes are scored."""
+    prompts_shown: list | None = None
+    """Each completion's prompt as its episode saw it, where an environment's ``reset`` appended an observation (None:
+    the rows' prompts as they are): what samples and the completions table show."""
+
+    def release(self) -> None:
+        """Give the episodes' environment instances back to their pool (their reward functions have run): the next
+        episodes reset them again, as TRL reuses its instances. Once; nothing without environments."""
+        for lease in self.leases or ():
+            if lease is not None:
+                lease.give_back()
+        self.leases = None
 
     def select(self, rows) -> "Rollout":
         """The completions at ``rows`` (indices, in that order)."""

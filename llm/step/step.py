@@ -146,7 +146,9 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
     row.update(timer.seconds)
     row.update(perf_metrics(run, batch, row))
     rewards = scored.rewards.reshape(-1)
-    entry = lambda j: {"step": step, "prompt": task.task.prompts[prompt_idx[j // G]],  # noqa: E731  completion j
+    shown = roll.prompts_shown  # an environment's reset appended an observation: the prompt its episode saw
+    entry = lambda j: {"step": step,  # noqa: E731  completion j
+                       "prompt": shown[j] if shown is not None else task.task.prompts[prompt_idx[j // G]],
                        "completion": scored.texts[j], "reward": float(rewards[j])}
     samples = [entry(j) for j in range(0, rewards.size, G)]
     if config.output.log_completions and step % config.output.logging_steps == 0:

@@ -231,7 +231,11 @@ class TokenizedTask:
         completions reward functions get (TRL's), whose environments they get as ``environments=``, and whose
         environments' reward sources are added, weight 1 each (TRL's); an episode whose environment failed scores
         0."""
-        rewards, parts = self._own_reward(prompt_idx, texts, completion_ids, test, episodes)
+        try:
+            rewards, parts = self._own_reward(prompt_idx, texts, completion_ids, test, episodes)
+        finally:
+            if episodes is not None:  # reward functions have read the environments: their instances are free again
+                episodes.release()
         if episodes is not None and episodes.env_rewards is not None:
             for source in episodes.env_rewards[0] if episodes.env_rewards else ():
                 values = np.array([r[source] for r in episodes.env_rewards], dtype=np.float64)

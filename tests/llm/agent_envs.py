@@ -2,6 +2,7 @@
 tests/llm/test_agent_contract.py (imported by 'module:name', as a user's are)."""
 
 import asyncio
+import random
 import sqlite3
 import threading
 import time
@@ -240,3 +241,73 @@ class UnprintableAnswer(Multiplier):
 def reads_the_database(prompts, completions, environments, **kwargs):
     """A reward function reading WithDatabase's connection, made on the episode's worker thread."""
     return [float(env.db.execute("select count(*) from calls").fetchone()[0]) for env in environments]
+
+
+class Quizmaster(Multiplier):
+    """Owns its questions: a seeded stream made in __init__, one question per reset (TRL's instances are pooled and
+    reset again, so each one moves on through its stream from step to step)."""
+
+    def __init__(self):
+        self.rng = random.Random(0)
+
+    def reset(self, **row):
+        a, b = self.rng.randint(2, 9), self.rng.randint(2, 9)
+        super().reset(prompt=f"{a}*{b}=")
+        return f" {a}*{b}="
+
+
+class KeepsReward:
+    """TRL's OpenEnv pattern: the episode's reward kept in a ``reward`` attribute and read back by a reward function
+    over ``environments=``; no get_reward. The attribute is the user's state, not a reward source."""
+
+    def reset(self, **row):
+        self.question = row["prompt"] if isinstance(row["prompt"], str) else row["prompt"][-1]["content"]
+        self.reward = 0.0
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first factor.
+            b: The second factor.
+        """
+        x, y = (int(v) for v in self.question.rstrip("=").split("*"))
+        self.reward = float({a, b} == {x, y})
+        return a * b
+
+
+def kept_reward(environments, **kwargs):
+    return [env.reward for env in environments]
+
+
+class NanReward(Multiplier):
+    """get_reward returns nan where the episode made no call: TRL's nansum reads it as "does not apply"."""
+
+    def get_reward(self):
+        return float(self.asked) if self.asked else float("nan")
+
+
+class DatabaseFromInit(Multiplier):
+    """An sqlite connection made in __init__ (the instance's whole life, as TRL's pooled instances keep one), used in
+    reset, the tool and get_reward: every call must come on the thread that made it."""
+
+    def __init__(self):
+        self.db = sqlite3.connect(":memory:")
+        self.db.execute("create table calls (a int, b int)")
+
+    def reset(self, **row):
+        super().reset(**row)
+        self.db.execute("delete from calls")
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first factor.
+            b: The second factor.
+        """
+        self.db.execute("insert into calls values (?, ?)", (a, b))
+        return Multiplier.multiply(self, a, b)
+
+    def get_reward(self):
+        return float(self.asked and self.db.execute("select count(*) from calls").fetchone()[0] == 1)

@@ -79,23 +79,3 @@ class Calculator:
 
     def get_reward(self) -> float:
         return float(self.asked)
-
-
-class ScoredByAttribute(Calculator):
-    """This package's extra: no get_reward, a number in its ``reward`` attribute (set in __init__, kept by its tools)."""
-
-    get_reward = None  # not a function: not a reward source, not a tool
-
-    def __init__(self):
-        self.reward = 0.0
-
-    def multiply(self, a: int, b: int) -> int:
-        """Multiply two integers.
-
-        Args:
-            a: The first factor.
-            b: The second factor.
-        """
-        out = super().multiply(a, b)
-        self.reward = float(self.asked)
-        return out

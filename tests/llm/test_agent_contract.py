@@ -6,6 +6,8 @@ the observation dropped, reward functions without ``environments=``, a traceback
 failure frequency above 1, a coroutine as an answer...)."""
 
 import dataclasses
+import math
+import random
 import re
 import subprocess
 import sys
@@ -334,3 +336,82 @@ def test_a_reward_function_reading_thread_bound_state_says_where_each_runs():
     roll = _episodes(agent, tok, [CALL.format(a=3, b=4), "12<eos>"])
     with pytest.raises(ValueError, match=r"reads_the_database raised ProgrammingError: .*worker thread.*get_reward"):
         task.bind(tok, agent=agent).score_parts([0, 1], ["", ""], roll.completion_ids, episodes=roll)
+
+
+# ---- instances pooled across steps, as TRL 1.16 pools them ---------------------------------------------------------
+
+
+def test_instances_are_pooled_and_reset_again_so_an_environment_that_owns_its_data_moves_on():
+    """The probe instance is the pool's first; each step's episodes take the lowest-numbered free instances and reset
+    them again once the step was scored, so a seeded stream of questions made in __init__ goes on (TRL: "5*5=" then
+    "3*4=", where fresh instances asked "5*5=" every time). Episode j of every step gets instance j."""
+    tok, task, agent = _env_agent("Quizmaster")
+    bound = task.bind(tok, agent=agent)
+    seen = []
+    for step in range(3):
+        roll = _episodes(agent, tok, ["12<eos>"])
+        seen.append([m[-1]["content"] for m in roll.prompts_shown])
+        bound.score_parts([0, 1], ["", ""], roll.completion_ids, episodes=roll)  # gives the instances back
+    stream = random.Random(0)  # instances 0 (the probe) and 1 each draw from a stream seeded alike
+    questions = [f"{stream.randint(2, 9)}*{stream.randint(2, 9)}=" for _ in range(3)]
+    assert [[p.split(" ")[-1] for p in step] for step in seen] == [[q, q] for q in questions]
+    assert len(set(questions)) == 3  # the questions move on
+    assert agent.pool.made == {None: 2}  # two instances for two episodes a step, however many steps
+
+
+def test_an_instance_is_not_reset_before_its_episodes_are_scored_and_a_failed_one_is_dropped():
+    """Episodes of a window not scored yet keep their instances (the next call takes new ones); an instance whose reset
+    raised is never handed out again."""
+    tok, task, agent = _env_agent("Quizmaster")
+    first = _episodes(agent, tok, ["12<eos>"])
+    second = _episodes(agent, tok, ["12<eos>"])  # the first call's instances are still out
+    assert {id(x) for x in first.leases}.isdisjoint({id(x) for x in second.leases})
+    assert agent.pool.made == {None: 4}
+    first.release()
+    second.release()
+    tok, task, agent = _env_agent({"bad": "ResetRaises", "good": "Multiplier"}, tool_timeout=0.5)
+    rows = [{"prompt": "3*4=", "environment": "bad"}, {"prompt": "3*4=", "environment": "good"}]
+    roll = _episodes(agent, tok, [CALL.format(a=3, b=4), "12<eos>"], rows=rows)
+    assert roll.leases[0] is None and roll.leases[1] is not None
+    roll.release()
+    assert [x.index for x in agent.pool.free["bad"]] == []  # the probe raised in reset: dropped
+    assert [x.index for x in agent.pool.free["good"]] == [0]
+
+
+def test_state_made_in_init_keeps_its_thread_across_steps():
+    """An sqlite connection opened in __init__ is used by reset, the tool and get_reward at every step: each pooled
+    instance lives on the worker that made it."""
+    tok, task, agent = _env_agent("DatabaseFromInit")
+    bound = task.bind(tok, agent=agent)
+    for _ in range(3):
+        roll = _episodes(agent, tok, [CALL.format(a=3, b=4), "12<eos>"])
+        assert roll.tool_failures == [0, 0] and not any(roll.env_failed)
+        assert roll.env_rewards == [{"DatabaseFromInit": 1.0}, {"DatabaseFromInit": 0.0}]
+        bound.score_parts([0, 1], ["", ""], roll.completion_ids, episodes=roll)
+
+
+def test_a_reward_attribute_read_by_a_reward_function_is_counted_once():
+    """TRL's OpenEnv pattern: the environment keeps ``self.reward``, a reward function returns it. The total is that
+    function's value (1, as in TRL), never the attribute added a second time (2); without the function there is no
+    reward source at all, refused at start-up as TRL refuses it."""
+    tok, task, agent = _env_agent("KeepsReward", reward_funcs=[f"{ENVS}:kept_reward"])
+    assert agent.reward_sources == []
+    roll = _episodes(agent, tok, [CALL.format(a=3, b=4), "12<eos>"])
+    rewards, parts = task.bind(tok, agent=agent).score_parts([0, 1], ["", ""], roll.completion_ids, episodes=roll)
+    assert list(parts) == ["kept_reward"] and rewards.tolist() == [1.0, 0.0]
+    with pytest.raises(ValueError, match="no reward source"):
+        _env_agent("KeepsReward")
+
+
+def test_nan_from_get_reward_means_does_not_apply_as_in_trl():
+    """A reward function's share stands where get_reward says nan (TRL's nansum), and one line per run says so."""
+    said = []
+    tok, task, agent = _env_agent("NanReward", reward_funcs=[f"{ENVS}:asked_with_environment"], log=said.append)
+    roll = _episodes(agent, tok, ["12<eos>", "12<eos>"])  # no call: get_reward is nan, the reward function 0
+    rewards, parts = task.bind(tok, agent=agent).score_parts([0, 1], ["", ""], roll.completion_ids, episodes=roll)
+    assert all(math.isnan(v) for v in parts["NanReward"]) and not any(roll.env_failed)
+    assert rewards.tolist() == [0.0, 0.0]
+    roll = _episodes(agent, tok, [CALL.format(a=3, b=4), "12<eos>"])
+    rewards, parts = task.bind(tok, agent=agent).score_parts([0, 1], ["", ""], roll.completion_ids, episodes=roll)
+    assert rewards.tolist() == [1.5, 0.0]  # 0.5 from the function, 1 from get_reward; the nan row keeps its 0
+    assert sum("get_reward returned nan" in line for line in said) == 1

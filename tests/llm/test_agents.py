@@ -404,11 +404,11 @@ def test_episodes_under_every_sampler(tmp_path, kw):
     assert all(r["tools/call_frequency"] > 0 and math.isfinite(r["j/pi_new"]) for r in rows)
 
 
-@pytest.mark.parametrize("factory", ["Calculator", "ScoredByAttribute"])
+@pytest.mark.parametrize("factory", ["Calculator"])
 def test_an_environment_factory_rewards_and_supplies_the_tools(tmp_path, factory):
-    """TRL's environment_factory: one Calculator per episode, reset with the prompt's row, its method the tool, its
-    get_reward (or, this package's extra, a ``reward`` attribute) the episode's reward (the dataset has no other); an
-    accepted episode of the built-in model's format scores 1 through the environment."""
+    """TRL's environment_factory: pooled Calculators reset with each prompt's row, its method the tool, its get_reward
+    the episode's reward (the dataset has no other); an accepted episode of the built-in model's format scores 1
+    through the environment."""
     import json
 
     from llm.models.tiny import agent_model_dir
@@ -473,6 +473,7 @@ def test_trls_tools_and_environment_factory_given_as_objects_are_kept_by_name():
     config = GRPOConfig(environment_factory={"calc": make, "other": partial})
     (calc, other) = config.environment_factory
     assert calc.startswith("calc=object:tests.llm.test_agents:") and "<lambda>" in calc
+    assert "at test_agents.py:" in calc and "/" not in calc  # its file's name, no directory of this machine
     assert other == "other=object:functools.partial(tests.llm.agent_tools:Calculator)"
     assert import_object(calc.partition("=")[2], "environment_factory") is make
     with pytest.raises(ValueError, match="another process"):

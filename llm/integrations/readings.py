@@ -79,6 +79,8 @@ class WatchOptions(BaseModel):
     def _pair(cls, value):
         if value is None:
             return None
+        if isinstance(value, np.ndarray) and value.ndim == 1:
+            value = value.tolist()
         if not isinstance(value, (list, tuple)) or len(value) != 2:
             raise ValueError(f"reward_range: must be two numbers (LOW, HIGH), got {value!r}")
         return tuple(float(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value)
@@ -91,7 +93,12 @@ class WatchOptions(BaseModel):
     @field_validator("improvement_lcb_method", mode="before")
     @classmethod
     def _method(cls, value):
-        return ge.lcb_method(value) if isinstance(value, str) else value
+        if not isinstance(value, str):
+            return value
+        try:
+            return ge.lcb_method(value)
+        except ValueError:
+            raise ValueError(f"improvement_lcb_method: must be one of {', '.join(ge.LCB_METHODS)}, got {value!r}") from None
 
     @model_validator(mode="after")
     def _rules(self):

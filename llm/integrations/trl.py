@@ -20,9 +20,10 @@ so they reach every tracker TRL reports to, under the names ``llm.train`` logs (
   held-out forward of pi_{k+1}; ``on_train_end``: the per-lag table.
 
 The policy pi_theta and alpha are TRL's: softmax(logits / temperature) of the trainer's weights as TRL's loss computes
-it (under its autocast: ``bf16=True``, TRL's default, computes the trainer's forward in bfloat16), and the sampler's
-distribution, whose log-probs vLLM reports (``sampling_per_token_logps``, processed) and transformers' ``generate``
-has recorded (in the model's own dtype, outside the autocast). Where neither exists (continuous batching, tool
+it (a full-sequence forward and its chunked output layer, under accelerate's autocast: ``bf16=True``, TRL's default,
+computes it in bfloat16), and the sampler's distribution, whose log-probs vLLM reports (``sampling_per_token_logps``,
+processed) and transformers' ``generate`` has recorded (its step-by-step decode with a KV cache, under the same
+autocast: in bfloat16 the two computations round differently). Where neither exists (continuous batching, tool
 episodes), alpha's log-probs are TRL's own forward of the sampler's weights (``old_per_token_logps``), which leaves
 out the engine's mismatch. With top-k, top-p or min-p, TRL's trainer-side log-probs are
 the unfiltered softmax's, so pi_k/alpha would be off: the watcher then refuses in one line (docs/integrations.md).
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import random
 
 import numpy as np
@@ -328,7 +330,7 @@ class TRLWatcher(Watcher):
                 why = "an iterable or empty training dataset"
             if why:
                 raise ValueError(f"watch: heldout_prompts with {why} is not supported; the in-sample readings "
-                                 "(heldout_prompts=0) are")
+                                 "(heldout_prompts=0) are supported there")
 
     def sync_dtype(self) -> str:
         """The sync check's rule: bfloat16's (twice the run's own rounding floor) when the trainer or the engine
@@ -348,10 +350,31 @@ class TRLWatcher(Watcher):
                   "_get_per_token_logps_and_entropies", "_calculate_rewards")
         what = ["lag", "tv/pi_k_alpha", "ess/pi_k_alpha"]
         if t.use_vllm or not (t.use_transformers_continuous_batching or t.tools):  # the sampler's own log-probs
-            what += ["sampling/logp_diff_* at lag 0", "tv/staleness", "tv/engine_mismatch"]
+            what.append("sampling/logp_diff_* at lag 0")
+            what += (["tv/staleness and tv/engine_mismatch at lag 0 only (TRL's own log-probs are unfiltered)"]
+                     if token_filter_of(t).active else ["tv/staleness", "tv/engine_mismatch"])
         if self.sampler:
             what.append(f"heldout/* on {self.options.heldout_prompts} prompts x {t.num_generations} per generation")
         super().attach(what)
+        if self.sampler:
+            self.say(PREFIX + self.heldout_line())
+
+    def heldout_line(self) -> str:
+        """What the held-out prompts can and cannot do: the smallest change their certificate can certify, that they
+        are drawn with replacement from a set smaller than them, that they call the user's reward functions."""
+        from grpo_theory.estimators import certificate_floor
+
+        o, n = self.options, len(self.trainer.train_dataset)
+        floor = certificate_floor(o.heldout_prompts, o.improvement_lcb_level, -1.0, o.improvement_lcb_weight_cap - 1.0)
+        reach = (f"the certificate can certify no change from {o.heldout_prompts} held-out prompts (it needs more; 16 "
+                 f"certify {certificate_floor(16, o.improvement_lcb_level):.2f}, 64 certify "
+                 f"{certificate_floor(64, o.improvement_lcb_level):.3f} in units of the reward range)"
+                 if not math.isfinite(floor) else
+                 f"the smallest change the certificate can certify from {o.heldout_prompts} held-out prompts is "
+                 f"{floor:.3g} of the reward range")
+        drawn = (f"; drawn with replacement (the training set has {n} rows)" if n < o.heldout_prompts else "")
+        return (f"{reach}{drawn}; their completions are scored by your reward functions, so one that keeps state "
+                "(counts its calls, caches) sees them too")
 
     # -- wrapped methods -------------------------------------------------------------------------------------
     def _generate_and_score_completions(self, original, inputs):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -20,9 +21,12 @@ PREFIX = "offpolicy-grpo watch: "
 
 
 def _say(options: WatchOptions):
+    """Where the watcher's lines go: the user's ``log``, or standard error above any progress bar (tqdm's, TRL's)."""
     if options.log is not None:
         return options.log
-    return lambda line: print(line, file=sys.stderr, flush=True)
+    from tqdm import tqdm
+
+    return lambda line: tqdm.write(line, file=sys.stderr)
 
 
 class Watcher:
@@ -33,6 +37,7 @@ class Watcher:
     def __init__(self, trainer, options: WatchOptions, sync_dtype: str):
         self.trainer, self.options = trainer, options
         self.say = _say(options)
+        self.summary_path = self.check_summary_path()
         self.parts: list[MicroBatch] = []
         self.table = LagTable()
         self.ranges = RangeWatch(options.reward_range)
@@ -41,6 +46,25 @@ class Watcher:
         self.sampler = None
         self.stopped: str | None = None
         self.steps = 0
+
+    def check_summary_path(self) -> Path | None:
+        """Where the run's summary goes (``summary_file``: relative to the host's output directory), refused in one
+        line now, before training, when it cannot be written there (a directory in its place, a file in its path, a
+        folder without write permission)."""
+        if not self.options.summary_file:
+            return None
+        path = Path(self.options.summary_file).expanduser()
+        if not path.is_absolute():
+            path = Path(self.trainer.args.output_dir) / path
+        if path.is_dir():
+            raise ValueError(f"watch: summary_file: {str(path)!r} is a directory")
+        parent = path.parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK):
+            raise ValueError(f"watch: summary_file: {str(path)!r} cannot be written ({str(parent)!r} is "
+                             f"{'not a directory' if not parent.is_dir() else 'not writable'})")
+        return path
 
     def wrap(self, *names: str) -> None:
         """Each named method of the trainer instance, wrapped by this watcher's ``_<name>`` (the original first)."""
@@ -126,9 +150,10 @@ class Watcher:
             self.say(f"{PREFIX}certificates: {c['steps_certified']} of {c['steps_logged']} steps certified"
                      + (f"; void from step {c['void_from_step']}" if c["void_from_step"] is not None else "")
                      + ("" if c["declared"] else " (no declared range: abstained)"))
-        if self.options.summary_file and self.trainer.accelerator.is_main_process:
-            path = Path(self.options.summary_file)
-            if not path.is_absolute():
-                path = Path(self.trainer.args.output_dir) / path
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(s, indent=1, default=float))
+        if self.summary_path is not None and self.trainer.accelerator.is_main_process:
+            try:
+                self.summary_path.parent.mkdir(parents=True, exist_ok=True)
+                self.summary_path.write_text(json.dumps(s, indent=1, default=float))
+            except OSError as exc:
+                self.say(f"{PREFIX}could not write the summary to {str(self.summary_path)!r} "
+                         f"({type(exc).__name__}: {exc}); it was printed above")

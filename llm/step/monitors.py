@@ -169,17 +169,22 @@ class RangeViolation(RunError):
 
 #: Warn when the importance weights' effective sample size falls below this fraction of the completions.
 ESS_WARN_FRACTION = 0.1
+#: Warn when the estimated TV(pi_k, alpha) reaches this: Theorem 1's lag penalty, 2 TV(pi_k, alpha), is then 1 or more,
+#: all that a reward in [0, 1] can change, so no bound holds; and the Kish ESS, which is blind to the weights' scale,
+#: can still look fine where every weight is near 0 (a policy that has left the sampler's completions behind).
+TV_WARN = 0.5
 
 
 class Warnings:
     """The run's warnings about its estimates: a sampler that disagrees with the trainer right after a sync (a
-    stale engine: every time), and an effective sample size of the importance weights below ``ESS_WARN_FRACTION``
-    of the completions (said once, again only after it has recovered)."""
+    stale engine: every time), an effective sample size of the importance weights below ``ESS_WARN_FRACTION`` of the
+    completions, and a TV(pi_k, alpha) of ``TV_WARN`` or more (each said once, again only after it has recovered)."""
 
     def __init__(self, dtype: str):
         self.check = SYNC_CHECKS[dtype]
         self.floor: float | None = None  # the first synced step's gap: the rounding floor (``SyncCheck``)
         self.low_ess = False
+        self.far = False
 
     def see(self, row: dict, synced: bool, write) -> None:
         if synced and self.floor is None and row.get(self.check.metric) is not None and self.check.floor_factor:
@@ -197,3 +202,13 @@ class Warnings:
                   f"the completions ({worst}): TV, improvement and bound estimates rest on a few completions "
                   "(their *_se say how much); a lower learning rate or v keeps the policies closer")
         self.low_ess = bool(low)
+        tv = row.get("tv/pi_k_alpha")
+        far = tv is not None and tv >= TV_WARN
+        if far and not self.far:
+            mass = row.get("is_weight_seq/mean")
+            write(f"WARNING step {row['step']}: TV(pi_k, alpha) is {tv:.3g} (tv/pi_k_alpha): the policy trained has moved "
+                  "far from the one that sampled its completions, so Theorem 1's lag penalty alone, 2 TV, is 1 or more "
+                  "and no bound holds" + (f", and pi_k keeps {mass:.2g} of its mass on what alpha draws "
+                                          "(is_weight_seq/mean)" if mass is not None else "") +
+                  "; a lower learning rate, fewer iterations per batch or a shorter lag keeps them close")
+        self.far = far

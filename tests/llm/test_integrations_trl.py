@@ -218,11 +218,11 @@ def test_the_held_out_samplers_log_alpha_is_the_policys_own_at_lag_0(tmp_path):
     assert diff < 1e-5 and s.mask.sum() > 0
 
 
-def test_trls_bf16_autocast_beside_its_float32_sampler_shows_as_engine_mismatch_at_lag_0(tmp_path):
-    """TRL's default ``bf16=True`` computes the trainer's forward under bfloat16 autocast while transformers'
-    ``generate`` samples from the float32 weights: at lag 0, where TRL's importance weight is 1 by construction, the
-    watcher reads the sampler's own log-probs against the trainer's and shows the mismatch (``sampling/logp_diff_*``,
-    ``tv/engine_mismatch`` > 0). In float32 the same reading is float rounding."""
+def test_trls_bf16_autocast_shows_as_engine_mismatch_at_lag_0(tmp_path):
+    """TRL's default ``bf16=True`` runs every forward under bfloat16 autocast: ``generate``'s cached step-by-step decode
+    and the loss's full-sequence forward round differently, so at lag 0, where TRL's importance weight is 1 by
+    construction, the watcher reads the sampler's own log-probs against the trainer's and shows the mismatch
+    (``sampling/logp_diff_*``, ``tv/engine_mismatch`` > 0). In float32 the same reading is float rounding."""
     rows = {}
     for bf16 in (True, False):
         t, logs = trainer(tmp_path / str(bf16), dict(), steps=3, bf16=bf16)
@@ -295,6 +295,8 @@ def test_range_rounding_is_read_as_the_edge_and_a_real_excess_is_not():
     (dict(improvement_lcb_level=1.5), {}, ValueError, "improvement_lcb_level"),
     (dict(improvement_lcb_method="z"), {}, ValueError, "method"),
     (dict(heldout_prompts="8"), {}, ValueError, "heldout_prompts: must be an integer"),
+    (dict(improvement_lcb_method="foo"), {}, ValueError, "improvement_lcb_method: must be one of betting"),
+    (dict(summary_file=__file__ + "/y.json"), {}, ValueError, "summary_file"),  # a file in its path
     (dict(), dict(top_p=0.9, use_transformers_continuous_batching=True), ValueError, "top_k, top_p or min_p with"),
     (dict(), dict(generation_kwargs={"do_sample": False}), ValueError, "greedy"),
 ])
@@ -528,3 +530,26 @@ def test_with_top_p_and_top_k_pi_k_and_alpha_are_both_on_the_samplers_kept_set(t
     step, inputs, logp = t.seen[0]  # lag 0: TRL's unfiltered log-probs against the kept-set sampler's
     unfiltered_gap = ((logp - inputs["recorded"]).abs() * inputs["completion_mask"]).max()
     assert unfiltered_gap > 1e-3
+
+
+def test_the_start_line_says_what_held_out_prompts_can_certify_and_that_they_call_your_rewards(tmp_path):
+    t, _ = trainer(tmp_path, dict(reward_range=np.array([0.0, 1.0]), heldout_prompts=6), steps=1)
+    assert t.offpolicy_watch.options.reward_range == (0.0, 1.0)  # a numpy pair, as a config often holds it
+    line = next(line for line in t.lines if "certify" in line)
+    assert "can certify no change from 6 held-out prompts" in line and "keeps state" in line
+    t, _ = trainer(tmp_path / "b", dict(heldout_prompts=16), steps=1)
+    assert "smallest change the certificate can certify from 16 held-out prompts is 0.412" in "".join(t.lines)
+
+
+def test_a_policy_far_from_its_sampler_is_warned_even_where_the_ess_looks_fine():
+    """Every weight near 0 gives a Kish ESS near 1 (it is blind to scale) and a TV near 1: the TV is what warns."""
+    from llm.step.monitors import Warnings
+
+    said = []
+    w = Warnings("float32")
+    for step, tv in enumerate([0.1, 0.97, 0.98, 0.2, 0.6]):
+        w.see({"step": step, "tv/pi_k_alpha": tv, "ess/pi_k_alpha": 0.2, "is_weight_seq/mean": 0.01}, False,
+              said.append)
+    warned = [line for line in said if "TV(pi_k, alpha)" in line]
+    assert [line.split(":")[0] for line in warned] == ["WARNING step 1", "WARNING step 4"]  # once, again after recovery
+    assert "no bound holds" in warned[0] and "0.01 of its mass" in warned[0]

@@ -42,7 +42,7 @@ and the logged value is that mean clipped at 1, which is biased low near 1 (``ch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -223,6 +223,18 @@ class SyncCheck:
 #: threshold separates both models; twice each run's own floor does.
 SYNC_CHECKS = {"float32": SyncCheck("sampling/logp_diff_max", 1e-3),
                "bfloat16": SyncCheck("sampling/logp_diff_mean", 0.02, floor_factor=2.0)}
+
+
+def sync_check(dtype: str, temperature: float = 1.0) -> SyncCheck:
+    """The sync check of ``dtype`` at ``temperature``: its tolerance divided by the temperature below 1
+    (``llm.core.logprobs.head_tolerance``: the logits' rounding is), so a run at temperature 0.01 does not read
+    rounding as a stale engine, which is off by far more at any temperature."""
+    from llm.core.logprobs import head_tolerance
+
+    check = SYNC_CHECKS[dtype]
+    return replace(check, tolerance=head_tolerance(temperature, check.tolerance))
+
+
 #: The start-up probe in bfloat16 (``llm.sampling.probe_sync``): the sampler's log-probs after syncing perturbed
 #: weights must be this many times closer (token mean) to the perturbed weights' than to the unperturbed ones'. On
 #: SmolLM2-135M with vLLM in bfloat16: 0.050 nats to the synced weights against 0.138 to the ones before with top-p 0.9

@@ -35,8 +35,17 @@ from llm.models.model import Precision, architecture
 LOGIT_CHUNK_BYTES = 256 * 2**20
 
 #: Largest |log-prob| difference between the chunked path and the model's own logits accepted at start-up
-#: (float32; ``check_head``).
+#: (float32; ``check_head``), at temperature 1: the logits' rounding is divided by the temperature, so below 1 the
+#: tolerance is too (``head_tolerance``).
 HEAD_CHECK_TOLERANCE = 1e-4
+
+
+def head_tolerance(temperature: float, tolerance: float = HEAD_CHECK_TOLERANCE) -> float:
+    """The log-prob tolerance of the start-up checks at ``temperature``: ``tolerance`` / min(1, temperature). Two
+    float32 paths differ in the logits by rounding; log softmax(logits / T) carries that difference times 1/T (at
+    T = 0.01, a hundred times). An output transform the chunked path lacks (a soft cap, a scale) differs by far more
+    than rounding at every temperature, so it is still found."""
+    return tolerance / min(1.0, temperature)
 
 
 def chunk_rows(vocab_size: int, chunk_tokens: int = 0) -> int:
@@ -464,7 +473,8 @@ class TokenDists:
 @torch.no_grad()
 def check_head(model, batch: Batch, temperature: float = 1.0, tolerance: float = HEAD_CHECK_TOLERANCE) -> float:
     """Compare the chunked log-probs with the model's own logits on ``batch``; returns the worst gap and raises
-    ``ValueError`` naming the architecture if it exceeds ``tolerance`` (an output transform LogitHead lacks)."""
+    ``ValueError`` naming the architecture if it exceeds ``tolerance`` (at temperature 1; ``head_tolerance``): an
+    output transform LogitHead lacks."""
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
                    use_cache=False).logits
     T, lp = batch.completion_ids.shape[1], batch.prompt_width
@@ -477,7 +487,7 @@ def check_head(model, batch: Batch, temperature: float = 1.0, tolerance: float =
         raise ValueError(f"model_name_or_path: {arch} does not expose its decoder and output layer the way the "
                          f"trainer's chunked log-probabilities need ({type(exc).__name__}: {exc})") from None
     gap = float((chunked - plain).abs().max())
-    if not gap <= tolerance:
+    if not gap <= head_tolerance(temperature, tolerance):
         raise ValueError(f"model_name_or_path: {arch}'s output layer applies a transform the trainer's chunked "
                          f"log-probabilities do not know (gap {gap:.2e} to the model's own logits); "
                          "it is not supported")
@@ -492,7 +502,7 @@ def check_packing(model, batch: Batch, temperature: float = 1.0, tolerance: floa
     padded = forward_completions(model, batch, temperature, share_prompts=False).logp
     packed = forward_completions(model, batch, temperature, packed=True).logp
     gap = float((packed - padded).abs().max())
-    if not gap <= tolerance:
+    if not gap <= head_tolerance(temperature, tolerance):
         raise ValueError(f"padding_free: {architecture(model)} with attention "
                          f"{getattr(model.config, '_attn_implementation', '?')} does not keep sequences packed into "
                          f"one row apart (log-prob gap {gap:.2e} to the padded pass); run without --padding-free or "

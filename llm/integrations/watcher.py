@@ -41,7 +41,7 @@ class Watcher:
         self.parts: list[MicroBatch] = []
         self.table = LagTable()
         self.ranges = RangeWatch(options.reward_range)
-        self.warnings = Warnings(sync_dtype)
+        self.warnings = Warnings(sync_dtype, float(getattr(trainer.args, "temperature", 1.0) or 1.0))  # the host's
         self.heldout = None
         self.sampler = None
         self.stopped: str | None = None

@@ -304,8 +304,8 @@ def start_run(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_p
     initial = {k: np.asarray(v) for k, v in (ckpt or {}).get("eval_initial", {}).items()}
     looks = (ckpt or {}).get("eval_looks", sum("eval/improvement_lcb" in r for r in kept))
     return Run(config, weights, task, clock, passes, Objective.from_config(config), rollouts,
-               exact, ranges, Warnings(config.machine.dtype), output, start, next(iter(params)).device, schedule,
-               initial, looks)
+               exact, ranges, Warnings(config.machine.dtype, config.sampling.temperature), output, start,
+               next(iter(params)).device, schedule, initial, looks)
 
 
 def save(run: Run, next_step: int, samples: list[dict]) -> None:

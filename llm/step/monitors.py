@@ -14,7 +14,7 @@ from runkit.cli import RunError
 
 from llm.config.ranges import beyond_range, onto_range
 from llm.core import diagnostics as dg
-from llm.core.diagnostics import SYNC_CHECKS
+from llm.core.diagnostics import sync_check
 from llm.core.metrics import PHASES
 from llm.core.token_filter import NO_FILTER, TokenFilter
 from llm.evaluation import mean_exact_j
@@ -180,8 +180,8 @@ class Warnings:
     stale engine: every time), an effective sample size of the importance weights below ``ESS_WARN_FRACTION`` of the
     completions, and a TV(pi_k, alpha) of ``TV_WARN`` or more (each said once, again only after it has recovered)."""
 
-    def __init__(self, dtype: str):
-        self.check = SYNC_CHECKS[dtype]
+    def __init__(self, dtype: str, temperature: float = 1.0):
+        self.check = sync_check(dtype, temperature)
         self.floor: float | None = None  # the first synced step's gap: the rounding floor (``SyncCheck``)
         self.low_ess = False
         self.far = False

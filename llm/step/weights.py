@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llm.core.diagnostics import SYNC_CHECKS
+from llm.core.diagnostics import sync_check
 from llm.models.distributed import (Ranks, gather_into, load_whole_optimizer_state, load_whole_state_dict, shard_blocks,
                           whole_optimizer_state, whole_state_dict)
 from llm.models.model import Precision, copy_weights, frozen_copy
@@ -48,7 +48,7 @@ class Weights:
         sampler = make_sampler(config, policy, tokenizer, model_path, longest_prompt) if ranks.main else None
         if sampler is not None and config.diagnostics.verify_sync and sampler.holds_own_weights:
             probe_sync(sampler, policy, probe_prompts, tokenizer.pad_token_id, config.sampling.temperature,
-                       Precision.from_config(config.machine), SYNC_CHECKS[config.machine.dtype],
+                       Precision.from_config(config.machine), sync_check(config.machine.dtype, config.sampling.temperature),
                        config.sampling.token_filter)  # ends with the policy's
         elif sampler is not None and sampler.runs_server:  # a server's weights may be anyone's
             sampler.load_weights(policy)

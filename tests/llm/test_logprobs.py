@@ -50,8 +50,23 @@ def test_an_output_transform_the_chunked_path_lacks_is_refused(tmp_path, monkeyp
         self.softcap = None
 
     monkeypatch.setattr(LogitHead, "__init__", without_softcap)
-    with pytest.raises(ValueError, match="Gemma2ForCausalLM's output layer"):
-        check_head(model, batch)
+    for temperature in (1.0, 0.01):  # the tolerance widened for a low temperature still finds the missing cap
+        with pytest.raises(ValueError, match="Gemma2ForCausalLM's output layer"):
+            check_head(model, batch, temperature)
+
+
+def test_the_start_up_checks_read_rounding_at_a_low_temperature_as_rounding():
+    """At temperature 0.01 the logits' float32 rounding is multiplied by 100 in the log-probs: the built-in agent
+    model's chunked and plain paths differed there by 2.4e-4 on an AVX-512 host and the run refused to start. The
+    tolerance is divided by the temperature; the gap itself is still of rounding's size (1e-4 times 1/T)."""
+    from llm.core.logprobs import HEAD_CHECK_TOLERANCE, head_tolerance
+    from llm.models.tiny import agent_model_dir
+
+    assert head_tolerance(1.0) == head_tolerance(3.0) == HEAD_CHECK_TOLERANCE
+    assert head_tolerance(0.01) == pytest.approx(100 * HEAD_CHECK_TOLERANCE)
+    model, tok = load_policy(str(agent_model_dir()), torch.device("cpu"))
+    batch = make_batch(*sequences(tok, 5), tok.pad_token_id, "cpu")
+    assert check_head(model, batch, 0.01) <= head_tolerance(0.01)
 
 
 def test_a_model_without_a_reachable_output_layer_is_refused_in_one_line():
@@ -237,3 +252,19 @@ def test_per_token_divergences_are_exact_across_an_update():
     assert np.allclose(tv[on.numpy()], want_tv[on].double().numpy(), atol=1e-5)
     assert np.allclose(kl[on.numpy()], want_kl[on].double().numpy(), atol=1e-5)
     assert tv[~on.numpy()].sum() == 0 and kl[~on.numpy()].sum() == 0 and tv[on.numpy()].min() > 0
+
+
+def test_the_sync_check_reads_rounding_at_a_low_temperature_as_rounding():
+    """A synced sampler at temperature 0.01 differed from the trainer by 7.2e-4 nats on the built-in agent model (the
+    float32 tolerance is 1e-3); the check's tolerance is divided by the temperature as the start-up check's is, and
+    a stale engine (off by a nat or more at temperature 1, a hundred at 0.01) is still told apart."""
+    from llm.core.diagnostics import SYNC_CHECKS, sync_check
+    from llm.step.monitors import Warnings
+
+    assert sync_check("float32", 1.0) == SYNC_CHECKS["float32"] == sync_check("float32", 2.0)
+    assert sync_check("float32", 0.01).tolerance == pytest.approx(0.1)
+    assert sync_check("bfloat16", 0.5).floor_factor == SYNC_CHECKS["bfloat16"].floor_factor
+    for temperature, gap, warned in ((1.0, 2e-3, True), (0.01, 2e-3, False), (0.01, 50.0, True)):
+        said = []
+        Warnings("float32", temperature).see({"step": 0, "sampling/logp_diff_max": gap}, True, said.append)
+        assert bool(said) == warned, (temperature, gap, said)

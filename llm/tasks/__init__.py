@@ -229,8 +229,8 @@ class TokenizedTask:
         """``score`` and each reward source's values (nan where it returned None): the reward functions' and the
         environments' (an empty dict for the other rewards). ``episodes``: an agent's rollout, whose messages are the
         completions reward functions get (TRL's), whose environments they get as ``environments=``, and whose
-        environments' reward sources are added, weight 1 each (TRL's); an episode whose environment failed scores
-        0."""
+        environments' reward sources are added, weight 1 each (TRL's), and whose prompts as shown (reset's observation
+        appended) are the prompts reward functions get (TRL's); an episode whose environment failed scores 0."""
         try:
             rewards, parts = self._own_reward(prompt_idx, texts, completion_ids, test, episodes)
         finally:
@@ -266,8 +266,10 @@ class TokenizedTask:
                            else list(texts))
             extra = ({"environments": list(episodes.environments)}
                      if episodes is not None and episodes.environments is not None else {})
-            return batch_rewards(t.reward_funcs, [prompts[i] for i in prompt_idx], completions,
-                                 [list(c) for c in completion_ids], rows_of(columns, prompt_idx) | extra)
+            shown = episodes.prompts_shown if episodes is not None else None  # with reset's observations (TRL's)
+            given = list(shown) if shown is not None else [prompts[i] for i in prompt_idx]
+            return batch_rewards(t.reward_funcs, given, completions, [list(c) for c in completion_ids],
+                                 rows_of(columns, prompt_idx) | extra)
         if self.task.row_reward is not None:
             row_reward = self.task.row_reward
             return np.array([text_reward(lambda c, _a, i=i: row_reward(c, i, test), t, answers[i])

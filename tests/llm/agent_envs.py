@@ -178,6 +178,13 @@ class Adder:
         return float(self.added)
 
 
+def saw_the_observation(prompts, completions, **kwargs):
+    """1 where the prompt a reward function gets ends with ``Observed``'s observation (TRL passes the prompts as
+    shown, reset's text appended)."""
+    last = lambda p: p if isinstance(p, str) else p[-1]["content"]  # noqa: E731
+    return [float(last(p).endswith(" please")) for p in prompts]
+
+
 def asked_with_environment(prompts, completions, environments, **kwargs):
     """A reward function over TRL's ``environments=``: 0.5 iff the episode's environment saw the right call."""
     return [0.5 * float(env.asked) if env is not None else None for env in environments]
@@ -259,6 +266,9 @@ class Quizmaster(Multiplier):
 class KeepsReward:
     """TRL's OpenEnv pattern: the episode's reward kept in a ``reward`` attribute and read back by a reward function
     over ``environments=``; no get_reward. The attribute is the user's state, not a reward source."""
+
+    def __init__(self):
+        self.reward = 0.0  # a number from the start, as many users write it
 
     def reset(self, **row):
         self.question = row["prompt"] if isinstance(row["prompt"], str) else row["prompt"][-1]["content"]

@@ -83,6 +83,14 @@ def test_resets_observation_is_appended_to_the_last_user_message():
     assert roll.env_rewards[0] == {"Observed": 1.0}
 
 
+def test_reward_functions_get_the_prompts_as_shown_with_the_observation():
+    """TRL gives reward functions the prompts after reset's observation was appended (the ones the model saw)."""
+    tok, task, agent = _env_agent("Observed", reward_funcs=[f"{ENVS}:saw_the_observation"])
+    roll = _episodes(agent, tok, [CALL.format(a=3, b=4), "12<eos>"])
+    rewards, parts = task.bind(tok, agent=agent).score_parts([0, 1], ["", ""], roll.completion_ids, episodes=roll)
+    assert parts["saw_the_observation"].tolist() == [1.0, 1.0]
+
+
 def test_reward_functions_get_the_environments_and_the_environments_reward_is_added():
     """TRL's documented pattern: a reward function reads ``environments=``; the environment's get_reward is one more
     source of weight 1 beside it."""

@@ -5,6 +5,8 @@ question ``a*b=`` (its format: ``[multiply{"a":3,"b":4}]<eos>=12|12<eos>``)."""
 from __future__ import annotations
 
 import asyncio
+import math
+import random
 import sys
 from pathlib import Path
 
@@ -86,13 +88,58 @@ class AsyncCalculator(Calculator):
 
 
 class OwnsTheData(Calculator):
-    """No dataset: reset returns the question, appended to an empty user message."""
+    """No dataset: the environment draws its next question from a stream seeded in ``__init__`` at every reset and
+    returns it (appended to an empty user message). Under TRL's pooling an instance moves on from step to step; a
+    fresh instance per episode would ask the stream's first question forever."""
 
-    QUESTION = "6*7="
+    def __init__(self):
+        self.stream = random.Random(0)
 
     def reset(self, **row):
-        self.question, self.right = self.QUESTION, False
-        return self.QUESTION
+        self.question = f"{self.stream.randint(2, 9)}*{self.stream.randint(2, 9)}="
+        self.right = False
+        return self.question
+
+
+class Announcer(Picky):
+    """The question is not in the prompt (every row's prompt is the same empty message) but in a column of the row:
+    reset returns it as the observation, so only matching rows on every column pairs the episodes."""
+
+    def reset(self, question, **row):
+        self.question, self.right = question, False
+        return question
+
+
+class KeepsScore(Calculator):
+    """TRL's OpenEnv pattern: no get_reward; the tool keeps ``self.reward``, a reward function reads it back through
+    ``environments=``. The attribute is the user's state, not a second reward source."""
+
+    get_reward = None
+
+    def __init__(self):
+        self.reward = 0.0  # a number from the start, as many users write it
+
+    def reset(self, **row):
+        super().reset(**row)
+        self.reward = 0.0
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first factor.
+            b: The second factor.
+        """
+        out = Calculator.multiply(self, a, b)
+        self.reward = float(self.right)
+        return out
+
+
+class Abstains(Calculator):
+    """get_reward is nan ("does not apply", TRL's nansum) on questions whose first factor is odd."""
+
+    def get_reward(self):
+        return math.nan if _factors(self.question)[0] % 2 else float(self.right)
 
 
 class Unscored(Calculator):
@@ -111,6 +158,11 @@ async def async_env_reward(prompts, completions, environments, **kwargs):
     """``env_reward`` as an ``async def`` (TRL awaits async reward functions): 0.5 iff the right call was seen."""
     await asyncio.sleep(0)
     return [0.5 * float(e.right) if hasattr(e, "right") else None for e in environments]
+
+
+def kept_reward(prompts, completions, environments, **kwargs):
+    """The OpenEnv pattern's reward function: the ``reward`` each environment kept."""
+    return [e.reward for e in environments]
 
 
 def answer_reward(prompts, completions, **kwargs):

@@ -1,9 +1,10 @@
 """What a run did, from its ``metrics.jsonl`` only: ``python -m llm.report RUN_DIR [RUN_DIR ...]``.
 
 ``summarise`` is a short text summary of one run (first and last steps of the main metrics, the exact and
-estimated improvement, the evaluation on the test prompts); ``make run`` prints it. ``plot_runs`` draws several
-runs overlaid (e.g. v = 1 against v = 4) in four PNGs: the reward, the evaluation on the test prompts, the TV
-estimates, and the bound's estimates against the realised improvement.
+estimated improvement, the evaluation on the test prompts); ``make run`` prints it. ``spread`` is where several runs
+of one command end, with the spread across them (the report prints it after the summaries when given several).
+``plot_runs`` draws several runs overlaid (e.g. v = 1 against v = 4) in four PNGs: the reward, the evaluation on the
+test prompts, the TV estimates, and the bound's estimates against the realised improvement.
 """
 
 from __future__ import annotations
@@ -101,6 +102,34 @@ def summarise(run_dir: str | Path, window: int = 10) -> str:
     phases = ", ".join(f"{k[5:]} {v:.2f}" for k, v in times.items() if v > 0.005)
     lines.append(f"  seconds per step: median {np.median(totals):.3f}, mean {np.mean(totals):.3f} (mean per phase: "
                  f"{phases})")
+    return "\n".join(lines)
+
+
+#: The metrics whose spread across runs ``spread`` prints: where a curve ends, not how a step was estimated.
+SPREAD_COLUMNS = ["reward", "j/pi_new", "improvement", "tv/pi_k_alpha", "heldout/improvement", "eval/j",
+                  "eval/accuracy_sampled", "eval/accuracy_greedy", "tools/call_frequency"]
+
+
+def spread(run_dirs: Sequence[str | Path], window: int = 10) -> str:
+    """Where several runs of one command (seeds, hosts, thread counts) end: per metric, each run's mean over its last
+    ``window`` steps (an evaluation metric: its last value), then their mean, sample standard deviation and range
+    across the runs. One run's end is one draw; this is the spread to quote."""
+    runs = [read_metrics(d) for d in run_dirs]
+    lines = [f"across {len(runs)} runs ({', '.join(str(d) for d in run_dirs)}): the last {window} steps' mean of "
+             "each run (evaluations: the last), then mean +- sample sd [min, max] over the runs"]
+    for key in SPREAD_COLUMNS:
+        ends = []
+        for rows in runs:
+            has = [r for r in rows if key in r and not np.isnan(r[key])]
+            if has:
+                ends.append(has[-1][key] if key.startswith("eval/") else _mean(has[-window:], key))
+        if len(ends) < 2:
+            continue
+        e = np.asarray(ends)
+        lines.append(f"  {key:<28} " + " ".join(f"{x:.4f}" for x in e) +
+                     f"  ->  {e.mean():.4f} +- {e.std(ddof=1):.4f} [{e.min():.4f}, {e.max():.4f}]")
+    if len(lines) == 1:
+        lines.append("  no metric is logged by two or more of them")
     return "\n".join(lines)
 
 

@@ -12,7 +12,7 @@ import tyro
 from runkit.cli import parse
 from runkit.validation import require
 
-from llm.analysis.report import plot_runs, summarise
+from llm.analysis.report import plot_runs, spread, summarise
 
 PROG = "python -m llm.report"
 
@@ -22,7 +22,8 @@ class ReportArgs:
     """Summaries and plots of llm.train run directories, from their metrics.jsonl only."""
 
     run_dirs: Annotated[tuple[Path, ...], tyro.conf.Positional]
-    """One or more run directories (their output_dir); several are overlaid in every figure."""
+    """One or more run directories (their output_dir); several are overlaid in every figure, and where they end is
+    printed with its spread across them."""
     out: Path | None = None
     """Where the PNGs go (default: RUN_DIR/report for one run, the first run's parent/report for several)."""
     window: int = 10
@@ -39,5 +40,7 @@ def main(args: list[str] | None = None) -> int:
     written = plot_runs(cfg.run_dirs, out, cfg.window)
     for d in cfg.run_dirs:
         print(summarise(d, cfg.window))
+    if len(cfg.run_dirs) > 1:
+        print(spread(cfg.run_dirs, cfg.window))
     print("wrote " + ", ".join(str(p) for p in written.values()))
     return 0

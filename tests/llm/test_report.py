@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from llm import GRPOConfig, train
-from llm.analysis.report import plot_runs, realised_improvement, rolling_mean, run_labels, series
+from llm.analysis.report import plot_runs, realised_improvement, rolling_mean, run_labels, series, spread
 
 
 def _write_run(path, rows):
@@ -50,6 +50,25 @@ def test_series_realised_improvement_and_labels():
     assert run_labels([Path("a/v1"), Path("b/v1"), Path("c/v4")]) == ["a/v1", "b/v1", "v4"]
 
 
+def test_the_spread_across_runs_is_each_runs_end_then_mean_sd_and_range(tmp_path):
+    """Each run's end (the last window's mean; an evaluation's last value), then mean, sample sd and range over the
+    runs, by hand; a metric that one run alone logs is left out."""
+    ends = {}
+    for seed, r_end in enumerate((0.2, 0.3, 0.7)):
+        rows = [{"step": k, "reward": 0.0 if k < 6 else r_end} for k in range(10)]
+        rows[3]["eval/j"], rows[9]["eval/j"] = 0.5, 0.1 * seed
+        if seed == 0:
+            rows[9]["kl"] = 1.0
+        ends[seed] = _write_run(tmp_path / f"s{seed}", rows)
+    text = spread(list(ends.values()), window=4)
+    reward = next(line for line in text.splitlines() if line.strip().startswith("reward "))
+    sd = np.std([0.2, 0.3, 0.7], ddof=1)
+    assert "0.2000 0.3000 0.7000" in reward and f"0.4000 +- {sd:.4f} [0.2000, 0.7000]" in reward
+    evals = next(line for line in text.splitlines() if line.strip().startswith("eval/j"))
+    assert "0.0000 0.1000 0.2000" in evals and "kl" not in text.replace("across", "")
+    assert "no metric" in spread([ends[0], _write_run(tmp_path / "bare", [{"step": 0, "loss": 1.0}])])
+
+
 def test_plot_runs_writes_the_figures_the_metrics_allow(tmp_path):
     a = _write_run(tmp_path / "v1", _rows(20, evals=True))
     b = _write_run(tmp_path / "v4", _rows(15))
@@ -72,6 +91,7 @@ def test_the_command_line_on_real_runs(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("exact J over the training prompts") == 2
+    assert "across 2 runs" in res.stdout and "j/pi_new" in res.stdout.split("across 2 runs")[1]
     assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["bound.png", "eval.png", "reward.png", "tv.png"]
     bad = subprocess.run([sys.executable, "-m", "llm.report", str(tmp_path / "nope")], capture_output=True, text=True,
                          timeout=300)

@@ -297,7 +297,7 @@ class NanReward(Multiplier):
         return float(self.asked) if self.asked else float("nan")
 
 
-class DatabaseFromInit(Multiplier):
+class DatabaseFromInit(WithDatabase):
     """An sqlite connection made in __init__ (the instance's whole life, as TRL's pooled instances keep one), used in
     reset, the tool and get_reward: every call must come on the thread that made it."""
 
@@ -306,18 +306,5 @@ class DatabaseFromInit(Multiplier):
         self.db.execute("create table calls (a int, b int)")
 
     def reset(self, **row):
-        super().reset(**row)
+        Multiplier.reset(self, **row)
         self.db.execute("delete from calls")
-
-    def multiply(self, a: int, b: int) -> int:
-        """Multiply two integers.
-
-        Args:
-            a: The first factor.
-            b: The second factor.
-        """
-        self.db.execute("insert into calls values (?, ?)", (a, b))
-        return Multiplier.multiply(self, a, b)
-
-    def get_reward(self):
-        return float(self.asked and self.db.execute("select count(*) from calls").fetchone()[0] == 1)

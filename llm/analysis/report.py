@@ -112,21 +112,22 @@ SPREAD_COLUMNS = ["reward", "j/pi_new", "improvement", "tv/pi_k_alpha", "heldout
 
 def spread(run_dirs: Sequence[str | Path], window: int = 10) -> str:
     """Where several runs of one command (seeds, hosts, thread counts) end: per metric, each run's mean over its last
-    ``window`` steps (an evaluation metric: its last value), then their mean, sample standard deviation and range
-    across the runs. One run's end is one draw; this is the spread to quote."""
+    ``window`` steps (an evaluation metric, and the exact J once more: its last value), then their mean, sample
+    standard deviation and range across the runs. One run's end is one draw; this is the spread to quote."""
     runs = [read_metrics(d) for d in run_dirs]
     lines = [f"across {len(runs)} runs ({', '.join(str(d) for d in run_dirs)}): the last {window} steps' mean of "
-             "each run (evaluations: the last), then mean +- sample sd [min, max] over the runs"]
-    for key in SPREAD_COLUMNS:
+             "each run (evaluations and 'last step': the last value), then mean +- sample sd [min, max] over the runs"]
+    for key, last in [(k, k.startswith("eval/")) for k in SPREAD_COLUMNS] + [("j/pi_new", True)]:
         ends = []
         for rows in runs:
             has = [r for r in rows if key in r and not np.isnan(r[key])]
             if has:
-                ends.append(has[-1][key] if key.startswith("eval/") else _mean(has[-window:], key))
+                ends.append(has[-1][key] if last else _mean(has[-window:], key))
         if len(ends) < 2:
             continue
         e = np.asarray(ends)
-        lines.append(f"  {key:<28} " + " ".join(f"{x:.4f}" for x in e) +
+        label = f"{key} (last step)" if last and not key.startswith("eval/") else key
+        lines.append(f"  {label:<28} " + " ".join(f"{x:.4f}" for x in e) +
                      f"  ->  {e.mean():.4f} +- {e.std(ddof=1):.4f} [{e.min():.4f}, {e.max():.4f}]")
     if len(lines) == 1:
         lines.append("  no metric is logged by two or more of them")

@@ -66,6 +66,9 @@ def test_the_spread_across_runs_is_each_runs_end_then_mean_sd_and_range(tmp_path
     assert "0.2000 0.3000 0.7000" in reward and f"0.4000 +- {sd:.4f} [0.2000, 0.7000]" in reward
     evals = next(line for line in text.splitlines() if line.strip().startswith("eval/j"))
     assert "0.0000 0.1000 0.2000" in evals and "kl" not in text.replace("across", "")
+    rows = [{"step": k, "j/pi_new": 0.1 * k} for k in range(5)]
+    both = spread([_write_run(tmp_path / "j0", rows), _write_run(tmp_path / "j1", rows[:3])], window=2)
+    assert "j/pi_new (last step)" in both and "0.4000 0.2000" in both.split("(last step)")[1]
     assert "no metric" in spread([ends[0], _write_run(tmp_path / "bare", [{"step": 0, "loss": 1.0}])])
 
 

@@ -59,7 +59,7 @@ def summarise(run_dir: str | Path, window: int = 10) -> str:
         if any(c in r for r in rows):
             lines.append(f"  {c:<56}{_mean(first, c):>11.4g}{_mean(last, c):>11.4g}{_mean(rows, c):>11.4g}")
     lines += exact_comparison(rows)
-    lines += certificate_lines(rows)
+    lines += certificate_lines(rows, run_level(run_dir))
     lagged = [r for r in rows if r.get("lag", 0) > 0]
     if lagged:
         lines.append(f"  steps with lag > 0: {len(lagged)}; their mean tv/pi_k_alpha {_mean(lagged, 'tv/pi_k_alpha'):.4f}"
@@ -112,34 +112,48 @@ SPREAD_COLUMNS = ["reward", "j/pi_new", "improvement", "tv/pi_k_alpha", "heldout
 
 def spread(run_dirs: Sequence[str | Path], window: int = 10) -> str:
     """Where several runs of one command (seeds, hosts, thread counts) end: per metric, each run's mean over its last
-    ``window`` steps (an evaluation metric, and the exact J once more: its last value), then their mean, sample
-    standard deviation and range across the runs. One run's end is one draw; this is the spread to quote."""
+    ``window`` steps (all of them in a shorter run; an evaluation metric, and the exact J once more: its last value),
+    in the order the runs are given ("-" where one did not log it), then their mean, sample standard deviation and
+    range across the runs that did. One run's end is one draw; this is the spread to quote."""
     runs = [read_metrics(d) for d in run_dirs]
-    lines = [f"across {len(runs)} runs ({', '.join(str(d) for d in run_dirs)}): the last {window} steps' mean of "
-             "each run (evaluations and 'last step': the last value), then mean +- sample sd [min, max] over the runs"]
+    shortest = min(len(rows) for rows in runs)
+    named = ", ".join(f"[{k + 1}] {d}" for k, d in enumerate(run_dirs))
+    lines = [f"across {len(runs)} runs ({named}): the last {min(window, shortest) if shortest else window} steps' "
+             "mean of each run (evaluations and 'last step': the last value), then mean +- sample sd [min, max] over "
+             "the runs that logged it"]
     for key, last in [(k, k.startswith("eval/")) for k in SPREAD_COLUMNS] + [("j/pi_new", True)]:
-        ends = []
+        ends: list[float | None] = []
         for rows in runs:
             has = [r for r in rows if key in r and not np.isnan(r[key])]
-            if has:
-                ends.append(has[-1][key] if last else _mean(has[-window:], key))
-        if len(ends) < 2:
+            ends.append((has[-1][key] if last else _mean(has[-window:], key)) if has else None)
+        e = np.asarray([x for x in ends if x is not None])
+        if e.size < 2:
             continue
-        e = np.asarray(ends)
         label = f"{key} (last step)" if last and not key.startswith("eval/") else key
-        lines.append(f"  {label:<28} " + " ".join(f"{x:.4f}" for x in e) +
-                     f"  ->  {e.mean():.4f} +- {e.std(ddof=1):.4f} [{e.min():.4f}, {e.max():.4f}]")
+        lines.append(f"  {label:<28} " + " ".join("-" if x is None else f"{x:.4g}" for x in ends) +
+                     f"  ->  {e.mean():.4g} +- {e.std(ddof=1):.2g} [{e.min():.4g}, {e.max():.4g}]")
     if len(lines) == 1:
         lines.append("  no metric is logged by two or more of them")
     return "\n".join(lines)
 
 
-def certificate_lines(rows: list[dict]) -> list[str]:
+def run_level(run_dir: str | Path) -> float:
+    """The run's certificate level (``improvement_lcb_level`` in its config.json; 0.95, the default, without one)."""
+    import json
+
+    try:
+        config = json.loads((Path(run_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return 0.95
+    return float(config.get("improvement_lcb_level", 0.95))
+
+
+def certificate_lines(rows: list[dict], level: float = 0.95) -> list[str]:
     """How often the improvement certificate (``heldout/improvement_lcb`` > 0) and Theorem 1's held-out estimate
     (``heldout/bound_est/lower_tight`` > 0) say a step improved J, over every step that logged the certificate (an
     abstention counts as not certified: ``llm.core.metrics.certificate_shares``); with the exact improvement, how often
     the lower confidence bound exceeded it (at level L, at most about 1 - L of the steps when it keeps its level)."""
-    shares = certificate_shares(rows)
+    shares = certificate_shares(rows, level)
     logged = [r for r in rows if "heldout/improvement_lcb" in r]
     void = [r for r in rows if r.get(VOID_KEY)]
     lines = []
@@ -169,8 +183,9 @@ def certificate_lines(rows: list[dict]) -> list[str]:
                      f"{len(logged)} steps{abstained}; {estimate}")
     if "e_bh" in shares:
         lines.append(f"  across the run (e-values heldout/improvement_e): certified steps {shares['e_bh']:.0%} by e-BH "
-                     f"(the expected share of false ones among them at most 5%, at level 0.95), {shares['spending']:.0%} "
-                     "by alpha-spending (none false, with probability >= 0.95); a positive heldout/improvement_lcb is "
+                     f"(the expected share of false ones among them at most {1 - level:.0%}, at level {level:g}), "
+                     f"{shares['spending']:.0%} by alpha-spending (none false, with probability >= {level:g}); a "
+                     "positive heldout/improvement_lcb is "
                      "each step's own claim, not the run's")
     if "above_exact" in shares:
         lines.append(f"  heldout/improvement_lcb above the exact improvement on {shares['above_exact']:.0%} of "

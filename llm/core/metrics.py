@@ -52,9 +52,9 @@ def certificate_shares(rows: list[dict], level: float = 0.95) -> dict[str, float
     level); ``abstained``, the share where it abstained (nan: an unguaranteed bound below its fewest prompts, docs/
     theory.md §8.6), which counts as not certified; ``above_exact``, where the exact improvement is logged, the share
     whose bound exceeded it (an abstention never does); with the betting certificate's e-values
-    (``heldout/improvement_e``), ``e_bh``, the share certified by e-BH over the run at ``level`` (the expected share
-    of false certificates among them at most 1 - level), and ``spending``, the share certified by alpha-spending
-    (no false certificate at all with probability >= level); ``steps``, how many steps logged it (0: every share
+    (``heldout/improvement_e``, some finite), ``e_bh``, the share certified by e-BH over the run at ``level`` (the
+    expected share of false certificates among them at most 1 - level), and ``spending``, the share certified by
+    alpha-spending (no false certificate at all with probability >= level); ``steps``, how many steps logged it (0: every share
     nan); ``void``, 1 where the run stopped on a reward outside its declared range (``VOID_KEY``): then nothing is
     certified."""
     import math
@@ -68,10 +68,10 @@ def certificate_shares(rows: list[dict], level: float = 0.95) -> dict[str, float
            "abstained": share([not math.isfinite(x) for x in lcb]), "void": float(void)}
     if logged and all("improvement" in r for r in logged):
         out["above_exact"] = share([x > r["improvement"] for x, r in zip(lcb, logged)])
-    if logged and not void and all("heldout/improvement_e" in r for r in logged):  # the betting certificate's e-values
-        from grpo_theory.betting import alpha_spending, e_bh
+    e = [r["heldout/improvement_e"] for r in logged if "heldout/improvement_e" in r]
+    if logged and not void and len(e) == n and any(math.isfinite(x) for x in e):  # the betting certificate's e-values
+        from grpo_theory.betting import alpha_spending, e_bh  # (all nan: every step abstained, nothing to combine)
 
-        e = [r["heldout/improvement_e"] for r in logged]
         out["e_bh"] = share(e_bh(e, level).tolist())
         out["spending"] = share(alpha_spending(e, level).tolist())
     return out

@@ -63,12 +63,18 @@ def test_the_spread_across_runs_is_each_runs_end_then_mean_sd_and_range(tmp_path
     text = spread(list(ends.values()), window=4)
     reward = next(line for line in text.splitlines() if line.strip().startswith("reward "))
     sd = np.std([0.2, 0.3, 0.7], ddof=1)
-    assert "0.2000 0.3000 0.7000" in reward and f"0.4000 +- {sd:.4f} [0.2000, 0.7000]" in reward
+    assert "0.2 0.3 0.7" in reward and f"0.4 +- {sd:.2g} [0.2, 0.7]" in reward
     evals = next(line for line in text.splitlines() if line.strip().startswith("eval/j"))
-    assert "0.0000 0.1000 0.2000" in evals and "kl" not in text.replace("across", "")
+    assert "0 0.1 0.2" in evals and "kl" not in text.replace("across", "")
     rows = [{"step": k, "j/pi_new": 0.1 * k} for k in range(5)]
     both = spread([_write_run(tmp_path / "j0", rows), _write_run(tmp_path / "j1", rows[:3])], window=2)
-    assert "j/pi_new (last step)" in both and "0.4000 0.2000" in both.split("(last step)")[1]
+    assert "j/pi_new (last step)" in both and "0.4 0.2" in both.split("(last step)")[1]
+    rows3 = [{"step": k, "reward": 0.5, "tv/pi_k_alpha": 1e-7} for k in range(3)]
+    gap = spread([_write_run(tmp_path / "r0", rows3), _write_run(tmp_path / "r1", [{"step": 0, "tv/pi_k_alpha": 3e-7}]),
+                  _write_run(tmp_path / "r2", rows3)], window=10)
+    assert "the last 1 steps' mean" in gap and "[1] " in gap and "[3] " in gap  # the shortest run's window; labels
+    assert "0.5 - 0.5  ->  0.5 +- 0 [0.5, 0.5]" in gap  # the run without a reward keeps its place
+    assert "1e-07 3e-07 1e-07" in gap  # small values keep their digits
     assert "no metric" in spread([ends[0], _write_run(tmp_path / "bare", [{"step": 0, "loss": 1.0}])])
 
 
@@ -145,3 +151,26 @@ def test_the_report_reads_the_certificates_across_the_run_and_says_which_guarant
     text = "\n".join(certificate_lines(rows))
     assert "33% by e-BH" in text and "by alpha-spending (none false" in text and "each step's own claim" in text
     assert "sampled accuracy +0.1200 (certified), greedy +0.2000 (certified)" in text
+
+
+def test_the_report_combines_no_abstained_e_values_and_reads_the_runs_level(tmp_path):
+    """All e-values nan (the certificate abstained at every step: no declared range) are not combined into e-BH or
+    alpha-spending shares; a run at --improvement-lcb-level 0.9 is combined and described at 0.9, read from its
+    config.json."""
+    from llm.analysis.report import run_level, summarise
+    from llm.core.metrics import certificate_shares
+
+    nan = float("nan")
+    abstained = [{"step": k, "heldout/improvement_lcb": nan, "heldout/improvement_e": nan} for k in range(3)]
+    assert "e_bh" not in certificate_shares(abstained) and certificate_shares(abstained)["abstained"] == 1
+    run = _write_run(tmp_path / "undeclared", abstained)
+    assert "e-BH" not in summarise(run) and "abstained on all 3 steps" in summarise(run)
+    rows = [{"step": 0, "heldout/improvement_lcb": 0.01, "heldout/improvement_e": 25.0}]
+    run = _write_run(tmp_path / "at90", rows)
+    (run / "config.json").write_text(json.dumps({"improvement_lcb_level": 0.9}))
+    assert run_level(run) == 0.9 and run_level(tmp_path / "undeclared") == 0.95
+    text = summarise(run)
+    assert "at most 10%, at level 0.9" in text and "with probability >= 0.9)" in text
+    assert "100% by e-BH" in text  # 25 >= 1/(1 - 0.9); an e-value of 15 tells the two levels apart:
+    assert certificate_shares([{**rows[0], "heldout/improvement_e": 15.0}], 0.9)["e_bh"] == 1.0  # 15: only at 0.9
+    assert certificate_shares([{**rows[0], "heldout/improvement_e": 15.0}], 0.95)["e_bh"] == 0.0

@@ -97,10 +97,11 @@ def sequence_log_ratio(logp: torch.Tensor, logp_alpha: torch.Tensor, mask: torch
 
 
 def rollout_metrics(rewards: np.ndarray, zero_std: np.ndarray, completions: list[list[int]], eos: int) -> dict[str, float]:
-    """Sampled rewards (P, G), all-equal-reward groups and completion lengths of a step."""
+    """Sampled rewards (P, G), all-equal-reward groups and completion lengths of a step; ``reward_std`` is the sample
+    standard deviation over the step's completions (Bessel's correction, TRL's ``nanstd``)."""
     return {
         "reward": float(rewards.mean()),
-        "reward_std": float(rewards.std()),
+        "reward_std": float(rewards.std(ddof=1)) if rewards.size > 1 else float("nan"),  # TRL's nanstd: Bessel's
         "frac_reward_zero_std": float(zero_std.mean()),
         "completions/mean_length": float(np.mean([len(c) for c in completions])),
         "completions/clipped_ratio": float(np.mean([len(c) == 0 or c[-1] != eos for c in completions])),

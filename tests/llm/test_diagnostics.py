@@ -223,3 +223,13 @@ def test_the_trm_estimates_against_a_token_tree():
     for values, want in ((gains, exact), (seq_kls, div.seq_kl)):
         values = np.array(values)
         assert abs(values.mean() - want) < 4 * values.std(ddof=1) / np.sqrt(len(values)), (values.mean(), want)
+
+
+def test_reward_std_is_the_sample_standard_deviation_as_trl_logs_it():
+    """TRL 1.16 logs ``reward_std`` as ``nanstd`` over the step's rewards, with Bessel's correction: for rewards
+    0, 1, 1, 1 that is sqrt(0.75 * 0.25 * 4 / 3) = 0.5 (the population's would be 0.433)."""
+    from llm.core.diagnostics import rollout_metrics
+
+    row = rollout_metrics(np.array([[0.0, 1.0], [1.0, 1.0]]), np.array([False, True]), [[1, 2], [1, 2]] * 2, eos=2)
+    assert row["reward_std"] == pytest.approx(0.5) and row["reward"] == 0.75
+    assert np.isnan(rollout_metrics(np.array([[1.0]]), np.array([True]), [[2]], eos=2)["reward_std"])

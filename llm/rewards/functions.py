@@ -61,9 +61,15 @@ def batch_rewards(funcs: Sequence[BatchReward], prompts: list, completions: list
     (``llm.config.ranges``), never read off the rewards."""
     n = len(completions)
     total, parts = np.zeros(n), {}
-    hint = ENVIRONMENT_THREAD_HINT if columns.get("environments") is not None else ""
+    environments = columns.get("environments")
+    failed = sum(e is None for e in environments) if environments is not None else 0
 
     def raised(f: BatchReward, exc: BaseException) -> ValueError:  # the user's code: any exception is one line
+        if failed and "NoneType" in str(exc):  # it read an episode whose environment failed
+            hint = (f" (environments= holds None for the {failed} episode{'s' if failed > 1 else ''} whose environment "
+                    "failed, which score 0: skip them, e.g. [None if e is None else e.reward for e in environments])")
+        else:
+            hint = ENVIRONMENT_THREAD_HINT if environments is not None else ""
         return ValueError(f"reward_funcs: {f.name} raised {type(exc).__name__}: {first_line(exc, 200)}{hint}")
 
     outputs = []
@@ -182,6 +188,11 @@ def shown(completion) -> str:
     return repr(text[:200])
 
 
+class RewardOutOfRange(ValueError):
+    """A text reward outside [0, 1], the range the run's certificates were read under: the run stops and, as for a
+    declared range, every certificate it logged is void (``llm.run.trainer``)."""
+
+
 def text_reward(fn: RewardFn, completion: str, answer: str) -> float:
     """``fn(completion, answer)`` as a float in [0, 1]; anything else (an exception, a value that is not one real
     number, nan, inf, a value outside [0, 1]) raises one line naming the completion and the answer."""
@@ -197,8 +208,11 @@ def text_reward(fn: RewardFn, completion: str, answer: str) -> float:
         raise ValueError(f"reward_fn: returned a {type(value).__name__} ({value!r}) {where}; "
                          "expected a number in [0, 1]")
     r = float(value)
-    if math.isnan(r) or beyond_range([r], *TEXT_REWARD_RANGE)[0]:
-        raise ValueError(f"reward_fn: rewards must lie in [0, 1] (Theorem 1's bound needs it), got {r!r} {where}")
+    if math.isnan(r):
+        raise ValueError(f"reward_fn: returned nan {where}; expected a number in [0, 1]")
+    if beyond_range([r], *TEXT_REWARD_RANGE)[0]:
+        raise RewardOutOfRange(f"reward_fn: rewards must lie in [0, 1] (Theorem 1's bound needs it; the run's "
+                               f"certificates were read under it), got {r!r} {where}")
     return r  # within float rounding of [0, 1] (a scorer's 1.0000000000000002): the run's range check reads it as the edge
 
 

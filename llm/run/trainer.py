@@ -41,6 +41,7 @@ from llm.models.model import add_lora, compile_blocks, load_policy, resolve_devi
 from llm.models.vml import resolve_vml_dispatch
 from llm.optim import Objective, Schedule
 from llm.rewards import RewardContext
+from llm.rewards.functions import RewardOutOfRange
 from llm.run.output import Output, SilentOutput, StepCallback, arithmetic
 from llm.run.rundir import RunDir
 from llm.run.trackers import Trackers, check_trackers
@@ -245,8 +246,8 @@ def run_loop(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_pa
             output.announce(row)  # callbacks see the row written and the checkpoint saved
         else:
             step = config.max_steps
-    except RangeViolation as exc:  # the declaration the certificates read was wrong: mark them void, then stop
-        output.append({"step": exc.step, VOID_KEY: 1.0, "bound/void_reason": str(exc)[:500]})
+    except (RangeViolation, RewardOutOfRange) as exc:  # the range the certificates read was wrong: void, then stop
+        output.append({"step": getattr(exc, "step", step), VOID_KEY: 1.0, "bound/void_reason": str(exc)[:500]})
         raise
     except KeyboardInterrupt:  # a second Ctrl-C: the step in progress is inconsistent, keep the last checkpoint
         output.close()

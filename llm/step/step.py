@@ -304,8 +304,8 @@ def run_evaluation(run: Run, policy_step: int) -> dict[str, float]:
                        pad=run.task.tokenizer.pad_token_id, precision=run.passes.precision,
                        exact=config.diagnostics.exact_j, sampler=weights.sampler if engine else None,
                        batch_size=config.machine.per_device_train_batch_size, per_prompt=per_prompt)
-    for name, values in per_prompt.items():  # the test prompts' rewards too lie in the declared range
-        run.ranges.check(policy_step, f"test ({name})", values)
+    for name, values in per_prompt.items():  # the test prompts' rewards too lie in the declared range; the step named
+        run.ranges.check(max(policy_step - 1, 0), f"test ({name})", values)  # is the row's (policy_step: updates)
     if policy_step == 0:
         run.eval_initial = per_prompt
     elif run.eval_initial:  # the run's certificate, its level spent over the evaluations: the look-th after step 0

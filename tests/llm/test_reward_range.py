@@ -36,6 +36,24 @@ def tenths(prompts, completions, answer, **kwargs):
     """0.1 + 0.2 for a correct answer: 0.30000000000000004, one float64 rounding above a declared 0.3."""
     return [0.1 + 0.2 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
 
+text_calls = []
+
+def text_over_later(completion, answer):
+    """A text reward that leaves [0, 1] from its 33rd call on (step 1: step 0 scores 4 x 4 training and 4 x 4
+    held-out completions)."""
+    text_calls.append(1)
+    return 1.01 if len(text_calls) > 32 else float(completion.strip() == answer)
+
+eval_calls = []
+
+def over_in_the_second_evaluation(prompts, completions, answer, **kwargs):
+    """Correct or not, but 1.5 on the test prompts (any batch but the training one's 16) from the third such call
+    on: the initial evaluation (sampled, greedy) passes, the one after step 0 does not."""
+    if len(completions) != 16:
+        eval_calls.append(1)
+    bonus = 0.5 if len(eval_calls) >= 3 else 0.0
+    return [float(c.strip() == a) + bonus for c, a in zip(completions, answer)]
+
 def over_by_an_ulp(completion, answer):
     """A text reward as reasoning-gym's spell_backward scores near misses: 1.0000000000000002."""
     return 1.0000000000000002 if completion.strip() == answer else 0.0
@@ -146,6 +164,32 @@ def test_a_wrong_declaration_found_later_voids_the_certificates_logged_before_it
     assert certificate_shares([certified])["certified"] == 0
     text = "\n".join(certificate_lines(rows))
     assert "certificates: void" in text and "none is counted" in text
+
+
+def test_a_text_reward_leaving_its_own_range_later_voids_the_certificates_too(stepped, tmp_path):
+    """Without --reward-range a text reward's range is its own [0, 1]: a value outside it at step 1 stops the run as
+    a declared range does, with the void mark after step 0's row."""
+    from llm.run.rundir import read_metrics
+
+    with pytest.raises(ValueError, match=r"got 1.01") as err:
+        _train(tmp_path, "text", reward_fn=f"{stepped}:text_over_later", heldout_prompts=4)
+    assert "\n" not in str(err.value)
+    lines = [json.loads(line) for line in (tmp_path / "text" / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and "loss" in lines[0] and lines[1]["step"] == 1 and lines[1]["bound/certificates_void"]
+    assert read_metrics(tmp_path / "text")[0]["bound/certificates_void"] == 1.0
+
+
+def test_a_test_reward_outside_the_range_names_the_rows_step(stepped, tmp_path):
+    """The evaluation after step 1's update scores the policy after 2 updates: the step it stops at is the row's, 1
+    (it said 2, a step the run never reached)."""
+    from runkit.cli import RunError
+
+    with pytest.raises(RunError, match=r"step 1: a test") as err:
+        _train(tmp_path, "eval", reward_funcs=(f"{stepped}:over_in_the_second_evaluation",), reward_range=(0, 1),
+               eval_steps=2)
+    lines = [json.loads(line) for line in (tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [0, 1] and "loss" in lines[0] and lines[1]["bound/certificates_void"]
+    assert "lies outside the declared range [0, 1]" in str(err.value)
 
 
 # ---- float rounding at an edge is the edge -------------------------------------------------------------------------

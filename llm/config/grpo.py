@@ -145,6 +145,10 @@ class GRPOConfig:
         require(self, self.data.dataset != "none" or bool(self.agent.environment_factory), "dataset",
                 "'none' means the environment owns the data (its reset() returns each prompt); give "
                 "--environment-factory, or a data set")
+        require(self, self.data.dataset != "none" or not self.diagnostics.heldout_prompts, "heldout_prompts",
+                "with --dataset none the environment owns the data: held-out episodes would take pooled instances "
+                "that replay the questions the training episodes draw, so no held-out estimate or certificate would be "
+                "independent of training; give a data set, or --heldout-prompts 0")
         require(self, not (self.agent.chat_template_path and self.data.dataset == "arithmetic_tools"
                            and not self.model.model_name_or_path), "chat_template_path",
                 "the built-in agent model knows its own template only; drop it or give --model-name-or-path")

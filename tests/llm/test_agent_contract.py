@@ -280,6 +280,13 @@ def test_an_environment_that_owns_the_data_trains_without_a_dataset(tmp_path):
     assert any(r["rewards/OwnsTheData/mean"] > 0 for r in rows)
 
 
+def test_held_out_prompts_are_refused_where_the_environment_owns_the_data():
+    """Held-out episodes would take pooled instances whose streams replay the training questions: not independent."""
+    with pytest.raises(ValueError, match="heldout_prompts: with --dataset none .* independent of training"):
+        GRPOConfig(dataset=None, environment_factory=f"{ENVS}:Quizmaster", heldout_prompts=2)
+    assert GRPOConfig(dataset=None, environment_factory=f"{ENVS}:Quizmaster").heldout_prompts == 0
+
+
 def test_rewards_of_any_size_and_environments_in_reward_functions_train(tmp_path, multiply_rows):
     """get_reward in [-1, 2] and a reward function over environments=: the run goes on, each source logged."""
     rows, _ = _train_env(tmp_path, "any", dataset=multiply_rows, environment_factory=f"{ENVS}:AsyncMultiplier",
@@ -423,3 +430,20 @@ def test_nan_from_get_reward_means_does_not_apply_as_in_trl():
     rewards, parts = task.bind(tok, agent=agent).score_parts([0, 1], ["", ""], roll.completion_ids, episodes=roll)
     assert rewards.tolist() == [1.5, 0.0]  # 0.5 from the function, 1 from get_reward; the nan row keeps its 0
     assert sum("get_reward returned nan" in line for line in said) == 1
+
+
+def test_a_reward_function_tripping_on_a_failed_episodes_none_is_told_so():
+    """environments= holds None where an episode's environment failed; a reward function reading it raises, and the
+    line says why (not the thread-state hint, which fits other errors)."""
+    from llm.rewards import reward_funcs as resolve
+    from llm.rewards.functions import batch_rewards
+
+    funcs = resolve([f"{ENVS}:kept_reward"], ())
+    from tests.llm.agent_envs import KeepsReward
+
+    env = KeepsReward()
+    with pytest.raises(ValueError, match="holds None for the 1 episode whose environment failed") as err:
+        batch_rewards(funcs, ["3*4=", "3*4="], ["12", "12"], [[1], [1]], {"environments": [None, env]})
+    assert "sqlite" not in str(err.value)
+    values, parts = batch_rewards(funcs, ["3*4="], ["12"], [[1]], {"environments": [env]})
+    assert values.tolist() == [0.0]

@@ -231,7 +231,10 @@ def test_trls_bf16_autocast_shows_as_engine_mismatch_at_lag_0(tmp_path):
         assert all(r["lag"] == 0 for r in rows[bf16])
     # the shipped weights are bf16-representable (step 0 agrees to 2e-6); once Adam has moved them, they are not
     assert min(r["sampling/logp_diff_max"] for r in rows[True][1:]) > 1e-3
-    assert min(r["tv/engine_mismatch"] for r in rows[True][1:]) > 1e-4
+    assert min(r["sampling/logp_diff_mean"] for r in rows[True][1:]) > 30 * max(r["sampling/logp_diff_mean"]
+                                                                                 for r in rows[False])
+    # the TV is an estimate over 16 completions: on AVX2 kernels one bf16 step read 6e-8, the other 1.2e-3
+    assert max(r["tv/engine_mismatch"] for r in rows[True][1:]) > 1e-4
     assert max(r["sampling/logp_diff_max"] for r in rows[False]) < 1e-5
     assert max(r["tv/engine_mismatch"] for r in rows[False]) < 1e-5
 

@@ -51,11 +51,7 @@ class Calculator:
 
 
 class Picky(Calculator):
-    """A tool that raises on some inputs (a failed call) and a reset that adds an observation to the prompt."""
-
-    def reset(self, **row):
-        super().reset(**row)
-        return ""  # an observation: appended, changing nothing the model reads but the path taken
+    """A tool that raises on some inputs (a failed call)."""
 
     def multiply(self, a: int, b: int) -> int:
         """Multiply two integers; refuses an odd first factor.

@@ -9,6 +9,7 @@ test prompts, the TV estimates, and the bound's estimates against the realised i
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -139,8 +140,6 @@ def spread(run_dirs: Sequence[str | Path], window: int = 10) -> str:
 
 def run_level(run_dir: str | Path) -> float:
     """The run's certificate level (``improvement_lcb_level`` in its config.json; 0.95, the default, without one)."""
-    import json
-
     try:
         config = json.loads((Path(run_dir) / "config.json").read_text())
     except (OSError, ValueError):

@@ -51,7 +51,7 @@ import grpo_theory as gt
 import grpo_theory.estimators as ge
 from grpo_theory import trm
 
-from llm.core.logprobs import TokenDists
+from llm.core.logprobs import TokenDists, head_tolerance
 from llm.core.token_filter import ON_SET_LOGP
 
 
@@ -230,8 +230,6 @@ def sync_check(dtype: str, temperature: float = 1.0) -> SyncCheck:
     """The sync check of ``dtype`` at ``temperature``: its tolerance divided by the temperature below 1
     (``llm.core.logprobs.head_tolerance``: the logits' rounding is), so a run at temperature 0.01 does not read
     rounding as a stale engine, which is off by far more at any temperature."""
-    from llm.core.logprobs import head_tolerance
-
     check = SYNC_CHECKS[dtype]
     return replace(check, tolerance=head_tolerance(temperature, check.tolerance))
 

@@ -39,8 +39,9 @@ VOID_KEY = "bound/certificates_void"
 def fold_void(rows: list[dict]) -> list[dict]:
     """A run's rows as readers take them: the step rows, each carrying ``VOID_KEY`` 1 where the run wrote a void
     marker (a row of ``VOID_KEY`` without a ``loss``), the marker itself dropped."""
-    markers = [r for r in rows if r.get(VOID_KEY) and "loss" not in r]
-    kept = [r for r in rows if not (r.get(VOID_KEY) and "loss" not in r)]
+    is_marker = lambda r: bool(r.get(VOID_KEY)) and "loss" not in r  # noqa: E731
+    markers = [r for r in rows if is_marker(r)]
+    kept = [r for r in rows if not is_marker(r)]
     if markers:
         kept = [{**r, VOID_KEY: 1.0, "bound/void_step": markers[0].get("step")} for r in kept]
     return kept
@@ -54,8 +55,8 @@ def certificate_shares(rows: list[dict], level: float = 0.95) -> dict[str, float
     whose bound exceeded it (an abstention never does); with the betting certificate's e-values
     (``heldout/improvement_e``, some finite), ``e_bh``, the share certified by e-BH over the run at ``level`` (the
     expected share of false certificates among them at most 1 - level), and ``spending``, the share certified by
-    alpha-spending (no false certificate at all with probability >= level); ``steps``, how many steps logged it (0: every share
-    nan); ``void``, 1 where the run stopped on a reward outside its declared range (``VOID_KEY``): then nothing is
+    alpha-spending (no false certificate at all with probability >= level); ``steps``, how many steps logged it (0:
+    every share nan); ``void``, 1 where the run stopped on a reward outside its declared range (``VOID_KEY``): then nothing is
     certified."""
     import math
 

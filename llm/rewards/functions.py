@@ -213,7 +213,7 @@ def text_reward(fn: RewardFn, completion: str, answer: str) -> float:
     if beyond_range([r], *TEXT_REWARD_RANGE)[0]:
         raise RewardOutOfRange(f"reward_fn: rewards must lie in [0, 1] (Theorem 1's bound needs it; the run's "
                                f"certificates were read under it), got {r!r} {where}")
-    return r  # within float rounding of [0, 1] (a scorer's 1.0000000000000002): the run's range check reads it as the edge
+    return r  # within rounding of [0, 1] (a scorer's 1.0000000000000002): the run's range check reads it as the edge
 
 
 def parse_number(text: str) -> float | None:

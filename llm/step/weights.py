@@ -47,8 +47,9 @@ class Weights:
         copy besides the policy at a time) and keep rank 0's whole copy in CPU memory."""
         sampler = make_sampler(config, policy, tokenizer, model_path, longest_prompt) if ranks.main else None
         if sampler is not None and config.diagnostics.verify_sync and sampler.holds_own_weights:
-            probe_sync(sampler, policy, probe_prompts, tokenizer.pad_token_id, config.sampling.temperature,
-                       Precision.from_config(config.machine), sync_check(config.machine.dtype, config.sampling.temperature),
+            temperature = config.sampling.temperature
+            probe_sync(sampler, policy, probe_prompts, tokenizer.pad_token_id, temperature,
+                       Precision.from_config(config.machine), sync_check(config.machine.dtype, temperature),
                        config.sampling.token_filter)  # ends with the policy's
         elif sampler is not None and sampler.runs_server:  # a server's weights may be anyone's
             sampler.load_weights(policy)

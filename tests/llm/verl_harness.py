@@ -92,6 +92,16 @@ def cpu_verl() -> None:
     _READY = True
 
 
+def close() -> None:
+    """The process group ``cpu_verl`` made, destroyed (verl's platform stays: it is verl's alone)."""
+    global _READY
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _READY = False
+
+
 def build_worker(model_dir: str, lr: float = 1e-3, micro_batch: int = 4, seed: int = 0):
     """verl's ``TrainingWorker`` (FSDP2, float32, no dynamic batch size) on the model, with verl's ``ppo_loss``
     (vanilla clip, ``token-mean``) as ``ActorRolloutRefWorker.init_model`` sets it."""

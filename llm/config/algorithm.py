@@ -11,6 +11,7 @@ from grpo_theory.validation import EPS_MAX
 
 from llm.config.fields import ConfigGroup, config_group, require, require_finite, resumable
 from grpo_theory.loss_types import LossTypeName
+from grpo_theory.loss_types import loss_type as registered_loss_type
 
 
 @config_group
@@ -127,7 +128,28 @@ class ObjectiveConfig(ConfigGroup):
     """Normaliser: grpo = mean over each sequence's tokens then over sequences; dapo = over all
     tokens of the step; dr_grpo = over (sequences x max_completion_length); bnpo = over each micro-batch's own
     tokens (TRL's local normaliser: the step's gradient then depends on per_device_train_batch_size; dapo for a step
-    in one pass)."""
+    in one pass); luspo = each sequence's sum, then the mean over sequences (LUSPO; TRL pairs it with
+    importance_sampling_level sequence). TRL 1.16's other objectives, each with a TRL importance_sampling_mode
+    (the weight w = pi_k/alpha as TRL's vLLM ratio; rho = pi/pi_k as TRL's pi/pi_old; docs/theory.md, §6.1):
+    cispo = min(rho, epsilon_high) (detached) A log pi times w, normalised as dapo; sapo = 4 sigmoid(tau (rho - 1))
+    / tau A times w, as grpo; vespo = a gamma weight of the sequence's ratio (w folded in; token_truncate or
+    token_mask only) times A log pi, as dapo."""
+    sapo_temperature_pos: float = 1.0
+    """SAPO's gate temperature tau for tokens of positive advantage (loss_type sapo; TRL's name and default)."""
+    sapo_temperature_neg: float = 1.05
+    """SAPO's gate temperature tau for tokens of zero or negative advantage (loss_type sapo; TRL's)."""
+    vespo_k_pos: float = 2.0
+    """VESPO's power k in phi(W) = e^lambda W^k e^(-lambda W) where A >= 0 (loss_type vespo; TRL's)."""
+    vespo_lambda_pos: float = 3.0
+    """VESPO's rate lambda where A >= 0 (loss_type vespo; TRL's)."""
+    vespo_k_neg: float = 3.0
+    """VESPO's power k where A < 0 (loss_type vespo; TRL's)."""
+    vespo_lambda_neg: float = 2.0
+    """VESPO's rate lambda where A < 0 (loss_type vespo; TRL's)."""
+    off_policy_mask_threshold: float | None = None
+    """TRL's off-policy sequence mask (DeepSeek-V3.2's): a completion of negative advantage leaves the policy term
+    when the mean over its tokens of log alpha - log pi exceeds this (a sample KL(alpha || pi)); with every loss type
+    and mode. None: off."""
     scale_rewards: ScaleRewards = "group"
     """group: A = (r - mean)/sqrt(var + variance_eps) per group (the paper's whitening); batch: (r - group mean) over
     the standard deviation of the step's rewards (TRL's batch); none: r - mean."""
@@ -158,9 +180,21 @@ class ObjectiveConfig(ConfigGroup):
     def __post_init__(self):
         require_finite(self)
         require(self, 0 < self.top_entropy_quantile <= 1, "top_entropy_quantile", "must lie in (0, 1] (1: every token)")
-        require(self, self.ratio_level == "token" or self.loss_type == "grpo", "ratio_level",
-                "sequence-level ratios need loss_type grpo (dapo and dr_grpo would weight each sequence's one "
-                "objective value by its length)")
+        require(self, self.ratio_level == "token" or self.loss_type in ("grpo", "sapo", "luspo"), "ratio_level",
+                "sequence-level ratios need loss_type grpo, sapo or luspo (dapo and dr_grpo would weight each "
+                "sequence's one objective value by its length)")
+        kind = registered_loss_type(self.loss_type)
+        require(self, kind.objective == "clip" or correction(self.importance_sampling_mode).trl, "loss_type",
+                f"{self.loss_type} is TRL's objective of pi/pi_k times TRL's weight pi_k/alpha: it needs a TRL "
+                "importance_sampling_mode (token_truncate, token_mask, sequence_truncate or sequence_mask)")
+        require(self, kind.objective != "vespo" or self.importance_sampling_mode in ("token_truncate", "token_mask"),
+                "loss_type", "vespo folds token weights into its sequence weight: it needs importance_sampling_mode "
+                "token_truncate or token_mask (as TRL)")
+        require(self, self.sapo_temperature_pos > 0 and self.sapo_temperature_neg > 0, "sapo_temperature_pos",
+                "SAPO's temperatures must be > 0")
+        require(self, min(self.vespo_k_pos, self.vespo_k_neg) >= 0, "vespo_k_pos", "VESPO's powers k must be >= 0")
+        require(self, min(self.vespo_lambda_pos, self.vespo_lambda_neg) > 0, "vespo_lambda_pos",
+                "VESPO's rates lambda must be > 0")
         require(self, self.epsilon_high == -1.0 or 0 <= self.epsilon_high < 10, "epsilon_high",
                 "must lie in [0, 10), or -1 for epsilon")
         require(self, self.delta == 0 or self.delta > 1 + self.clip_high, "delta",

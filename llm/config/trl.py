@@ -54,8 +54,6 @@ TRL_COUNTERPARTS = {
     "vllm_server_host": "--server-url http://host:port",
     "vllm_server_port": "--server-url http://host:port",
     "lora_dropout": "none: LoRA dropout is always 0 (the importance weight needs the same log-probs from every pass)",
-    "off_policy_mask_threshold": "none: TRL's off-policy sequence mask is not implemented; --max-staleness drops "
-                                 "whole stale steps",
 }
 #: TRL's default ref_model_sync_steps, used when sync_ref_model is on without it.
 TRL_REF_MODEL_SYNC_STEPS = 512

@@ -41,7 +41,7 @@ import torch
 
 from grpo_theory.corrections import MODES, REGISTRY, ROLLOUT_RS_THRESHOLD, Correction, ImportanceSamplingMode
 
-from grpo_theory.loss_types import LossTypeName
+from grpo_theory.loss_types import LossTypeName, Objective
 from grpo_theory.loss_types import loss_type as registered_loss_type
 
 LossType = LossTypeName  # declared once, in grpo_theory.loss_types
@@ -155,6 +155,7 @@ NORMALISERS = {
     "tokens": lambda mask, seq_tokens, n_seq, budget: mask / mask.sum().clamp(min=1.0),
     "budget": lambda mask, seq_tokens, n_seq, budget: mask / (n_seq * budget),
     "sequence": lambda mask, seq_tokens, n_seq, budget: mask / seq_tokens.clamp(min=1.0) / n_seq,
+    "sequence_sum": lambda mask, seq_tokens, n_seq, budget: mask / n_seq,
 }
 
 
@@ -185,6 +186,14 @@ class Clip:
     importance_sampling_cap_min: float = 0.0  # the lower cap (TRL's clip_min, IcePop's band); 0: none
     m2_threshold: float = 0.04  # M2PO's threshold on the kept tokens' mean (log w)^2 (mode m2po)
     rollout_rs_threshold: float = ROLLOUT_RS_THRESHOLD  # TRM's gate on a sequence's largest k2 (mode seq_max_k2)
+    objective: Objective = "clip"  # the loss type's per-token objective (``grpo_theory.loss_types``)
+    sapo_temperature_pos: float = 1.0  # SAPO's gate temperature where A > 0 (TRL's name and default)
+    sapo_temperature_neg: float = 1.05  # ... where A <= 0
+    vespo_k_pos: float = 2.0  # VESPO's gamma weight phi(w) = e^lambda w^k e^(-lambda w) where A >= 0 (TRL's defaults)
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0  # ... where A < 0
+    vespo_lambda_neg: float = 2.0
+    off_policy_mask_threshold: float | None = None  # TRL's off-policy sequence mask (DeepSeek-V3.2); None: off
 
     @property
     def high(self) -> float:
@@ -284,8 +293,15 @@ def grpo_loss(
     logp_k, logp_alpha = logp_k.detach(), logp_alpha.detach()
     token_log_ratio = logp - logp_alpha
     adv = advantages.to(logp.dtype)[:, None].expand_as(logp)
-    per_token, log_ratio, log_ratio_k, above = clipped_objective(logp, logp_k, logp_alpha, adv, weights != 0, spec,
-                                                                 level)
+    flags = None
+    if spec.objective == "clip":
+        per_token, log_ratio, log_ratio_k, above = clipped_objective(logp, logp_k, logp_alpha, adv, weights != 0, spec,
+                                                                     level)
+    else:
+        per_token, log_ratio, log_ratio_k, above, flags = trl_objective(logp, logp_k, logp_alpha, adv,
+                                                                        on.to(logp.dtype), spec, level)
+    if spec.off_policy_mask_threshold is not None:
+        per_token = per_token * off_policy_mask(logp, logp_alpha, adv, on.to(logp.dtype), spec.off_policy_mask_threshold)
     if policy_mask is not None:
         per_token = per_token * policy_mask
     if spec.correction.step_mask and token_keep is not None:
@@ -300,7 +316,68 @@ def grpo_loss(
             kl_sums = {"kl": float(((k3_is if use_bias_correction_kl else k3) * on).sum()),
                        "kl/k3": float((k3 * on).sum()), "kl/k3_is": float((k3_is * on).sum())}
     loss = (per_token * weights).sum()
-    return loss, loss_stats(loss, log_ratio, log_ratio_k, adv, spec, on, above, kl_sums)
+    return loss, loss_stats(loss, log_ratio, log_ratio_k, adv, spec, on, above, kl_sums, flags)
+
+
+def off_policy_mask(logp: torch.Tensor, logp_alpha: torch.Tensor, adv: torch.Tensor, real: torch.Tensor,
+                    threshold: float) -> torch.Tensor:
+    """TRL's off-policy sequence mask (DeepSeek-V3.2; ``off_policy_mask_threshold``), (B, 1): a completion leaves the
+    loss when its advantage is negative and the mean over its tokens of log alpha - log pi (pi detached: a sample
+    estimate of KL(alpha || pi)) exceeds ``threshold``; a token alpha could not score (nan) counts 0."""
+    kl = torch.nan_to_num(logp_alpha.detach() - logp.detach(), nan=0.0)
+    mean = (kl * real).sum(dim=1, keepdim=True) / real.sum(dim=1, keepdim=True).clamp(min=1.0)
+    return ((adv[:, :1] >= 0) | (mean <= threshold)).to(logp.dtype)
+
+
+def trl_weight(logp_k: torch.Tensor, logp_alpha: torch.Tensor, real: torch.Tensor, spec: "Clip"):
+    """The TRL mode's weight w = pi_k/alpha at its level, truncated or masked to [cap_min, cap] (TRL's
+    ``importance_sampling_ratio``), with log w and the tokens outside the band."""
+    twin = spec.correction
+    log_w = level_log_ratio(logp_k - logp_alpha, real, twin.level)
+    w = torch.exp(log_w.clamp(max=LOG_RATIO_MAX))
+    lo, hi = spec.importance_sampling_cap_min, spec.importance_sampling_cap
+    above = (log_w > math.log(hi)) | (w < lo)
+    w = torch.clamp(w, min=lo, max=hi) if twin.truncate else torch.where(above, torch.zeros_like(w), w)
+    return w, log_w, above
+
+
+def trl_objective(logp, logp_k, logp_alpha, adv, real, spec: "Clip", level: str):
+    """Minus TRL 1.16's CISPO, SAPO or VESPO objective per token (``_compute_loss``), with pi_k in TRL's pi_old and
+    the TRL mode's weight w = pi_k/alpha in its importance-sampling ratio (which VESPO folds into its sequence weight
+    and the others multiply), rho = pi/pi_k at the ratio level:
+
+    - cispo: min(rho, epsilon_high), detached, times A log pi, times w;
+    - sapo: 4 sigmoid(tau (rho - 1)) / tau times A, times w, tau = sapo_temperature_pos where A > 0, else _neg;
+    - vespo: phi(W) A log pi, phi(W) = e^lambda W^k e^(-lambda W) detached, W = exp of the sequence's summed token
+      log pi/pi_k (each held to +-20) plus its summed log w (each held to [log 1e-8, 20]), log W held to
+      [log 1e-8, 20]; (k, lambda) = (vespo_k_pos, vespo_lambda_pos) where A >= 0, else the _neg pair.
+
+    Returns (minus the objective (B, T), log rho, log w, tokens outside w's band, (low, high) clip flags)."""
+    logp_k, logp_alpha = logp_k.detach(), logp_alpha.detach()
+    w, log_w, above = trl_weight(logp_k, logp_alpha, real, spec)
+    none = torch.zeros_like(real, dtype=torch.bool)
+    if spec.objective == "vespo":
+        floor = math.log(1e-8)
+        token = (logp.detach() - logp_k).clamp(-20.0, 20.0)
+        log_big_w = (token * real).sum(dim=1, keepdim=True) + (torch.log(w).clamp(floor, 20.0) * real).sum(
+            dim=1, keepdim=True)
+        log_big_w = log_big_w.clamp(floor, 20.0)
+        pos = adv >= 0
+        k = torch.where(pos, spec.vespo_k_pos, spec.vespo_k_neg)
+        lam = torch.where(pos, spec.vespo_lambda_pos, spec.vespo_lambda_neg).clamp(min=1e-4)
+        phi = torch.exp(lam + k * log_big_w - lam * torch.exp(log_big_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+        return -phi * adv * logp, token, log_w, none, (none, none)
+    log_rho = level_log_ratio(logp - logp_k, real, level)
+    rho = torch.exp(log_rho.clamp(max=LOG_RATIO_MAX))
+    if spec.objective == "cispo":
+        capped = torch.clamp(rho, max=spec.high).detach()
+        per_token = -capped * adv * logp * w
+        return per_token, log_rho, log_w, above, (none, (rho.detach() > spec.high) & (adv > 0))
+    if spec.objective == "sapo":
+        tau = torch.where(adv > 0, spec.sapo_temperature_pos, spec.sapo_temperature_neg)
+        per_token = -(torch.sigmoid(tau * (rho - 1.0)) * 4.0 / tau) * adv * w
+        return per_token, log_rho, log_w, above, (none, none)
+    raise ValueError(f"objective: expected clip, cispo, sapo or vespo, got {spec.objective!r}")
 
 
 class CorrectionLoss:
@@ -383,10 +460,10 @@ def clipped_objective(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torc
 
 @torch.no_grad()
 def loss_stats(loss: torch.Tensor, log_ratio: torch.Tensor, log_ratio_k: torch.Tensor, adv: torch.Tensor, spec: Clip,
-               on: torch.Tensor, above: torch.Tensor, kl_sums: dict) -> LossStats:
+               on: torch.Tensor, above: torch.Tensor, kl_sums: dict, flags=None) -> LossStats:
     """The statistics of a loss over its tokens ``on``: of the unbounded ratios (inf where they overflow). The clip
     flags are the mode's (``CorrectionLoss.flags``: the paper's window around r', PPO's around 1 for rho = pi/pi_k,
     none for M2PO)."""
-    low, high = spec.loss.flags(log_ratio, log_ratio_k, adv, spec)
+    low, high = spec.loss.flags(log_ratio, log_ratio_k, adv, spec) if flags is None else flags
     return LossStats(loss=float(loss.detach()), tokens=float(on.sum()), clip_low=float((low & on).sum()),
                      clip_high=float((high & on).sum()), above_cap=float((above & on).sum()), kl=kl_sums)

@@ -478,10 +478,13 @@ def test_loss_types_and_advantage_scales_are_registries_declared_once():
     assert tuple(LOSS_TYPES) == typing.get_args(LossTypeName)
     assert tuple(ADVANTAGE_SCALES) == typing.get_args(ScaleRewards)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    want = {"tokens": mask / 3, "sequence": torch.tensor([[0.25, 0.25, 0.0], [0.5, 0.0, 0.0]]), "budget": mask / 6}
+    want = {"tokens": mask / 3, "sequence": torch.tensor([[0.25, 0.25, 0.0], [0.5, 0.0, 0.0]]), "budget": mask / 6,
+            "sequence_sum": mask / 2}
     for name, lt in LOSS_TYPES.items():
         assert torch.allclose(loss_weights(mask, name, 3), want[lt.normaliser]), name
     assert [n for n, lt in LOSS_TYPES.items() if lt.per_pass] == ["bnpo"]
+    assert {n: lt.objective for n, lt in LOSS_TYPES.items() if lt.objective != "clip"} == {
+        "cispo": "cispo", "sapo": "sapo", "vespo": "vespo"}
     with pytest.raises(ValueError, match="loss_type: expected one of grpo, dapo, dr_grpo, bnpo"):
         loss_weights(mask, "mean", 3)
 

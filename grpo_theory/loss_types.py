@@ -8,10 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-LossTypeName = Literal["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "vespo", "luspo"]
-#: The per-token objective a loss type takes: the clipped surrogate (the importance-sampling mode's), or one of TRL
-#: 1.16's other objectives of rho = pi/pi_k (``llm.core.loss.trl_objective``).
-Objective = Literal["clip", "cispo", "sapo", "vespo"]
+LossTypeName = Literal["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "vespo", "luspo", "dppo_tv", "dppo_kl"]
+#: The per-token objective a loss type takes: the clipped surrogate (the importance-sampling mode's), one of TRL
+#: 1.16's other objectives of rho = pi/pi_k (``llm.core.loss.trl_objective``), or DPPO's divergence trust region
+#: around alpha (``llm.core.loss.dppo_objective``).
+Objective = Literal["clip", "cispo", "sapo", "vespo", "dppo_tv", "dppo_kl"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ LOSS_TYPES: dict[str, LossType] = {t.name: t for t in (
     LossType("vespo", "tokens", objective="vespo",
              doc="VESPO: a gamma weight of the sequence's ratio, detached, times A log pi; normalised as dapo"),
     LossType("luspo", "sequence_sum", doc="LUSPO: the clip summed over each sequence, then a mean over sequences"),
+    LossType("dppo_tv", "tokens", objective="dppo_tv",
+             doc="DPPO-Binary-TV: min(pi/alpha, C) (detached) A log pi where |pi - alpha| stays in the trust region"),
+    LossType("dppo_kl", "tokens", objective="dppo_kl",
+             doc="DPPO-Binary-KL: as dppo_tv, the region the binary KL(alpha || pi) of the sampled token"),
 )}
 assert tuple(LOSS_TYPES) == get_args(LossTypeName)
 

@@ -133,7 +133,11 @@ class ObjectiveConfig(ConfigGroup):
     (the weight w = pi_k/alpha as TRL's vLLM ratio; rho = pi/pi_k as TRL's pi/pi_old; docs/theory.md, §6.1):
     cispo = min(rho, epsilon_high) (detached) A log pi times w, normalised as dapo; sapo = 4 sigmoid(tau (rho - 1))
     / tau A times w, as grpo; vespo = a gamma weight of the sequence's ratio (w folded in; token_truncate or
-    token_mask only) times A log pi, as dapo."""
+    token_mask only) times A log pi, as dapo. DPPO (arXiv 2602.04879, verl's loss_mode names), its own correction
+    of alpha != pi, with the default importance_sampling_mode: dppo_tv = min(pi/alpha, clip_ratio_c) (detached) A
+    log pi on the tokens whose probability moved from alpha's by at most epsilon_high up (A > 0) or epsilon down
+    (A <= 0), normalised as dapo (verl's DPPO example: 0.15); dppo_kl = the same, the region the binary
+    KL(alpha || pi) of the sampled token (verl's example: 0.05)."""
     sapo_temperature_pos: float = 1.0
     """SAPO's gate temperature tau for tokens of positive advantage (loss_type sapo; TRL's name and default)."""
     sapo_temperature_neg: float = 1.05
@@ -146,6 +150,9 @@ class ObjectiveConfig(ConfigGroup):
     """VESPO's power k where A < 0 (loss_type vespo; TRL's)."""
     vespo_lambda_neg: float = 2.0
     """VESPO's rate lambda where A < 0 (loss_type vespo; TRL's)."""
+    clip_ratio_c: float = 10000.0
+    """DPPO (loss_type dppo_tv, dppo_kl): the ratio pi/alpha its objective weighs each token with is truncated here
+    (verl's name; 10000, verl's DPPO example: none; the authors' code: 10; the paper finds truncation hurts)."""
     off_policy_mask_threshold: float | None = None
     """TRL's off-policy sequence mask (DeepSeek-V3.2's): a completion of negative advantage leaves the policy term
     when the mean over its tokens of log alpha - log pi exceeds this (a sample KL(alpha || pi)); with every loss type
@@ -184,7 +191,12 @@ class ObjectiveConfig(ConfigGroup):
                 "sequence-level ratios need loss_type grpo, sapo or luspo (dapo and dr_grpo would weight each "
                 "sequence's one objective value by its length)")
         kind = registered_loss_type(self.loss_type)
-        require(self, kind.objective == "clip" or correction(self.importance_sampling_mode).trl, "loss_type",
+        dppo = kind.objective in ("dppo_tv", "dppo_kl")
+        require(self, not dppo or self.importance_sampling_mode == "paper", "loss_type",
+                f"{self.loss_type} is its own correction of alpha != pi (pi/alpha in a divergence trust region): "
+                "leave importance_sampling_mode at its default")
+        require(self, self.clip_ratio_c > 0, "clip_ratio_c", "must be > 0")
+        require(self, dppo or kind.objective == "clip" or correction(self.importance_sampling_mode).trl, "loss_type",
                 f"{self.loss_type} is TRL's objective of pi/pi_k times TRL's weight pi_k/alpha: it needs a TRL "
                 "importance_sampling_mode (token_truncate, token_mask, sequence_truncate or sequence_mask)")
         require(self, kind.objective != "vespo" or self.importance_sampling_mode in ("token_truncate", "token_mask"),

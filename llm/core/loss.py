@@ -194,6 +194,7 @@ class Clip:
     vespo_k_neg: float = 3.0  # ... where A < 0
     vespo_lambda_neg: float = 2.0
     off_policy_mask_threshold: float | None = None  # TRL's off-policy sequence mask (DeepSeek-V3.2); None: off
+    clip_ratio_c: float = 10000.0  # DPPO: pi/alpha truncated here (verl's name; its DPPO example's value: none)
 
     @property
     def high(self) -> float:
@@ -297,6 +298,8 @@ def grpo_loss(
     if spec.objective == "clip":
         per_token, log_ratio, log_ratio_k, above = clipped_objective(logp, logp_k, logp_alpha, adv, weights != 0, spec,
                                                                      level)
+    elif spec.objective in ("dppo_tv", "dppo_kl"):
+        per_token, log_ratio, log_ratio_k, above, flags = dppo_objective(logp, logp_k, logp_alpha, adv, spec)
     else:
         per_token, log_ratio, log_ratio_k, above, flags = trl_objective(logp, logp_k, logp_alpha, adv,
                                                                         on.to(logp.dtype), spec, level)
@@ -339,6 +342,34 @@ def trl_weight(logp_k: torch.Tensor, logp_alpha: torch.Tensor, real: torch.Tenso
     above = (log_w > math.log(hi)) | (w < lo)
     w = torch.clamp(w, min=lo, max=hi) if twin.truncate else torch.where(above, torch.zeros_like(w), w)
     return w, log_w, above
+
+
+def dppo_objective(logp, logp_k, logp_alpha, adv, spec: "Clip"):
+    """Minus DPPO's objective per token (Qi et al., arXiv 2602.04879, as the authors' code sail-sg/Stable-RL computes
+    its rollout-anchored ``dppo_binary_tv`` and ``dppo_binary_kl``): min(pi/alpha, C), detached (C =
+    ``clip_ratio_c``; the log-ratio held below 20 first), times A log pi, on the tokens inside the trust region
+    around alpha, where p = pi(y_t) and q = alpha(y_t) of the sampled token:
+
+    - dppo_tv: a token of A > 0 leaves when p - q > epsilon_high, one of A <= 0 when p - q < -epsilon;
+    - dppo_kl: the binary KL(alpha || pi) of the sampled token against the rest, q log(q/p) + (1 - q)
+      log((1 - q + 1e-8)/(1 - p + 1e-8)), above epsilon_high with p > q (A > 0) or above epsilon with p < q (A <= 0).
+
+    The mask, like PPO's clip, stops a token's gradient once pi has left the region in the direction its advantage
+    pushes. Returns (minus the objective, log pi/alpha, log pi_k/alpha, no band, (low, high) the tokens masked)."""
+    logp_k, logp_alpha = logp_k.detach(), logp_alpha.detach()
+    log_r = (logp.detach() - logp_alpha).clamp(max=20.0)
+    ratio = torch.exp(log_r).clamp(max=spec.clip_ratio_c)
+    p, q = torch.exp(logp.detach()), torch.exp(logp_alpha)
+    if spec.objective == "dppo_tv":
+        out_pos, out_neg = (p - q) > spec.high, (p - q) < -spec.epsilon
+    else:
+        kl = q * (logp_alpha - logp.detach()) + (1 - q) * torch.log((1.0 - q + 1e-8) / (1.0 - p + 1e-8))
+        out_pos, out_neg = (kl > spec.high) & (p > q), (kl > spec.epsilon) & (p < q)
+    positive = adv > 0
+    out = torch.where(positive, out_pos, out_neg)
+    per_token = -adv * ratio * (~out).to(logp.dtype) * logp
+    none = torch.zeros_like(out)
+    return per_token, log_r, logp_k - logp_alpha, none, (out & ~positive, out & positive)
 
 
 def trl_objective(logp, logp_k, logp_alpha, adv, real, spec: "Clip", level: str):

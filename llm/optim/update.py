@@ -51,7 +51,7 @@ class Objective:
         clip = Clip(o.epsilon, o.clip_high, o.delta, o.ratio_level, o.importance_sampling_mode, o.importance_sampling_cap,
                     o.importance_sampling_cap_min, o.m2_threshold, o.rollout_rs_threshold,
                     loss_type(o.loss_type).objective, o.sapo_temperature_pos, o.sapo_temperature_neg, o.vespo_k_pos,
-                    o.vespo_lambda_pos, o.vespo_k_neg, o.vespo_lambda_neg, o.off_policy_mask_threshold)
+                    o.vespo_lambda_pos, o.vespo_k_neg, o.vespo_lambda_neg, o.off_policy_mask_threshold, o.clip_ratio_c)
         return cls(config.optim.num_iterations, clip, o.beta, o.use_bias_correction_kl, o.loss_type,
                    config.sampling.max_completion_length, config.optim.max_grad_norm, config.diagnostics.tv_diagnostics,
                    o.top_entropy_quantile, o.entropy_coef)

@@ -484,7 +484,7 @@ def test_loss_types_and_advantage_scales_are_registries_declared_once():
         assert torch.allclose(loss_weights(mask, name, 3), want[lt.normaliser]), name
     assert [n for n, lt in LOSS_TYPES.items() if lt.per_pass] == ["bnpo"]
     assert {n: lt.objective for n, lt in LOSS_TYPES.items() if lt.objective != "clip"} == {
-        "cispo": "cispo", "sapo": "sapo", "vespo": "vespo"}
+        "cispo": "cispo", "sapo": "sapo", "vespo": "vespo", "dppo_tv": "dppo_tv", "dppo_kl": "dppo_kl"}
     with pytest.raises(ValueError, match="loss_type: expected one of grpo, dapo, dr_grpo, bnpo"):
         loss_weights(mask, "mean", 3)
 

@@ -251,6 +251,14 @@ class OptimConfig(ConfigGroup):
     """AdamW weight decay."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip (0 disables)."""
+    ess_scaling: Literal["none", "sqrt", "linear"] = "none"
+    """VCPO's ESS-guided step (Huang et al., arXiv 2602.17616; its code mit-han-lab/vcpo, the names its actor config
+    gives): each optimiser step's learning rate times sqrt (or linear) of min(1, rho / ess_scaling_base_ess_ratio),
+    rho = (sum w)^2 / (sum w^2) / n the Kish effective-sample-size fraction of the loss completions' sequence weights
+    w = pi_k/alpha, restored after the step (the schedule is untouched). Logged as ``ess_scaling/lr_factor``. none:
+    off."""
+    ess_scaling_base_ess_ratio: float = 1.0
+    """VCPO's base ESS fraction: the step is scaled only below it (the authors' default 1: any ESS below n)."""
     max_consecutive_skipped_updates: int = resumable(3)
     """An inner step whose loss or gradient is not finite takes no optimiser step (counted in ``skipped_updates``);
     the run stops with an error after this many steps in a row had such a skip."""
@@ -267,3 +275,4 @@ class OptimConfig(ConfigGroup):
         require(self, self.weight_decay >= 0, "weight_decay", "must be >= 0")
         require(self, self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0")
         require(self, self.max_consecutive_skipped_updates >= 1, "max_consecutive_skipped_updates", "must be >= 1")
+        require(self, 0 < self.ess_scaling_base_ess_ratio <= 1, "ess_scaling_base_ess_ratio", "must lie in (0, 1]")

@@ -42,6 +42,8 @@ class Objective:
     keep_hidden: bool = False  # tv_diagnostics: pi_k's hidden states for the chain-rule TV
     top_entropy_quantile: float = 1.0
     entropy_coef: float = 0.0
+    ess_scaling: str = "none"  # VCPO's ESS-guided step: none, sqrt, linear (``ess_lr_factor``)
+    ess_scaling_base_ess_ratio: float = 1.0
 
     @classmethod
     def from_config(cls, config) -> "Objective":
@@ -54,7 +56,7 @@ class Objective:
                     o.vespo_lambda_pos, o.vespo_k_neg, o.vespo_lambda_neg, o.off_policy_mask_threshold, o.clip_ratio_c)
         return cls(config.optim.num_iterations, clip, o.beta, o.use_bias_correction_kl, o.loss_type,
                    config.sampling.max_completion_length, config.optim.max_grad_norm, config.diagnostics.tv_diagnostics,
-                   o.top_entropy_quantile, o.entropy_coef)
+                   o.top_entropy_quantile, o.entropy_coef, config.optim.ess_scaling, config.optim.ess_scaling_base_ess_ratio)
 
     @property
     def entropy_every_pass(self) -> bool:
@@ -76,6 +78,25 @@ class Optimised:
     skipped: int = 0
     """Inner steps whose loss or gradient was not finite: no optimiser step was taken (the rest of the batch's
     inner steps are skipped too, as they would start from the same weights)."""
+    lr_factor: float | None = None
+    """VCPO's ESS-guided factor on the learning rate of the batch's optimiser steps (None: ``ess_scaling`` none)."""
+
+
+def ess_lr_factor(logp_k: torch.Tensor, logp_alpha: torch.Tensor | None, mask: torch.Tensor, rule: str,
+                  base: float) -> float:
+    """VCPO's ESS-guided factor (arXiv 2602.17616; mit-han-lab/vcpo's actor: ``compute_ess_info`` and the step's
+    scaling): rho = (sum w)^2 / (sum w^2) / n over the n completions with a loss token (``mask`` (B, T)), w =
+    exp(sum_t log pi_k/alpha) each (alpha None: lag 0, every w 1), then sqrt (or, ``rule`` linear, the value) of
+    min(1, rho / ``base``). The weights are scaled by their largest first, which leaves rho unchanged and never
+    overflows (the authors add 1e-8 to the denominator instead)."""
+    rows = mask.sum(dim=1) > 0
+    if logp_alpha is None or not bool(rows.any()):
+        return 1.0
+    log_w = ((logp_k - logp_alpha) * mask).sum(dim=1)[rows].double()
+    w = torch.exp(log_w - log_w.max())
+    rho = float(w.sum() ** 2 / (w**2).sum()) / int(rows.sum())
+    scale = min(1.0, rho / base)
+    return math.sqrt(scale) if rule == "sqrt" else scale
 
 
 def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -136,7 +157,18 @@ def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, opti
             clip_gradients(policy.parameters(), objective.max_grad_norm, result.grad_norm)
         if before_step is not None:
             before_step(it)
-        optimizer.step()
+        if objective.ess_scaling != "none":
+            if result.lr_factor is None:  # pi_k's weights over the loss completions, the same for every inner step
+                result.lr_factor = ess_lr_factor(result.pi_k.logp, logp_alpha, weights > 0, objective.ess_scaling,
+                                                 objective.ess_scaling_base_ess_ratio)
+            base = [group["lr"] for group in optimizer.param_groups]
+            for group in optimizer.param_groups:
+                group["lr"] = group["lr"] * result.lr_factor
+            optimizer.step()
+            for group, lr in zip(optimizer.param_groups, base):
+                group["lr"] = lr
+        else:
+            optimizer.step()
     return result
 
 

@@ -30,6 +30,8 @@ def diagnose(batch: Batch, scored: Scored, groups: Groups, roll: Rollout, eos: i
     row["entropy"] = dg.mean_entropy(optimised.pi_k.entropy, cm)
     row["grad_norm"] = optimised.grad_norm
     row["skipped_updates"] = optimised.skipped
+    if optimised.lr_factor is not None:
+        row["ess_scaling/lr_factor"] = optimised.lr_factor
     row.update(optimised.stats.metrics())
     row.update(dg.weight_metrics(optimised.pi_k.logp, log_alpha, cm))
     row.update(dg.group_metrics(scored.rewards, log_w_k, eps, reward_range))

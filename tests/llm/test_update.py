@@ -197,3 +197,64 @@ def test_truncated_completions_leave_the_loss_but_count_in_their_groups_advantag
     zeroed[~keep] = 0.0  # a completion with advantage 0 adds nothing, but its tokens still count in the normaliser
     n_all, n_kept = float(batch.completion_mask.sum()), float(batch.completion_mask[torch.tensor(keep)].sum())
     assert same_gradient(masked, _grad(policy, batch, zeroed.reshape(2, 3), None) * n_all / n_kept, SHARED_GRAD_RTOL)
+
+
+# ---- VCPO's ESS-guided step -----------------------------------------------------------------------------------
+
+
+def test_the_ess_factor_is_vcpos_on_the_sequence_weights():
+    """``ess_lr_factor`` against a transcription of the authors' rule (mit-han-lab/vcpo: ESS = (sum w)^2 /
+    (sum w^2 + 1e-8), rho = ESS / n, lr x sqrt(min(1, rho / base)) or linear), w = exp(sum_t log pi_k/alpha)."""
+    from llm.optim.update import ess_lr_factor
+
+    g = torch.Generator().manual_seed(0)
+    logp_k = -torch.rand(5, 4, generator=g, dtype=torch.float64)
+    logp_alpha = logp_k + 0.4 * torch.randn(5, 4, generator=g, dtype=torch.float64)
+    mask = torch.ones(5, 4, dtype=torch.bool)
+    mask[1, 2:] = False
+    mask[4] = False  # no loss token: not a completion of the step
+    w = torch.exp(((logp_k - logp_alpha) * mask).sum(1))[:4]
+    rho = float(w.sum() ** 2 / ((w**2).sum() + 1e-8)) / 4
+    assert 0.2 < rho < 0.95
+    for rule, base in (("sqrt", 1.0), ("linear", 1.0), ("sqrt", 0.5), ("sqrt", rho / 2)):
+        want = min(1.0, rho / base)
+        want = math.sqrt(want) if rule == "sqrt" else want
+        assert ess_lr_factor(logp_k, logp_alpha, mask, rule, base) == pytest.approx(want, rel=1e-7)  # their 1e-8
+    assert ess_lr_factor(logp_k, None, mask, "sqrt", 1.0) == 1.0  # lag 0: every weight 1
+    huge = logp_k - 500.0 * mask / mask.sum(1, keepdim=True).clamp(min=1)  # every w = e^500: equal, no overflow
+    assert ess_lr_factor(logp_k, huge, mask, "sqrt", 1.0) == pytest.approx(1.0)
+
+
+def test_an_ess_scaled_step_is_the_plain_step_at_the_scaled_rate_and_the_schedule_is_restored():
+    """With AdamW, a step at lr x factor; the optimiser's learning rate afterwards is the schedule's own."""
+    import copy
+
+    import numpy as np
+
+    from llm.core.passes import Passes
+    from llm.models.model import Precision
+    from llm.optim import Objective, optimise
+    from llm.optim.update import ess_lr_factor
+
+    policy, batch, adv = _tiny_step(2)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        from llm.core.logprobs import completion_logprobs
+
+        logp_k = completion_logprobs(policy, batch, 1.0).logp
+    logp_alpha = (logp_k + 0.5 * torch.randn(logp_k.shape, generator=g, dtype=logp_k.dtype)) * batch.completion_mask
+    passes = Passes(1.0, Precision(), micro_batch=0, group_size=3, share_prompts=False)
+    groups = np.ones(2, bool)
+    factor = ess_lr_factor(logp_k, logp_alpha, batch.completion_mask > 0, "sqrt", 1.0)
+    assert 0.1 < factor < 0.95
+    after = []
+    for scaling, lr in (("sqrt", 1e-3), ("none", 1e-3 * factor)):
+        model = copy.deepcopy(policy)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        out = optimise(passes, Objective(max_grad_norm=0.0, max_completion_length=6, num_iterations=2,
+                                         ess_scaling=scaling), model, opt, batch, adv, groups, logp_alpha, None)
+        assert opt.param_groups[0]["lr"] == lr
+        assert out.lr_factor == (pytest.approx(factor) if scaling == "sqrt" else None)
+        after.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.allclose(after[0], after[1], rtol=1e-9, atol=1e-12)
+    assert not torch.allclose(after[0], torch.cat([p.detach().flatten() for p in policy.parameters()]))

@@ -67,6 +67,16 @@ CORRECTIONS = {
     "m2po_areal": dict(importance_sampling_mode="m2po_areal"),
     "seq_max_k2 (TRM)": dict(importance_sampling_mode="seq_max_k2"),
     ICEPOP_LABEL: dict(ICEPOP),
+    # TRL 1.16's objectives with its token truncation (docs/theory.md, 6.1), DPPO at verl's example thresholds, VCPO's step
+    "cispo (token_truncate, eps_high 5)": dict(loss_type="cispo", importance_sampling_mode="token_truncate",
+                                               epsilon_high=5.0),
+    "sapo (token_truncate)": dict(loss_type="sapo", importance_sampling_mode="token_truncate"),
+    "vespo (token_truncate)": dict(loss_type="vespo", importance_sampling_mode="token_truncate"),
+    "luspo (token_truncate)": dict(loss_type="luspo", importance_sampling_mode="token_truncate",
+                                   ratio_level="sequence_normalised"),
+    "dppo_tv (0.15)": dict(loss_type="dppo_tv", epsilon=0.15),
+    "dppo_kl (0.05)": dict(loss_type="dppo_kl", epsilon=0.05),
+    "vcpo ess step (paper clip)": dict(ess_scaling="sqrt"),
 }
 CORRECTIONS_V = 4
 #: The frontier's sync periods (0: never after the first step) and generation modes, by default.

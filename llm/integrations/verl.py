@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from llm.integrations.readings import LagTable, MicroBatch, WatchOptions, sequence_log_weights, step_metrics, watch_options
-from llm.integrations.watcher import PREFIX
+from llm.integrations.watcher import PREFIX, guard
 from llm.step.monitors import Warnings
 
 __all__ = ["watch", "install", "VerlWatcher", "OPTIONS_ENV"]
@@ -241,15 +241,7 @@ class VerlWatcher:
     # -- observations -------------------------------------------------------------------------------------------
     def guarded(self, fn, *args):
         """Run an observation; an error in it is one line and ends the watching, never verl's training."""
-        if self.stopped:
-            return None
-        try:
-            return fn(*args)
-        except Exception as exc:  # noqa: BLE001 - the host must never pay for the observer
-            self.stopped = f"{type(exc).__name__}: {exc}"
-            self.say(f"{PREFIX}stopped observing at update {self.updates}, optimiser step {self.steps} ({self.stopped}); "
-                     "training goes on unobserved")
-            return None
+        return guard(self, lambda: f"update {self.updates}, optimiser step {self.steps}", fn, *args)
 
     def record(self, model_output, data) -> None:
         logp_k, old, rollout, mask, uids, temperature = padded(model_output, data)

@@ -29,6 +29,19 @@ def _say(options: WatchOptions):
     return lambda line: tqdm.write(line, file=sys.stderr)
 
 
+def guard(observer, where, fn, *args):
+    """``fn(*args)`` for an ``observer`` (its ``stopped`` and ``say``), unless it has stopped: an error in it is one
+    line naming ``where()`` (the host's step), and the observer stops; the host's training never pays for it."""
+    if observer.stopped:
+        return None
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - the host must never pay for the observer
+        observer.stopped = f"{type(exc).__name__}: {exc}"
+        observer.say(f"{PREFIX}stopped observing at {where()} ({observer.stopped}); training goes on unobserved")
+        return None
+
+
 class Watcher:
     """One host trainer's watcher: ``wrap`` its methods, ``attach`` the step callback, and at every optimiser step
     ``end_step`` turns the micro-batches ``parts`` recorded into its readings (``heldout`` and ``sampler`` stay None
@@ -94,15 +107,7 @@ class Watcher:
 
     def guarded(self, fn, *args):
         """Run an observation; an error in it is one line and ends the watching, never the host's training."""
-        if self.stopped:
-            return None
-        try:
-            return fn(*args)
-        except Exception as exc:  # noqa: BLE001 - the host must never pay for the observer
-            self.stopped = f"{type(exc).__name__}: {exc}"
-            self.say(f"{PREFIX}stopped observing at step {self.trainer.state.global_step} ({self.stopped}); training "
-                     "goes on unobserved")
-            return None
+        return guard(self, lambda: f"step {self.trainer.state.global_step}", fn, *args)
 
     def gathered(self, parts: list[MicroBatch]) -> list[MicroBatch]:
         """Every rank's micro-batches (TRL's processes each train on their own rows)."""

@@ -129,9 +129,11 @@ class ObjectiveConfig(ConfigGroup):
     tokens of the step; dr_grpo = over (sequences x max_completion_length); bnpo = over each micro-batch's own
     tokens (TRL's local normaliser: the step's gradient then depends on per_device_train_batch_size; dapo for a step
     in one pass); luspo = each sequence's sum, then the mean over sequences (LUSPO; TRL pairs it with
-    importance_sampling_level sequence). TRL 1.16's other objectives, each with a TRL importance_sampling_mode
+    importance_sampling_level sequence; with any importance_sampling_mode). TRL 1.16's other objectives, each with a
+    TRL importance_sampling_mode
     (the weight w = pi_k/alpha as TRL's vLLM ratio; rho = pi/pi_k as TRL's pi/pi_old; docs/theory.md, §6.1):
-    cispo = min(rho, epsilon_high) (detached) A log pi times w, normalised as dapo; sapo = 4 sigmoid(tau (rho - 1))
+    cispo = min(rho, epsilon_high) (detached) A log pi times w, normalised as dapo (epsilon_high is then a cap on the
+    ratio, e.g. 5: the default, epsilon, caps rho at 0.2); sapo = 4 sigmoid(tau (rho - 1))
     / tau A times w, as grpo; vespo = a gamma weight of the sequence's ratio (w folded in; token_truncate or
     token_mask only) times A log pi, as dapo. DPPO (arXiv 2602.04879, verl's loss_mode names), its own correction
     of alpha != pi, with the default importance_sampling_mode: dppo_tv = min(pi/alpha, clip_ratio_c) (detached) A
@@ -179,7 +181,7 @@ class ObjectiveConfig(ConfigGroup):
     """Importance ratios per token (default) or per sequence: sequence = exp of the summed log-ratios (the
     paper's sequence-level ratio; high variance), sequence_normalised = exp of their mean over the completion's
     tokens (GSPO; TRL's importance_sampling_level="sequence"; a geometric mean, not an importance weight: biased).
-    Both need loss_type grpo, under which every sequence counts once (the paper's E_alpha f)."""
+    Both need loss_type grpo (under which every sequence counts once: the paper's E_alpha f), sapo or luspo."""
     behaviour_logprobs: Literal["sampler", "recompute"] = "sampler"
     """log alpha from the sampler (cheap) or recomputed by the trainer with the lagged weights (exact).
     The gap between the two is logged as sampling/logp_diff_* whenever both are computed."""
@@ -188,27 +190,35 @@ class ObjectiveConfig(ConfigGroup):
         require_finite(self)
         require(self, 0 < self.top_entropy_quantile <= 1, "top_entropy_quantile", "must lie in (0, 1] (1: every token)")
         require(self, self.ratio_level == "token" or self.loss_type in ("grpo", "sapo", "luspo"), "ratio_level",
-                "sequence-level ratios need loss_type grpo, sapo or luspo (dapo and dr_grpo would weight each "
-                "sequence's one objective value by its length)")
+                f"sequence-level ratios (TRL's importance_sampling_level sequence) need loss_type grpo, sapo or luspo; "
+                f"{self.loss_type} would weight each sequence's one objective value by its length")
         kind = registered_loss_type(self.loss_type)
         dppo = kind.objective in ("dppo_tv", "dppo_kl")
-        require(self, not dppo or self.importance_sampling_mode == "paper", "loss_type",
-                f"{self.loss_type} is its own correction of alpha != pi (pi/alpha in a divergence trust region): "
-                "leave importance_sampling_mode at its default")
-        require(self, self.clip_ratio_c > 0, "clip_ratio_c", "must be > 0")
-        require(self, dppo or kind.objective == "clip" or correction(self.importance_sampling_mode).trl, "loss_type",
-                f"{self.loss_type} is TRL's objective of pi/pi_k times TRL's weight pi_k/alpha: it needs a TRL "
-                "importance_sampling_mode (token_truncate, token_mask, sequence_truncate or sequence_mask)")
+        mode = correction(self.importance_sampling_mode)
+        require(self, not dppo or self.importance_sampling_mode == "paper", "importance_sampling_mode",
+                f"loss_type {self.loss_type} is its own correction of alpha != pi (pi/alpha in a divergence trust "
+                "region): leave importance_sampling_mode at its default, paper")
         require(self, kind.objective != "vespo" or self.importance_sampling_mode in ("token_truncate", "token_mask"),
-                "loss_type", "vespo folds token weights into its sequence weight: it needs importance_sampling_mode "
-                "token_truncate or token_mask (as TRL)")
-        require(self, self.sapo_temperature_pos > 0 and self.sapo_temperature_neg > 0, "sapo_temperature_pos",
-                "SAPO's temperatures must be > 0")
-        require(self, min(self.vespo_k_pos, self.vespo_k_neg) >= 0, "vespo_k_pos", "VESPO's powers k must be >= 0")
-        require(self, min(self.vespo_lambda_pos, self.vespo_lambda_neg) > 0, "vespo_lambda_pos",
-                "VESPO's rates lambda must be > 0")
-        require(self, self.epsilon_high == -1.0 or 0 <= self.epsilon_high < 10, "epsilon_high",
-                "must lie in [0, 10), or -1 for epsilon")
+                "importance_sampling_mode", "loss_type vespo folds TRL's token weights pi_k/alpha into its sequence "
+                "weight: it needs token_truncate or token_mask (as TRL)")
+        require(self, kind.objective not in ("cispo", "sapo") or mode.trl, "importance_sampling_mode",
+                f"loss_type {self.loss_type} is TRL's objective of pi/pi_k times TRL's weight pi_k/alpha: it needs a "
+                "TRL mode (token_truncate, token_mask, sequence_truncate or sequence_mask)")
+        require(self, kind.objective != "vespo" or (self.importance_sampling_cap >= 1
+                                                    and self.importance_sampling_cap_min <= 1), "importance_sampling_cap",
+                "loss_type vespo needs a band [importance_sampling_cap_min, importance_sampling_cap] around 1 (TRL "
+                "sums the log of its clamped ratio over the padding too, where a band without 1 adds to each "
+                "sequence's weight; here padding adds nothing, so the two would differ)")
+        require(self, self.clip_ratio_c > 0, "clip_ratio_c", "must be > 0")
+        require(self, self.sapo_temperature_pos > 0, "sapo_temperature_pos", "SAPO's temperatures must be > 0")
+        require(self, self.sapo_temperature_neg > 0, "sapo_temperature_neg", "SAPO's temperatures must be > 0")
+        require(self, self.vespo_k_pos >= 0, "vespo_k_pos", "VESPO's powers k must be >= 0")
+        require(self, self.vespo_k_neg >= 0, "vespo_k_neg", "VESPO's powers k must be >= 0")
+        require(self, self.vespo_lambda_pos > 0, "vespo_lambda_pos", "VESPO's rates lambda must be > 0")
+        require(self, self.vespo_lambda_neg > 0, "vespo_lambda_neg", "VESPO's rates lambda must be > 0")
+        require(self, self.epsilon_high == -1.0 or 0 <= self.epsilon_high < 10 or (
+                    kind.objective == "cispo" and self.epsilon_high > 0), "epsilon_high",
+                "must lie in [0, 10), or -1 for epsilon (with cispo, a cap on pi/pi_k: any value > 0)")
         require(self, self.delta == 0 or self.delta > 1 + self.clip_high, "delta",
                 f"must exceed 1 + epsilon_high = {1 + self.clip_high} (or be 0: off)")
         require_correction_settings(self)
@@ -254,8 +264,8 @@ class OptimConfig(ConfigGroup):
     ess_scaling: Literal["none", "sqrt", "linear"] = "none"
     """VCPO's ESS-guided step (Huang et al., arXiv 2602.17616; its code mit-han-lab/vcpo, the names its actor config
     gives): each optimiser step's learning rate times sqrt (or linear) of min(1, rho / ess_scaling_base_ess_ratio),
-    rho = (sum w)^2 / (sum w^2) / n the Kish effective-sample-size fraction of the loss completions' sequence weights
-    w = pi_k/alpha, restored after the step (the schedule is untouched). Logged as ``ess_scaling/lr_factor``. none:
+    rho = (sum w)^2 / (sum w^2) / n the Kish effective-sample-size fraction of the step's completions' sequence
+    weights w = pi_k/alpha (zero-variance groups included, as the authors' minibatch), restored after the step (the schedule is untouched). Logged as ``ess_scaling/lr_factor``. none:
     off."""
     ess_scaling_base_ess_ratio: float = 1.0
     """VCPO's base ESS fraction: the step is scaled only below it (the authors' default 1: any ESS below n)."""

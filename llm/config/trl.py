@@ -25,6 +25,9 @@ TRL_NAMES: dict[str, tuple[str, dict | None]] = {
     "vllm_server_timeout": ("server_timeout", None),
     "vllm_mode": ("sampler", {"colocate": "vllm", "server": "server"}),
     "entropy_coeff": ("entropy_coef", None),  # verl's
+    "clip_ratio": ("epsilon", None),  # verl's (with DPPO, the divergence threshold)
+    "clip_ratio_low": ("epsilon", None),  # verl's
+    "clip_ratio_high": ("epsilon_high", None),  # verl's
 }
 #: TRL's switches: name -> (field, value when on, value when off).
 TRL_SWITCHES: dict[str, tuple[str, str | bool, str | bool | None]] = {
@@ -201,6 +204,10 @@ def from_trl(**kwargs) -> GRPOConfig:
     from llm.config.grpo import FIELD_GROUP, TOP_FIELDS
 
     known = [*TOP_FIELDS, *FIELD_GROUP, *TRL_NAMES, *TRL_SWITCHES, *GROUPS]
+    if "vllm_importance_sampling_correction" in kwargs:  # TRL's switch: always on here
+        if kwargs.pop("vllm_importance_sampling_correction") is not True:
+            raise ValueError("vllm_importance_sampling_correction: the off-policy weight is always applied here "
+                             "(docs/trl.md); only True is accepted")
     for k in kwargs:
         if k in TRL_COUNTERPARTS:
             raise TypeError(f"from_trl: {k} is TRL's option; here {TRL_COUNTERPARTS[k]} (docs/trl.md)")

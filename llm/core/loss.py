@@ -397,7 +397,7 @@ def trl_objective(logp, logp_k, logp_alpha, adv, real, spec: "Clip", level: str)
         k = torch.where(pos, spec.vespo_k_pos, spec.vespo_k_neg)
         lam = torch.where(pos, spec.vespo_lambda_pos, spec.vespo_lambda_neg).clamp(min=1e-4)
         phi = torch.exp(lam + k * log_big_w - lam * torch.exp(log_big_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
-        return -phi * adv * logp, token, log_w, none, (none, none)
+        return -phi * adv * logp, token, log_w, above, (none, none)
     log_rho = level_log_ratio(logp - logp_k, real, level)
     rho = torch.exp(log_rho.clamp(max=LOG_RATIO_MAX))
     if spec.objective == "cispo":

@@ -85,7 +85,8 @@ class Optimised:
 def ess_lr_factor(logp_k: torch.Tensor, logp_alpha: torch.Tensor | None, mask: torch.Tensor, rule: str,
                   base: float) -> float:
     """VCPO's ESS-guided factor (arXiv 2602.17616; mit-han-lab/vcpo's actor: ``compute_ess_info`` and the step's
-    scaling): rho = (sum w)^2 / (sum w^2) / n over the n completions with a loss token (``mask`` (B, T)), w =
+    scaling): rho = (sum w)^2 / (sum w^2) / n over the n completions with a policy token (``mask`` (B, T): the
+    step's every completion, as the authors' minibatch holds every trajectory, zero-advantage ones included), w =
     exp(sum_t log pi_k/alpha) each (alpha None: lag 0, every w 1), then sqrt (or, ``rule`` linear, the value) of
     min(1, rho / ``base``). The weights are scaled by their largest first, which leaves rho unchanged and never
     overflows (the authors add 1e-8 to the denominator instead)."""
@@ -158,9 +159,9 @@ def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, opti
         if before_step is not None:
             before_step(it)
         if objective.ess_scaling != "none":
-            if result.lr_factor is None:  # pi_k's weights over the loss completions, the same for every inner step
-                result.lr_factor = ess_lr_factor(result.pi_k.logp, logp_alpha, weights > 0, objective.ess_scaling,
-                                                 objective.ess_scaling_base_ess_ratio)
+            if result.lr_factor is None:  # pi_k's weights over the step's completions, the same every inner step
+                result.lr_factor = ess_lr_factor(result.pi_k.logp, logp_alpha, batch.policy_mask > 0,
+                                                 objective.ess_scaling, objective.ess_scaling_base_ess_ratio)
             base = [group["lr"] for group in optimizer.param_groups]
             for group in optimizer.param_groups:
                 group["lr"] = group["lr"] * result.lr_factor

@@ -181,3 +181,48 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def test_vespo_counts_the_tokens_whose_weight_the_mode_truncated():
+    g = torch.Generator().manual_seed(0)
+    logp = -torch.rand(4, 5, generator=g)
+    logp_alpha = logp + 0.3 * torch.randn(4, 5, generator=g)
+    weights = loss_weights(torch.ones(4, 5), "vespo", 5)
+    share = float(((logp - logp_alpha) > math.log(1.1)).float().mean())  # w = pi_k/alpha above the cap, pi_k = pi
+    for objective in ("vespo", "cispo", "sapo"):
+        spec = Clip(importance_sampling_mode="token_mask", importance_sampling_cap=1.1, objective=objective)
+        _, stats = grpo_loss(logp, logp, logp_alpha, torch.randn(4, generator=g), weights, clip=spec)
+        assert stats.metrics()["is_correction/frac_above_cap"] == pytest.approx(share) and share > 0.2
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(loss_type="sapo", vllm_importance_sampling_mode="token_mask", sapo_temperature_neg=-1.0),
+     "sapo_temperature_neg: SAPO's temperatures must be > 0, got -1.0"),
+    (dict(loss_type="vespo", vllm_importance_sampling_mode="token_mask", vespo_lambda_neg=-1.0),
+     "vespo_lambda_neg: VESPO's rates lambda must be > 0, got -1.0"),
+    (dict(loss_type="vespo", vllm_importance_sampling_mode="sequence_truncate"),
+     "importance_sampling_mode: loss_type vespo folds"),
+    (dict(loss_type="vespo"), "it needs token_truncate or token_mask (as TRL), got 'paper'"),
+    (dict(loss_type="dppo_tv", vllm_importance_sampling_mode="token_truncate"), "got 'token_truncate'"),
+    (dict(loss_type="cispo", vllm_importance_sampling_mode="token_mask", importance_sampling_level="sequence"),
+     "(TRL's importance_sampling_level sequence) need loss_type grpo, sapo or luspo; cispo would"),
+    (dict(loss_type="vespo", vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=0.9),
+     "loss_type vespo needs a band"),
+    (dict(vllm_importance_sampling_correction=False), "always applied here"),
+])
+def test_a_refused_combination_names_the_field_and_value_the_user_gave(kwargs, words):
+    from llm.config.trl import from_trl
+
+    with pytest.raises(ValueError) as info:
+        from_trl(**kwargs)
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_trl_and_verl_spellings_of_the_new_options_are_read():
+    from llm.config.trl import from_trl
+
+    c = from_trl(loss_type="dppo_tv", clip_ratio_low=0.15, clip_ratio_high=0.2, vllm_importance_sampling_correction=True)
+    assert (c.objective.epsilon, c.objective.epsilon_high) == (0.15, 0.2)
+    assert from_trl(loss_type="cispo", vllm_importance_sampling_mode="token_mask", epsilon_high=12.0
+                    ).objective.epsilon_high == 12.0  # a cap on pi/pi_k, not a clip width
+    assert from_trl(loss_type="luspo", importance_sampling_level="sequence").objective.ratio_level == "sequence_normalised"

@@ -4,8 +4,11 @@ in its vLLM importance-sampling ratio) equals ``GRPOTrainer._compute_loss`` of T
 for every loss type, importance-sampling mode and the mask, on a reused batch (pi_old != pi_theta) and a mismatched
 sampler (alpha != pi_old). ``make check-trl-losses`` prints the same comparison as a table."""
 
+import functools
 import math
+import tempfile
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,11 +29,11 @@ TRL_DEFAULTS = dict(sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, vespo_k
                     vespo_k_neg=3.0, vespo_lambda_neg=2.0)
 
 
-def trl_trainer(tmp_path, **args):
-    settings = dict(output_dir=str(tmp_path / "out"), max_steps=1, num_generations=4, per_device_train_batch_size=8,
+@functools.lru_cache(maxsize=1)
+def _built(tmp: str):
+    settings = dict(output_dir=str(Path(tmp) / "out"), max_steps=1, num_generations=4, per_device_train_batch_size=8,
                     max_completion_length=6, beta=0.0, report_to="none", save_strategy="no", use_cpu=True, seed=0,
-                    bf16=False, disable_tqdm=True)
-    settings.update(args)
+                    bf16=False, disable_tqdm=True, vllm_importance_sampling_mode="token_truncate")
     model_dir = tiny_model_dir()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -42,6 +45,22 @@ def trl_trainer(tmp_path, **args):
     t.use_vllm, t.vllm_importance_sampling_correction = True, True  # TRL's vLLM path: the ratio multiplies the loss
     t.model.train()
     t.current_gradient_accumulation_steps = 1  # set by TRL's training loop: one micro-batch per optimiser step
+    return t
+
+
+def trl_trainer(tmp_path, loss_type="dapo", vllm_importance_sampling_mode="token_truncate",
+                off_policy_mask_threshold=None, importance_sampling_level="token", epsilon_high=None, delta=None,
+                **ignored):
+    """TRL 1.16's GRPOTrainer, built once, with one case's settings where its ``_compute_loss`` reads them (the
+    attributes its ``__init__`` sets from GRPOConfig, and ``args`` for delta and the SAPO and VESPO knobs; a fresh
+    trainer per case gave the same numbers at a second each)."""
+    t = _built(str(Path(tempfile.gettempdir()) / "offpolicy_trl_losses"))
+    t.loss_type, t.vllm_importance_sampling_mode = loss_type, vllm_importance_sampling_mode
+    t.off_policy_mask_threshold, t.importance_sampling_level = off_policy_mask_threshold, importance_sampling_level
+    t.epsilon_low, t.epsilon_high = 0.2, 0.2 if epsilon_high is None else epsilon_high
+    t.args.delta = delta
+    for name, value in TRL_DEFAULTS.items():
+        setattr(t.args, name, value)
     return t
 
 

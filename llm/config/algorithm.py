@@ -204,8 +204,8 @@ class ObjectiveConfig(ConfigGroup):
         require(self, kind.objective not in ("cispo", "sapo") or mode.trl, "importance_sampling_mode",
                 f"loss_type {self.loss_type} is TRL's objective of pi/pi_k times TRL's weight pi_k/alpha: it needs a "
                 "TRL mode (token_truncate, token_mask, sequence_truncate or sequence_mask)")
-        require(self, kind.objective != "vespo" or (self.importance_sampling_cap >= 1
-                                                    and self.importance_sampling_cap_min <= 1), "importance_sampling_cap",
+        band_holds_one = self.importance_sampling_cap >= 1 and self.importance_sampling_cap_min <= 1
+        require(self, kind.objective != "vespo" or band_holds_one, "importance_sampling_cap",
                 "loss_type vespo needs a band [importance_sampling_cap_min, importance_sampling_cap] around 1 (TRL "
                 "sums the log of its clamped ratio over the padding too, where a band without 1 adds to each "
                 "sequence's weight; here padding adds nothing, so the two would differ)")
@@ -265,8 +265,8 @@ class OptimConfig(ConfigGroup):
     """VCPO's ESS-guided step (Huang et al., arXiv 2602.17616; its code mit-han-lab/vcpo, the names its actor config
     gives): each optimiser step's learning rate times sqrt (or linear) of min(1, rho / ess_scaling_base_ess_ratio),
     rho = (sum w)^2 / (sum w^2) / n the Kish effective-sample-size fraction of the step's completions' sequence
-    weights w = pi_k/alpha (zero-variance groups included, as the authors' minibatch), restored after the step (the schedule is untouched). Logged as ``ess_scaling/lr_factor``. none:
-    off."""
+    weights w = pi_k/alpha (zero-variance groups included, as the authors' minibatch), restored after the step (the
+    schedule is untouched). Logged as ``ess_scaling/lr_factor``. none: off."""
     ess_scaling_base_ess_ratio: float = 1.0
     """VCPO's base ESS fraction: the step is scaled only below it (the authors' default 1: any ESS below n)."""
     max_consecutive_skipped_updates: int = resumable(3)

@@ -304,7 +304,8 @@ def grpo_loss(
         per_token, log_ratio, log_ratio_k, above, flags = trl_objective(logp, logp_k, logp_alpha, adv,
                                                                         on.to(logp.dtype), spec, level)
     if spec.off_policy_mask_threshold is not None:
-        per_token = per_token * off_policy_mask(logp, logp_alpha, adv, on.to(logp.dtype), spec.off_policy_mask_threshold)
+        per_token = per_token * off_policy_mask(logp, logp_alpha, adv, on.to(logp.dtype),
+                                                spec.off_policy_mask_threshold)
     if policy_mask is not None:
         per_token = per_token * policy_mask
     if spec.correction.step_mask and token_keep is not None:

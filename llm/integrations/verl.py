@@ -45,7 +45,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from llm.integrations.readings import LagTable, MicroBatch, WatchOptions, sequence_log_weights, step_metrics, watch_options
+from llm.integrations.readings import (LagTable, MicroBatch, WatchOptions, sequence_log_weights, step_metrics,
+                                       watch_options)
 from llm.integrations.watcher import PREFIX, guard
 from llm.step.monitors import Warnings
 
@@ -131,7 +132,8 @@ def micro_batch(lag: int, logp_k: torch.Tensor, old: torch.Tensor | None, rollou
     return MicroBatch(np.full(int(keep.sum()), lag), labels[keep], log_w_k, log_w_gen, gap), dropped
 
 
-def padded(model_output, data) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor, list | None, float]:
+def padded(model_output, data) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor,
+                                       list | None, float]:
     """From the arguments of verl's loss function: (log pi_k, old_log_probs, rollout_log_probs, response_mask, uids,
     temperature) as padded (B, T) float32 tensors on the host, as ``ppo_loss`` pads them."""
     from verl.workers.utils.padding import no_padding_2_padding
@@ -279,7 +281,8 @@ class VerlWatcher:
             for key in ("tv/pi_k_alpha", "ess/pi_k_alpha"):
                 if key in entry["metrics"]:
                     row[f"{key}_lag{lag}"] = entry["metrics"][key]
-        self.warnings.see({"step": self.steps, **row}, synced=bool(row.get("lag") == 0 and "sampling/logp_diff_max" in row),
+        synced = bool(row.get("lag") == 0 and "sampling/logp_diff_max" in row)
+        self.warnings.see({"step": self.steps, **row}, synced=synced,
                           write=lambda line: self.say(PREFIX + line))
         metrics = tu.get(out, "metrics")
         for key, value in row.items():

@@ -56,7 +56,8 @@ class Objective:
                     o.vespo_lambda_pos, o.vespo_k_neg, o.vespo_lambda_neg, o.off_policy_mask_threshold, o.clip_ratio_c)
         return cls(config.optim.num_iterations, clip, o.beta, o.use_bias_correction_kl, o.loss_type,
                    config.sampling.max_completion_length, config.optim.max_grad_norm, config.diagnostics.tv_diagnostics,
-                   o.top_entropy_quantile, o.entropy_coef, config.optim.ess_scaling, config.optim.ess_scaling_base_ess_ratio)
+                   o.top_entropy_quantile, o.entropy_coef, config.optim.ess_scaling,
+                   config.optim.ess_scaling_base_ess_ratio)
 
     @property
     def entropy_every_pass(self) -> bool:

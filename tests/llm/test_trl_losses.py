@@ -117,7 +117,8 @@ def compare(tmp_path, loss_type: str, mode: str, mask: float | None = None, leve
     g_theirs = torch.autograd.grad(theirs, params)
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
     attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
-    logp, _, _ = t._get_per_token_logps_and_entropies(t.model, ids, attention, ids.shape[1] - batch["prompt_ids"].shape[1])
+    completion_length = ids.shape[1] - batch["prompt_ids"].shape[1]
+    logp, _, _ = t._get_per_token_logps_and_entropies(t.model, ids, attention, completion_length)
     spec = Clip(epsilon=0.2, epsilon_high=epsilon_high, delta=delta or 0.0,
                 ratio_level={"token": "token", "sequence": "sequence_normalised"}[level],
                 importance_sampling_mode=mode, importance_sampling_cap=cap, importance_sampling_cap_min=cap_min or 0.0,
@@ -240,8 +241,10 @@ def test_a_refused_combination_names_the_field_and_value_the_user_gave(kwargs, w
 def test_trl_and_verl_spellings_of_the_new_options_are_read():
     from llm.config.trl import from_trl
 
-    c = from_trl(loss_type="dppo_tv", clip_ratio_low=0.15, clip_ratio_high=0.2, vllm_importance_sampling_correction=True)
+    c = from_trl(loss_type="dppo_tv", clip_ratio_low=0.15, clip_ratio_high=0.2,
+                 vllm_importance_sampling_correction=True)
     assert (c.objective.epsilon, c.objective.epsilon_high) == (0.15, 0.2)
     assert from_trl(loss_type="cispo", vllm_importance_sampling_mode="token_mask", epsilon_high=12.0
                     ).objective.epsilon_high == 12.0  # a cap on pi/pi_k, not a clip width
-    assert from_trl(loss_type="luspo", importance_sampling_level="sequence").objective.ratio_level == "sequence_normalised"
+    luspo = from_trl(loss_type="luspo", importance_sampling_level="sequence")
+    assert luspo.objective.ratio_level == "sequence_normalised"

@@ -335,7 +335,7 @@ def off_policy_mask(logp: torch.Tensor, logp_alpha: torch.Tensor, adv: torch.Ten
 
 def trl_weight(logp_k: torch.Tensor, logp_alpha: torch.Tensor, real: torch.Tensor, spec: "Clip"):
     """The TRL mode's weight w = pi_k/alpha at its level, truncated or masked to [cap_min, cap] (TRL's
-    ``importance_sampling_ratio``), with log w and the tokens outside the band."""
+    ``importance_sampling_ratio``), with log w and the tokens outside the band [cap_min, cap]."""
     twin = spec.correction
     log_w = level_log_ratio(logp_k - logp_alpha, real, twin.level)
     w = torch.exp(log_w.clamp(max=LOG_RATIO_MAX))
@@ -449,12 +449,8 @@ class TRLWeightLoss(CorrectionLoss):
 
     def per_token(self, logp, logp_k, logp_alpha, adv, real, spec, level):
         log_ratio = level_log_ratio(logp - logp_k, real, level)  # rho = pi/pi_k
-        log_ratio_k = level_log_ratio(logp_k - logp_alpha, real, self.twin.level)
+        w, log_ratio_k, above = trl_weight(logp_k, logp_alpha, real, spec)
         rho, _ = bounded_ratios(log_ratio, torch.zeros_like(log_ratio), adv, spec.high)
-        w = torch.exp(log_ratio_k.clamp(max=LOG_RATIO_MAX))
-        lo, hi = spec.importance_sampling_cap_min, spec.importance_sampling_cap
-        above = (log_ratio_k > math.log(hi)) | (w < lo)  # outside the band [lo, hi]
-        w = torch.clamp(w, min=lo, max=hi) if self.twin.truncate else torch.where(above, torch.zeros_like(w), w)
         per_token = -w * clip_objective_torch(rho, torch.ones_like(rho), adv, spec.epsilon, spec.high, spec.delta)
         return per_token, log_ratio, log_ratio_k, above
 

@@ -39,7 +39,6 @@ import functools
 import hashlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +46,7 @@ import torch
 
 from llm.integrations.readings import (LagTable, MicroBatch, WatchOptions, sequence_log_weights, step_metrics,
                                        watch_options)
-from llm.integrations.watcher import PREFIX, guard
+from llm.integrations.watcher import PREFIX, guard, say_to, summary_path
 from llm.step.monitors import Warnings
 
 __all__ = ["watch", "install", "VerlWatcher", "OPTIONS_ENV"]
@@ -84,10 +83,6 @@ def verl_options(**options) -> WatchOptions:
         raise ValueError(f"watch (verl): {', '.join(unused)}: options of the held-out certificate, which the verl "
                          f"watcher does not compute; it reads {', '.join(VERL_OPTIONS)}")
     return opts
-
-
-def _say(options: WatchOptions):
-    return options.log if options.log is not None else (lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def _labels(uids) -> np.ndarray:
@@ -156,9 +151,9 @@ class VerlWatcher:
 
     def __init__(self, worker, options: WatchOptions):
         self.worker, self.options = worker, options
-        self.say = _say(options)
+        self.say = say_to(options)
         self.engine_dtype = VERL_ROLLOUT_DTYPE if options.engine_dtype == "auto" else options.engine_dtype
-        self.summary_path = self.check_summary_path()
+        self.summary_path = summary_path(options.summary_file, Path.cwd(), "watch (verl)")  # the worker's cwd
         self.in_update = False
         self.direct_said = self.no_uid_said = False
         self.next_label = 0
@@ -171,21 +166,6 @@ class VerlWatcher:
         self.updates = self.steps = 0
         self.stopped: str | None = None
         self.no_rollout_said = False
-
-    def check_summary_path(self) -> Path | None:
-        """``summary_file`` as an absolute path, refused in one line now when it cannot be written (a directory in
-        its place, a file in its path, a folder without write permission)."""
-        if not self.options.summary_file:
-            return None
-        path = Path(self.options.summary_file).expanduser().absolute()
-        parent = path.parent
-        while not parent.exists():
-            parent = parent.parent
-        if path.is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK):
-            why = "is a directory" if path.is_dir() else f"{str(parent)!r} is " + (
-                "not a directory" if not parent.is_dir() else "not writable")
-            raise ValueError(f"watch (verl): summary_file: {str(path)!r} cannot be written ({why})")
-        return path
 
     def sync_rule(self) -> str:
         """The sync check's rule: bfloat16's when the engine or the actor computes in bfloat16 or float16 (verl's

@@ -20,13 +20,32 @@ ATTRIBUTE = "offpolicy_watch"
 PREFIX = "offpolicy-grpo watch: "
 
 
-def _say(options: WatchOptions):
+def say_to(options: WatchOptions):
     """Where the watcher's lines go: the user's ``log``, or standard error above any progress bar (tqdm's, TRL's)."""
     if options.log is not None:
         return options.log
     from tqdm import tqdm
 
     return lambda line: tqdm.write(line, file=sys.stderr)
+
+
+def summary_path(summary_file: str | None, base: Path, who: str) -> Path | None:
+    """``summary_file`` as a path (a relative one under ``base``), refused in one line, ``who``'s, when it cannot be
+    written there (a directory in its place, a file in its path, a folder without write permission); None: no file."""
+    if not summary_file:
+        return None
+    path = Path(summary_file).expanduser()
+    if not path.is_absolute():
+        path = base / path
+    if path.is_dir():
+        raise ValueError(f"{who}: summary_file: {str(path)!r} is a directory")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise ValueError(f"{who}: summary_file: {str(path)!r} cannot be written ({str(parent)!r} is "
+                         f"{'not a directory' if not parent.is_dir() else 'not writable'})")
+    return path
 
 
 def guard(observer, where, fn, *args):
@@ -49,7 +68,7 @@ class Watcher:
 
     def __init__(self, trainer, options: WatchOptions, sync_dtype: str):
         self.trainer, self.options = trainer, options
-        self.say = _say(options)
+        self.say = say_to(options)
         self.summary_path = self.check_summary_path()
         self.parts: list[MicroBatch] = []
         self.table = LagTable()
@@ -62,22 +81,8 @@ class Watcher:
 
     def check_summary_path(self) -> Path | None:
         """Where the run's summary goes (``summary_file``: relative to the host's output directory), refused in one
-        line now, before training, when it cannot be written there (a directory in its place, a file in its path, a
-        folder without write permission)."""
-        if not self.options.summary_file:
-            return None
-        path = Path(self.options.summary_file).expanduser()
-        if not path.is_absolute():
-            path = Path(self.trainer.args.output_dir) / path
-        if path.is_dir():
-            raise ValueError(f"watch: summary_file: {str(path)!r} is a directory")
-        parent = path.parent
-        while not parent.exists():
-            parent = parent.parent
-        if not parent.is_dir() or not os.access(parent, os.W_OK):
-            raise ValueError(f"watch: summary_file: {str(path)!r} cannot be written ({str(parent)!r} is "
-                             f"{'not a directory' if not parent.is_dir() else 'not writable'})")
-        return path
+        line now, before training, when it cannot be written there (``summary_path``)."""
+        return summary_path(self.options.summary_file, Path(self.trainer.args.output_dir), "watch")
 
     def wrap(self, *names: str) -> None:
         """Each named method of the trainer instance, wrapped by this watcher's ``_<name>`` (the original first)."""
@@ -134,7 +139,8 @@ class Watcher:
         if self.ranges.void_step is not None:
             row["bound/certificates_void"] = 1.0
         row["bound/range_declared"] = float(self.ranges.declared is not None)
-        self.warnings.see({"step": step, **row}, synced=bool(row.get("lag", 1) == 0 and "sampling/logp_diff_max" in row),
+        synced = bool(row.get("lag", 1) == 0 and "sampling/logp_diff_max" in row)
+        self.warnings.see({"step": step, **row}, synced=synced,
                           write=lambda line: self.say(PREFIX + line))
         sink = self.trainer._metrics["train"]
         for key, value in row.items():

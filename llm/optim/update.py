@@ -20,7 +20,9 @@ import torch
 
 from runkit.host_memory import micro_batches
 
+from grpo_theory.estimators import kish_ess_fraction
 from llm.core.batch import Batch
+from llm.core.diagnostics import sequence_log_ratio
 from llm.core.logprobs import Forward, TokenDists, idle_passes
 from grpo_theory.loss_types import loss_type
 from llm.core.loss import Clip, LossStats, grpo_loss, loss_weights, step_mask_torch
@@ -94,9 +96,8 @@ def ess_lr_factor(logp_k: torch.Tensor, logp_alpha: torch.Tensor | None, mask: t
     rows = mask.sum(dim=1) > 0
     if logp_alpha is None or not bool(rows.any()):
         return 1.0
-    log_w = ((logp_k - logp_alpha) * mask).sum(dim=1)[rows].double()
-    w = torch.exp(log_w - log_w.max())
-    rho = float(w.sum() ** 2 / (w**2).sum()) / int(rows.sum())
+    log_w = sequence_log_ratio(logp_k, logp_alpha, mask.to(logp_k.dtype), mask.shape[0], 1)[rows.cpu().numpy(), 0]
+    rho = float(kish_ess_fraction(np.exp(log_w - log_w.max())))
     scale = min(1.0, rho / base)
     return math.sqrt(scale) if rule == "sqrt" else scale
 

@@ -11,6 +11,10 @@ window around r' = pi_k/alpha: the importance weight pi_k/alpha is exact and nev
 A lower cap c (TRL's ``vllm_importance_sampling_clip_min``; with token_mask and [c, C] = [0.5, 5] it is IcePop's
 two-sided mask) truncates to clip(r', c, C) or masks to 1[c <= r' <= C] r'; c = 0 is none.
 
+Mode ``none`` is TRL's ``vllm_importance_sampling_correction=False``: PPO's clip of rho alone, weight 1, as if the
+samples were pi_k's. Its surrogate sum_y alpha(y) g(pi(y)/pi_k(y), A(y)) has at pi = pi_k the gradient
+E_alpha[grad log pi A]: alpha's policy gradient, not pi_k's, the bias the weight pi_k/alpha exists to remove.
+
 M2PO (Zheng et al., arXiv 2510.01161, the objective J_M2PO of its method section) keeps the importance ratio against
 the behaviour policy, r = pi/alpha, unclipped, and masks samples: it maximises keep(y) r(y) A(y). Mode ``m2po`` is the
 paper's Algorithm 1 (``trust_region_second_moment_keep``): only trust-region samples (A > 0 with r > 1, A < 0 with
@@ -62,7 +66,7 @@ from .core import as_policy, check_same_actions, clip_flags, clip_objective, whi
 #: The importance-sampling modes, declared once: the LLM trainer's config, the loss and the bandit simulator take their
 #: type from here, and ``REGISTRY`` (below) holds one object per name.
 ImportanceSamplingMode = Literal["paper", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "m2po",
-                                 "m2po_areal", "seq_max_k2"]
+                                 "m2po_areal", "seq_max_k2", "none"]
 MODES: tuple[str, ...] = get_args(ImportanceSamplingMode)
 #: M2PO's threshold on the mean of (log w)^2 over the kept samples (the paper's default).
 M2_THRESHOLD = 0.04
@@ -164,6 +168,9 @@ class Correction:
     step_mask: Literal["", "trust_region", "all", "seq_max_k2"] = ""
     """The step's mask on the unclipped ratio: M2PO's "trust_region" (the paper's: only trust-region tokens are
     candidates) or "all" (AReaL's: every token), Trust Region Masking's "seq_max_k2" (whole sequences), "" (none)."""
+    weighted: bool = True
+    """Whether a TRL mode multiplies by the weight pi_k/alpha at all: False is TRL's
+    ``vllm_importance_sampling_correction=False``, PPO's clip of pi/pi_k alone, as if alpha were pi_k (mode none)."""
 
     @property
     def mask_level(self) -> Literal["token", "sequence"]:
@@ -188,9 +195,10 @@ class Correction:
 
     def weight(self, ratio_k, cap: float, cap_min: float = 0.0) -> np.ndarray:
         """The weight on the clipped ratio: clip(w, c, C) (truncate) or w 1[c <= w <= C] (mask) for w = ``ratio_k`` =
-        pi_k/alpha at the mode's level, C = ``cap``, c = ``cap_min`` (0: no lower cap); 1 for the others."""
+        pi_k/alpha at the mode's level, C = ``cap``, c = ``cap_min`` (0: no lower cap); 1 for the others and
+        for mode none."""
         w = np.asarray(ratio_k, dtype=np.float64)
-        if not self.trl:
+        if not (self.trl and self.weighted):
             return np.ones_like(w)
         if self.truncate:
             return np.clip(w, cap_min, cap)
@@ -241,10 +249,11 @@ REGISTRY: dict[str, Correction] = {c.name: c for c in (
     Correction("m2po", step_mask="trust_region"),
     Correction("m2po_areal", step_mask="all"),
     Correction("seq_max_k2", step_mask="seq_max_k2"),
+    Correction("none", trl=True, weighted=False),
 )}
 assert tuple(REGISTRY) == MODES
 #: TRL's vllm_importance_sampling_mode values: a weight pi_k/alpha truncated or masked, times PPO's clip.
-TRL_MODES = tuple(name for name, c in REGISTRY.items() if c.trl)
+TRL_MODES = tuple(name for name, c in REGISTRY.items() if c.trl and c.weighted)
 
 
 def correction(mode: str) -> Correction:

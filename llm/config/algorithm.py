@@ -105,7 +105,9 @@ class ObjectiveConfig(ConfigGroup):
     normalisers divide by other counts). m2po_areal: AReaL's implementation, every token (A = 0 ones included) a
     candidate until the mean is strictly below the threshold (§6.1). seq_max_k2: Trust Region Masking (arXiv
     2512.23075) with verl's gate (rollout_rs="seq_max_k2"): a completion whose largest token k2 = (log pi_k/alpha)^2/2
-    exceeds rollout_rs_threshold leaves the loss whole, the others take the unclipped pi/alpha (§6.1)."""
+    exceeds rollout_rs_threshold leaves the loss whole, the others take the unclipped pi/alpha (§6.1). none: TRL's
+    vllm_importance_sampling_correction=False, PPO's clip of pi/pi_k with no weight, as if the samples were pi_k's
+    (alpha's policy gradient, not pi_k's: the uncorrected baseline the others are measured against)."""
     m2_threshold: float = 0.04
     """M2PO's threshold tau on the mean of (log pi_k/alpha)^2 over the step's tokens it considers (the trust-region
     tokens with m2po, every token with m2po_areal; AReaL's name, the paper's default)."""
@@ -198,12 +200,14 @@ class ObjectiveConfig(ConfigGroup):
         require(self, not dppo or self.importance_sampling_mode == "paper", "importance_sampling_mode",
                 f"loss_type {self.loss_type} is its own correction of alpha != pi (pi/alpha in a divergence trust "
                 "region): leave importance_sampling_mode at its default, paper")
-        require(self, kind.objective != "vespo" or self.importance_sampling_mode in ("token_truncate", "token_mask"),
+        require(self, kind.objective != "vespo" or self.importance_sampling_mode in ("token_truncate", "token_mask",
+                                                                                      "none"),
                 "importance_sampling_mode", "loss_type vespo folds TRL's token weights pi_k/alpha into its sequence "
-                "weight: it needs token_truncate or token_mask (as TRL)")
+                "weight: it needs token_truncate or token_mask (as TRL), or none (TRL's correction off)")
         require(self, kind.objective not in ("cispo", "sapo") or mode.trl, "importance_sampling_mode",
                 f"loss_type {self.loss_type} is TRL's objective of pi/pi_k times TRL's weight pi_k/alpha: it needs a "
-                "TRL mode (token_truncate, token_mask, sequence_truncate or sequence_mask)")
+                "TRL mode (token_truncate, token_mask, sequence_truncate or sequence_mask), or none (TRL's "
+                "correction off)")
         band_holds_one = self.importance_sampling_cap >= 1 and self.importance_sampling_cap_min <= 1
         require(self, kind.objective != "vespo" or band_holds_one, "importance_sampling_cap",
                 "loss_type vespo needs a band [importance_sampling_cap_min, importance_sampling_cap] around 1 (TRL "

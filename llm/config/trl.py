@@ -35,6 +35,8 @@ TRL_SWITCHES: dict[str, tuple[str, str | bool, str | bool | None]] = {
     "use_vllm": ("sampler", "vllm", "transformers"),
     "sync_ref_model": ("ref_sync_steps", "", "0"),  # on: ref_model_sync_steps (TRL's default 512)
     "use_transformers_paged": ("use_transformers_continuous_batching", True, False),  # TRL's deprecated alias
+    # off: importance_sampling_mode none (PPO's clip of pi/pi_k alone; TRL then ignores its mode); on: the mode given
+    "vllm_importance_sampling_correction": ("importance_sampling_mode", "", "none"),
 }
 #: TRL's None (its default for these fields) where this config writes the same meaning as a value: epsilon_high None
 #: is epsilon, delta None no two-sided clip, min_p None no floor, num_completions_to_print None all of them,
@@ -88,6 +90,9 @@ def _trl_values(given: dict) -> dict:
             if values is not None and given[name] not in values:  # checked even where use_vllm=False drops it
                 raise ValueError(f"{name}: expected one of {', '.join(values)}, got {given[name]!r}")
     out, sync_ref = {}, given.pop("sync_ref_model", None)
+    if given.pop("vllm_importance_sampling_correction", True) is False:  # TRL reads no mode without its correction
+        given.pop("vllm_importance_sampling_mode", None)
+        out["importance_sampling_mode"] = "none"
     steps = given.get("ref_model_sync_steps")
     if steps is not None and not sync_ref:
         raise ValueError("ref_model_sync_steps: TRL applies it only with sync_ref_model; add --sync-ref-model (or "
@@ -204,10 +209,6 @@ def from_trl(**kwargs) -> GRPOConfig:
     from llm.config.grpo import FIELD_GROUP, TOP_FIELDS
 
     known = [*TOP_FIELDS, *FIELD_GROUP, *TRL_NAMES, *TRL_SWITCHES, *GROUPS]
-    if "vllm_importance_sampling_correction" in kwargs:  # TRL's switch: always on here
-        if kwargs.pop("vllm_importance_sampling_correction") is not True:
-            raise ValueError("vllm_importance_sampling_correction: the off-policy weight is always applied here "
-                             "(docs/trl.md); only True is accepted")
     for k in kwargs:
         if k in TRL_COUNTERPARTS:
             raise TypeError(f"from_trl: {k} is TRL's option; here {TRL_COUNTERPARTS[k]} (docs/trl.md)")

@@ -335,9 +335,11 @@ def off_policy_mask(logp: torch.Tensor, logp_alpha: torch.Tensor, adv: torch.Ten
 
 def trl_weight(logp_k: torch.Tensor, logp_alpha: torch.Tensor, real: torch.Tensor, spec: "Clip"):
     """The TRL mode's weight w = pi_k/alpha at its level, truncated or masked to [cap_min, cap] (TRL's
-    ``importance_sampling_ratio``), with log w and the tokens outside the band [cap_min, cap]."""
+    ``importance_sampling_ratio``; 1 with mode none), with log w and the tokens outside the band [cap_min, cap]."""
     twin = spec.correction
     log_w = level_log_ratio(logp_k - logp_alpha, real, twin.level)
+    if not twin.weighted:  # mode none (TRL's vllm_importance_sampling_correction=False): no weight, nothing out of band
+        return torch.ones_like(log_w), log_w, torch.zeros_like(log_w, dtype=torch.bool)
     w = torch.exp(log_w.clamp(max=LOG_RATIO_MAX))
     lo, hi = spec.importance_sampling_cap_min, spec.importance_sampling_cap
     above = (log_w > math.log(hi)) | (w < lo)

@@ -55,7 +55,9 @@ def trl_trainer(tmp_path, loss_type="dapo", vllm_importance_sampling_mode="token
     attributes its ``__init__`` sets from GRPOConfig, and ``args`` for delta and the SAPO and VESPO knobs; a fresh
     trainer per case gave the same numbers at a second each)."""
     t = _built(str(Path(tempfile.gettempdir()) / "offpolicy_trl_losses"))
-    t.loss_type, t.vllm_importance_sampling_mode = loss_type, vllm_importance_sampling_mode
+    none = vllm_importance_sampling_mode == "none"  # TRL's correction off: its mode is not read
+    t.vllm_importance_sampling_correction = not none
+    t.loss_type, t.vllm_importance_sampling_mode = loss_type, "token_truncate" if none else vllm_importance_sampling_mode
     t.off_policy_mask_threshold, t.importance_sampling_level = off_policy_mask_threshold, importance_sampling_level
     t.epsilon_low, t.epsilon_high = 0.2, 0.2 if epsilon_high is None else epsilon_high
     t.args.delta = delta
@@ -110,8 +112,9 @@ def compare(tmp_path, loss_type: str, mode: str, mask: float | None = None, leve
     t = trl_trainer(tmp_path, **args)
     batch = inputs(t, seed, drift, mismatch)
     m = batch["completion_mask"].float()
-    batch["importance_sampling_ratio"] = trl_ratio(batch["old_per_token_logps"], batch["sampling_per_token_logps"],
-                                                   m, mode, cap, cap_min)
+    if mode != "none":  # TRL computes the ratio only with its correction on
+        batch["importance_sampling_ratio"] = trl_ratio(batch["old_per_token_logps"],
+                                                       batch["sampling_per_token_logps"], m, mode, cap, cap_min)
     params = [p for p in t.model.parameters() if p.requires_grad]
     theirs = t._compute_loss(t.model, batch)
     g_theirs = torch.autograd.grad(theirs, params)
@@ -137,8 +140,8 @@ def compare(tmp_path, loss_type: str, mode: str, mask: float | None = None, leve
 
 
 CASES = [(lt, mode) for lt in ("cispo", "sapo", "luspo", "grpo", "dapo")
-         for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")] + \
-        [("vespo", "token_truncate"), ("vespo", "token_mask")]
+         for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none")] + \
+        [("vespo", "token_truncate"), ("vespo", "token_mask"), ("vespo", "none")]
 
 
 @pytest.mark.parametrize("loss_type, mode", CASES)
@@ -222,13 +225,13 @@ def test_vespo_counts_the_tokens_whose_weight_the_mode_truncated():
      "vespo_lambda_neg: VESPO's rates lambda must be > 0, got -1.0"),
     (dict(loss_type="vespo", vllm_importance_sampling_mode="sequence_truncate"),
      "importance_sampling_mode: loss_type vespo folds"),
-    (dict(loss_type="vespo"), "it needs token_truncate or token_mask (as TRL), got 'paper'"),
+    (dict(loss_type="vespo"), "token_mask (as TRL), or none (TRL's correction off), got 'paper'"),
     (dict(loss_type="dppo_tv", vllm_importance_sampling_mode="token_truncate"), "got 'token_truncate'"),
     (dict(loss_type="cispo", vllm_importance_sampling_mode="token_mask", importance_sampling_level="sequence"),
      "(TRL's importance_sampling_level sequence) need loss_type grpo, sapo or luspo; cispo would"),
     (dict(loss_type="vespo", vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=0.9),
      "loss_type vespo needs a band"),
-    (dict(vllm_importance_sampling_correction=False), "always applied here"),
+    (dict(vllm_importance_sampling_correction="sometimes"), "vllm_importance_sampling_correction"),
 ])
 def test_a_refused_combination_names_the_field_and_value_the_user_gave(kwargs, words):
     from llm.config.trl import from_trl
@@ -248,3 +251,19 @@ def test_trl_and_verl_spellings_of_the_new_options_are_read():
                     ).objective.epsilon_high == 12.0  # a cap on pi/pi_k, not a clip width
     luspo = from_trl(loss_type="luspo", importance_sampling_level="sequence")
     assert luspo.objective.ratio_level == "sequence_normalised"
+
+
+def test_trls_correction_switch_off_is_mode_none_on_both_edges():
+    """TRL's ``vllm_importance_sampling_correction=False`` (PPO's clip of pi/pi_old alone; TRL then reads no mode) is
+    mode none in ``from_trl`` and on the command line, whatever mode was given beside it; True leaves the mode."""
+    from llm.config.trl import from_trl, translate_trl_args
+
+    for kwargs in (dict(), dict(vllm_importance_sampling_mode="token_mask")):
+        assert from_trl(vllm_importance_sampling_correction=False, **kwargs).objective.importance_sampling_mode == \
+            "none"
+    assert from_trl(vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="token_mask"
+                    ).objective.importance_sampling_mode == "token_mask"
+    for argv in (["--vllm-importance-sampling-correction", "false"], ["--no-vllm-importance-sampling-correction"],
+                 ["--vllm_importance_sampling_correction=False", "--vllm-importance-sampling-mode", "token_mask"]):
+        assert translate_trl_args(argv) == ["--importance-sampling-mode", "none"], argv
+    assert translate_trl_args(["--vllm-importance-sampling-correction"]) == []

@@ -175,3 +175,24 @@ def test_the_slope_is_the_derivative_of_the_objective_in_r(ratio, ratio_k, adv, 
     slope, low, high = corrected_slope(ratio, ratio_k, adv, clip, mode, cap, cap_min, keep)
     assert float(slope) == pytest.approx((f(ratio + h) - f(ratio - h)) / (2 * h), rel=1e-5, abs=1e-7)
     assert not (low | high) or float(slope) == 0.0
+
+
+@given(tables)
+def test_no_correction_ascends_alphas_policy_gradient_not_pi_ks(rng):
+    """Mode none (TRL's vllm_importance_sampling_correction=False): at pi = pi_k the gradient in the logits of its
+    surrogate is E_alpha[A grad log pi] = sum_y alpha(y) A(y) (e_y - pi_k), alpha's policy gradient, where the paper's
+    weighted objective ascends pi_k's, sum_y alpha(y) (pi_k(y)/alpha(y)) A(y) (e_y - pi_k) (central differences)."""
+    _, pi_k, alpha, r = table(rng)
+    theta = np.log(pi_k)
+    a = whitened_advantage(alpha, r, EPS)
+    eye = np.eye(len(pi_k))
+
+    def grad(mode):
+        h = 1e-6
+        f = lambda t: float(corrected_surrogate(softmax(t), pi_k, alpha, r, EPS, NO_CLIP, mode))  # noqa: E731
+        return np.array([(f(theta + h * e) - f(theta - h * e)) / (2 * h) for e in eye])
+
+    alphas = (alpha * a) @ (eye - pi_k)
+    np.testing.assert_allclose(grad("none"), alphas, atol=1e-7)
+    np.testing.assert_allclose(grad("paper"), (pi_k * a) @ (eye - pi_k), atol=1e-7)
+    assert "none" in MODES and "none" not in TRL_MODES

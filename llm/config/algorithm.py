@@ -106,8 +106,7 @@ class ObjectiveConfig(ConfigGroup):
     candidate until the mean is strictly below the threshold (§6.1). seq_max_k2: Trust Region Masking (arXiv
     2512.23075) with verl's gate (rollout_rs="seq_max_k2"): a completion whose largest token k2 = (log pi_k/alpha)^2/2
     exceeds rollout_rs_threshold leaves the loss whole, the others take the unclipped pi/alpha (§6.1). none: TRL's
-    vllm_importance_sampling_correction=False, PPO's clip of pi/pi_k with no weight, as if the samples were pi_k's
-    (alpha's policy gradient, not pi_k's: the uncorrected baseline the others are measured against)."""
+    vllm_importance_sampling_correction=False, PPO's clip of pi/pi_k with no weight (uncorrected: alpha's gradient)."""
     m2_threshold: float = 0.04
     """M2PO's threshold tau on the mean of (log pi_k/alpha)^2 over the step's tokens it considers (the trust-region
     tokens with m2po, every token with m2po_areal; AReaL's name, the paper's default)."""
@@ -266,13 +265,22 @@ class OptimConfig(ConfigGroup):
     max_grad_norm: float = 1.0
     """Gradient-norm clip (0 disables)."""
     ess_scaling: Literal["none", "sqrt", "linear"] = "none"
-    """VCPO's ESS-guided step (Huang et al., arXiv 2602.17616; its code mit-han-lab/vcpo, the names its actor config
-    gives): each optimiser step's learning rate times sqrt (or linear) of min(1, rho / ess_scaling_base_ess_ratio),
-    rho = (sum w)^2 / (sum w^2) / n the Kish effective-sample-size fraction of the step's completions' sequence
-    weights w = pi_k/alpha (zero-variance groups included, as the authors' minibatch), restored after the step (the
-    schedule is untouched). Logged as ``ess_scaling/lr_factor``. none: off."""
+    """VCPO's ESS-guided step (Huang et al., arXiv 2602.17616; its code mit-han-lab/vcpo, its actor config's names):
+    each optimiser step's rate times sqrt (or linear) of min(1, rho / ess_scaling_base_ess_ratio), rho the Kish ESS
+    fraction of the step's sequence weights pi_k/alpha (zero-variance groups included, as the authors' minibatch);
+    the schedule is untouched. Logged as ``ess_scaling/lr_factor``. none: off."""
     ess_scaling_base_ess_ratio: float = 1.0
     """VCPO's base ESS fraction: the step is scaled only below it (the authors' default 1: any ESS below n)."""
+    grad_baselining: bool = False
+    """VCPO's off-policy optimal baseline (its authors' grad_baselining.*): advantages about b* = sum W R / sum W,
+    W_i = ||g_i||^2 w_i^2 (g_i completion i's gradient at unit advantage, w_i = pi_k/alpha), not the group's mean;
+    one more backward pass per completion, one process (``grad_baselining/advantage_shift``; docs/theory.md, 6.1)."""
+    grad_baselining_scope: Literal["group", "minibatch"] = "group"
+    """VCPO's baseline over each prompt's group (the authors' default) or over the step's completions."""
+    grad_baselining_use_is_weights: bool = True
+    """VCPO's baseline: W_i includes w_i^2 (the authors' default); off: W_i = ||g_i||^2."""
+    grad_baselining_normalize_by_length: bool = False
+    """VCPO's baseline: W_i divided by the completion's squared length (the authors' option; off)."""
     max_consecutive_skipped_updates: int = resumable(3)
     """An inner step whose loss or gradient is not finite takes no optimiser step (counted in ``skipped_updates``);
     the run stops with an error after this many steps in a row had such a skip."""

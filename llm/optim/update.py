@@ -28,6 +28,7 @@ from grpo_theory.loss_types import loss_type
 from llm.core.loss import Clip, LossStats, grpo_loss, loss_weights, step_mask_torch
 from llm.core.passes import Passes
 from llm.models.distributed import Ranks, clip_gradients
+from llm.optim.baseline import Baselining, baseline_log_weights, completion_gradient_norms, shift_advantages
 
 
 @dataclass(frozen=True)
@@ -46,20 +47,23 @@ class Objective:
     entropy_coef: float = 0.0
     ess_scaling: str = "none"  # VCPO's ESS-guided step: none, sqrt, linear (``ess_lr_factor``)
     ess_scaling_base_ess_ratio: float = 1.0
+    baselining: Baselining | None = None  # VCPO's off-policy optimal baseline (``llm.optim.baseline``); None: off
 
     @classmethod
     def from_config(cls, config) -> "Objective":
         """The objective group's loss, stepped by the optim group (dr_grpo's normaliser needs the sampling group's
         max_completion_length, the chain-rule TV the diagnostics group's switch)."""
-        o = config.objective
+        o, opt = config.objective, config.optim
+        baselining = Baselining(opt.grad_baselining_scope, opt.grad_baselining_use_is_weights,
+                                opt.grad_baselining_normalize_by_length) if opt.grad_baselining else None
         clip = Clip(o.epsilon, o.clip_high, o.delta, o.ratio_level, o.importance_sampling_mode, o.importance_sampling_cap,
                     o.importance_sampling_cap_min, o.m2_threshold, o.rollout_rs_threshold,
                     loss_type(o.loss_type).objective, o.sapo_temperature_pos, o.sapo_temperature_neg, o.vespo_k_pos,
                     o.vespo_lambda_pos, o.vespo_k_neg, o.vespo_lambda_neg, o.off_policy_mask_threshold, o.clip_ratio_c)
         return cls(config.optim.num_iterations, clip, o.beta, o.use_bias_correction_kl, o.loss_type,
                    config.sampling.max_completion_length, config.optim.max_grad_norm, config.diagnostics.tv_diagnostics,
-                   o.top_entropy_quantile, o.entropy_coef, config.optim.ess_scaling,
-                   config.optim.ess_scaling_base_ess_ratio)
+                   o.top_entropy_quantile, o.entropy_coef, opt.ess_scaling, opt.ess_scaling_base_ess_ratio,
+                   baselining)
 
     @property
     def entropy_every_pass(self) -> bool:
@@ -83,6 +87,8 @@ class Optimised:
     inner steps are skipped too, as they would start from the same weights)."""
     lr_factor: float | None = None
     """VCPO's ESS-guided factor on the learning rate of the batch's optimiser steps (None: ``ess_scaling`` none)."""
+    baseline_shift: float | None = None
+    """VCPO's baseline: the mean |shift| of the loss's advantages (None: ``grad_baselining`` off)."""
 
 
 def ess_lr_factor(logp_k: torch.Tensor, logp_alpha: torch.Tensor | None, mask: torch.Tensor, rule: str,
@@ -116,10 +122,13 @@ def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, opti
     runs before the j-th optimiser step (the learning-rate schedule)."""
     G = passes.group_size
     device = batch.input_ids.device
-    adv = torch.tensor(advantages.reshape(-1), dtype=torch.float32, device=device)
     seq = np.repeat(keep, G).astype(np.float32)
     if sequence_keep is not None:
         seq = seq * np.asarray(sequence_keep, dtype=np.float32)
+    shift = None
+    if objective.baselining is not None:
+        advantages, shift = baselined(passes, objective, policy, batch, advantages, seq > 0, logp_alpha)
+    adv = torch.tensor(advantages.reshape(-1), dtype=torch.float32, device=device)
     seq_mask = torch.tensor(seq, dtype=torch.float32, device=device)
     weights = loss_weights(batch.policy_mask, objective.loss_type, objective.max_completion_length, seq_mask)
     parts = passes.split(batch)
@@ -137,7 +146,7 @@ def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, opti
         logp_k = passes.logprobs(policy, batch).logp  # one pass more: pi_k on every micro-batch before the first loss
         token_keep = step_mask_torch(objective.clip.correction, logp_k - logp_alpha, adv.reshape(-1, 1).expand_as(
             tokens), tokens, objective.clip.step_threshold)
-    ranks, first, result = passes.ranks, [], Optimised(None, None, LossStats(), 0.0)
+    ranks, first, result = passes.ranks, [], Optimised(None, None, LossStats(), 0.0, baseline_shift=shift)
     for it in range(objective.num_iterations):
         optimizer.zero_grad(set_to_none=True)
         stats = inner_step(passes, objective, policy, batch, parts, first, adv, weights, logp_alpha, logp_ref,
@@ -173,6 +182,25 @@ def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, opti
         else:
             optimizer.step()
     return result
+
+
+def baselined(passes: Passes, objective: Objective, policy: torch.nn.Module, batch: Batch, advantages: np.ndarray,
+              in_loss: np.ndarray, logp_alpha: torch.Tensor | None) -> tuple[np.ndarray, float]:
+    """The advantages (P, G) shifted by VCPO's off-policy optimal baseline (``llm.optim.baseline``) over the loss's
+    completions (``in_loss`` (P x G,)), and the mean |shift|. With scope group, a group whose advantages are all equal
+    (zero variance) keeps them, and its completions' gradients are not computed."""
+    if passes.ranks.active:
+        raise ValueError("grad_baselining: needs every completion's own gradient on one process; run it without "
+                         "torchrun")
+    settings = objective.baselining
+    adv = np.asarray(advantages, dtype=np.float64)
+    live = (in_loss.reshape(adv.shape) & (batch.policy_mask.sum(dim=1) > 0).cpu().numpy().reshape(adv.shape))
+    if settings.scope == "group":
+        live &= (np.ptp(adv, axis=1) > 0)[:, None]
+    norms, log_w = completion_gradient_norms(passes, objective.clip, policy, batch, logp_alpha, live.reshape(-1))
+    lengths = batch.policy_mask.sum(dim=1).cpu().numpy()
+    log_weights = baseline_log_weights(norms, log_w, lengths, settings).reshape(adv.shape)
+    return shift_advantages(adv, log_weights, live, settings.scope)
 
 
 def bnpo_weights(on: torch.Tensor, parts: list[torch.Tensor], ranks: Ranks) -> torch.Tensor:

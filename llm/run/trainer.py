@@ -159,6 +159,9 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
             raise ValueError("sampler: the in-process vLLM engine sets up torch.distributed for itself and cannot "
                              "share torchrun's process group; under torchrun use --sampler server (vLLM in its own "
                              "process) or --sampler transformers")
+        if config.optim.grad_baselining:
+            raise ValueError("grad_baselining: VCPO's baseline needs every completion's own gradient on one process; "
+                             "run it without torchrun")
     data = config.data
     task = load_task(data.dataset, data.reward_fn, data.eval_dataset, data.reward_funcs, data.reward_weights,
                      data.answer_check, GeneratorSpec.from_config(data), RewardContext.from_config(config),

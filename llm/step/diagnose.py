@@ -32,6 +32,8 @@ def diagnose(batch: Batch, scored: Scored, groups: Groups, roll: Rollout, eos: i
     row["skipped_updates"] = optimised.skipped
     if optimised.lr_factor is not None:
         row["ess_scaling/lr_factor"] = optimised.lr_factor
+    if optimised.baseline_shift is not None:
+        row["grad_baselining/advantage_shift"] = optimised.baseline_shift
     row.update(optimised.stats.metrics())
     row.update(dg.weight_metrics(optimised.pi_k.logp, log_alpha, cm))
     row.update(dg.group_metrics(scored.rewards, log_w_k, eps, reward_range))

@@ -173,7 +173,7 @@ def test_the_options_page_is_the_config():
     assert documented == [f.name for _, f in flat_fields()], "every field has a docstring"
     # 114, the agent group (tools, ... chat_template_path), reward_range, cache_implementation, token_budget,
     # exact_j_steps
-    assert len(documented) == 134
+    assert len(documented) == 138
 
 
 def test_the_readme_python_example_runs_and_says_what_it_prints(capsys):

@@ -33,7 +33,7 @@ LAYERS = [
      "llm.agents.setup",
      "llm.agents"],  # agents/: episodes of turns and tool calls over any sampler
     ["llm.evaluation.exact", "llm.evaluation.passk", "llm.evaluation.test_set", "llm.evaluation"],  # evaluation/
-    ["llm.optim.schedule", "llm.optim.update", "llm.optim"],  # optim/: the optimiser steps on the loss
+    ["llm.optim.schedule", "llm.optim.baseline", "llm.optim.update", "llm.optim"],  # optim/: the optimiser
     ["llm.step.clock", "llm.step.rollout", "llm.step.score", "llm.step.behaviour", "llm.step.diagnose",
      "llm.step.weights", "llm.step.monitors"],  # step/: one step's stages, phase by phase
     ["llm.step.step"],  # step/step.py: run_step, the stages in order

@@ -24,7 +24,9 @@ ADDED_FIELDS = {"padding_free": False, "use_transformers_continuous_batching": F
                 "token_budget": 0, "exact_j_steps": 1, "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05,
                 "vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0,
                 "off_policy_mask_threshold": None, "clip_ratio_c": 10000.0,
-                "ess_scaling": "none", "ess_scaling_base_ess_ratio": 1.0}
+                "ess_scaling": "none", "ess_scaling_base_ess_ratio": 1.0, "grad_baselining": False,
+                "grad_baselining_scope": "group", "grad_baselining_use_is_weights": True,
+                "grad_baselining_normalize_by_length": False}
 ADDED_FLAGS = {f"--{p}{name.replace('_', '-')}" for name, default in ADDED_FIELDS.items()
                for p in (("", "no-") if isinstance(default, bool) else ("",))} | {"--reward-range"}
 #: Defaults changed since the snapshot: field -> (then, now). The certificate's bound is now the betting bound, whose

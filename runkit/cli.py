@@ -39,7 +39,7 @@ def _first_error_line(text: str) -> str:
     hints = []
     for block in blocks[2:]:  # tyro's "Perhaps you meant:" / "Arguments similar to --x:" and the options it lists
         head = re.fullmatch(r"(?:Perhaps you meant|Arguments similar to (\S+)):", block[0])
-        flags = [line.split()[0] for line in block[1:] if line.startswith("--")]
+        flags = [line.split()[0].rstrip(",") for line in block[1:] if line.startswith("--")]  # "--x, --no-x"
         if head and flags:
             hints.append(f"{head.group(1) + ': ' if head.group(1) else ''}did you mean {', '.join(flags)}?")
     message = re.sub(r"^Error parsing \S+: (?=\w+: )", "", " ".join(body))  # a config's own line: no group names

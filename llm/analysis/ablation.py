@@ -77,6 +77,8 @@ CORRECTIONS = {
     "dppo_tv (0.15)": dict(loss_type="dppo_tv", epsilon=0.15),
     "dppo_kl (0.05)": dict(loss_type="dppo_kl", epsilon=0.05),
     "vcpo ess step (paper clip)": dict(ess_scaling="sqrt"),
+    "vcpo baseline (paper clip)": dict(grad_baselining=True),
+    "none (no correction)": dict(importance_sampling_mode="none"),  # TRL's vllm_importance_sampling_correction=False
 }
 CORRECTIONS_V = 4
 #: The frontier's sync periods (0: never after the first step) and generation modes, by default.

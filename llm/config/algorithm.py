@@ -198,7 +198,7 @@ class ObjectiveConfig(ConfigGroup):
         mode = correction(self.importance_sampling_mode)
         require(self, not dppo or self.importance_sampling_mode == "paper", "importance_sampling_mode",
                 f"loss_type {self.loss_type} is its own correction of alpha != pi (pi/alpha in a divergence trust "
-                "region): leave importance_sampling_mode at its default, paper")
+                "region): leave importance_sampling_mode at paper (vllm_importance_sampling_correction=False is none)")
         require(self, kind.objective != "vespo" or self.importance_sampling_mode in ("token_truncate", "token_mask",
                                                                                       "none"),
                 "importance_sampling_mode", "loss_type vespo folds TRL's token weights pi_k/alpha into its sequence "
@@ -278,7 +278,7 @@ class OptimConfig(ConfigGroup):
     grad_baselining_scope: Literal["group", "minibatch"] = "group"
     """VCPO's baseline over each prompt's group (the authors' default) or over the step's completions."""
     grad_baselining_use_is_weights: bool = True
-    """VCPO's baseline: W_i includes w_i^2 (the authors' default); off: W_i = ||g_i||^2."""
+    """VCPO's baseline: W_i includes w_i^2 (the authors' code); off: W_i = ||g_i||^2, the paper's (g_i carries w_i)."""
     grad_baselining_normalize_by_length: bool = False
     """VCPO's baseline: W_i divided by the completion's squared length (the authors' option; off)."""
     max_consecutive_skipped_updates: int = resumable(3)

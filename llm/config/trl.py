@@ -136,6 +136,22 @@ def _switch_word(name: str, argv: list[str], i: int, inline: str | None) -> bool
     return word.lower() in TRUE_WORDS
 
 
+def _mode_beside_switch(switch, own_mode) -> bool:
+    """TRL's ``vllm_importance_sampling_correction`` (``switch``: None when not given) beside this project's own
+    ``importance_sampling_mode`` (``own_mode``: None when not given): False is mode none, so an own mode other than none
+    is refused, and True beside an own none is refused; both in one line. True: the own mode stands alone (the switch
+    adds nothing to it), so the caller drops the switch's translation."""
+    if switch is None or own_mode is None:
+        return False
+    name = "vllm_importance_sampling_correction"
+    if not _switch(name, switch) and own_mode != "none":
+        raise ValueError(f"{name}: False is importance_sampling_mode none, but importance_sampling_mode "
+                         f"{own_mode!r} was given beside it; give one")
+    if _switch(name, switch) and own_mode == "none":
+        raise ValueError(f"{name}: True contradicts importance_sampling_mode 'none' (the correction off); give one")
+    return True
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -193,6 +209,10 @@ def translate_trl_args(argv: list[str]) -> list[str]:
             rest.append(arg)
         i += 1
     out = []
+    own = [rest[j + 1] if "=" not in a and j + 1 < len(rest) else a.partition("=")[2]
+           for j, a in enumerate(rest) if _key(a) == "--importance-sampling-mode"]
+    if _mode_beside_switch(given.get("vllm_importance_sampling_correction"), own[-1] if own else None):
+        given.pop("vllm_importance_sampling_correction")
     translated = _trl_values(given)
     typed = {_key(a) for a in rest}
     for field, value in translated.items():
@@ -228,6 +248,8 @@ def from_trl(**kwargs) -> GRPOConfig:
     if isinstance(kwargs.get("report_to"), str):  # TRL takes one name as a string
         kwargs["report_to"] = (kwargs["report_to"],)
     trl = {k: kwargs.pop(k) for k in list(kwargs) if k in TRL_NAMES or k in TRL_SWITCHES}
+    if _mode_beside_switch(trl.get("vllm_importance_sampling_correction"), kwargs.get("importance_sampling_mode")):
+        trl.pop("vllm_importance_sampling_correction")
     translated = _trl_values(trl)
     both = sorted(set(translated) & set(kwargs))
     if both:

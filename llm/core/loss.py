@@ -292,7 +292,9 @@ def grpo_loss(
         raise ValueError("logp_ref: needed when beta > 0")
     on = weights > 0
     logp_k, logp_alpha = logp_k.detach(), logp_alpha.detach()
-    token_log_ratio = logp - logp_alpha
+    # the KL's bias correction: pi/alpha, the tokens' sampler; mode none treats the samples as pi_k's (TRL's KL with its
+    # correction off: pi/pi_old)
+    token_log_ratio = logp - (logp_alpha if spec.correction.weighted else logp_k)
     adv = advantages.to(logp.dtype)[:, None].expand_as(logp)
     flags = None
     if spec.objective == "clip":

@@ -57,7 +57,8 @@ def trl_trainer(tmp_path, loss_type="dapo", vllm_importance_sampling_mode="token
     t = _built(str(Path(tempfile.gettempdir()) / "offpolicy_trl_losses"))
     none = vllm_importance_sampling_mode == "none"  # TRL's correction off: its mode is not read
     t.vllm_importance_sampling_correction = not none
-    t.loss_type, t.vllm_importance_sampling_mode = loss_type, "token_truncate" if none else vllm_importance_sampling_mode
+    t.loss_type = loss_type
+    t.vllm_importance_sampling_mode = "token_truncate" if none else vllm_importance_sampling_mode
     t.off_policy_mask_threshold, t.importance_sampling_level = off_policy_mask_threshold, importance_sampling_level
     t.epsilon_low, t.epsilon_high = 0.2, 0.2 if epsilon_high is None else epsilon_high
     t.args.delta = delta
@@ -103,15 +104,18 @@ def inputs(t, seed: int, drift: float, mismatch: float):
 
 def compare(tmp_path, loss_type: str, mode: str, mask: float | None = None, level: str = "token", seed: int = 0,
             drift: float = 0.3, mismatch: float = 0.6, epsilon_high: float | None = None, cap: float = 2.0,
-            cap_min: float | None = None, delta: float | None = None):
+            cap_min: float | None = None, delta: float | None = None, beta: float = 0.0):
     """(TRL's loss, ours, the gradients' relative difference, the share of completions the mask dropped). The
     sampler's log-probs are off by ``mismatch`` nats per token (sd), so the cap 2 binds on both sides of it."""
     args = dict(loss_type=loss_type, vllm_importance_sampling_mode=mode, off_policy_mask_threshold=mask,
                 importance_sampling_level=level, epsilon_high=epsilon_high, vllm_importance_sampling_clip_max=cap,
                 vllm_importance_sampling_clip_min=cap_min, delta=delta)
     t = trl_trainer(tmp_path, **args)
+    t.beta, t.args.use_bias_correction_kl = beta, True
     batch = inputs(t, seed, drift, mismatch)
     m = batch["completion_mask"].float()
+    g = torch.Generator().manual_seed(seed + 7)
+    batch["ref_per_token_logps"] = (batch["old_per_token_logps"] + 0.2 * torch.randn(m.shape, generator=g)) * m
     if mode != "none":  # TRL computes the ratio only with its correction on
         batch["importance_sampling_ratio"] = trl_ratio(batch["old_per_token_logps"],
                                                        batch["sampling_per_token_logps"], m, mode, cap, cap_min)
@@ -128,7 +132,7 @@ def compare(tmp_path, loss_type: str, mode: str, mask: float | None = None, leve
                 objective=registered(loss_type).objective, off_policy_mask_threshold=mask, **TRL_DEFAULTS)
     weights = loss_weights(m, loss_type, 6)
     ours, _ = grpo_loss(logp, batch["old_per_token_logps"], batch["sampling_per_token_logps"], batch["advantages"],
-                        weights, clip=spec)
+                        weights, clip=spec, beta=beta, logp_ref=batch["ref_per_token_logps"])
     g_ours = torch.autograd.grad(ours, params)
     diff = math.sqrt(sum(float(((a - b) ** 2).sum()) for a, b in zip(g_theirs, g_ours)))
     norm = math.sqrt(sum(float((a ** 2).sum()) for a in g_theirs))
@@ -177,6 +181,18 @@ def test_the_other_knobs_as_trl_reads_them(tmp_path, loss_type):
         theirs, ours, grad_rel, _ = compare(tmp_path, loss_type, "token_truncate", **kwargs)
         assert ours == pytest.approx(theirs, rel=RTOL, abs=1e-7), kwargs
         assert grad_rel < RTOL, kwargs
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "cispo"])
+def test_with_the_correction_off_the_kl_term_is_weighted_as_trls(tmp_path, loss_type):
+    """beta > 0 with mode none: TRL multiplies k3 by pi/pi_old (its correction off, no ratio formed), and so does
+    this loss (with a TRL mode it weights k3 by pi/alpha, the tokens' sampler: docs/trl.md)."""
+    theirs, ours, grad_rel, _ = compare(tmp_path, loss_type, "none", beta=0.3,
+                                        epsilon_high=5.0 if loss_type == "cispo" else None)
+    assert ours == pytest.approx(theirs, rel=RTOL, abs=1e-7)
+    assert grad_rel < RTOL
+    plain = compare(tmp_path, loss_type, "none", epsilon_high=5.0 if loss_type == "cispo" else None)[0]
+    assert abs(theirs - plain) > 1e-3  # the KL term is there
 
 
 def main() -> int:
@@ -267,3 +283,19 @@ def test_trls_correction_switch_off_is_mode_none_on_both_edges():
                  ["--vllm_importance_sampling_correction=False", "--vllm-importance-sampling-mode", "token_mask"]):
         assert translate_trl_args(argv) == ["--importance-sampling-mode", "none"], argv
     assert translate_trl_args(["--vllm-importance-sampling-correction"]) == []
+    # beside this project's own --importance-sampling-mode: agreeing is taken, contradicting is one line naming both
+    assert from_trl(vllm_importance_sampling_correction=False, importance_sampling_mode="none"
+                    ).objective.importance_sampling_mode == "none"
+    assert translate_trl_args(["--importance-sampling-mode", "none", "--no-vllm-importance-sampling-correction"]) == \
+        ["--importance-sampling-mode", "none"]
+    for kwargs, argv, words in (
+            (dict(vllm_importance_sampling_correction=False, importance_sampling_mode="paper"),
+             ["--vllm-importance-sampling-correction", "false", "--importance-sampling-mode=paper"],
+             "False is importance_sampling_mode none, but importance_sampling_mode 'paper' was given beside it"),
+            (dict(vllm_importance_sampling_correction=True, importance_sampling_mode="none"),
+             ["--importance-sampling-mode", "none", "--vllm-importance-sampling-correction", "true"],
+             "True contradicts importance_sampling_mode 'none'")):
+        for call in (lambda: from_trl(**kwargs), lambda: translate_trl_args(argv)):
+            with pytest.raises(ValueError) as info:
+                call()
+            assert words in str(info.value) and "\n" not in str(info.value)

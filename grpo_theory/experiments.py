@@ -59,6 +59,7 @@ FRONTIER_CORRECTIONS = {
     "M2PO (tau=0.04)": dict(importance_sampling_mode="m2po", m2_threshold=0.04),
     "M2PO, AReaL's mask (tau=0.04)": dict(importance_sampling_mode="m2po_areal", m2_threshold=0.04),
     "TRM seq_max_k2 (k2 <= 0.24)": dict(importance_sampling_mode="seq_max_k2"),
+    "none (no correction)": dict(importance_sampling_mode="none"),  # TRL's vllm_importance_sampling_correction=False
 }
 #: Held-out prompts per step in the frontier runs (the certificate's sample: its fewest, below which it abstains).
 FRONTIER_HELDOUT = CERTIFICATE_MIN_PROMPTS
@@ -86,9 +87,14 @@ class ExperimentConfig:
     """Run in population mode (exact gradients) instead of sampled groups."""
     out: str = "runs/bandit"
     """Directory for run directories and results tables."""
+    frontier_corrections: tuple[str, ...] = tuple(FRONTIER_CORRECTIONS)
+    """The frontier's corrections, by their names in its table (the first row is the reference of its last column)."""
 
     def __post_init__(self):
         require(self, self.seeds >= 1, "seeds", "must be >= 1")
+        unknown = [c for c in self.frontier_corrections if c not in FRONTIER_CORRECTIONS]
+        require(self, not unknown, "frontier_corrections",
+                f"expected names among {', '.join(map(repr, FRONTIER_CORRECTIONS))}")
         require(self, self.max_steps >= 1, "max_steps", "must be >= 1")
         require(self, 0 < self.target_j <= 1, "target_j", "must lie in (0, 1]")
 
@@ -159,7 +165,8 @@ def frontier(cfg: ExperimentConfig) -> str:
     lines = ["| correction | v | generation | mean lag | J gain | mean TV(pi_k, alpha) | mean ESS(pi_k/alpha) | "
              "certified steps | within 1 sd of v=1 |", "|---|---|---|---|---|---|---|---|---|"]
     ref = None
-    for name, kw in FRONTIER_CORRECTIONS.items():
+    for name in cfg.frontier_corrections:
+        kw = FRONTIER_CORRECTIONS[name]
         for v in FRONTIER_V:
             for mode in ("sync", "async"):
                 runs = [_run(cfg, "frontier", f"{name}_v{v}_{mode}", seed, sync_period=v or cfg.max_steps + 1,

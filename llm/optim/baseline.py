@@ -30,10 +30,6 @@ from llm.core.batch import Batch
 from llm.core.loss import Clip, grpo_loss
 from llm.core.passes import Passes
 
-#: The baseline's scopes (the authors' ``grad_baselining.scope``).
-SCOPES = ("group", "minibatch")
-
-
 @dataclass(frozen=True)
 class Baselining:
     """The baseline's settings (the authors' names under ``grad_baselining``)."""

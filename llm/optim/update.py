@@ -194,11 +194,11 @@ def baselined(passes: Passes, objective: Objective, policy: torch.nn.Module, bat
                          "torchrun")
     settings = objective.baselining
     adv = np.asarray(advantages, dtype=np.float64)
-    live = (in_loss.reshape(adv.shape) & (batch.policy_mask.sum(dim=1) > 0).cpu().numpy().reshape(adv.shape))
+    lengths = batch.policy_mask.sum(dim=1).cpu().numpy()
+    live = in_loss.reshape(adv.shape) & (lengths > 0).reshape(adv.shape)
     if settings.scope == "group":
         live &= (np.ptp(adv, axis=1) > 0)[:, None]
     norms, log_w = completion_gradient_norms(passes, objective.clip, policy, batch, logp_alpha, live.reshape(-1))
-    lengths = batch.policy_mask.sum(dim=1).cpu().numpy()
     log_weights = baseline_log_weights(norms, log_w, lengths, settings).reshape(adv.shape)
     return shift_advantages(adv, log_weights, live, settings.scope)
 

@@ -19,6 +19,7 @@ import numpy as np
 from grpo_theory.estimators import mean_and_standard_error
 
 from llm.core.metrics import PHASE_KEYS, VOID_KEY, certificate_shares, step_seconds
+from llm.run.plan import Plan, read_plan
 from llm.run.rundir import read_metrics
 
 COLUMNS = ["reward", "j/pi_new", "improvement", "heldout/improvement", "insample/improvement",
@@ -56,6 +57,9 @@ def summarise(run_dir: str | Path, window: int = 10) -> str:
     lines = [f"run {run_dir}: {len(rows)} step{'s' if len(rows) > 1 else ''} (means over the first and last "
              f"{n} step{'s' if n > 1 else ''}, and over all)",
              f"  {'metric':<56}{'first':>11}{'last':>11}{'all':>11}"]
+    stored = read_plan(run_dir)  # what the run decided (a run written before plans has none)
+    if stored is not None:
+        lines[1:1] = ["  " + line for line in Plan.from_dict(stored).lines()]
     for c in COLUMNS:
         if any(c in r for r in rows):
             lines.append(f"  {c:<56}{_mean(first, c):>11.4g}{_mean(last, c):>11.4g}{_mean(rows, c):>11.4g}")

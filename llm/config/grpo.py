@@ -23,12 +23,19 @@ from llm.config.fields import STRICT, nearest_name, one_line, plain, require, re
 from llm.config.machinery import MachineConfig, SamplingConfig
 from llm.config.model import DataConfig, ModelConfig
 from llm.config.observation import DiagnosticsConfig, EvaluationConfig, OutputConfig
-from llm.config.ranges import range_text, sources_range
 
 #: The completion budget of a task when ``max_completion_length`` is None: the built-in agent task's episodes need
 #: 34 tokens (a call, the tool's answer, the answer), every other task gets the built-in task's 6.
 TASK_COMPLETION_LENGTHS = {"arithmetic_tools": 40}
 DEFAULT_COMPLETION_LENGTH = 6
+
+
+def completion_budget(dataset: str, max_completion_length: int | None) -> int:
+    """The most tokens a completion may have: ``max_completion_length`` when given, else the task's own budget. The
+    one place this is decided; the config stores what was said (None stays None) and reads this on demand."""
+    if max_completion_length is not None:
+        return max_completion_length
+    return TASK_COMPLETION_LENGTHS.get(dataset, DEFAULT_COMPLETION_LENGTH)
 
 #: The groups, by the attribute that holds each; the command line shows their fields without a prefix.
 GROUPS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "sync": SyncConfig, "objective": ObjectiveConfig,
@@ -86,9 +93,6 @@ class GRPOConfig:
             group = cls(**flat[name]) if base is None else dataclasses.replace(base, **flat[name])
             object.__setattr__(group, "_owner", self)  # its assignments are checked against the other groups too
             object.__setattr__(self, name, group)
-        if self.sampling.max_completion_length is None:  # the task's own budget
-            object.__setattr__(self.sampling, "max_completion_length",
-                               TASK_COMPLETION_LENGTHS.get(self.data.dataset, DEFAULT_COMPLETION_LENGTH))
         self._check_across_groups()
 
     def __getattr__(self, name: str):
@@ -134,8 +138,8 @@ class GRPOConfig:
         require(self, not (self.machine.fsdp and self.model.use_peft), "fsdp",
                 "shards whole weights; LoRA's adapters are small enough for data parallel: drop one of --fsdp and "
                 "--use-peft")
-        require(self, self.data.soft_punish_cache <= self.sampling.max_completion_length, "soft_punish_cache",
-                f"must lie in [0, max_completion_length = {self.sampling.max_completion_length}]")
+        require(self, self.data.soft_punish_cache <= self.completion_budget, "soft_punish_cache",
+                f"must lie in [0, max_completion_length = {self.completion_budget}]")
         require(self, not (self.sampling.filter_groups and self.sync.async_generation), "filter_groups",
                 "draws more rounds from alpha during the step, while asynchronous generation's sampler already holds "
                 "the next window's weights; drop one of --filter-groups and --async-generation")
@@ -154,21 +158,14 @@ class GRPOConfig:
                 "the built-in agent model knows its own template only; drop it or give --model-name-or-path")
         require(self, not (self.sampling.filter_groups and (self.agent.enabled or self.data.dataset == "arithmetic_tools")),
                 "filter_groups", "dynamic sampling with tools is not supported yet; drop --filter-groups")
-        own = sources_range(self.data.reward_funcs, self.data.reward_weights, bool(self.agent.environment_factory))
-        declared = self.data.reward_range
-        require(self, declared is None or own is None or (declared[0] <= own[0] and own[1] <= declared[1]),
-                "reward_range", f"{range_text(declared)} does not hold the range its sources return, {range_text(own)}")
         require(self, self.sync.sync_policy != "divergence" or self.diagnostics.heldout_prompts > 0, "sync_policy",
                 "divergence decides from the held-out TV estimate; add --heldout-prompts (e.g. 8)")
 
-    # ---- derived values that span groups ----------------------------------------------------------
+    # ---- derived values that span groups (computed on demand, never stored: the run's plan records them) ----------
     @property
-    def declared_reward_range(self) -> tuple[float, float] | None:
-        """The range of the total reward the guarantees read (``llm.config.ranges``): ``reward_range`` when given, else
-        the sources' own, else None. config.json records it as ``reward_range``."""
-        if self.data.reward_range is not None:
-            return self.data.reward_range
-        return sources_range(self.data.reward_funcs, self.data.reward_weights, bool(self.agent.environment_factory))
+    def completion_budget(self) -> int:
+        """The most tokens a completion may have (``completion_budget``): ``max_completion_length``, or the task's."""
+        return completion_budget(self.data.dataset, self.sampling.max_completion_length)
 
     @property
     def micro_batch_size(self) -> int:
@@ -189,11 +186,11 @@ class GRPOConfig:
 
     # ---- flat views: config.json, replace ---------------------------------------------------------
     def to_dict(self) -> dict:
-        """Every field by its flat name (config.json's keys)."""
+        """Every field by its flat name, as given (config.json's keys: what was said; the values the run derives from
+        them are its plan's, ``llm.run.plan``)."""
         out = {name: getattr(self, name) for name in TOP_FIELDS}
         for name in GROUPS:
             out.update(dataclasses.asdict(getattr(self, name)))
-        out["reward_range"] = self.declared_reward_range  # the range the run's guarantees read, fixed from step 0
         return out
 
     def to_json(self) -> str:

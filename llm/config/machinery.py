@@ -58,7 +58,7 @@ class SamplingConfig(ConfigGroup):
     task's longest, and the decode step compiled by transformers' generate: under CUDA graphs on a GPU, by inductor on
     a CPU; minutes of compiling at the first call of each shape). log alpha is what was sampled either way (tested
     against the trainer's recomputation). With 'static' a call's draws come from one seeded stream, not one per
-    sequence, so a sample depends on the batch it ran in."""
+    sequence, so a sample depends on the batch it ran in. Implies --sampler transformers where the sampler is 'auto'."""
     vllm_gpu_memory_utilization: float = 0.3
     """Share of the GPU's memory the in-process engine may take (TRL's name and default; CUDA only: on a CPU the KV
     cache is sized from the window, or by vllm_kv_cache_gb)."""
@@ -96,10 +96,12 @@ class SamplingConfig(ConfigGroup):
                 "(start one with python -m llm.serve)")
         require(self, not self.server_url or self.sampler == "server", "server_url",
                 f"given, but the sampler is {self.sampler!r}; add --sampler server")
-        require(self, self.cache_implementation in (None, "dynamic") or (
-            self.sampler == "transformers" and not self.use_transformers_continuous_batching), "cache_implementation",
-                "'static' is a mode of the transformers sampler's generate: add --sampler transformers (continuous "
-                "batching has its own paged cache)")
+        require(self, self.cache_implementation in (None, "dynamic") or self.sampler in ("auto", "transformers"),
+                "cache_implementation", f"'static' is a mode of the transformers sampler's generate, but the sampler "
+                f"is {self.sampler!r}; drop one of them")
+        require(self, self.cache_implementation in (None, "dynamic") or not self.use_transformers_continuous_batching,
+                "cache_implementation", "'static' is a mode of the transformers sampler's generate; continuous "
+                "batching has its own paged cache: drop one of them")
         require(self, not self.use_transformers_continuous_batching or self.sampler in ("auto", "transformers"),
                 "use_transformers_continuous_batching", f"is a mode of the transformers sampler, but the sampler is "
                 f"{self.sampler!r}; drop one of them")

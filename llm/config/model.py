@@ -88,7 +88,7 @@ class DataConfig(ConfigGroup):
     """LOW HIGH: the range of the total reward, declared before the first step (``--reward-range 0 1``). Theorem 1's
     terms and the certificates read it; a reward outside it stops the run at that step in one line. None: the
     sources' own range when each has one (text rewards and the built-in tasks [0, 1], soft_overlong_punishment
-    [-1, 0], weighted sums of them; config.json records it), else none: reward functions with TRL's signature,
+    [-1, 0], weighted sums of them; plan.json records it), else none: reward functions with TRL's signature,
     reward models and environments declare nothing, so their runs train as usual, Theorem 1's terms use the range
     seen (no guarantee) and the certificates abstain (nan). It never widens from the rewards seen."""
     soft_punish_cache: int = 0

@@ -5,9 +5,10 @@ r' = (r - lo)/(hi - lo) in [0, 1]); a range read off the data is not one (docs/t
 mass onto a reward not yet sampled is certified on 78% of draws). The range comes from, in order:
 
 - ``--reward-range LOW HIGH``, the user's declaration of the total reward;
-- else the sources' own ranges, when every source has one: the task's own reward and every text reward
-  (``--reward-fn``, the answer checks, the built-in tasks, reasoning-gym's scorers) lie in [0, 1] and are checked to;
-  the built-in ``soft_overlong_punishment`` pays [-1, 0]; a weighted sum's range is the sum of its weighted ranges;
+- else the sources' own ranges, when every source has one (``llm.rewards.sources_range``): the task's own reward and
+  every text reward (``--reward-fn``, the answer checks, the built-in tasks, reasoning-gym's scorers) lie in [0, 1]
+  and are checked to; a built-in reward function declares its range on its class (``soft_overlong_punishment``
+  pays [-1, 0]); a weighted sum's range is the sum of its weighted ranges;
 - else none: reward functions with TRL's signature, reward models and environments declare nothing, so their runs
   train as usual and their certificates abstain (nan) until the user declares one.
 
@@ -16,10 +17,12 @@ A reward outside the declared range stops the run at that step (``llm.step.monit
 
 from __future__ import annotations
 
-#: Text rewards (the answer checks, ``--reward-fn``, the built-in tasks' token rewards): checked to lie in [0, 1].
-TEXT_REWARD_RANGE = (0.0, 1.0)
-#: The built-in reward functions of ``--reward-funcs`` with a range of their own, by name.
-BUILTIN_FUNCTION_RANGES = {"soft_overlong_punishment": (-1.0, 0.0)}
+from dataclasses import dataclass
+
+#: Theorem 1's reward range, [0, 1]: the range its constants are stated for, and the one text rewards (the answer checks,
+#: ``--reward-fn``, the built-in tasks' token rewards) are checked to lie in.
+UNIT_INTERVAL = (0.0, 1.0)
+TEXT_REWARD_RANGE = UNIT_INTERVAL
 
 
 def weighted_range(ranges, weights) -> tuple[float, float] | None:
@@ -33,16 +36,31 @@ def weighted_range(ranges, weights) -> tuple[float, float] | None:
     return lo, hi
 
 
-def sources_range(reward_funcs, reward_weights, environment: bool) -> tuple[float, float] | None:
-    """The total reward's range from its sources' own (module docstring): the task's own text reward, or the
-    weighted ``reward_funcs`` (by their names; any that is not built in has none); None with an environment (its
-    ``get_reward`` declares nothing)."""
-    if environment:
-        return None
-    if not reward_funcs:
-        return TEXT_REWARD_RANGE
-    weights = list(reward_weights) or [1.0] * len(reward_funcs)
-    return weighted_range([BUILTIN_FUNCTION_RANGES.get(f) for f in reward_funcs], weights)
+@dataclass(frozen=True)
+class RangeOrigin:
+    """The range the run's guarantees read (None: none) and where it came from."""
+
+    range: tuple[float, float] | None
+    origin: str  # DECLARED, SOURCES or NONE
+
+    @property
+    def declared(self) -> bool:
+        """Whether the user declared it (``--reward-range``)."""
+        return self.origin == DECLARED
+
+
+DECLARED, SOURCES, NONE = "declared with --reward-range", "the reward's own sources", "none"
+
+
+def range_origin(declared, own) -> RangeOrigin:
+    """The one rule (module docstring): the user's declaration, else the sources' own range ``own``, else none; a
+    declaration that does not hold ``own`` is a ValueError (one line)."""
+    if declared is None:
+        return RangeOrigin(own, SOURCES if own is not None else NONE)
+    if own is not None and not (declared[0] <= own[0] and own[1] <= declared[1]):
+        raise ValueError(f"reward_range: {range_text(declared)} does not hold the range its sources return, "
+                         f"{range_text(own)}")
+    return RangeOrigin(tuple(declared), DECLARED)
 
 
 #: A value within this distance of a declared edge, relative to the range's scale (max(|lo|, |hi|, hi - lo)), is that

@@ -51,6 +51,7 @@ import grpo_theory as gt
 import grpo_theory.estimators as ge
 from grpo_theory import trm
 
+from llm.config.ranges import UNIT_INTERVAL
 from llm.core.logprobs import TokenDists, head_tolerance
 from llm.core.token_filter import ON_SET_LOGP
 
@@ -60,8 +61,8 @@ class RewardRange:
     """The reward range Theorem 1's terms are computed for: declared before step 0, or (none declared) the rewards
     seen so far (``llm.step.monitors.DeclaredRange``)."""
 
-    lo: float = 0.0
-    hi: float = 1.0
+    lo: float = UNIT_INTERVAL[0]
+    hi: float = UNIT_INTERVAL[1]
 
     @property
     def width(self) -> float:

@@ -37,7 +37,7 @@ class EvalSpec:
         return cls(pick(own.eval_temperature, train.temperature),
                    TokenFilter(pick(own.eval_top_k, train.top_k), pick(own.eval_top_p, train.top_p),
                                pick(own.eval_min_p, train.min_p)),
-                   own.num_generations_eval, train.max_completion_length)
+                   own.num_generations_eval, config.completion_budget)
 
     @property
     def pass_ks(self) -> tuple[int, ...]:

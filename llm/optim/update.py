@@ -61,7 +61,7 @@ class Objective:
                     loss_type(o.loss_type).objective, o.sapo_temperature_pos, o.sapo_temperature_neg, o.vespo_k_pos,
                     o.vespo_lambda_pos, o.vespo_k_neg, o.vespo_lambda_neg, o.off_policy_mask_threshold, o.clip_ratio_c)
         return cls(config.optim.num_iterations, clip, o.beta, o.use_bias_correction_kl, o.loss_type,
-                   config.sampling.max_completion_length, config.optim.max_grad_norm, config.diagnostics.tv_diagnostics,
+                   config.completion_budget, config.optim.max_grad_norm, config.diagnostics.tv_diagnostics,
                    o.top_entropy_quantile, o.entropy_coef, opt.ess_scaling, opt.ess_scaling_base_ess_ratio,
                    baselining)
 

@@ -13,15 +13,16 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from llm.config.ranges import TEXT_REWARD_RANGE, weighted_range
 from llm.rewards.functions import (ANSWER_CHECKS, BatchReward, RewardFn, batch_rewards, check_answers, import_reward_fn,
                         math_verify_reward, numeric_reward, parse_answer, parse_number, text_reward)
 from llm.rewards.model import RewardModel, is_reward_model
 from llm.rewards.overlong import NAME as OVERLONG, SoftOverlongPunishment
 
-__all__ = ["ANSWER_CHECKS", "BatchReward", "OVERLONG", "RewardContext", "RewardFn", "RewardModel",
+__all__ = ["ANSWER_CHECKS", "BUILTIN_REWARD_FUNCS", "BatchReward", "OVERLONG", "RewardContext", "RewardFn", "RewardModel",
            "SoftOverlongPunishment", "batch_rewards", "check_answers", "import_reward_fn", "is_reward_model",
            "math_verify_reward", "numeric_reward", "parse_answer", "parse_number", "reward_funcs", "reward_name",
-           "text_reward"]
+           "sources_range", "text_reward"]
 
 
 @dataclass(frozen=True)
@@ -36,14 +37,32 @@ class RewardContext:
     @classmethod
     def from_config(cls, config) -> "RewardContext":
         device = "cpu" if config.machine.device in ("auto", "cpu") else config.machine.device
-        return cls(config.sampling.max_completion_length, config.data.soft_punish_cache, device,
+        return cls(config.completion_budget, config.data.soft_punish_cache, device,
                    config.model.trust_remote_code)
+
+
+#: The built-in reward functions of ``--reward-funcs``, by name; each class declares its ``reward_range``.
+BUILTIN_REWARD_FUNCS = {OVERLONG: SoftOverlongPunishment}
+
+
+def sources_range(reward_funcs: Sequence[str], reward_weights: Sequence[float], environment: bool) \
+        -> tuple[float, float] | None:
+    """The total reward's range from its sources' own (``llm.config.ranges``): the task's own text reward's
+    (``TEXT_REWARD_RANGE``), or the weighted sum of the ``reward_funcs``' ranges (a built-in function's class declares
+    its own; any other declares none); None with an environment (its ``get_reward`` declares nothing)."""
+    if environment:
+        return None
+    if not reward_funcs:
+        return TEXT_REWARD_RANGE
+    weights = list(reward_weights) or [1.0] * len(reward_funcs)
+    builtin = [BUILTIN_REWARD_FUNCS.get(f) for f in reward_funcs]
+    return weighted_range([None if cls is None else cls.reward_range for cls in builtin], weights)
 
 
 def reward_function(spec: str, context: RewardContext):
     """One entry of ``--reward-funcs`` as (name, function)."""
-    if spec == OVERLONG:
-        fn = SoftOverlongPunishment(context.max_completion_length, context.soft_punish_cache)
+    if spec in BUILTIN_REWARD_FUNCS:
+        fn = BUILTIN_REWARD_FUNCS[spec](context.max_completion_length, context.soft_punish_cache)
         return fn.__name__, fn
     if is_reward_model(spec):
         fn = RewardModel(spec, context.device, context.trust_remote_code)

@@ -13,8 +13,6 @@ leave [0, 1]: the range of such a sum is declared with ``--reward-range`` (``llm
 
 from __future__ import annotations
 
-from llm.config.ranges import BUILTIN_FUNCTION_RANGES
-
 #: The name ``--reward-funcs`` knows it by.
 NAME = "soft_overlong_punishment"
 
@@ -23,7 +21,7 @@ class SoftOverlongPunishment:
     """The reward of completions by their length (module docstring); logged as ``rewards/<__name__>/mean|std``."""
 
     __name__ = "soft_overlong_punishment_reward"  # TRL's metric name
-    reward_range = BUILTIN_FUNCTION_RANGES[NAME]  # [-1, 0]: the range the run's guarantees read (llm.config.ranges)
+    reward_range = (-1.0, 0.0)  # its own range, which the run's guarantees read (``llm.rewards.sources_range``)
 
     def __init__(self, max_completion_len: int, soft_punish_cache: int):
         if not 0 <= soft_punish_cache <= max_completion_len:

@@ -53,7 +53,7 @@ def arithmetic(config, n_params: int, n_trained: int, device, sampler_name: str,
             lines.append(f"  certificate: {diag.improvement_lcb_method} has no guaranteed level (docs/theory.md, §8.6)")
     lines.append(
         f"  per step: {P} prompts x G={G} = {config.sampling.completions_per_step} completions, "
-        f"<= {config.sampling.completions_per_step * config.sampling.max_completion_length} generated tokens, "
+        f"<= {config.sampling.completions_per_step * config.completion_budget} generated tokens, "
         f"i={config.optim.num_iterations} optimiser steps of {config.gradient_accumulation_steps} micro-batch(es) "
         f"(per_device_train_batch_size {config.micro_batch_size}"
         f"{'; more, shorter passes where sequences of similar length save padding' if machine.group_by_length else ''}"

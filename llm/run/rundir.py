@@ -1,7 +1,8 @@
 """Run directory: config.json, metrics.jsonl, atomic checkpoints, resume.
 
 Layout of ``output_dir``:
-    config.json       resolved config, written before step 0
+    config.json       the options as given (None stays None), written before step 0
+    plan.json         what the run decided from them (``llm.run.plan``), written beside it
     metrics.jsonl     one JSON object per completed step, flushed per line
     checkpoint.pt     latest checkpoint (written to a temporary file, then renamed: atomic)
     samples.jsonl     a few decoded completions at every checkpoint
@@ -31,6 +32,10 @@ from runkit.runio import MetricsWriter, atomic_write_text, write_config
 from runkit.runio import read_metrics as read_rows
 
 from llm.config import RESUMABLE_FIELDS, GRPOConfig
+from llm.run.plan import PLAN_FILE, Plan, read_plan, resolve_plan
+
+#: Options whose value the run resolves (``llm.run.plan``): a resume compares the resolved values.
+DERIVED = ("max_completion_length", "reward_range")
 
 __all__ = ["RunDir", "read_metrics", "RESUMABLE_FIELDS"]
 
@@ -81,11 +86,13 @@ def writing(what: Path, during_run: bool = True):
 
 
 class RunDir:
-    """A run directory, locked while a trainer uses it (``with RunDir(config) as run:``)."""
+    """A run directory, locked while a trainer uses it (``with RunDir(config) as run:``). ``plan``: the run's
+    (``llm.run.plan``; None: resolved from ``config``)."""
 
-    def __init__(self, config: GRPOConfig):
+    def __init__(self, config: GRPOConfig, plan: Plan | None = None):
         self.path = Path(config.output.output_dir)
         self.config = config
+        self.plan = plan or resolve_plan(config)
         self._lock_fd: int | None = None
 
     def __enter__(self) -> "RunDir":
@@ -131,7 +138,8 @@ class RunDir:
         return self.path / "metrics.jsonl"
 
     def open(self) -> dict | None:
-        """Create the directory, check a previous run is compatible, write config.json.
+        """Create the directory, check a previous run is compatible (``incompatible``), write config.json and
+        plan.json.
 
         Returns the checkpoint to resume from, or None for a fresh start.
         """
@@ -141,11 +149,7 @@ class RunDir:
         if self.checkpoint_path.is_file():
             old_path = self.path / "config.json"
             if old_path.is_file():
-                new = json.loads(self.config.to_json())
-                # A field the stored config lacks was added after that run started, which ran with its default; a
-                # renamed value (improvement_lcb_method's t and cantelli) reads as its new name.
-                old = json.loads(GRPOConfig.from_json_file(old_path).to_json())
-                diff = sorted(k for k in set(old) | set(new) if k not in RESUMABLE_FIELDS and old.get(k) != new.get(k))
+                diff = self.incompatible(old_path)
                 if diff:
                     raise ValueError(
                         f"output_dir: {self.path} holds a run with a different config ({', '.join(diff)}); "
@@ -158,7 +162,27 @@ class RunDir:
                 (self.path / name).unlink(missing_ok=True)
         with writing(self.path / "config.json", during_run=False):
             write_config(self.path, self.config.to_dict())  # flat: config.json keeps one level
+        with writing(self.path / PLAN_FILE, during_run=False):
+            atomic_write_text(self.path / PLAN_FILE, json.dumps(self.plan.to_dict(), indent=1, sort_keys=True))
         return ckpt
+
+    def incompatible(self, old_path: Path) -> list[str]:
+        """The options that differ from the stored run's (``old_path``: its config.json), but for those a resume may
+        change (``RESUMABLE_FIELDS``); the values the run derives (``DERIVED``) are compared as its plan resolved
+        them, so the task's budget of 6 and ``--max-completion-length 6`` are the same run."""
+        new = json.loads(self.config.to_json())
+        # A field the stored config lacks was added after that run started, which ran with its default; a renamed
+        # value (improvement_lcb_method's t and cantelli) reads as its new name.
+        stored = GRPOConfig.from_json_file(old_path)
+        old = json.loads(stored.to_json())
+        diff = [k for k in set(old) | set(new)
+                if k not in RESUMABLE_FIELDS and k not in DERIVED and old.get(k) != new.get(k)]
+        # a run written before plans recorded the budget and range it resolved in config.json (or, before the range
+        # was an option, none): resolving its options gives them
+        old_plan = read_plan(self.path) or json.loads(json.dumps(resolve_plan(stored).to_dict()))
+        new_plan = json.loads(json.dumps(self.plan.to_dict()))
+        diff += [k for k in DERIVED if old_plan.get(k) != new_plan[k]]
+        return sorted(diff)
 
     def load_checkpoint(self) -> dict:
         """The checkpoint, loaded with ``weights_only=True`` (tensors and plain containers only: loading it

@@ -45,7 +45,8 @@ from llm.rewards.functions import RewardOutOfRange
 from llm.run.output import Output, SilentOutput, StepCallback, arithmetic
 from llm.run.rundir import RunDir
 from llm.run.trackers import Trackers, check_trackers
-from llm.sampling import max_model_len, sampler_class
+from llm.run.plan import Plan, resolve_plan
+from llm.sampling import max_model_len
 from llm.step.clock import SyncClock
 from llm.step.monitors import DeclaredRange, ExactJ, RangeViolation, Warnings
 from llm.step.rollout import RolloutWindow
@@ -69,12 +70,13 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
     if not isinstance(config, GRPOConfig):
         raise TypeError(f"train() takes a GRPOConfig (GRPOConfig(**options), or llm.config.from_trl(**options) with "
                         f"TRL's names), got {type(config).__name__}")
+    plan = resolve_plan(config)  # everything the run decides from the options, once
     # torchrun: this process's rank (one rank with the in-process engine runs as one process); else one process
     ranks = init_ranks(resolve_device(config.machine.device), config.machine.fsdp,
-                       group_of_one=not sampler_class(config.sampling).owns_torch_distributed)
+                       group_of_one=not plan.sampler_class.owns_torch_distributed)
     finished = False
     try:
-        path = train_main(config, ranks, log, callbacks) if ranks.main else train_rank(config, ranks)
+        path = train_main(config, plan, ranks, log, callbacks) if ranks.main else train_rank(config, plan, ranks)
         finished = True
         return path
     except RuntimeError as exc:  # FSDP's gathers and reduce-scatters are not wrapped in Ranks.collective()
@@ -85,24 +87,24 @@ def train(config: GRPOConfig, log=print, callbacks: Sequence[StepCallback] = ())
         close_ranks(ranks, finished)
 
 
-def train_main(config: GRPOConfig, ranks: Ranks, log, callbacks: Sequence[StepCallback]) -> Path:
+def train_main(config: GRPOConfig, plan: Plan, ranks: Ranks, log, callbacks: Sequence[StepCallback]) -> Path:
     """The one process, or rank 0 of several: it owns the run directory, the sampler and the trackers."""
-    with RunDir(config) as run:  # locked: a second trainer on the same output_dir is refused
-        ckpt = run.open()  # writes config.json before step 0
+    with RunDir(config, plan) as run:  # locked: a second trainer on the same output_dir is refused
+        ckpt = run.open()  # writes config.json and plan.json before step 0
         ranks.barrier()  # the other ranks read the checkpoint once the run directory is ready
         if ckpt is not None and ckpt["step"] >= config.max_steps:
             log(f"{run.path} already holds a finished run of {ckpt['step']} steps (raise --max-steps to continue it)")
             return run.path
         check_trackers(config.output)  # a tracker whose package is missing stops the run before the model loads
         with callers_objects_frozen():
-            weights, task, model_path = setup(config, ranks, log)
+            weights, task, model_path = setup(config, ranks, log, plan)
             try:
                 for cb in callbacks:
                     getattr(cb, "on_setup", lambda w: None)(weights)
                 trackers = Trackers(config, run.path)
                 output = Output(config, run, ckpt["step"] if ckpt else 0, log, (trackers, *callbacks))
                 try:
-                    run_loop(config, weights, task, model_path, ckpt, output)
+                    run_loop(config, plan, weights, task, model_path, ckpt, output)
                 finally:
                     trackers.close()
             finally:
@@ -127,7 +129,7 @@ def callers_objects_frozen():
         gc.unfreeze()
 
 
-def train_rank(config: GRPOConfig, ranks: Ranks) -> Path:
+def train_rank(config: GRPOConfig, plan: Plan, ranks: Ranks) -> Path:
     """A rank other than 0: the same steps on its share of each step's prompts; it writes nothing."""
     path = Path(config.output.output_dir)
     ranks.barrier()
@@ -135,14 +137,16 @@ def train_rank(config: GRPOConfig, ranks: Ranks) -> Path:
     ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path.is_file() else None
     if ckpt is not None and ckpt["step"] >= config.max_steps:
         return path
-    weights, task, model_path = setup(config, ranks, lambda *a: None)
-    run_loop(config, weights, task, model_path, ckpt, SilentOutput(path))
+    weights, task, model_path = setup(config, ranks, lambda *a: None, plan)
+    run_loop(config, plan, weights, task, model_path, ckpt, SilentOutput(path))
     return path
 
 
-def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights, TokenizedTask, str]:
+def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print, plan: Plan | None = None) \
+        -> tuple[Weights, TokenizedTask, str]:
     """Load the task, the policy and its tokenizer, then the weights around it (``Weights.build``: the sampler on
-    rank 0 holding alpha = the policy, the copies, the optimiser)."""
+    rank 0 holding alpha = the policy, the copies, the optimiser). ``plan``: the run's (None: resolved here)."""
+    plan = plan or resolve_plan(config)
     resolve_vml_dispatch()  # before any float operator runs on several threads (llm.models.vml)
     if config.machine.num_threads:
         torch.set_num_threads(config.machine.num_threads)
@@ -155,7 +159,7 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
             device = torch.device("cuda", torch.cuda.current_device())
         log(f"trainer processes: {ranks.world} ({ranks.backend}{', FSDP' if ranks.fsdp else ''}), "
             f"this one on {device}")
-        if sampler_class(config.sampling).owns_torch_distributed:
+        if plan.sampler_class.owns_torch_distributed:
             raise ValueError("sampler: the in-process vLLM engine sets up torch.distributed for itself and cannot "
                              "share torchrun's process group; under torchrun use --sampler server (vLLM in its own "
                              "process) or --sampler transformers")
@@ -189,15 +193,15 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print) -> tuple[Weights
         check_packing(policy, probe, config.sampling.temperature)
     if config.machine.compile:  # after the probe's checks, which run once: no graphs compiled for them alone
         log(f"compile: {compile_blocks(policy)} decoder blocks compile at their first passes (minutes on a CPU)")
-    if config.diagnostics.exact_j and bound.max_accepted_length > config.sampling.max_completion_length:
+    if config.diagnostics.exact_j and bound.max_accepted_length > plan.max_completion_length:
         raise ValueError(f"max_completion_length: the task's accepted completions need {bound.max_accepted_length} "
-                         f"tokens, more than {config.sampling.max_completion_length}; raise it or pass --no-exact-j")
+                         f"tokens, more than {plan.max_completion_length}; raise it or pass --no-exact-j")
     longest = max(map(len, bound.prompt_ids + bound.test_prompt_ids))
     if task.name == "environment":  # --dataset none: reset() writes every prompt; room for one as long as a
-        budget = config.sampling.max_completion_length  # completion (64 at least), within the model's positions
+        budget = plan.max_completion_length  # completion (64 at least), within the model's positions
         positions = int(getattr(policy.config, "max_position_embeddings", 1 << 20))
         longest = max(longest, min(positions - budget, max(64, budget)))
-    max_model_len(policy, config.sampling, longest)  # the longest prompt plus a whole completion fit the model's positions
+    max_model_len(policy, plan.max_completion_length, longest)  # the longest prompt plus a whole completion fit the model's positions
     weights = Weights.build(config, ranks, policy, tokenizer, model_path, probes, longest, agent)
     return weights, bound, model_path
 
@@ -218,11 +222,11 @@ def probe_prompts(bound: TokenizedTask, tokenizer) -> list[list[int]]:
     return found or [[tokenizer.eos_token_id] * 4] * 2
 
 
-def run_loop(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_path: str, ckpt: dict | None,
-             output: Output) -> None:
+def run_loop(config: GRPOConfig, plan: Plan, weights: Weights, task: TokenizedTask, model_path: str,
+             ckpt: dict | None, output: Output) -> None:
     """The steps of ``train`` from the checkpoint ``ckpt`` (None: from step 0) to ``max_steps``, then the final
     checkpoint and model. The first Ctrl-C finishes the step and checkpoints; a second aborts it."""
-    run = start_run(config, weights, task, model_path, ckpt, output)
+    run = start_run(config, plan, weights, task, model_path, ckpt, output)
     machine = config.machine
     if machine.keep_freed_memory:  # with micro-batches, freed memory kept under the ceiling of each pass
         FREED_MEMORY_CEILING.start(machine.freed_memory_ceiling if machine.per_device_train_batch_size else 0.0)
@@ -270,8 +274,8 @@ def run_loop(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_pa
     output.save_final_model(weights.unsharded(weights.policy), task.tokenizer)
 
 
-def start_run(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_path: str, ckpt: dict | None,
-              output: Output) -> Run:
+def start_run(config: GRPOConfig, plan: Plan, weights: Weights, task: TokenizedTask, model_path: str,
+              ckpt: dict | None, output: Output) -> Run:
     """Restore the checkpoint, say what the run will do, and make what the steps share."""
     ranks = weights.ranks
     start = 0
@@ -288,19 +292,20 @@ def start_run(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_p
                        f"{ranks.world}: it continues with the same global batch and gradient (each rank's share "
                        "differs), so it matches an uninterrupted run up to float rounding, not bit for bit")
     params = list(weights.policy.parameters())
+    for line in plan.lines():
+        output.log(line)
     for line in arithmetic(config, sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad),
-                           next(iter(params)).device, sampler_class(config.sampling).name, task, model_path):
+                           next(iter(params)).device, plan.sampler_class.name, task, model_path):
         output.log(line)
     passes = Passes.from_config(config, ranks)
     exact = ExactJ(config.diagnostics.exact_j and ranks.joins_rank0, weights.policy, task, config.sampling.temperature,
                    task.tokenizer.pad_token_id, passes.precision, config.sampling.token_filter,
                    every=config.diagnostics.exact_j_steps, last=config.max_steps - 1)
     kept = output.kept_rows() if start else []
-    ranges = DeclaredRange(config.declared_reward_range, kept, output.log)
-    for line in ranges.start_lines("declared with --reward-range" if config.data.reward_range is not None else
-                                   "the reward's own sources"):
+    ranges = DeclaredRange(plan.reward_range, kept, output.log)
+    for line in ranges.start_lines(plan.reward_range_origin):
         output.log(line)
-    own_alpha = config.objective.behaviour_logprobs != "recompute" and sampler_class(config.sampling).returns_logprobs
+    own_alpha = config.objective.behaviour_logprobs != "recompute" and plan.sampler_class.returns_logprobs
     if ranges.certifies and not own_alpha and config.diagnostics.heldout_prompts:
         output.log("log alpha is the trainer's (behaviour_logprobs recompute, or a sampler that reports none), not the "
                    "distribution the sampler drew from, so the per-step certificate (heldout/improvement_lcb) abstains")
@@ -309,7 +314,7 @@ def start_run(config: GRPOConfig, weights: Weights, task: TokenizedTask, model_p
     looks = (ckpt or {}).get("eval_looks", sum("eval/improvement_lcb" in r for r in kept))
     return Run(config, weights, task, clock, passes, Objective.from_config(config), rollouts,
                exact, ranges, Warnings(config.machine.dtype, config.sampling.temperature), output, start,
-               next(iter(params)).device, schedule, initial, looks)
+               next(iter(params)).device, schedule, plan.sampler_class, initial, looks)
 
 
 def save(run: Run, next_step: int, samples: list[dict]) -> None:

@@ -22,79 +22,84 @@ from llm.sampling.vllm_settings import quiet_vllm
 quiet_vllm()  # before any import of vllm
 
 __all__ = ["Rollout", "Sampler", "TransformersSampler", "check_vllm_supports", "make_sampler", "max_model_len",
-           "probe_sync", "resolved_sampler", "sampler_class"]
+           "probe_sync", "resolved_sampler", "SAMPLERS", "sampler_class"]
+
+
+#: Each kind of sampler a run may use -> (module, class). ``resolved_sampler`` picks the kind; the class's attributes say
+#: what it is (``llm.sampling.base.Sampler``); ``make_sampler`` builds it with ``BUILDERS``'s entry of the same kind.
+SAMPLERS = {"transformers": ("llm.sampling.hf_generate", "TransformersSampler"),
+            "transformers-continuous": ("llm.sampling.hf_continuous", "ContinuousBatchingSampler"),
+            "vllm": ("llm.sampling.vllm_engine", "VLLMSampler"),
+            "server": ("llm.sampling.server", "ServerSampler")}
 
 
 def resolved_sampler(sampling) -> str:
-    """The sampler a run uses: the sampling group's ``sampler`` (``SamplingConfig``), with 'auto' resolved
-    (transformers with --use-transformers-continuous-batching, else vLLM in process when it imports)."""
-    if sampling.sampler != "auto":
-        return sampling.sampler
-    if sampling.use_transformers_continuous_batching:
-        return "transformers"
-    from llm.sampling.vllm_engine import vllm_available
+    """The kind of sampler a run uses (a key of ``SAMPLERS``): the sampling group's ``sampler`` (``SamplingConfig``),
+    a transformers mode (--use-transformers-continuous-batching, --cache-implementation static) choosing the
+    transformers sampler where it is 'auto', else vLLM in process when it imports. The one place this is decided."""
+    kind = sampling.sampler
+    if kind == "auto":
+        from llm.sampling.vllm_engine import vllm_available
 
-    return "vllm" if vllm_available() else "transformers"
+        transformers_mode = sampling.use_transformers_continuous_batching or sampling.cache_implementation == "static"
+        kind = "transformers" if transformers_mode or not vllm_available() else "vllm"
+    if kind == "transformers" and sampling.use_transformers_continuous_batching:
+        return "transformers-continuous"
+    return kind
 
 
 def sampler_class(sampling) -> type:
-    """The class of the sampler a run uses (``resolved_sampler``), whose attributes say what it is
-    (``llm.sampling.base.Sampler``): read before the sampler exists (under torchrun, the start-up checks)."""
-    kind = resolved_sampler(sampling)
-    if kind == "server":
-        from llm.sampling.server import ServerSampler
+    """The class of the sampler a run uses (``resolved_sampler``), read before the sampler exists (the run's plan)."""
+    import importlib
 
-        return ServerSampler
-    if kind == "vllm":
-        from llm.sampling.vllm_engine import VLLMSampler
-
-        return VLLMSampler
-    if sampling.use_transformers_continuous_batching:
-        from llm.sampling.hf_continuous import ContinuousBatchingSampler
-
-        return ContinuousBatchingSampler
-    return TransformersSampler
+    module, name = SAMPLERS[resolved_sampler(sampling)]
+    return getattr(importlib.import_module(module), name)
 
 
 def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
-    """The sampler ``config.sampling.sampler`` names ('auto': vLLM when it imports), holding alpha = the initial policy;
+    """The sampler ``config.sampling.sampler`` names ('auto': ``resolved_sampler``), holding alpha = the initial policy;
     a server holds whatever it was last sent until ``load_weights`` (``llm.step.weights.Weights.build`` sends the
     policy)."""
     kind = resolved_sampler(config.sampling)
-    if kind in ("vllm", "server"):
-        check_vllm_supports(policy)
-    if kind == "server":
-        from llm.sampling.server import ServerSampler
+    return BUILDERS[kind](sampler_class(config.sampling), config, policy, tokenizer, model_path, max_prompt_tokens)
 
-        return ServerSampler(config.sampling.server_url, model_path, eos_token_id=tokenizer.eos_token_id,
-                             max_model_len=max_model_len(policy, config.sampling, max_prompt_tokens),
-                             timeout=config.sampling.server_timeout, sync_host=config.sampling.server_sync_address)
-    if kind == "vllm":
-        from llm.sampling.vllm_engine import VLLMSampler
 
-        if architecture(policy).startswith("Olmo"):
-            raise ValueError("sampler: an in-process vLLM engine breaks transformers' OLMo model in the same process "
-                             "(AttributeError 'do_not_compile'); use --sampler transformers or --sampler server")
+def _server(cls, config, policy, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
+    check_vllm_supports(policy)
+    return cls(config.sampling.server_url, model_path, eos_token_id=tokenizer.eos_token_id,
+               max_model_len=max_model_len(policy, config.completion_budget, max_prompt_tokens),
+               timeout=config.sampling.server_timeout, sync_host=config.sampling.server_sync_address)
 
-        return VLLMSampler(model_path, dtype=config.machine.dtype, seed=config.seed,
-                           max_model_len=max_model_len(policy, config.sampling, max_prompt_tokens),
-                           eos_token_id=tokenizer.eos_token_id, model_config=policy.config,
-                           sequences=window_completions(config), group=config.sampling.num_generations,
-                           prompt_tokens=max_prompt_tokens, trust_remote_code=config.model.trust_remote_code,
-                           trim_memory=not config.machine.keep_freed_memory,
-                           gpu_memory_utilization=config.sampling.vllm_gpu_memory_utilization,
-                           tensor_parallel_size=config.sampling.vllm_tensor_parallel_size,
-                           enable_sleep_mode=config.sampling.vllm_enable_sleep_mode,
-                           kv_cache_bytes=int(config.sampling.vllm_kv_cache_gb * 2**30))
-    if config.sampling.use_transformers_continuous_batching:
-        from llm.sampling.hf_continuous import ContinuousBatchingSampler
 
-        return ContinuousBatchingSampler(policy, tokenizer.eos_token_id, tokenizer.pad_token_id)
-    return TransformersSampler(policy, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                               batch_size=config.machine.per_device_train_batch_size,
-                               share_prompts=config.machine.share_prompts,
-                               cache_implementation=config.sampling.cache_implementation,
-                               prompt_width=max_prompt_tokens)
+def _vllm(cls, config, policy, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
+    check_vllm_supports(policy)
+    if architecture(policy).startswith("Olmo"):
+        raise ValueError("sampler: an in-process vLLM engine breaks transformers' OLMo model in the same process "
+                         "(AttributeError 'do_not_compile'); use --sampler transformers or --sampler server")
+    return cls(model_path, dtype=config.machine.dtype, seed=config.seed,
+               max_model_len=max_model_len(policy, config.completion_budget, max_prompt_tokens),
+               eos_token_id=tokenizer.eos_token_id, model_config=policy.config,
+               sequences=window_completions(config), group=config.sampling.num_generations,
+               prompt_tokens=max_prompt_tokens, trust_remote_code=config.model.trust_remote_code,
+               trim_memory=not config.machine.keep_freed_memory,
+               gpu_memory_utilization=config.sampling.vllm_gpu_memory_utilization,
+               tensor_parallel_size=config.sampling.vllm_tensor_parallel_size,
+               enable_sleep_mode=config.sampling.vllm_enable_sleep_mode,
+               kv_cache_bytes=int(config.sampling.vllm_kv_cache_gb * 2**30))
+
+
+def _continuous(cls, config, policy, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
+    return cls(policy, tokenizer.eos_token_id, tokenizer.pad_token_id)
+
+
+def _transformers(cls, config, policy, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
+    return cls(policy, tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size=config.machine.per_device_train_batch_size,
+               share_prompts=config.machine.share_prompts, cache_implementation=config.sampling.cache_implementation,
+               prompt_width=max_prompt_tokens)
+
+
+#: How each kind of ``SAMPLERS`` is built from the run's config.
+BUILDERS = {"transformers": _transformers, "transformers-continuous": _continuous, "vllm": _vllm, "server": _server}
 
 
 def window_completions(config) -> int:
@@ -103,13 +108,13 @@ def window_completions(config) -> int:
     return config.sync.steps_per_call * prompts * config.sampling.num_generations
 
 
-def max_model_len(model: torch.nn.Module, sampling, max_prompt_tokens: int) -> int:
-    """Longest sequence the engine must hold: the longest prompt plus the sampling group's completion budget."""
+def max_model_len(model: torch.nn.Module, completion_budget: int, max_prompt_tokens: int) -> int:
+    """Longest sequence the engine must hold: the longest prompt plus the run's completion budget."""
     limit = int(getattr(model.config, "max_position_embeddings", 1 << 20))
-    need = max_prompt_tokens + sampling.max_completion_length
+    need = max_prompt_tokens + completion_budget
     if need > limit:
         raise ValueError(f"max_completion_length: the longest prompt ({max_prompt_tokens} tokens) plus "
-                         f"{sampling.max_completion_length} generated exceed the model's {limit} positions; "
+                         f"{completion_budget} generated exceed the model's {limit} positions; "
                          "shorten the prompts or lower it")
     return need
 

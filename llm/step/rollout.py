@@ -92,7 +92,7 @@ class RolloutWindow:
         idx = self.task.sample(rng, cfg.sampling.prompts_per_step).tolist()
         t0 = time.perf_counter()
         roll = self.sampler.generate([self.prompt_tokens[i] for i in idx], cfg.sampling.num_generations,
-                                     cfg.sampling.max_completion_length, cfg.sampling.temperature,
+                                     cfg.completion_budget, cfg.sampling.temperature,
                                      step_seed(cfg.seed, step) + 7919 * round_, token_filter=cfg.sampling.token_filter,
                                      **self._rows(idx))
         self._calls.append((sum(map(len, roll.completion_ids)), time.perf_counter() - t0))
@@ -129,7 +129,7 @@ class RolloutWindow:
         idx = [i for s in steps for part in prompts[s] for i in part]
         t0 = time.perf_counter()
         sampling = cfg.sampling
-        roll = self.sampler.generate([self.prompt_tokens[i] for i in idx], G, sampling.max_completion_length,
+        roll = self.sampler.generate([self.prompt_tokens[i] for i in idx], G, cfg.completion_budget,
                                      sampling.temperature, step_seed(cfg.seed, w0), token_filter=sampling.token_filter,
                                      **self._rows(idx))
         self._calls.append((sum(map(len, roll.completion_ids)), time.perf_counter() - t0))

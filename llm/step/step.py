@@ -31,7 +31,7 @@ from llm.core.passes import Passes
 from llm.evaluation import EvalSpec, evaluate
 from llm.evaluation.test_set import improvement_bounds
 from llm.optim import Objective, Schedule, optimise
-from llm.sampling import Rollout, sampler_class
+from llm.sampling import Rollout
 from llm.step.behaviour import Behaviour, alpha_logprobs, sampler_logprobs
 from llm.step.clock import SyncClock, Tick
 from llm.step.diagnose import Heldout, diagnose, heldout_before_update, heldout_estimates, insample_estimates
@@ -73,6 +73,7 @@ class Run:
     start: int
     device: torch.device
     schedule: Schedule
+    sampler_class: type  # the sampler's class (the run's plan): what it is, on every rank
     eval_initial: dict = field(default_factory=dict)  # the first evaluation's per-prompt accuracies (the certificate's)
     eval_looks: int = 0  # evaluations after the first so far: the run certificate's looks, each spending its own level
 
@@ -134,7 +135,7 @@ def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
         if heldout is not None:
             row.update(heldout_estimates(passes, weights.policy, heldout, eps, reward_range,
                                          diagnostics.improvement_lcb_level, diagnostics.improvement_lcb_method,
-                                         diagnostics.improvement_lcb_weight_cap, config.sampling.max_completion_length,
+                                         diagnostics.improvement_lcb_weight_cap, config.completion_budget,
                                          certify=run.ranges.certifies))
         row.update(run.exact.after_update(step))
     every = config.evaluation.eval_steps
@@ -293,7 +294,7 @@ def run_evaluation(run: Run, policy_step: int) -> dict[str, float]:
     also holds the run's certificate (``eval/improvement_lcb``, ``eval/improvement_lcb_greedy``: the improvement since
     the first evaluation, paired per prompt, valid at every evaluation at once)."""
     config, weights = run.config, run.weights
-    engine = sampler_class(config.sampling).holds_own_weights  # every rank alike (under FSDP every rank calls this)
+    engine = run.sampler_class.holds_own_weights  # every rank alike (under FSDP every rank calls this)
     if engine and weights.ranks.main:
         run.rollouts.wait()  # the background generation uses the sampler's weights until it is done
     with weights.policy_in_sampler(engine, swap=policy_step > 0) as policy:

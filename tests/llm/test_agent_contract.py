@@ -228,9 +228,10 @@ def test_a_tools_file_that_does_not_compile_is_one_line_with_its_file_and_line(t
 
 
 def test_the_builtin_agent_task_brings_its_own_budget():
-    assert GRPOConfig(dataset="arithmetic_tools").max_completion_length == 40
-    assert GRPOConfig().max_completion_length == 6
-    assert GRPOConfig(dataset="arithmetic_tools", max_completion_length=50).max_completion_length == 50
+    assert GRPOConfig(dataset="arithmetic_tools").completion_budget == 40
+    assert GRPOConfig().completion_budget == 6
+    assert GRPOConfig(dataset="arithmetic_tools", max_completion_length=50).completion_budget == 50
+    assert GRPOConfig(dataset="arithmetic_tools").max_completion_length is None  # what was said
 
 
 def test_a_users_tool_that_fails_on_some_questions_leaves_them_without_an_accepted_episode():
@@ -301,6 +302,7 @@ def test_an_environment_holding_a_database_trains_under_the_default_timeout(tmp_
     assert not any("thread" in line for line in said)  # sqlite's "objects created in a thread can only be used..."
 
 
+@pytest.mark.slow
 def test_the_builtin_agent_task_runs_on_its_own(tmp_path):
     rows, _ = _train_env(tmp_path, "builtin", dataset="arithmetic_tools", model_name_or_path="",
                          max_completion_length=None, exact_j=True, max_steps=1)

@@ -67,9 +67,12 @@ def test_from_trl_gives_the_configs_it_gave_before():
         kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in case["kwargs"].items()}
         got = json.loads(from_trl(**kwargs).to_json())
         assert {k: got.pop(k) for k in ADDED_FIELDS} == ADDED_FIELDS, name  # the new options at their defaults
-        own = from_trl(**kwargs).declared_reward_range  # config.json records the range the guarantees read
-        assert got.pop("reward_range") == (list(own) if own is not None else None), name
+        assert got.pop("reward_range") is None, name  # config.json records what was said (none was)
         want = dict(case["config"])
+        if kwargs.get("max_completion_length") is None:  # the snapshot recorded the task's budget it resolved
+            assert got["max_completion_length"] is None, name
+            assert from_trl(**kwargs).completion_budget == want["max_completion_length"], name
+            want["max_completion_length"] = None
         for k, (then, now) in CHANGED_DEFAULTS.items():
             assert want[k] == then and got[k] == now, name
             want[k] = now

@@ -31,6 +31,7 @@ def _prompts(tok):
     return [tok(f"{a}+{b}=").input_ids for a, b in [(12, 34), (5, 7), (40, 41), (3, 99)]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature,token_filter", [(1.0, NO_FILTER), (0.7, TokenFilter(top_k=5)),
                                                       (1.3, TokenFilter(top_p=0.8)),
                                                       (0.9, TokenFilter(top_k=6, top_p=0.9, min_p=0.05))])
@@ -49,6 +50,7 @@ def test_every_drawn_tokens_log_alpha_equals_the_trainers_recomputation(policy, 
     assert len({tuple(c) for c in roll.completion_ids}) > 4  # sampled, not one completion repeated
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("token_filter,cells", [(NO_FILTER, 4), (TokenFilter(top_p=0.9), 4),
                                                 (TokenFilter(top_k=3, min_p=0.05), 3)])
 def test_the_draws_follow_the_reported_distribution(policy, token_filter, cells):
@@ -70,6 +72,7 @@ def test_a_stored_generation_config_does_not_act(tmp_path):
     assert model.generation_config.top_k == 3
 
 
+@pytest.mark.slow
 def test_the_seed_fixes_the_sample_and_leaves_the_trainers_generator_alone(policy):
     model, tok = policy
     sampler = ContinuousBatchingSampler(model, tok.eos_token_id, tok.pad_token_id)
@@ -91,6 +94,7 @@ def test_greedy_takes_the_plain_samplers_tokens(policy):
         assert max(abs(u - v) for u, v in zip(x, y)) <= SYNC_ATOL
 
 
+@pytest.mark.slow
 def test_syncs_reach_it(policy):
     """A perturbed policy is stale in the sampler until synced, then matches; the start-up probe passes."""
     model, tok = policy
@@ -107,7 +111,7 @@ def test_syncs_reach_it(policy):
 
 
 def test_the_option_is_trls_and_is_refused_beside_another_sampler():
-    assert resolved_sampler(GRPOConfig(use_transformers_continuous_batching=True).sampling) == "transformers"
+    assert resolved_sampler(GRPOConfig(use_transformers_continuous_batching=True).sampling) == "transformers-continuous"
     assert translate_trl_args(["--use-transformers-paged"]) == ["--use-transformers-continuous-batching"]
     assert translate_trl_args(["--no-use-transformers-paged"]) == ["--no-use-transformers-continuous-batching"]
     assert from_trl(use_transformers_paged=True).use_transformers_continuous_batching

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from llm.config import GRPOConfig
+from llm.run.plan import reward_range_origin
 
 RUN = dict(sampler="transformers", max_steps=3, progress=False, logging_steps=100, prompts_per_step=4,
            num_generations=4, max_completion_length=6, eval_steps=0)
@@ -82,31 +83,32 @@ def _train(tmp_path, name, **kw):
 
 
 def test_the_range_is_the_declaration_or_the_sources_own_never_the_data():
-    assert GRPOConfig().declared_reward_range == (0.0, 1.0)  # the built-in task's check
-    assert GRPOConfig(reward_fn="m:f").declared_reward_range == (0.0, 1.0)  # a text reward, checked to [0, 1]
+    def own(**kw):
+        return reward_range_origin(GRPOConfig(**kw)).range
+
+    assert own() == (0.0, 1.0)  # the built-in task's check
+    assert own(reward_fn="m:f") == (0.0, 1.0)  # a text reward, checked to [0, 1]
     overlong = dict(reward_funcs=("soft_overlong_punishment",), soft_punish_cache=2)
-    assert GRPOConfig(**overlong).declared_reward_range == (-1.0, 0.0)
-    assert GRPOConfig(**overlong, reward_weights=(0.5,)).declared_reward_range == (-0.5, 0.0)
-    assert GRPOConfig(reward_funcs=("m:f",)).declared_reward_range is None  # TRL's: declares nothing
-    assert GRPOConfig(reward_funcs=("m:f", "soft_overlong_punishment"), soft_punish_cache=2,
-                      reward_range=(-1, 1)).declared_reward_range == (-1.0, 1.0)
-    assert GRPOConfig(environment_factory="m:Env", dataset="d.jsonl").declared_reward_range is None
+    assert own(**overlong) == (-1.0, 0.0)
+    assert own(**overlong, reward_weights=(0.5,)) == (-0.5, 0.0)
+    assert own(reward_funcs=("m:f",)) is None  # TRL's: declares nothing
+    assert own(reward_funcs=("m:f", "soft_overlong_punishment"), soft_punish_cache=2, reward_range=(-1, 1)) == (-1.0, 1.0)
+    assert own(environment_factory="m:Env", dataset="d.jsonl") is None
     with pytest.raises(ValueError, match=r"reward_range: \[0, 1\] does not hold the range its sources return, "
                                          r"\[-1, 0\]"):
-        GRPOConfig(**overlong, reward_range=(0, 1))
+        own(**overlong, reward_range=(0, 1))
     for bad in ((1, 0), (0, math.inf), (0,)):
         with pytest.raises(ValueError, match="reward_range"):
             GRPOConfig(reward_range=bad)
-    assert json.loads(GRPOConfig().to_json())["reward_range"] == [0.0, 1.0]  # config.json records it
+    assert json.loads(GRPOConfig().to_json())["reward_range"] is None  # config.json records what was said
     assert json.loads(GRPOConfig(reward_funcs=("m:f",)).to_json())["reward_range"] is None
 
 
 def test_the_soft_overlong_punishment_pays_within_its_own_range():
-    from llm.config.ranges import BUILTIN_FUNCTION_RANGES
     from llm.rewards import SoftOverlongPunishment
 
     fn = SoftOverlongPunishment(8, 4)
-    lo, hi = BUILTIN_FUNCTION_RANGES["soft_overlong_punishment"]
+    lo, hi = SoftOverlongPunishment.reward_range
     values = fn(completion_ids=[[0] * n for n in range(0, 12)])
     assert min(values) == lo and max(values) == hi
 
@@ -261,6 +263,7 @@ def test_the_report_says_abstained_where_every_certificate_abstained():
     assert "sampled accuracy abstained, greedy abstained" in run_line and "nan" not in run_line
 
 
+@pytest.mark.slow
 def test_without_a_declared_range_the_run_trains_and_the_certificates_abstain(stepped, tmp_path):
     rows, said, _ = _train(tmp_path, "undeclared", reward_funcs=(f"{stepped}:correct",), heldout_prompts=4,
                            eval_steps=2)

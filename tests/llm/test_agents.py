@@ -225,6 +225,7 @@ def test_the_hook_does_move_the_environment_positions():
 # ---- exact J ------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_exact_j_is_the_probability_that_a_sampled_episode_succeeds():
     """Episodes sampled by the transformers sampler through the episode loop: each prompt's success count is
     consistent with Binomial(n, J) for its exact J (exact binomial test), and so is the pooled count."""
@@ -255,6 +256,7 @@ def test_exact_j_is_the_probability_that_a_sampled_episode_succeeds():
 CALL = '[{name}{{"a":3,"b":4}}]<eos>'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tool,turns,failure,answer", [
     ("fails", [CALL.format(name="fails"), "1<eos>"], "raised", "={'error': 'tool broke'}|"),
     ("hangs", [CALL.format(name="hangs"), "1<eos>"], "timed out", "tool_timeout"),
@@ -371,6 +373,7 @@ def _train(tmp_path, name, **kw):
     return read_metrics(train(GRPOConfig(output_dir=str(tmp_path / name), **{**AGENT, **kw}), log=QUIET))
 
 
+@pytest.mark.slow
 def test_the_agent_task_learns_off_policy_with_the_sync_check_on_the_policys_tokens(tmp_path):
     """v = 4 for 24 steps (the transformers sampler; vLLM's episodes: the test below): exact J rises by the margin, the
     model calls its tool, the sampler's log alpha equals the trainer's on the policy's tokens right after each sync
@@ -387,6 +390,7 @@ def test_the_agent_task_learns_off_policy_with_the_sync_check_on_the_policys_tok
     assert all(0 < r["episode/turn_ess"] <= 1 and 0 < r["tools/env_token_frac"] < 0.5 for r in lagged)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", [dict(sampler="vllm"), dict(sampler="transformers"),
                                 dict(sampler="vllm", async_generation=True),
                                 dict(sampler="transformers", use_transformers_continuous_batching=True)],

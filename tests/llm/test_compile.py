@@ -14,6 +14,8 @@ from llm.models.model import compile_blocks, frozen_copy, load_policy
 from llm.run.rundir import read_metrics
 from tests.helpers import RTOL, one_block_model_dir, same_gradient, sequences
 
+pytestmark = pytest.mark.slow  # a vLLM server or engine, torchrun or compiling: not in make test-fast
+
 
 @pytest.fixture(scope="module")
 def one_block(tmp_path_factory):

@@ -70,6 +70,7 @@ class TabularStep:
         return exact, insample, heldout
 
 
+@pytest.mark.slow
 def test_heldout_estimates_are_unbiased_and_insample_ones_are_biased_upwards():
     """Over 600 trials: the held-out improvement and TV(pi_new, alpha) estimates average to the exact values
     (within 4 standard errors); the in-sample ones exceed them by more than 4 standard errors.
@@ -113,6 +114,7 @@ def test_bound_terms_of_rewards_in_any_range_are_those_of_the_rescaled_rewards(s
         assert wide[key] == pytest.approx(want, rel=1e-9, abs=1e-12, nan_ok=True), key
 
 
+@pytest.mark.slow
 def test_a_runs_heldout_improvement_is_the_exact_improvement_within_its_standard_errors(tmp_path):
     """The held-out estimates as a run computes them (``prepare_heldout``, ``diagnose_heldout``) on the built-in task,
     whose exact improvement each step logs: over 40 steps (v = 4, 16 held-out prompts) the estimate minus the exact

@@ -17,6 +17,8 @@ from llm.models.distributed import Ranks
 from llm.run.rundir import read_metrics
 from tests.helpers import CASES, ROOT, RTOL64, optimise_case, same_gradient, same_metric, train_command
 
+pytestmark = pytest.mark.slow  # a vLLM server or engine, torchrun or compiling: not in make test-fast
+
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 #: What torchrun runs on every rank.
 MODULE = ("-m", "llm.train")

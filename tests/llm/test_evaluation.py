@@ -24,6 +24,7 @@ def tiny():
     return policy, tok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_exact_j_is_the_sampled_success_rate(tiny, temperature):
     policy, tok = tiny
@@ -42,6 +43,7 @@ def test_stored_generation_config_does_not_change_what_is_sampled(tmp_path):
     assert policy.generation_config.top_k == 3  # and is left as it was for the user's own generate()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("token_filter,cells", [(TokenFilter(top_p=0.9), 4), (TokenFilter(top_k=3, min_p=0.05), 3)])
 def test_the_transformers_sampler_draws_from_the_filtered_distribution_it_reports(tiny, token_filter, cells):
     """top-p, top-k and min-p in the transformers sampler: first tokens pass a chi-square test against the filtered
@@ -79,6 +81,7 @@ def test_maj_at_k_counts_every_subset_and_splits_ties():
     assert ks_up_to(8) == [1, 2, 4, 8] and ks_up_to(6) == [1, 2, 4, 6]
 
 
+@pytest.mark.slow
 def test_the_run_evaluations_pass_at_k_matches_the_exact_one(tiny):
     """On the built-in task, where J(pi | x) is exact: pass@k from 32 sampled completions of each of the 40 test
     prompts lies within 0.05 of 1 - (1 - J)^k averaged over them (the estimate's standard error here is ~0.01)."""
@@ -139,6 +142,7 @@ def test_the_runs_certificate_is_the_betting_bound_on_paired_differences_at_the_
         "eval/improvement_lcb_greedy"}
 
 
+@pytest.mark.slow
 def test_a_run_logs_its_certificate_at_every_evaluation_after_the_first_and_after_a_resume(tmp_path):
     """Evaluations every 2 steps of 6: eval/improvement_lcb (and _greedy) at steps 1, 3 and 5, none at step 0 (the
     first evaluation is the baseline); a run stopped after step 3 and resumed logs it at step 5 too, from the

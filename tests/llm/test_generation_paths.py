@@ -16,6 +16,8 @@ from llm.models.tiny import tiny_model_dir
 from llm.sampling.hf_generate import TransformersSampler
 from tests.helpers import SYNC_ATOL
 
+pytestmark = pytest.mark.slow  # a vLLM server or engine, torchrun or compiling: not in make test-fast
+
 
 @pytest.fixture(scope="module")
 def policy():

@@ -98,6 +98,7 @@ def step_rows(logs: Logs) -> list[dict]:
 # ---- TRL's run is the same run -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_watch_leaves_trls_loss_rewards_and_logs_the_same_step_for_step(tmp_path):
     """Two generations, each trained over 4 optimiser steps (steps_per_generation 2, num_iterations 2), held-out
     prompts sampled between TRL's own draws: TRL's every logged number is the same, bit for bit; every step also
@@ -218,6 +219,7 @@ def test_the_held_out_samplers_log_alpha_is_the_policys_own_at_lag_0(tmp_path):
     assert diff < 1e-5 and s.mask.sum() > 0
 
 
+@pytest.mark.slow
 def test_trls_bf16_autocast_shows_as_engine_mismatch_at_lag_0(tmp_path):
     """TRL's default ``bf16=True`` runs every forward under bfloat16 autocast: ``generate``'s cached step-by-step decode
     and the loss's full-sequence forward round differently, so at lag 0, where TRL's importance weight is 1 by
@@ -242,6 +244,7 @@ def test_trls_bf16_autocast_shows_as_engine_mismatch_at_lag_0(tmp_path):
 # ---- the declared range -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_reward_outside_the_declared_range_voids_its_certificates_and_training_goes_on(tmp_path):
     """A declaration found wrong at step 2: the line says so, every later row carries bound/certificates_void, the
     summary counts no certificate, and TRL trains to the end, its logs as without the watcher."""
@@ -319,6 +322,7 @@ def test_watch_refuses_what_is_not_a_trainer_and_a_second_watch(tmp_path):
         watch(t)
 
 
+@pytest.mark.slow
 def test_an_error_inside_the_watcher_is_one_line_and_trl_trains_on_unchanged(tmp_path, monkeypatch):
     import llm.integrations.watcher as plugin
 
@@ -366,6 +370,7 @@ def test_with_tools_only_the_policys_tokens_enter_the_readings(tmp_path):
 # ---- an engine that never received the weights ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_sync_check_flags_a_bf16_engine_whose_weights_never_change_beside_an_fp32_trainer(tmp_path):
     """martingale's first real run: a float32 trainer beside a bfloat16 engine whose policy never moved, because the
     trainer's small updates were lost to bf16's spacing. Here the engine receives each sync as the change since the
@@ -390,6 +395,7 @@ def test_the_sync_check_flags_a_bf16_engine_whose_weights_never_change_beside_an
     assert faulty.offpolicy_watch.warnings.check.metric == "sampling/logp_diff_mean"  # the engine's bf16: bf16's rule
 
 
+@pytest.mark.slow
 def test_a_lora_run_is_watched_and_trains_as_without(tmp_path):
     """TRL with a LoRA adapter (peft_config): the sampler's log-probs are recorded through the PEFT model's generate,
     TRL's logs are the same with and without the watcher, and the stale steps read a TV above the lag-0 floor."""
@@ -432,6 +438,7 @@ def async_run(tmp_path, watched=None, **kwargs):
     return t, logs
 
 
+@pytest.mark.slow
 def test_async_grpo_logs_each_steps_lag_tv_and_ess_and_its_own_logs_stay_the_same(tmp_path):
     """TRL's AsyncGRPOTrainer (its own loop, packing, loss and staleness accounting; a CPU rollout worker, weight
     transfer and tree attention stand in for vLLM, NCCL and flash-attention 3: tests/llm/trl_harness.py): every
@@ -514,6 +521,7 @@ def test_async_grpo_readings_are_our_estimators_on_each_samples_own_forward(tmp_
             assert row[key] == pytest.approx(ours[key], rel=1e-4, abs=1e-6), key
 
 
+@pytest.mark.slow
 def test_with_top_p_and_top_k_pi_k_and_alpha_are_both_on_the_samplers_kept_set(tmp_path):
     """TRL's trainer-side log-probs are the unfiltered softmax's while its sampler draws from the top-k/top-p kept
     set, so at lag 0 TRL's own pi/alpha is not 1. The watcher reads both on the kept set (pi_k by this project's

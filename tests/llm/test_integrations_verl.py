@@ -144,6 +144,7 @@ def _verls_own(row):
     return {k: v for k, v in row.items() if not k.startswith(OURS) and k not in ("mfu", "perf/cpu_memory_used_gb")}
 
 
+@pytest.mark.slow
 def test_verls_loss_metrics_and_weights_are_the_same_with_and_without_the_watcher(H, tmp_path):
     plain, plain_metrics, _ = _run(H, False)
     watched, watched_metrics, lines = _run(H, True, summary_file=str(tmp_path / "s.json"))
@@ -157,6 +158,7 @@ def test_verls_loss_metrics_and_weights_are_the_same_with_and_without_the_watche
     assert not any("WARNING" in line or "stopped" in line for line in lines), lines
 
 
+@pytest.mark.slow
 def test_each_optimiser_step_of_an_update_logs_its_lag_and_the_table_pools_them(H, tmp_path):
     worker, metrics, lines = _run(H, True, summary_file=str(tmp_path / "s.json"))
     for row in metrics:  # 2 mini-batches x 2 epochs: 4 optimiser steps, lags 0..3, every update
@@ -207,6 +209,7 @@ def test_the_readings_are_this_projects_estimators_on_verls_own_tensors(H, tmp_p
             assert row[key][step] == pytest.approx(expected[key], rel=1e-5, abs=1e-9), (step, key)
 
 
+@pytest.mark.slow
 def test_an_engine_that_never_receives_the_weights_is_flagged_at_lag_0(H):
     from llm.models.tiny import tiny_model_dir
 
@@ -223,6 +226,7 @@ def test_without_rollout_log_probs_one_line_says_what_alpha_is_read_as(H):
     assert "tv/engine_mismatch" not in metrics[0] and "sampling/logp_diff_max" not in metrics[0]
 
 
+@pytest.mark.slow
 def test_an_error_inside_the_watcher_is_one_line_and_verl_trains_on_unchanged(H, monkeypatch):
     plain, plain_metrics, _ = _run(H, False, steps=2)
 
@@ -333,6 +337,7 @@ def test_a_batch_without_uid_or_with_a_nan_log_prob_is_said_in_one_line_each(H):
                                           "sampling/logp_diff_mean") for v in row[k])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine_dtype", ["float16", "float32"])
 def test_the_sync_check_takes_bfloat16s_rule_where_the_actor_autocasts_to_it(H, engine_dtype):
     """verl's FSDP actor computes log-probs under bfloat16 autocast by default, so even a float32 engine is read

@@ -183,6 +183,7 @@ def test_the_scaled_head_equals_autograd_through_the_plain_head(dtype, rows, tem
         assert same_gradient(a, b, rtol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("token_filter", [TokenFilter(top_p=0.5), TokenFilter(top_k=40),
                                           TokenFilter(top_k=200, top_p=0.9, min_p=0.01)])
 @pytest.mark.parametrize("rows", [1000, 70])

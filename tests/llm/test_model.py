@@ -82,6 +82,7 @@ def test_a_lora_run_trains_only_the_adapters_and_saves_them(tmp_path):
         torch.testing.assert_close(state[key], ckpt["policy"][key], rtol=0, atol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_the_vllm_sampler_receives_merged_weights(tmp_path):
     """v = 2 with adapters that train: after each sync the vLLM engine's log-probs of its own samples equal the

@@ -109,6 +109,7 @@ def test_rows_of_the_dense_mask_fallback_hold_every_sequence_once_and_are_balanc
         assert pos[r, col:].tolist() == list(range(ids.shape[1] - col))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss_type,ratio_level,mask", CASES[:4])
 def test_a_packed_optimiser_step_equals_the_padded_step(loss_type, ratio_level, mask):
     """``optimise`` over packed passes (in micro-batches of 4 and in one pass): the two inner steps' gradients, the

@@ -17,6 +17,7 @@ def smollm2():
     return smollm2_dir(log=lambda *a: None)
 
 
+@pytest.mark.slow
 def test_the_gguf_file_becomes_a_model_that_knows_things(smollm2, tmp_path):
     """The converted directory loads as an ordinary Llama model with its chat template, and greedy decoding of a
     chat question gives the answer the model is known for; a directory holding the GGUF file alone stands for the

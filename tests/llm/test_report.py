@@ -90,6 +90,7 @@ def test_plot_runs_writes_the_figures_the_metrics_allow(tmp_path):
         plot_runs([tmp_path / "missing"], tmp_path / "x")
 
 
+@pytest.mark.slow
 def test_the_command_line_on_real_runs(tmp_path):
     """Two short runs of the trainer (v = 1 and v = 2, held-out prompts, evaluation): the command prints both
     summaries and writes the four figures; a directory that is not a run is one line and exit 2."""

@@ -23,6 +23,7 @@ def _config(tmp_path, name, **kw):
     return GRPOConfig(**base | kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("v", [2, 3])
 def test_the_logged_lag_is_the_age_of_the_weights_that_generated_the_samples(tmp_path, monkeypatch, v):
     """Each generation call is tagged with the sampler's weights at that moment and each step with the policy's
@@ -78,6 +79,7 @@ def test_exact_j_rises_with_asynchronous_generation(tmp_path):
     assert max(r["lag"] for r in rows) == 3 and np.mean([r["tv/pi_k_alpha"] > 0 for r in rows[4:]]) == 1.0
 
 
+@pytest.mark.slow
 def test_the_sync_check_of_each_window_catches_a_sampler_left_stale(tmp_path, monkeypatch, capsys):
     """Without the token-level TV diagnostics the check is one group's forward of alpha per window: it agrees with
     the sampler when the syncs arrive, and reports every later window once the sampler stops receiving them."""
@@ -154,6 +156,7 @@ def _dynamic_sampling_draws(reps: int, P: int, G: int, max_rounds: int, seed: in
     return np.array(logged), np.array(pooled), np.array(tv_batch), j, tv
 
 
+@pytest.mark.slow
 def test_dynamic_samplings_logged_reward_is_unbiased_and_the_pooled_one_and_the_batch_tv_are_not():
     """The bias of each estimate with and without filtering, measured over 6,000 steps of P = 4, G = 4 on a table
     (J(alpha) = 0.79, TV(pi_k, alpha) = 0.1025; measured: the first round 0.786 ± 0.002, pooled 0.771 ± 0.001, the

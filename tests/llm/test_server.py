@@ -25,7 +25,7 @@ from llm.run.rundir import read_metrics
 from llm.sampling.vllm_engine import vllm_available
 from tests.helpers import LEARNING_MARGIN, ROOT, SYNC_ATOL, long_prompts, max_logp_gap, perturb
 
-pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]
 
 
 #: The trainer's warning threshold (llm.run.trainer.SYNC_LOGP_TOLERANCE["float32"]); a skipped sync is far above it.

@@ -35,6 +35,7 @@ def _stopped_after_step_4_and_resumed(tmp_path, **kw) -> list[dict]:
     return read_metrics(train(cfg, log=lambda *a: None))
 
 
+@pytest.mark.slow
 def test_divergence_syncs_when_the_previous_estimate_exceeds_the_budget_and_serves_those_weights(tmp_path,
                                                                                                   monkeypatch):
     generated = tag_generations(monkeypatch)
@@ -63,6 +64,7 @@ def test_divergence_syncs_when_the_previous_estimate_exceeds_the_budget_and_serv
             assert r["tv/pi_k_alpha"] < 1e-4
 
 
+@pytest.mark.slow
 def test_divergence_with_a_budget_that_never_binds_is_fixed_v(tmp_path):
     """A TV never exceeds 1: with budget 1 and max_lag v - 1 the policy syncs every v steps, and the run logs what
     the fixed policy at v logs (both generating step by step)."""
@@ -89,6 +91,7 @@ def test_a_resumed_divergence_run_continues_its_clock(tmp_path):
         assert a["reward"] == b["reward"] and a["loss"] == pytest.approx(b["loss"], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_asynchronous_divergence_syncs_one_step_ahead_on_the_projected_tv(tmp_path, monkeypatch):
     """--async-generation with the divergence policy: step k + 1's completions are generated while step k trains,
     from the weights the sampler holds after step k's decision. The decision reads the projected TV of step k + 1:

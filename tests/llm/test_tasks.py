@@ -147,6 +147,7 @@ def test_trl_signature_reward_functions_are_weighted_and_logged(reward_module, t
         assert "j/pi_new" not in row
 
 
+@pytest.mark.slow
 def test_rewards_outside_unit_range_train_and_the_bound_uses_the_range_seen(reward_module, tmp_path, capsys):
     """With no declared range, rewards from -2 to 13 train; each step logs the range its bound terms used, [0, 1]
     widened to every training and held-out reward seen up to that step (both scored each step, in that order),

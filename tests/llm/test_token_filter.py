@@ -87,6 +87,7 @@ def test_alphas_filtered_sequence_distribution_sums_to_one_and_the_exact_identit
     assert sum(sizes) >= 8  # the filter leaves several completions: the sums are not trivial
 
 
+@pytest.mark.slow
 def test_sampled_estimates_match_the_exact_values_and_the_full_softmax_ratio_does_not(case):
     """1,504 completions per prompt from alpha (the transformers sampler, top-k 2 and top-p 0.9): the mean TV and
     improvement estimates with the trainer's filtered log-probs lie within 4 standard errors of their exact values;
@@ -182,6 +183,7 @@ def column_order_kept(z: torch.Tensor, f: TokenFilter) -> torch.Tensor:
     return ~drop.scatter(-1, idx, drop)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("token_filter", TIE_FILTERS)
 def test_the_kept_sets_are_vllms_and_transformers_on_bf16_logits_with_ties(token_filter):
     """1,000 rows of 8,192 bf16-rounded logits: the kept set is vLLM's own, row for row, tied tokens at the boundary

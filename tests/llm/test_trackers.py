@@ -83,6 +83,7 @@ def test_the_console_prints_a_seeded_sample_with_each_reward_functions_value(cap
     assert written == rows * 5 and shown[0] == shown[1] and len({tuple(p) for p in shown}) > 1
 
 
+@pytest.mark.slow
 def test_wandb_offline_gets_every_metric_of_every_step(tmp_path, monkeypatch):
     """The real wandb in offline mode: the run is written under <output_dir>/wandb, and the rows it was given
     (``Run.log``, wrapped and called through) are metrics.jsonl's, step for step. wandb 0.31 keeps its offline

@@ -8,6 +8,7 @@ import pytest
 PY = sys.executable
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,needle", [
     (["--num-generations", "1"], "num_generations: a group needs G >= 2"),
     (["--sync-period", "x"], "--sync-period"),
@@ -28,6 +29,7 @@ def test_cli_help_documents_fields():
         assert flag in res.stdout
 
 
+@pytest.mark.slow
 def test_the_function_stays_the_function_beside_the_command(tmp_path):
     """``from llm import train`` is the function in a process that also imported the command's code
     (``llm.commands.train``, apart from the library): nothing swaps a module's class to be callable."""
@@ -41,6 +43,7 @@ def test_the_function_stays_the_function_beside_the_command(tmp_path):
     assert "RUN " in res.stdout and (tmp_path / "run" / "metrics.jsonl").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_a_logged_run_holds_the_projects_lines_only(tmp_path):
     """``make run > log 2>&1``: the in-process engine starts without third-party warnings (vLLM's log, its import's

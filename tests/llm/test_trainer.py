@@ -94,6 +94,7 @@ def test_kl_is_not_logged_without_a_reference_model(tmp_path):
     assert not [k for k in rows[0] if k.startswith("kl")]
 
 
+@pytest.mark.slow
 def test_lag0_check_reuses_the_pi_k_forward_and_still_catches_a_skipped_sync(tmp_path):
     """Right after a sync alpha's weights are pi_k's: the sync check and log alpha come from the first inner
     step's forward, so no pass of alpha's weights runs at lag 0 (and one does at each lagged step of v = 2 with the
@@ -113,6 +114,7 @@ def test_lag0_check_reuses_the_pi_k_forward_and_still_catches_a_skipped_sync(tmp
     assert all(r["sampling/logp_diff_max"] > 1e-2 for r in rows[1:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_sync_check_tells_a_skipped_sync_from_rounding(tmp_path, capsys, dtype):
     """The dtype's sync check (``llm.core.diagnostics.SYNC_CHECKS``) with the run's rounding floor (bfloat16: the first
@@ -133,6 +135,7 @@ def test_the_sync_check_tells_a_skipped_sync_from_rounding(tmp_path, capsys, dty
     assert capsys.readouterr().out.count("may hold stale weights") == 3
 
 
+@pytest.mark.slow
 def test_insample_diagnostics_off_skips_only_the_insample_estimates(tmp_path):
     """--no-insample-diagnostics: no insample/* key and no pass of pi_{k+1} over the training batch; the unbiased
     pi_k quantities, the held-out estimates and the sync check stay. With --insample-diagnostics-steps 3 the pass runs
@@ -161,6 +164,7 @@ def test_insample_diagnostics_off_skips_only_the_insample_estimates(tmp_path):
         True, False, False, True, False]
 
 
+@pytest.mark.slow
 def test_exact_j_at_every_nth_step_and_the_last_is_the_every_step_runs_j(tmp_path):
     """--exact-j-steps 3 over 5 steps: J is measured at steps 0 and 3 and at the last step (4, whose J(pi_k) is step
     3's J(pi_{k+1})), with the values of the run that measures every step to float32 rounding (measuring draws

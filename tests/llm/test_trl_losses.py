@@ -148,6 +148,7 @@ CASES = [(lt, mode) for lt in ("cispo", "sapo", "luspo", "grpo", "dapo")
         [("vespo", "token_truncate"), ("vespo", "token_mask"), ("vespo", "none")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss_type, mode", CASES)
 @pytest.mark.parametrize("mask", [None, 0.02])
 def test_each_loss_type_and_mode_equals_trls_compute_loss_in_loss_and_gradient(tmp_path, loss_type, mode, mask):

@@ -21,6 +21,7 @@ from tests.helpers import CASES, RTOL64, SHARED_GRAD_RTOL, optimise_case, same_g
 #: 0.19% relative at step 1. A wrong split (a normaliser or a statistic per micro-batch) is off by order one.
 RUN_RTOL, RUN_ATOL = 1e-2, 1e-4
 RUN_ADAM_EPSILON = 1e-6
+@pytest.mark.slow
 @pytest.mark.parametrize("loss_type,ratio_level,mask", CASES)
 def test_accumulated_gradient_equals_the_unsplit_step(loss_type, ratio_level, mask):
     whole, whole_grads = optimise_case(loss_type, ratio_level, mask, micro_batch=0)

@@ -25,7 +25,7 @@ from tests.helpers import (
     perturb,
 )
 
-pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from tests.helpers import SYNC_ATOL, max_logp_gap, perturb
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["gloo_cpu", "local_cpu"])
 def test_weight_transfer_api_syncs_the_engine_exactly(backend):
     from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory

@@ -82,7 +82,11 @@ def test_closed_form_policy_reproduces_recursion(bandit, beta, eps):
     policies_n = closed_form_iterates(pi_ref, r, beta, eps, 10)
     p_policy = expected_reward(policies_n, r)
     p_rec = success_iterates(p_ref, beta, eps, 10)
-    assert np.max(np.abs(p_policy - p_rec)) <= 1e-10
+    # the two agree up to rounding, which the map amplifies by |h'(p)| at each step (beta = 4, eps = 1e-4 took an
+    # iterate from 0.99 to 0.0015 and back: 2e-10 apart at step 9 with every step's own rounding near 1e-16)
+    gain = np.maximum(1.0, np.abs(success_map_derivative(p_rec[:-1], p_ref, beta, eps)))
+    allowed = 1e-12 * np.concatenate([[1.0], np.cumprod(gain)]) * np.arange(1, len(p_rec) + 1)
+    assert np.all(np.abs(p_policy - p_rec) <= allowed), (np.abs(p_policy - p_rec), allowed)
 
 
 @given(p_refs, betas, epss)

@@ -238,6 +238,7 @@ def test_the_capped_improvement_estimate_is_a_lower_bound_with_its_exact_bias(se
 COVERAGE_REPS = 4000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("level", [0.95, 0.9])
 def test_the_certificate_keeps_its_level_where_the_sample_spread_bounds_break(level):
     """The worst cases of docs/theory.md §8.6 (a rare harm at -1 that a small sample misses, a zero mean carried by a

@@ -25,6 +25,7 @@ CONFIGS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_exact_bound_never_exceeds_improvement(name):
     rows = simulate(SimConfig(max_steps=150, **CONFIGS[name]))
@@ -170,6 +171,7 @@ def test_asynchronous_lag_is_the_true_age_of_the_sampling_weights(v, monkeypatch
     assert rows[-1]["tv/pi_k_alpha"] > 0  # alpha is really another policy
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("v,async_generation", [(4, False), (16, True)])
 def test_the_simulators_improvement_certificate_against_the_exact_improvement(v, async_generation):
     """Held-out estimates in the simulator, as the LLM trainer computes them, against the exact improvement of each
@@ -284,6 +286,7 @@ def test_exact_ess_is_the_limit_of_kishs_fraction_over_a_large_sample():
     assert exact_diagnostics(b, alpha, alpha, alpha, alpha, 1e-4)["ess/pi_k_alpha"] == pytest.approx(1.0, abs=1e-12)
 
 
+@pytest.mark.slow
 def test_the_frontier_table_has_every_correction_staleness_and_generation(tmp_path, capsys):
     """``python -m grpo_theory.experiments --experiment frontier`` (a short version): one row per correction, sync
     period and generation mode; its reference row (paper clip, v = 1, sync) is within one standard deviation of

@@ -37,13 +37,13 @@ $(STAMP): pyproject.toml
 LLM_RUN := --heldout-prompts 32 --eval-steps 25
 run: $(STAMP)
 	$(PY) -m grpo_theory.check
-	$(PY) -m llm.train --sync-period 4 $(LLM_RUN) --output-dir runs/arithmetic_v4
+	$(PY) -m llm train --sync-period 4 $(LLM_RUN) --output-dir runs/arithmetic_v4
 
 # The built-in agent task (docs/agents.md): the built-in agent model calls multiply, then answers; exact J at v = 4.
 AGENT_RUN := --dataset arithmetic_tools --learning-rate 2e-4 --heldout-prompts 32 \
 	--eval-steps 25
 run-agent: $(STAMP)
-	$(PY) -m llm.train --sync-period 4 $(AGENT_RUN) --output-dir runs/arithmetic_tools_v4
+	$(PY) -m llm train --sync-period 4 $(AGENT_RUN) --output-dir runs/arithmetic_tools_v4
 
 # The whole test suite (hypothesis profile `ci` when CI is set, else the quicker `dev`) on two pytest-xdist workers,
 # one thread each, whole modules, the modules that start processes of their own (vLLM server, torchrun) as one unit on
@@ -94,9 +94,9 @@ REAL_RUN := --dataset reasoning_gym:basic_arithmetic --generator-kwargs min_term
 	--prompts-per-step 8 --learning-rate 1e-5 --beta 0 --max-steps 40 --heldout-prompts 4 \
 	--eval-steps 10 --num-generations-eval 4
 run-real: $(STAMP)
-	$(PY) -m llm.train --model-name-or-path "$$($(PY) -m llm.pretrained smollm2)" $(REAL_RUN) $(REAL_SYNC) \
+	$(PY) -m llm train --model-name-or-path "$$($(PY) -m llm pretrained smollm2)" $(REAL_RUN) $(REAL_SYNC) \
 		--seed $(SEED) --output-dir runs/$(REAL_NAME)_seed$(SEED)
-	$(PY) -m llm.report runs/$(REAL_NAME)_seed$(SEED)
+	$(PY) -m llm report runs/$(REAL_NAME)_seed$(SEED)
 
 # The same run with the divergence sync policy: sync when the held-out TV(pi_k, alpha) estimate exceeds 0.25.
 # SmolLM2-135M-Instruct as an agent with a calculator (docs/results.md): a tool-capable ChatML template, 3-digit by
@@ -109,10 +109,10 @@ REAL_AGENT_RUN := --dataset runs/agent_data/multiply.jsonl --eval-dataset runs/a
 	--prompts-per-step 4 --learning-rate 1e-5 --beta 0 --max-steps 24 --heldout-prompts 4 --eval-steps 12 \
 	--num-generations-eval 4
 run-agent-real: $(STAMP)
-	$(PY) -m llm.agent_data --out runs/agent_data/multiply.jsonl --test-size 32
-	$(PY) -m llm.train --model-name-or-path "$$($(PY) -m llm.pretrained smollm2)" $(REAL_AGENT_RUN) --sync-period 4 \
+	$(PY) -m llm agent-data --out runs/agent_data/multiply.jsonl --test-size 32
+	$(PY) -m llm train --model-name-or-path "$$($(PY) -m llm pretrained smollm2)" $(REAL_AGENT_RUN) --sync-period 4 \
 		--seed $(SEED) --output-dir runs/real_smollm2_agent_seed$(SEED)
-	$(PY) -m llm.report runs/real_smollm2_agent_seed$(SEED)
+	$(PY) -m llm report runs/real_smollm2_agent_seed$(SEED)
 
 run-real-divergence:
 	$(MAKE) run-real REAL_SYNC="--sync-policy divergence --tv-budget 0.25 --max-lag 8" \
@@ -128,7 +128,7 @@ experiments: $(STAMP)
 # The paper's ablation, a v-sweep, staleness, sync policies and corrections on the built-in task, 5 seeds each, exact J
 # (155 runs of 80 steps; 115 of them took 51 min on 2 cores, docs/results.md). The frontier runs only when named.
 llm-ablation: $(STAMP)
-	$(PY) -m llm.ablation --out runs/llm_ablation
+	$(PY) -m llm ablation --out runs/llm_ablation
 
 figures: experiments
 	$(PY) figures/plot_all.py runs

@@ -4,7 +4,7 @@
     git worktree add /tmp/before 324957b                                   # the tree before the agents issue
     .venv/bin/python benchmarks/hung_calls.py --tree /tmp/before --tree .  # before and after, same machine, one run
 
-One step of ``python -m llm.train`` on the built-in agent model (transformers sampler, ``--no-exact-j``, no
+One step of ``python -m llm train`` on the built-in agent model (transformers sampler, ``--no-exact-j``, no
 evaluation): P prompts x G = 4 episodes of questions a*b, an environment whose ``multiply`` never returns when a is 7
 (``--hung`` questions of the P), ``--tool-timeout`` seconds. The environment scores by its ``reward`` attribute, which
 every tree reads. Prints each tree's generation phase (``time/generate``), the whole step, the hung calls and the

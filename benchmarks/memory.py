@@ -1,6 +1,6 @@
 """Memory benchmark: ``make benchmark-memory`` (``.venv/bin/python benchmarks/memory.py``).
 
-Part 1, what a user runs: peak resident memory of ``python -m llm.train`` (1 step, transformers sampler, float32)
+Part 1, what a user runs: peak resident memory of ``python -m llm train`` (1 step, transformers sampler, float32)
 on a Qwen2-shaped model with Qwen2.5's 151,936-token vocabulary and hidden size 64 (weights ~10M parameters, so
 the activations and logits dominate), against prompts per step, completion length and micro-batch size
 (``--per-device-train-batch-size``). Each run is its own process; its peak is the kernel's VmHWM.
@@ -335,7 +335,7 @@ def main() -> int:
         if args.freed_memory_ceiling is not None:
             extra["freed_memory_ceiling"] = args.freed_memory_ceiling
             flags += f", --freed-memory-ceiling {args.freed_memory_ceiling:g}"
-        print(f"part 1: peak memory of python -m llm.train ({args.steps} step(s), G = 8, float32, beta 0.04, "
+        print(f"part 1: peak memory of python -m llm train ({args.steps} step(s), G = 8, float32, beta 0.04, "
               f"{args.sampler} sampler{flags})\n"
               f"on a Qwen2 with {VOCAB:,} tokens and hidden 64; code from {args.code}\n")
         print("| prompts/step | completion tokens | per_device_train_batch_size | TV diagnostics | peak GB | s |")

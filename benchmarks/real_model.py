@@ -69,7 +69,7 @@ def main() -> int:
     ap.add_argument("--skip-trl-kept", action="store_true",
                     help="skip TRL's second row per dtype, with glibc keeping freed memory as our trainer does")
     ap.add_argument("--server", action="store_true",
-                    help="add a float32 row with vLLM's server in its own process (python -m llm.serve), "
+                    help="add a float32 row with vLLM's server in its own process (python -m llm serve), "
                          "diagnostics off")
     ap.add_argument("--compile", action="store_true",
                     help="add a row per dtype with the trainer's --compile (each decoder block compiled), diagnostics "
@@ -106,7 +106,7 @@ def main() -> int:
         if dtype == "float32" and args.server:
             from llm.sampling.launch import ServeConfig, ServerProcess
 
-            print("  starting vLLM's server for SmolLM2 (python -m llm.serve)", flush=True)
+            print("  starting vLLM's server for SmolLM2 (python -m llm serve)", flush=True)
             longest = max(map(len, work.prompt_ids))
             with ServerProcess(ServeConfig(model=str(model_dir), port=0, dtype=dtype,
                                            max_model_len=longest + work.max_tokens),

@@ -340,7 +340,7 @@ def main() -> int:
     if not args.skip_server:
         from llm.sampling.launch import ServeConfig, ServerProcess
 
-        print("  starting vLLM's server for the benchmark model (python -m llm.serve)", flush=True)
+        print("  starting vLLM's server for the benchmark model (python -m llm serve)", flush=True)
         with ServerProcess(ServeConfig(model=str(model_dir), port=0, dtype=args.dtype, max_model_len=128),
                            log=lambda *a: None, log_file=out / "server.log") as server:
             for v in (1, 4, 10):

@@ -89,7 +89,7 @@ def main() -> int:
         if args.model == "smollm2":
             import subprocess
 
-            model_dir = subprocess.run([sys.executable, "-m", "llm.pretrained", "smollm2"], capture_output=True,
+            model_dir = subprocess.run([sys.executable, "-m", "llm", "pretrained", "smollm2"], capture_output=True,
                                        text=True, check=True).stdout.strip().splitlines()[-1]
             prompts = [[{"role": "user", "content": f"{p} Reply with the number only."}] for p in task.prompts]
             shape = dict(batch=32, generations=8, max_tokens=32)

@@ -1,7 +1,7 @@
 """A TRL 1.16 GRPO script as a TRL user writes it, with this project's readings added by two lines (marked below).
 
     .venv/bin/python examples/trl_watch.py                     # the built-in tiny model and arithmetic task, ~1 minute
-    .venv/bin/python examples/trl_watch.py --model "$(.venv/bin/python -m llm.pretrained smollm2)" --max-steps 8
+    .venv/bin/python examples/trl_watch.py --model "$(.venv/bin/python -m llm pretrained smollm2)" --max-steps 8
 
 Each generation is trained over steps_per_generation x num_iterations optimiser steps, so most steps train on
 completions drawn by an older policy (lag 1, 2, 3): the log shows TV(pi_k, alpha), its standard error and the

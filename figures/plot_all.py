@@ -1,7 +1,7 @@
 """Regenerate every figure: ``make figures`` (or ``python figures/plot_all.py``).
 
 Inputs (run directories) come from ``python -m grpo_theory.experiments --out runs/bandit`` and,
-for the LLM figure, from ``python -m llm.train --output-dir runs/arithmetic_v1`` and ``... runs/arithmetic_v4
+for the LLM figure, from ``python -m llm train --output-dir runs/arithmetic_v1`` and ``... runs/arithmetic_v4
 --sync-period 4`` (skipped if absent). Closed-form curves (penalty weight, success amplification)
 are evaluated with the package's own functions. PNGs are written next to this file.
 """

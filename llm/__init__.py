@@ -1,4 +1,4 @@
-"""Off-policy GRPO on causal language models: ``train(GRPOConfig(...))`` or ``python -m llm.train``."""
+"""Off-policy GRPO on causal language models: ``train(GRPOConfig(...))`` or ``python -m llm train``."""
 
 from llm.config import GRPOConfig
 

@@ -15,5 +15,5 @@ quantity (pi_k/alpha, the clip, the TV distances, the bound's terms, the exact J
 - ``llm.agents.setup``: the run's agent from its config, checked at start-up.
 
 The built-in agent task is a task (``llm.tasks.arithmetic_tools``), its reward functions rewards
-(``llm.rewards.agents``), its data command a command (``python -m llm.agent_data``).
+(``llm.rewards.agents``), its data command a command (``python -m llm agent-data``).
 """

@@ -1,5 +1,5 @@
 """The paper's GRPO ablation and a sweep over v, on the built-in task and tiny model, with exact J:
-``python -m llm.ablation`` (``make llm-ablation``).
+``python -m llm ablation`` (``make llm-ablation``).
 
 - ablation: on-policy (v=1, i=1, no mask), on-policy + zero-variance mask, off-policy (v=10, i=1) and
   sample reuse (v=1, i=10), both with the mask (the paper's GSM8K configurations, in miniature);

@@ -1,4 +1,4 @@
-"""What a run did, from its ``metrics.jsonl`` only: ``python -m llm.report RUN_DIR [RUN_DIR ...]``.
+"""What a run did, from its ``metrics.jsonl`` only: ``python -m llm report RUN_DIR [RUN_DIR ...]``.
 
 ``summarise`` is a short text summary of one run (first and last steps of the main metrics, the exact and
 estimated improvement, the evaluation on the test prompts); ``make run`` prints it. ``spread`` is where several runs

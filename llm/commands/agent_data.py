@@ -1,4 +1,4 @@
-"""``python -m llm.agent_data OUT.jsonl``: a multiplication task for a pretrained model with a calculator tool.
+"""``python -m llm agent-data OUT.jsonl``: a multiplication task for a pretrained model with a calculator tool.
 
 Rows in TRL's format: ``prompt`` ("What is 347 * 28? ...") and ``answer`` (the product). Three-digit by two-digit
 factors, so that a small model cannot multiply in its head and gains by calling ``multiply`` (``llm.tasks.arithmetic_tools``,
@@ -18,7 +18,7 @@ import numpy as np
 from runkit.cli import parse
 from runkit.validation import require
 
-PROG = "python -m llm.agent_data"
+PROG = "python -m llm agent-data"
 QUESTION = ('What is {a} * {b}? Call the multiply tool by writing <tool_call>{{"name": "multiply", "arguments": '
             '{{"a": {a}, "b": {b}}}}}</tool_call>, then reply with the product only.')
 

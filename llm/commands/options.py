@@ -1,5 +1,5 @@
 """docs/options.md, written from ``GRPOConfig`` itself: every option, its default and its docstring, under the group
-that holds it (``llm.config``). ``python -m llm.options > docs/options.md`` rewrites the page; a test fails when the
+that holds it (``llm.config``). ``python -m llm options > docs/options.md`` rewrites the page; a test fails when the
 page and the config disagree."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from llm.config import GROUPS, GRPOConfig, flat_fields
 
 HEADER = """# Options
 
-Every field of `llm.GRPOConfig` is an option of `python -m llm.train` (`--field-name value`, booleans as
-`--field-name` / `--no-field-name`); `python -m llm.train --help` prints the same text. A bad value is one line
+Every field of `llm.GRPOConfig` is an option of `python -m llm train` (`--field-name value`, booleans as
+`--field-name` / `--no-field-name`); `python -m llm train --help` prints the same text. A bad value is one line
 naming the field. Names are TRL's where the concept is the same ([trl.md](trl.md)). In Python the fields sit in the
 groups below (`config.optim.learning_rate`, each group checking its own fields); the command line, `from_trl`,
 `GRPOConfig(learning_rate=...)`, `config.learning_rate` and config.json keep them flat. Options marked *resumable* may
-change when a run resumes. This page is written by `python -m llm.options > docs/options.md`.
+change when a run resumes. This page is written by `python -m llm options > docs/options.md`.
 """
 
 
@@ -64,7 +64,7 @@ def markdown() -> str:
     return "\n".join(parts) + "\n"
 
 
-PROG = "python -m llm.options"
+PROG = "python -m llm options"
 
 
 def main(args: list[str] | None = None) -> int:

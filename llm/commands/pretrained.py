@@ -1,4 +1,4 @@
-"""``python -m llm.pretrained smollm2``: print the SmolLM2-135M-Instruct model directory, converting the installed
+"""``python -m llm pretrained smollm2``: print the SmolLM2-135M-Instruct model directory, converting the installed
 GGUF file once (``llm.models.pretrained``)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import sys
 
 from llm.models.pretrained import smollm2_dir
 
-PROG = "python -m llm.pretrained"
+PROG = "python -m llm pretrained"
 
 
 def main(args: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Command line of the run report, ``python -m llm.report RUN_DIR [RUN_DIR ...]``: parses ``ReportArgs``, then prints
+"""Command line of the run report, ``python -m llm report RUN_DIR [RUN_DIR ...]``: parses ``ReportArgs``, then prints
 each run's summary and writes the figures (``llm.analysis.report``)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from runkit.validation import require
 
 from llm.analysis.report import plot_runs, spread, summarise
 
-PROG = "python -m llm.report"
+PROG = "python -m llm report"
 
 
 @dataclasses.dataclass

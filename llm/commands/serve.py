@@ -1,4 +1,4 @@
-"""Command line of the lagged inference server, ``python -m llm.serve [--model MODEL]``: parses ``ServeConfig``, then runs
+"""Command line of the lagged inference server, ``python -m llm serve [--model MODEL]``: parses ``ServeConfig``, then runs
 vLLM's server until it is stopped (``llm.sampling.launch``)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from runkit.cli import RunError, parse
 from llm.sampling import launch
 from llm.sampling.launch import ServeConfig, ServerProcess
 
-PROG = "python -m llm.serve"
+PROG = "python -m llm serve"
 
 
 def _interrupt(signum, frame):
@@ -41,7 +41,7 @@ def main(args: list[str] | None = None) -> int:
     print(f"starting vLLM's server for {server.model_path} at {server.url} (waiting for /health)", flush=True)
     try:
         server.start()
-        print(f"ready: {server.url}\n  train against it with: python -m llm.train --sampler server --server-url "
+        print(f"ready: {server.url}\n  train against it with: python -m llm train --sampler server --server-url "
               f"{server.url}" + (f" --model-name-or-path {config.model}" if config.model else ""), flush=True)
         code = server.proc.wait()
     except RuntimeError as exc:

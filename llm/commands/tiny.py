@@ -1,4 +1,4 @@
-"""The recipe of the built-in tiny model and its command, ``python -m llm.tiny --out DIR | --ship``: supervised
+"""The recipe of the built-in tiny model and its command, ``python -m llm tiny --out DIR | --ship``: supervised
 warm-up of ``llm.models.tiny.build_model`` on the arithmetic task's training prompts until its sampled accuracy
 (temperature 1, the transformers sampler) reaches WARMUP_TARGET, then a model directory with its checksums. Nothing
 builds a model at run time: the shipped one (``llm.models.tiny.tiny_model_dir``) is the built-in model."""
@@ -22,7 +22,7 @@ from llm.models.tiny import (AGENT_DIR, BUILTIN_DIR, WARMUP_BAND, WARMUP_TARGET,
 from llm.sampling import TransformersSampler
 from llm.tasks import Task, arithmetic_task
 
-PROG = "python -m llm.tiny"
+PROG = "python -m llm tiny"
 
 
 def _supervised_batch(tokenizer, task: Task, idx: np.ndarray):

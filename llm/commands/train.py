@@ -1,4 +1,4 @@
-"""Command line of the off-policy GRPO trainer: ``python -m llm.train [--field value ...]`` parses ``llm.GRPOConfig``,
+"""Command line of the off-policy GRPO trainer: ``python -m llm train [--field value ...]`` parses ``llm.GRPOConfig``,
 then calls ``llm.run.trainer.train``.
 
 Every field of ``llm.GRPOConfig`` is an option (``--help`` lists them with their documentation). With no options it
@@ -14,7 +14,7 @@ from runkit.cli import parse
 
 from llm.config import TRL_NAMES, TRL_SWITCHES, GRPOConfig, translate_trl_args
 
-PROG = "python -m llm.train"
+PROG = "python -m llm train"
 DESCRIPTION = ("Off-policy GRPO (arXiv 2505.22257) with per-step TV and bound logging. TRL's names are accepted for "
                "their fields: " + ", ".join(f"--{n.replace('_', '-')}" for n in [*TRL_NAMES, *TRL_SWITCHES]) +
                " (docs/trl.md).")

@@ -44,7 +44,7 @@ class SamplingConfig(ConfigGroup):
     that ends short trains on the groups it has."""
     sampler: Literal["auto", "vllm", "server", "transformers"] = "auto"
     """'vllm' (in-process engine), 'server' (vLLM's own server in another process, at server_url; start it with
-    ``python -m llm.serve --model MODEL``), 'transformers' (generate on a copy of the weights), 'auto': vllm if importable."""
+    ``python -m llm serve --model MODEL``), 'transformers' (generate on a copy of the weights), 'auto': vllm if importable."""
     use_transformers_continuous_batching: bool = False
     """The transformers sampler generates through transformers' continuous batching (``generate_batch``: a paged KV
     cache sized to the call, requests scheduled as they finish, a group's prompt cached once) instead of
@@ -93,7 +93,7 @@ class SamplingConfig(ConfigGroup):
                 "float32)")
         require(self, self.sampler != "server" or self.server_url.startswith(("http://", "https://")), "server_url",
                 "sampler 'server' needs the server's URL, e.g. --server-url http://127.0.0.1:8000 "
-                "(start one with python -m llm.serve)")
+                "(start one with python -m llm serve)")
         require(self, not self.server_url or self.sampler == "server", "server_url",
                 f"given, but the sampler is {self.sampler!r}; add --sampler server")
         require(self, self.cache_implementation in (None, "dynamic") or self.sampler in ("auto", "transformers"),

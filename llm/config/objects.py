@@ -17,9 +17,6 @@ import re
 import traceback
 from pathlib import Path
 
-#: Modules of this package that moved, by their old names: a spec naming the old one still imports.
-MOVED_MODULES = {"llm.agents.builtin": "llm.tasks.arithmetic_tools", "llm.agents.rewards": "llm.rewards.agents"}
-
 #: Python objects given to a config that cannot be imported again by name (a lambda, a ``functools.partial``, a class
 #: or function defined inside a function), kept for this process under the text config.json holds of them.
 OBJECTS: dict[str, object] = {}
@@ -80,7 +77,6 @@ def import_object(spec, option: str):
     module, _, attr = spec.partition(":")
     if not module or not attr:
         raise ValueError(f"{option}: expected 'module:name', got {spec!r}")
-    module = MOVED_MODULES.get(module, module)
     try:
         obj = importlib.import_module(module)
     except SyntaxError as exc:

@@ -1,4 +1,4 @@
-"""Several trainer processes: ``torchrun --nproc-per-node N -m llm.train ...`` (torch.distributed: gloo on CPU,
+"""Several trainer processes: ``torchrun --nproc-per-node N -m llm train ...`` (torch.distributed: gloo on CPU,
 NCCL on CUDA), data-parallel over the prompts of a step.
 
 Every rank holds the whole policy and the same optimiser state (the same initial weights, the same updates).
@@ -349,7 +349,7 @@ def init_ranks(device: torch.device, fsdp: bool = False, group_of_one: bool = Tr
     if world <= 1 and not (under_torchrun() and (group_of_one or fsdp)):
         if fsdp:
             raise ValueError("fsdp: shards the model over torchrun's trainer processes; start the run with "
-                             "torchrun --nproc-per-node N -m llm.train ..., or drop --fsdp")
+                             "torchrun --nproc-per-node N -m llm train ..., or drop --fsdp")
         return SINGLE
     rank = int(os.environ["RANK"])
     backend = process_group_backend(device)

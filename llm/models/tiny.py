@@ -1,12 +1,12 @@
 """The built-in tiny model: a small Qwen2 with a character-level tokenizer, shipped with the package.
 
 ``tiny_model_dir()`` returns ``llm/models/builtin_model/``: the same weights on every host, checked against
-``SHA256SUMS`` beside them at first use in a process. They were made once by ``python -m llm.tiny`` (``llm.commands.tiny``,
+``SHA256SUMS`` beside them at first use in a process. They were made once by ``python -m llm tiny`` (``llm.commands.tiny``,
 the recipe): supervised warm-up on the arithmetic task's training prompts until sampled accuracy
 (temperature 1) enters the band [WARMUP_TARGET, 0.6], saved as a normal model directory (config, safetensors,
 tokenizer) that transformers and vLLM both load. Rebuilding gives a model of the same recipe but not the same bits
 on another CPU (kernels differ in the last bits and the warm-up amplifies them), which is why the weights are
-shipped rather than built at first use. Another spec is built with ``python -m llm.tiny --out DIR``.
+shipped rather than built at first use. Another spec is built with ``python -m llm tiny --out DIR``.
 """
 
 from __future__ import annotations
@@ -73,10 +73,10 @@ def build_model(spec: TinySpec, vocab_size: int):
 def cache_root() -> Path:
     return Path(os.environ.get("OFFPOLICY_GRPO_CACHE", Path.home() / ".cache" / "offpolicy_grpo"))
 
-#: The shipped built-in model (TinySpec() built by ``python -m llm.tiny``) and the file of its checksums.
+#: The shipped built-in model (TinySpec() built by ``python -m llm tiny``) and the file of its checksums.
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin_model"
 #: The shipped built-in agent model: the built-in model warmed up further on tool-calling episodes of
-#: ``--dataset arithmetic_tools`` (``python -m llm.tiny --agent``), its tokenizer holding the tool-call template.
+#: ``--dataset arithmetic_tools`` (``python -m llm tiny --agent``), its tokenizer holding the tool-call template.
 AGENT_DIR = Path(__file__).resolve().parent / "builtin_agent_model"
 CHECKSUMS = "SHA256SUMS"
 
@@ -103,7 +103,7 @@ def verify_checksums(path: Path) -> None:
         if not f.is_file() or _sha256(f) != digest:
             raise RuntimeError(f"the built-in model's {name} does not match its checksum in {sums} (a changed or "
                                "missing file: restore llm/models/builtin_model/ from the repository, or rebuild it with "
-                               "`python -m llm.tiny --ship`)")
+                               "`python -m llm tiny --ship`)")
 
 
 def tiny_model_dir() -> Path:

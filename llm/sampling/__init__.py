@@ -3,7 +3,7 @@
 - ``hf_generate.TransformersSampler``: a frozen copy of the policy sampled with ``transformers.generate``;
 - ``hf_continuous.ContinuousBatchingSampler``: the same copy sampled through transformers' continuous batching;
 - ``vllm_engine.VLLMSampler``: an in-process vLLM engine with a verified weight sync;
-- ``server.ServerSampler``: vLLM's own server in another process (``python -m llm.serve``), synced through
+- ``server.ServerSampler``: vLLM's own server in another process (``python -m llm serve``), synced through
   vLLM's weight-transfer API.
 
 ``make_sampler`` picks one from the config.

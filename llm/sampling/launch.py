@@ -1,6 +1,6 @@
-"""Start vLLM's own OpenAI-compatible server as the lagged inference server: ``python -m llm.serve [--model MODEL]``.
+"""Start vLLM's own OpenAI-compatible server as the lagged inference server: ``python -m llm serve [--model MODEL]``.
 
-The trainer talks to it with ``python -m llm.train --sampler server --server-url URL`` (docs/theory.md, §7):
+The trainer talks to it with ``python -m llm train --sampler server --server-url URL`` (docs/theory.md, §7):
 generation over ``/v1/completions`` (token ids in, token ids and processed log-probs out), weight syncs
 over vLLM's RL routes (``/init_weight_transfer_engine``, ``/start_weight_update``, ``/update_weights``,
 ``/finish_weight_update``, ``/weight_info``). This module only builds the server's command line and waits
@@ -41,7 +41,7 @@ DEFAULT_START_TIMEOUT_S = 300.0
 
 @dataclasses.dataclass
 class ServeConfig:
-    """vLLM's OpenAI server with weight transfer enabled, for ``python -m llm.train --sampler server``."""
+    """vLLM's OpenAI server with weight transfer enabled, for ``python -m llm train --sampler server``."""
 
     model: str = ""
     """Local model directory, .gguf file or hub name; the trainer must load the same one. Empty: the built-in tiny

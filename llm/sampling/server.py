@@ -1,4 +1,4 @@
-"""alpha held by a separate vLLM server (``python -m llm.serve``), reached over HTTP (docs/theory.md, §7).
+"""alpha held by a separate vLLM server (``python -m llm serve``), reached over HTTP (docs/theory.md, §7).
 
 - generation: one ``/v1/completions`` request per prompt (token ids in; ``return_token_ids`` and
   ``logprobs=0`` give the sampled ids and their processed log-probs out), sent concurrently so the
@@ -83,7 +83,7 @@ class ServerSampler:
         if not _same_model(served, model_path):
             names = ", ".join(sorted({m.get("root") or m.get("id") for m in served}))
             raise ServerError(f"sampler server: {self.url} serves {names}, but the trainer loads {model_path}; "
-                              "start the server with the trainer's model (python -m llm.serve --model MODEL)")
+                              "start the server with the trainer's model (python -m llm serve --model MODEL)")
         self.served_name = served[0]["id"]
         limit = min(int(m.get("max_model_len") or 1 << 30) for m in served)
         self.max_model_len = limit  # a request asks for no more than fits (an agent's later turns ask for the most)
@@ -103,7 +103,7 @@ class ServerSampler:
                               "(server overloaded or hung; raise --server-timeout or restart it)") from None
         except requests.ConnectionError:
             raise ServerError(f"sampler server: cannot reach {self.url} ({path}): connection refused or lost; start "
-                              "it with python -m llm.serve --model MODEL (a run stopped by this resumes with the same "
+                              "it with python -m llm serve --model MODEL (a run stopped by this resumes with the same "
                               "command)") from None
         if response.status_code != 200:
             raise ServerError(f"sampler server: {self.url}{path} answered HTTP {response.status_code}: "

@@ -80,7 +80,7 @@ class VLLMSampler:
         else:  # weights arrive through vLLM's weight-transfer API (llm.sampling.weight_transfer)
             if tensor_parallel_size != 1:
                 raise ValueError("vllm_tensor_parallel_size: the in-process engine on a CPU runs in this one process; "
-                                 "tensor parallelism needs GPUs (or vLLM's own server: python -m llm.serve)")
+                                 "tensor parallelism needs GPUs (or vLLM's own server: python -m llm serve)")
             if enable_sleep_mode:
                 raise ValueError("vllm_enable_sleep_mode: vLLM's sleep mode frees GPU memory; there is none on a CPU")
             from vllm.config import WeightTransferConfig

@@ -1,4 +1,4 @@
-"""Settings of a vLLM engine on a CPU, shared by the in-process sampler and ``python -m llm.serve``.
+"""Settings of a vLLM engine on a CPU, shared by the in-process sampler and ``python -m llm serve``.
 
 - **No chunked prefill.** vLLM splits a prompt's prefill over engine steps once a step's prompt tokens exceed
   ``max_num_batched_tokens`` (4,096 by default), and then rewinds the random generator of every seeded request it
@@ -115,7 +115,7 @@ def cpu_engine_args(model_config, dtype: str, max_model_len: int, sequences: int
 
 
 def cpu_server_args(model_config, dtype: str, max_model_len: int, kv_bytes: int | None = None) -> list[str]:
-    """The same settings as command-line options of vLLM's OpenAI server (``python -m llm.serve``), with the KV cache sized
+    """The same settings as command-line options of vLLM's OpenAI server (``python -m llm serve``), with the KV cache sized
     for ``CPU_MAX_SEQS`` sequences of ``max_model_len`` tokens unless ``kv_bytes`` is given."""
     kv = kv_bytes or kv_cache_bytes(model_config, dtype, max_model_len, CPU_MAX_SEQS)
     return ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(batched_tokens(max_model_len)),

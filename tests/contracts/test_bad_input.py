@@ -127,13 +127,13 @@ def test_fuzzed_trainer_command_lines_are_accepted_or_refused_in_one_line(files,
 
     with mock.patch("llm.models.pretrained.resolve_model_path", side_effect=ReachedModelLoading):
         try:
-            status, _, err = run_cli(train_cli.main, "python -m llm.train", argv)
+            status, _, err = run_cli(train_cli.main, "python -m llm train", argv)
         except ReachedModelLoading:
             assert not invalid, argv
             event("reached model loading")
             return
     event("refused")
-    assert_one_line_error(status, err, "python -m llm.train", _field_names(GRPOConfig))
+    assert_one_line_error(status, err, "python -m llm train", _field_names(GRPOConfig))
 
 
 @pytest.mark.slow
@@ -165,7 +165,7 @@ def test_fuzzed_simulator_command_lines_run_or_are_refused_in_one_line(data):
 @given(data=st.data())
 @settings(max_examples=60)
 def test_fuzzed_server_launcher_command_lines_are_checked_before_starting(data):
-    """``python -m llm.serve``: every field is checked before vLLM is started."""
+    """``python -m llm serve``: every field is checked before vLLM is started."""
     argv, invalid = data.draw(_args(ServeConfig, {"model": st.sampled_from(["", "/nonexistent/model"]),
                                                   "host": st.sampled_from(["127.0.0.1", ""]),
                                                   "extra_args": st.just("")}))
@@ -173,20 +173,20 @@ def test_fuzzed_server_launcher_command_lines_are_checked_before_starting(data):
 
     with mock.patch.object(serve, "ServerProcess", side_effect=ReachedModelLoading):
         try:
-            status, _, err = run_cli(serve.main, "python -m llm.serve", argv)
+            status, _, err = run_cli(serve.main, "python -m llm serve", argv)
         except ReachedModelLoading:
             assert not invalid, argv
             return
-    assert_one_line_error(status, err, "python -m llm.serve", _field_names(ServeConfig) + ["model"])
+    assert_one_line_error(status, err, "python -m llm serve", _field_names(ServeConfig) + ["model"])
 
 
 def _typed_fields(cls, tp) -> list[str]:
     return [f.name for f, hint in _options_of(cls) if hint is tp]
 
 
-CLIS = {"trainer": (GRPOConfig, "llm.commands.train", "python -m llm.train"),
+CLIS = {"trainer": (GRPOConfig, "llm.commands.train", "python -m llm train"),
         "simulator": (SimConfig, "grpo_theory.simulate", "python -m grpo_theory.simulate"),
-        "server": (ServeConfig, "llm.commands.serve", "python -m llm.serve")}
+        "server": (ServeConfig, "llm.commands.serve", "python -m llm serve")}
 
 
 @pytest.mark.parametrize("cli,field,value", [
@@ -403,9 +403,9 @@ def test_an_unknown_option_gets_the_nearest_names_and_a_switchs_value_says_how_s
     no hint where the value follows an option that takes one."""
     from llm.commands import train as train_cli
 
-    status, _, err = run_cli(train_cli.main, "python -m llm.train", argv)
+    status, _, err = run_cli(train_cli.main, "python -m llm train", argv)
     assert status == 2 and says in err, err
-    assert_one_line_error(status, err, "python -m llm.train", _field_names(GRPOConfig))
+    assert_one_line_error(status, err, "python -m llm train", _field_names(GRPOConfig))
 
 
 def test_a_value_after_a_switch_of_the_simulator_says_how_switches_go():
@@ -427,5 +427,5 @@ def test_a_bad_value_reads_as_the_configs_own_line_without_the_parsers_words(arg
     union's value in its own terms ('no type matching {None}|INT could be instantiated from ...')."""
     from llm.commands import train as train_cli
 
-    status, _, err = run_cli(train_cli.main, "python -m llm.train", argv)
-    assert err == f"python -m llm.train: error: {line} (see --help)\n", err
+    status, _, err = run_cli(train_cli.main, "python -m llm train", argv)
+    assert err == f"python -m llm train: error: {line} (see --help)\n", err

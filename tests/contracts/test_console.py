@@ -1,5 +1,6 @@
-"""The console command ``offpolicy-grpo``: every ``python -m`` command under one name, declared in pyproject.toml,
-each the same as its module form."""
+"""Every command under one name: ``python -m llm <command>`` and the console command ``offpolicy-grpo`` (declared in
+pyproject.toml) are one dispatcher; ``python -m llm.train`` stays the trainer's; ``llm.train`` is always the
+function."""
 
 import tomllib
 
@@ -14,12 +15,28 @@ def test_pyproject_declares_the_console_command():
     assert scripts == {"offpolicy-grpo": "llm.commands.console:entry"}
 
 
-def test_help_lists_every_command_with_its_module_form(capsys):
+def test_help_lists_every_command(capsys):
     assert console.main(["--help"]) == 0
     out = capsys.readouterr().out
-    for name, (_, module, _) in console.COMMANDS.items():
-        assert f"  {name} " in out and f"python -m {module}" in out
+    for name, (_, what) in console.COMMANDS.items():
+        assert f"  {name} " in out and what in out
+    assert "python -m llm <command> is the same" in out
     assert console.main([]) == 2  # no command: the usage, a usage error
+
+
+def test_python_m_llm_is_the_dispatcher_and_python_m_llm_train_still_trains_help():
+    import subprocess
+    import sys
+
+    for argv, prog in ((["-m", "llm", "--help"], "usage: python -m llm <command>"),
+                       (["-m", "llm", "train", "--help"], "python -m llm train"),
+                       (["-m", "llm.train", "--help"], "usage: python -m llm train")):  # the same command
+        res = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0 and prog in res.stdout, (argv, res.stdout[:300], res.stderr[-500:])
+    bad = subprocess.run([sys.executable, "-m", "llm", "serv"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip() == (
+        "python -m llm: error: unknown command 'serv'; did you mean 'serve'? (commands: "
+        + ", ".join(console.COMMANDS) + ")")
 
 
 def test_an_unknown_command_is_one_line_naming_the_nearest(capsys):
@@ -31,7 +48,7 @@ def test_an_unknown_command_is_one_line_naming_the_nearest(capsys):
 
 
 def test_a_command_is_its_module_form(capsys):
-    """``offpolicy-grpo options`` prints what ``python -m llm.options`` prints; a bad option is the command's own
+    """``offpolicy-grpo options`` prints what ``python -m llm options`` prints; a bad option is the command's own
     one-line error (under the command's own name)."""
     from llm.commands.options import markdown
 
@@ -44,7 +61,11 @@ def test_a_command_is_its_module_form(capsys):
     assert exc.value.code == 2 and err.count("\n") == 1 and "error:" in err and "learning_rate: must be > 0" in err
 
 
-def test_the_package_train_is_the_function():
-    import llm
+def test_the_package_train_is_the_function_even_after_import_llm_train():
+    import subprocess
+    import sys
 
-    assert callable(llm.train) and llm.train.__module__ == "llm"
+    code = ("import llm, llm.train; from llm import train; import llm.train as t; "
+            "print(callable(train), train is t is llm.train, train.__module__, type(train).__name__)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.stdout.split() == ["True", "True", "llm", "function"], res.stderr[-1000:]

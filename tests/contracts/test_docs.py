@@ -166,7 +166,7 @@ def test_the_readme_stays_a_front_door():
 def test_the_options_page_is_the_config():
     from llm.commands.options import documented_fields, markdown
 
-    assert (ROOT / "docs" / "options.md").read_text() == markdown(), "rerun: python -m llm.options > docs/options.md"
+    assert (ROOT / "docs" / "options.md").read_text() == markdown(), "rerun: python -m llm options > docs/options.md"
     from llm.config import flat_fields
 
     documented = [name for _, name, doc in documented_fields() if doc]

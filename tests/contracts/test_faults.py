@@ -200,7 +200,7 @@ def test_a_really_full_disk_mid_write_and_a_really_read_only_directory(tmp_path)
         assert [r["step"] for r in read_metrics(fs / "run")] == [0, 1, 2]
         res = subprocess.run([*CLI, "--output-dir", str(fs / "other")], cwd=ROOT, capture_output=True, text=True)
         assert res.returncode == 2 and res.stderr.strip().splitlines() == [
-            f"python -m llm.train: error: output_dir: cannot write {fs / 'other'}/.lock: the file system is read-only"]
+            f"python -m llm train: error: output_dir: cannot write {fs / 'other'}/.lock: the file system is read-only"]
         subprocess.run(["mount", "-o", "remount,rw", str(fs)], check=True)
         assert [r["step"] for r in read_metrics(train(cfg, log=lambda *a: None))] == list(range(6))
 
@@ -239,6 +239,6 @@ def test_an_error_during_the_run_is_one_line_of_its_own_below_the_progress_bar(t
     assert "step/s" in stderr or "step]" in stderr  # the bar was drawn
     lines = stderr.replace("\r", "\n").split("\n")
     errors = [ln for ln in lines if "error:" in ln]
-    assert errors == ["python -m llm.train: error: reward_fn: raised RuntimeError: reward service down for completion "
+    assert errors == ["python -m llm train: error: reward_fn: raised RuntimeError: reward service down for completion "
                       + errors[0].split("for completion ", 1)[1]], stderr[-2000:]
-    assert "\npython -m llm.train: error:" in stderr  # at the start of a line, not after the bar's last draw
+    assert "\npython -m llm train: error:" in stderr  # at the start of a line, not after the bar's last draw

@@ -45,10 +45,9 @@ LAYERS = [
     # trainers, on their tensors (the step's monitors and the core's estimators)
     ["llm", "llm.analysis.report", "llm.analysis.ablation", "llm.analysis.warning", "llm.analysis"],  # analysis/
     ["llm.commands.train", "llm.commands.serve", "llm.commands.report", "llm.commands.ablation",
-     "llm.commands.options", "llm.commands.tiny", "llm.commands.pretrained", "llm.train", "llm.serve", "llm.report",
-     "llm.ablation", "llm.options", "llm.tiny", "llm.pretrained", "llm.commands.agent_data", "llm.agent_data",
-     "llm.agents.data"],  # commands/: parse, then call; llm/*.py: python -m (llm/agents/data.py: an earlier name)
-    ["llm.commands.console"],  # offpolicy-grpo: every command by name (imported by name, at dispatch)
+     "llm.commands.options", "llm.commands.tiny", "llm.commands.pretrained", "llm.commands.agent_data",
+     "llm.train"],  # commands/: parse, then call; llm/train.py: python -m llm.train
+    ["llm.commands.console", "llm.__main__"],  # python -m llm, offpolicy-grpo: every command by name (at dispatch)
 ]
 
 

@@ -1,4 +1,4 @@
-"""python -m llm.ablation (llm.analysis.ablation): the experiments' grids, the frontier table's reference column, bad options, and one short frontier
+"""python -m llm ablation (llm.analysis.ablation): the experiments' grids, the frontier table's reference column, bad options, and one short frontier
 run end to end."""
 
 import shutil

@@ -500,10 +500,10 @@ def test_the_agent_reward_functions_read_the_last_turn_and_the_tools_answers():
     assert called_tool(None, episodes) == [1.0, 1.0, 0.0, 0.0, 0.0]
 
 
-@pytest.mark.parametrize("module", ["llm.agent_data", "llm.agents.data"])
-def test_the_data_command_writes_the_multiplication_rows_under_both_names(tmp_path, module):
-    """``python -m llm.agent_data`` (and ``llm.agents.data``, its earlier name, which ``make run-agent-real`` used):
-    the training and test rows in TRL's format, the product as the answer, the same rows under both names."""
+@pytest.mark.parametrize("console", [False, True], ids=["python -m llm", "offpolicy-grpo"])
+def test_the_data_command_writes_the_multiplication_rows(tmp_path, console):
+    """``python -m llm agent-data`` (and ``offpolicy-grpo agent-data``, the same dispatcher): the training and test rows
+    in TRL's format, the product as the answer."""
     import json
     import subprocess
     import sys
@@ -512,7 +512,10 @@ def test_the_data_command_writes_the_multiplication_rows_under_both_names(tmp_pa
     from tests.helpers import ROOT
 
     out = tmp_path / "multiply.jsonl"
-    res = subprocess.run([sys.executable, "-m", module, "--out", str(out), "--train-size", "6", "--test-size", "2"],
+    from pathlib import Path
+
+    command = [str(Path(sys.executable).with_name("offpolicy-grpo"))] if console else [sys.executable, "-m", "llm"]
+    res = subprocess.run([*command, "agent-data", "--out", str(out), "--train-size", "6", "--test-size", "2"],
                          cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     rows = [json.loads(line) for p in (out, tmp_path / "multiply-test.jsonl") for line in p.read_text().splitlines()]

@@ -220,9 +220,9 @@ def test_a_renamed_choice_warns_where_a_user_sees_it(capsys):
 
     with pytest.warns(FutureWarning, match="'cantelli' is now called 'cantelli_unguaranteed'"):
         GRPOConfig(improvement_lcb_method="cantelli")
-    cfg = parse(GRPOConfig, ["--improvement-lcb-method", "t"], prog="python -m llm.train")
+    cfg = parse(GRPOConfig, ["--improvement-lcb-method", "t"], prog="python -m llm train")
     assert cfg.improvement_lcb_method == "t_unguaranteed"
-    assert "python -m llm.train: warning: lcb method 't' is now called 't_unguaranteed'" in capsys.readouterr().err
+    assert "python -m llm train: warning: lcb method 't' is now called 't_unguaranteed'" in capsys.readouterr().err
 
 
 #: TRL 1.16's GRPOConfig defaults of None (read from trl.GRPOConfig's dataclass fields in .venv-bench) for fields

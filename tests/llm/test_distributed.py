@@ -234,7 +234,7 @@ def test_a_rank_that_dies_ends_the_run_in_one_line_and_it_resumes(tmp_path, fsdp
     os.kill(pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode != 0
-    ours = [ln for ln in err.splitlines() if ln.startswith("python -m llm.train: error:")]
+    ours = [ln for ln in err.splitlines() if ln.startswith("python -m llm train: error:")]
     # rank 0 meets the dead rank in a collective, or torchrun ends it first (SIGTERM): one line either way
     assert len(ours) == 1 and ("rank 0 of 2: another trainer process stopped" in ours[0] or
                                "rank 0 of 2: ended by torchrun" in ours[0]), err[-2000:]
@@ -253,7 +253,7 @@ def test_the_in_process_vllm_engine_is_refused_under_torchrun(tmp_path):
                           "--max-steps", "1", "--output-dir", str(tmp_path / "run")], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode != 0
-    ours = [ln for ln in res.stderr.splitlines() if ln.startswith("python -m llm.train: error:")]
+    ours = [ln for ln in res.stderr.splitlines() if ln.startswith("python -m llm train: error:")]
     assert ours and all("sampler: the in-process vLLM engine" in ln for ln in ours), res.stderr[-2000:]
 
 

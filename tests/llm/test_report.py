@@ -1,4 +1,4 @@
-"""``python -m llm.report``: summaries and plots of run directories, from metrics.jsonl only."""
+"""``python -m llm report``: summaries and plots of run directories, from metrics.jsonl only."""
 
 import json
 import subprocess
@@ -97,13 +97,13 @@ def test_the_command_line_on_real_runs(tmp_path):
     for v in (1, 2):
         train(GRPOConfig(output_dir=str(tmp_path / f"v{v}"), sampler="transformers", max_steps=4, sync_period=v,
                          heldout_prompts=4, eval_steps=2, progress=False, logging_steps=100), log=lambda *a: None)
-    res = subprocess.run([sys.executable, "-m", "llm.report", str(tmp_path / "v1"), str(tmp_path / "v2")],
+    res = subprocess.run([sys.executable, "-m", "llm", "report", str(tmp_path / "v1"), str(tmp_path / "v2")],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("exact J over the training prompts") == 2
     assert "across 2 runs" in res.stdout and "j/pi_new" in res.stdout.split("across 2 runs")[1]
     assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["bound.png", "eval.png", "reward.png", "tv.png"]
-    bad = subprocess.run([sys.executable, "-m", "llm.report", str(tmp_path / "nope")], capture_output=True, text=True,
+    bad = subprocess.run([sys.executable, "-m", "llm", "report", str(tmp_path / "nope")], capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "holds no metrics.jsonl" in bad.stderr
 

@@ -1,4 +1,4 @@
-"""The lagged inference server as its own process: vLLM's OpenAI server (``python -m llm.serve``) on loopback, weights synced
+"""The lagged inference server as its own process: vLLM's OpenAI server (``python -m llm serve``) on loopback, weights synced
 through vLLM's weight-transfer API with the project's ``gloo_cpu`` backend, everything checked over the wire
 (llm.sampling.server, llm.sampling.launch).
 
@@ -33,7 +33,7 @@ STALE_MIN = 1e-2
 
 
 class ReadmeServer:
-    """``python -m llm.serve --port P --extra-args '--max-num-seqs 64'``, the README's server command on the built-in
+    """``python -m llm serve --port P --extra-args '--max-num-seqs 64'``, the README's server command on the built-in
     model: llm.serve in front, vLLM's server and engine its children, everything they print in ``log``."""
 
     def __init__(self, log: Path, model: str = ""):
@@ -45,7 +45,7 @@ class ReadmeServer:
     def start(self) -> "ReadmeServer":
         seen = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "a") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "llm.serve", *(["--model", self.model] if self.model else []),
+            self.proc = subprocess.Popen([sys.executable, "-m", "llm", "serve", *(["--model", self.model] if self.model else []),
                                           "--port", str(self.port), "--extra-args", "--max-num-seqs 64"],
                                          stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
         deadline = time.monotonic() + 300

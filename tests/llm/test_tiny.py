@@ -33,12 +33,12 @@ def test_a_changed_or_missing_file_is_refused_by_name(tmp_path):
     (copy / CHECKSUMS).unlink()
     with pytest.raises(RuntimeError, match="is missing"):
         verify_checksums(copy)
-    write_checksums(copy)  # a directory's own sums: what `python -m llm.tiny --out` writes
+    write_checksums(copy)  # a directory's own sums: what `python -m llm tiny --out` writes
     verify_checksums(copy)
 
 
 def test_the_build_command_asks_for_exactly_one_destination():
-    """``python -m llm.tiny`` (its main run in this process as ``python -m`` runs it)."""
+    """``python -m llm tiny`` (its main run in this process as ``python -m`` runs it)."""
     from llm.commands.tiny import PROG, main
 
     for args in ([], ["--out", "x", "--ship"]):

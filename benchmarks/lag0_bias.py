@@ -2,7 +2,7 @@
 
 With ``--top-p 1 --dtype bfloat16`` it measures the bfloat16 sync check's rounding floor (the logged
 ``sampling/logp_diff_mean`` and ``_max`` per step), and with ``--skip-syncs`` the same after syncs that never reach the
-engine (one and two steps stale): the numbers ``llm.core.diagnostics.SYNC_CHECKS`` quotes.
+engine (one and two steps stale): the numbers ``llm.core.sync_probe.SYNC_CHECKS`` quotes.
 
 SmolLM2-135M-Instruct with the in-process vLLM engine on ``make run-real``'s task and settings, top-p 0.9, v = 1 (every
 step at lag 0, so pi_k's weights are alpha's and any mean of log pi_k/alpha is the rule's or the rounding's), 3 steps.
@@ -25,12 +25,12 @@ def main() -> None:
     ap.add_argument("--top-p", type=float, default=0.9)
     ap.add_argument("--skip-syncs", action="store_true", help="the engine never gets the synced weights")
     args = ap.parse_args()
-    import llm.core.diagnostics as dg
+    import llm.core.sync_probe as sync_probe
     from llm import GRPOConfig, train
     from llm.core.token_filter import ON_SET_LOGP
     from llm.models.pretrained import smollm2_dir
 
-    plain = dg.sampler_gap
+    plain = sync_probe.sampler_gap
 
     def report(logp_sampler, logp_trainer, mask):  # the trainer's comparison of the two, every step with --tv-diagnostics
         on = mask > 0
@@ -42,7 +42,7 @@ def main() -> None:
               f"(standard error {float(d.std() / d.numel() ** 0.5):.1e})", flush=True)
         return plain(logp_sampler, logp_trainer, mask)
 
-    dg.sampler_gap = report
+    sync_probe.sampler_gap = report
     config = GRPOConfig(
         model_name_or_path=str(smollm2_dir(log=lambda *a: None)), dataset="reasoning_gym:basic_arithmetic",
         generator_kwargs=("min_terms=2", "max_terms=2", "min_digits=1", "max_digits=1"), generator_test_size=150,

@@ -42,7 +42,7 @@ and the logged value is that mean clipped at 1, which is biased low near 1 (``ch
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -52,8 +52,7 @@ import grpo_theory.estimators as ge
 from grpo_theory import trm
 
 from llm.config.ranges import UNIT_INTERVAL
-from llm.core.logprobs import TokenDists, head_tolerance
-from llm.core.token_filter import ON_SET_LOGP
+from llm.core.logprobs import TokenDists
 
 
 @dataclass(frozen=True)
@@ -109,54 +108,6 @@ def rollout_metrics(rewards: np.ndarray, zero_std: np.ndarray, completions: list
     }
 
 
-def tool_metrics(tool_mask: list[list[int]], calls: list[int], failures: list[int], malformed: list[int] | None = None,
-                 env_failed: list[bool] | None = None) -> dict[str, float]:
-    """An agent's episodes: ``tools/call_frequency`` (calls per episode) and ``tools/failure_frequency`` (failed calls
-    per call, at most 1; 0 without calls), TRL 1.16's names and definitions; this package's: the turns the parser could
-    not read per episode (``tools/malformed_frequency``), the episodes whose environment failed
-    (``tools/env_failure_frequency``: scored 0), the environment's share of the completion tokens and the policy's
-    turns per episode."""
-    n_calls, n = float(sum(calls)), max(len(calls), 1)
-    tokens = sum(len(m) for m in tool_mask)
-    return {"tools/call_frequency": n_calls / n,
-            "tools/failure_frequency": float(sum(failures)) / n_calls if n_calls else 0.0,
-            "tools/malformed_frequency": float(sum(malformed or [])) / n,
-            "tools/env_failure_frequency": float(sum(env_failed or [])) / n,
-            "tools/env_token_frac": float(sum(len(m) - sum(m) for m in tool_mask)) / max(tokens, 1),
-            "tools/turns_mean": float(np.mean([len(turn_spans(m)) for m in tool_mask]))}
-
-
-def turn_spans(policy: list[int]) -> list[tuple[int, int]]:
-    """The policy's turns in an episode's mask (1: the policy's token): [start, stop) of each run of ones."""
-    spans, start = [], None
-    for t, m in enumerate(list(policy) + [0]):
-        if m and start is None:
-            start = t
-        elif not m and start is not None:
-            spans.append((start, t))
-            start = None
-    return spans
-
-
-@torch.no_grad()
-def episode_metrics(logp_k: torch.Tensor, logp_alpha: torch.Tensor, policy_mask: torch.Tensor) -> dict[str, float]:
-    """An agent's episodes, per episode and per turn: the log of pi_k/alpha over each episode's own tokens (the
-    sequence ratio the sequence-level modes and ``ess/pi_k_alpha`` use; it collapses on long episodes) and over each
-    turn's, ``episode/log_ratio_min|max``, ``episode/turn_log_ratio_min|max``, and the effective sample size of the
-    turns' ratios as a share of the turns, ``episode/turn_ess``: beside ``ess/pi_k_alpha``, it shows whether a
-    collapsed episode ratio is one turn's or every turn's."""
-    lw = ((logp_k - logp_alpha) * policy_mask).double().cpu().numpy()
-    masks = policy_mask.cpu().numpy()
-    episodes = lw.sum(axis=1)
-    turns = np.array([lw[b, a:c].sum() for b in range(len(lw)) for a, c in turn_spans(masks[b].astype(int).tolist())])
-    if not turns.size:
-        return {}
-    w = np.exp(turns - turns.max())
-    return {"episode/log_ratio_min": float(episodes.min()), "episode/log_ratio_max": float(episodes.max()),
-            "episode/turn_log_ratio_min": float(turns.min()), "episode/turn_log_ratio_max": float(turns.max()),
-            "episode/turn_ess": float(w.sum() ** 2 / (w ** 2).sum() / len(w))}
-
-
 #: Token log-weights are clamped to +-this before w - 1 - log w (the KL term's clamp, ``llm.core.loss.KL_LOG_MAX``).
 MISMATCH_LOG_MAX = 40.0
 
@@ -179,68 +130,6 @@ def weight_metrics(logp_k: torch.Tensor, logp_alpha: torch.Tensor, mask: torch.T
     mismatch = (torch.exp(lw) - 1.0 - lw).clamp(min=0.0)  # >= 0 exactly; rounding can dip below at w = 1
     return {"is_weight/mean": float(w.mean()), "is_weight/min": float(w.min()), "is_weight/max": float(w.max()),
             "sampling/mismatch_kl": float(mismatch.mean())}
-
-
-def sampler_gap(logp_sampler: torch.Tensor, logp_trainer: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """|sampler's log alpha - trainer's recomputation| over the completion tokens: the worst token of all, and the mean
-    over the tokens both sides keep (a top-k/top-p/min-p boundary that the two sides' roundings place differently
-    gives one side's off-set value, -10^4: the worst token shows it, the mean leaves it out)."""
-    diff = (logp_sampler - logp_trainer).abs() * mask
-    on = mask * ((logp_sampler > ON_SET_LOGP) & (logp_trainer > ON_SET_LOGP))
-    return {"sampling/logp_diff_mean": float((diff * on).sum() / on.sum().clamp(min=1.0)),
-            "sampling/logp_diff_max": float(diff.max())}
-
-
-@dataclass(frozen=True)
-class SyncCheck:
-    """How a stale sampler is told from float rounding right after a sync: ``sampler_gap``'s ``metric`` above
-    ``tolerance``, or above ``floor_factor`` times the run's rounding floor (the first check's value, when the
-    sampler holds the policy's own initial weights), whichever is larger (``threshold``)."""
-
-    metric: str
-    tolerance: float
-    floor_factor: float = 0.0
-
-    def gap(self, logp_sampler: torch.Tensor, logp_trainer: torch.Tensor, mask: torch.Tensor) -> float:
-        return sampler_gap(logp_sampler, logp_trainer, mask)[self.metric]
-
-    def threshold(self, floor: float | None = None) -> float:
-        return max(self.tolerance, self.floor_factor * floor) if floor is not None else self.tolerance
-
-    def stale(self, row: dict, floor: float | None = None) -> float | None:
-        """The row's gap if it is above the threshold, else None (also when the row has no sync check)."""
-        gap = row.get(self.metric)
-        return gap if gap is not None and gap > self.threshold(floor) else None
-
-
-#: The sync check of each dtype. float32: the worst token; sampler and trainer agree to ~5e-6 at the median step's
-#: worst token and up to ~7e-5 on rare tokens (log-prob < -10) over ~1,500 tokens, and a stale engine is off by more
-#: than 1 nat. bfloat16: the token mean over twice the rounding floor the run's first check measures (0.02 at least).
-#: The worst token's rounding is heavy-tailed and grows with the batch, and the mean's floor depends on the model and
-#: the engine: right after syncs the built-in model (trainer in bfloat16 autocast, transformers sampler) gave worst
-#: tokens up to 0.57 nats and means 0.003-0.007 (0.041-0.10 one to three steps stale: tests/llm/test_trainer.py,
-#: test_the_sync_check_tells_a_skipped_sync_from_rounding, on both kernel sets of an AVX-512 host); SmolLM2-135M with
-#: vLLM in bfloat16 worst tokens 0.36-0.47 and means 0.036-0.040, against 0.099-0.105 one and two steps stale at
-#: learning rate 1e-5 (``python benchmarks/lag0_bias.py --dtype bfloat16 --top-p 1 [--skip-syncs]``). No absolute
-#: threshold separates both models; twice each run's own floor does.
-SYNC_CHECKS = {"float32": SyncCheck("sampling/logp_diff_max", 1e-3),
-               "bfloat16": SyncCheck("sampling/logp_diff_mean", 0.02, floor_factor=2.0)}
-
-
-def sync_check(dtype: str, temperature: float = 1.0) -> SyncCheck:
-    """The sync check of ``dtype`` at ``temperature``: its tolerance divided by the temperature below 1
-    (``llm.core.logprobs.head_tolerance``: the logits' rounding is), so a run at temperature 0.01 does not read
-    rounding as a stale engine, which is off by far more at any temperature."""
-    check = SYNC_CHECKS[dtype]
-    return replace(check, tolerance=head_tolerance(temperature, check.tolerance))
-
-
-#: The start-up probe in bfloat16 (``llm.sampling.probe_sync``): the sampler's log-probs after syncing perturbed
-#: weights must be this many times closer (token mean) to the perturbed weights' than to the unperturbed ones'. On
-#: SmolLM2-135M with vLLM in bfloat16: 0.050 nats to the synced weights against 0.138 to the ones before with top-p 0.9
-#: (2.7 times), 0.033 against 0.41 without a filter (the same command); an engine that missed the sync would sit near
-#: the ones before (closer to them than to the synced weights).
-PROBE_SEPARATION = 2.0
 
 
 def chain_tv_sum(a: TokenDists, b: TokenDists, mask: torch.Tensor, chunk_tokens: int = 0) -> float:

@@ -10,7 +10,7 @@ The readings of one optimiser step k, from the completions its micro-batches tra
 - ``tv/staleness``, ``tv/engine_mismatch``: where the host computed both the engine's log-probs and its own at the
   sampler's weights (TRL with vLLM), the split TV(pi_k, pi_gen) and TV(pi_gen, alpha);
 - ``sampling/logp_diff_mean|max``: at lag 0 with the engine's log-probs, the engine against the trainer on the same
-  tokens (``llm.core.diagnostics.sampler_gap``), with ``llm.train``'s warning (``llm.step.monitors.Warnings``);
+  tokens (``llm.core.sync_probe.sampler_gap``), with ``llm.train``'s warning (``llm.step.monitors.Warnings``);
 - ``heldout/*``: with held-out prompts, ``llm.core.diagnostics.heldout_terms`` on completions drawn from alpha that
   never enter the loss.
 """
@@ -32,6 +32,7 @@ import grpo_theory.estimators as ge
 from llm.config.fields import one_line, plain
 from llm.config.ranges import FLOAT32_EDGE_RTOL, beyond_range, onto_range
 from llm.core import diagnostics as dg
+from llm.core import sync_probe
 
 
 class WatchOptions(BaseModel):
@@ -59,7 +60,7 @@ class WatchOptions(BaseModel):
     """eps of sigma_{alpha,eps} = sqrt(Var r + eps) in Theorem 1's terms (``llm.train``'s option; the bound needs
     eps <= 3/4)."""
     engine_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """The sampling engine's dtype, which decides the sync check's rule (``llm.core.diagnostics.SYNC_CHECKS``): auto
+    """The sampling engine's dtype, which decides the sync check's rule (``llm.core.sync_probe.SYNC_CHECKS``): auto
     reads it from the host's engine where it can (vLLM), else takes the trainer's."""
     seed: int | None = None
     """Seed of the watcher's own random stream (the held-out prompts and their sampling); None: the host's seed."""
@@ -168,7 +169,7 @@ def step_metrics(parts: list[MicroBatch]) -> tuple[dict[str, float], dict[int, d
     row.update(dg.clustered_metrics(log_w_k, prompts, log_w_gen))
     gaps = [p.gap for p in parts if p.gap is not None]
     if gaps:
-        row.update(dg.sampler_gap(*(_cat_padded([g[i] for g in gaps]) for i in range(3))))
+        row.update(sync_probe.sampler_gap(*(_cat_padded([g[i] for g in gaps]) for i in range(3))))
     by_lag = {}
     for value in np.unique(lag):
         on = lag == value

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from llm.core import agent_metrics, sync_probe
 from llm.core import diagnostics as dg
 from llm.core.batch import Batch
 from llm.core.logprobs import TokenDists
@@ -38,13 +39,13 @@ def diagnose(batch: Batch, scored: Scored, groups: Groups, roll: Rollout, eos: i
     row.update(dg.weight_metrics(optimised.pi_k.logp, log_alpha, cm))
     row.update(dg.group_metrics(scored.rewards, log_w_k, eps, reward_range))
     if roll.tool_mask is not None:  # an agent's episodes (``llm.agents``)
-        row.update(dg.tool_metrics(roll.tool_mask, roll.tool_calls, roll.tool_failures, roll.malformed, roll.env_failed))
-        row.update(dg.episode_metrics(optimised.pi_k.logp, log_alpha, cm))
+        row.update(agent_metrics.tool_metrics(roll.tool_mask, roll.tool_calls, roll.tool_failures, roll.malformed, roll.env_failed))
+        row.update(agent_metrics.episode_metrics(optimised.pi_k.logp, log_alpha, cm))
     if optimised.chain_tv_k is not None:
         row["tv/pi_k_alpha_chain_ub_est"] = optimised.chain_tv_k
     if behaviour.from_sampler is not None and behaviour.recomputed is not None:
         n = behaviour.checked_rows or cm.shape[0]
-        row.update(dg.sampler_gap(behaviour.from_sampler[:n], behaviour.recomputed[:n], cm[:n]))
+        row.update(sync_probe.sampler_gap(behaviour.from_sampler[:n], behaviour.recomputed[:n], cm[:n]))
     return row
 
 

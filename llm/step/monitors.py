@@ -14,7 +14,7 @@ from runkit.cli import RunError
 
 from llm.config.ranges import beyond_range, onto_range
 from llm.core import diagnostics as dg
-from llm.core.diagnostics import sync_check
+from llm.core.sync_probe import sync_check
 from llm.core.metrics import PHASES
 from llm.core.token_filter import NO_FILTER, TokenFilter
 from llm.evaluation import mean_exact_j

@@ -148,6 +148,7 @@ def _everything(batch, scale, alpha_env, mode, level):
     """Loss statistics, gradient, the weights' and episodes' metrics, the sequence ratios and the per-token TV of one
     optimiser step (SGD lr 0) with the environment positions' logits perturbed by ``scale`` and log alpha of the
     environment's tokens set to ``alpha_env``."""
+    from llm.core import agent_metrics
     from llm.core import diagnostics as dg
     from llm.core.passes import Passes
     from llm.models.model import Precision, load_policy
@@ -177,7 +178,7 @@ def _everything(batch, scale, alpha_env, mode, level):
     plain = passes.dists(policy, passes.logprobs(policy, batch, keep_hidden=True).hidden)
     tv, kl = passes.token_divergences(dists, plain, pm)
     return {"stats": out.stats.metrics(), "grad": grad, "weights": dg.weight_metrics(out.pi_k.logp, log_alpha, pm),
-            "episodes": dg.episode_metrics(out.pi_k.logp, log_alpha, pm),
+            "episodes": agent_metrics.episode_metrics(out.pi_k.logp, log_alpha, pm),
             "seq": dg.sequence_log_ratio(out.pi_k.logp, log_alpha, pm, 2, 3), "tv": tv, "kl": kl,
             "logp": out.pi_k.logp * pm}
 
@@ -292,7 +293,7 @@ def test_a_bad_tool_or_call_is_one_line_and_a_scored_episode(tool, turns, failur
 def test_a_turn_the_parser_cannot_read_is_a_final_answer_with_a_metric_of_its_own():
     """TRL 1.16 reads a turn its parser cannot read as the model's text: no call, no failure, the episode ends. Ours
     counts it in tools/malformed_frequency and says so once."""
-    from llm.core.diagnostics import tool_metrics
+    from llm.core.agent_metrics import tool_metrics
 
     said = []
     tok, task, agent, bound = _agent(log=said.append)

@@ -10,7 +10,7 @@ import torch
 from llm import GRPOConfig
 from llm.config.trl import from_trl, translate_trl_args
 from llm.core.batch import make_batch, padded
-from llm.core.diagnostics import SyncCheck
+from llm.core.sync_probe import SyncCheck
 from llm.core.logprobs import completion_logprobs
 from llm.core.token_filter import NO_FILTER, TokenFilter
 from llm.models.model import Precision, load_policy

@@ -180,7 +180,7 @@ def test_the_weight_metrics_cover_every_completion_token_whatever_the_loss_keeps
 def test_the_sync_checks_mean_leaves_off_set_tokens_out_and_its_floor_calibrates_bf16():
     """``sampler_gap``: a token that one side's filter drops (-10^4) shows in the worst token, not in the token mean;
     ``SyncCheck``: bfloat16's threshold is max(0.02, twice the run's first gap), float32's the absolute 1e-3."""
-    from llm.core.diagnostics import SYNC_CHECKS, sampler_gap
+    from llm.core.sync_probe import SYNC_CHECKS, sampler_gap
 
     a = torch.tensor([[-1.0, -2.0, -1.0e4, -3.0]])
     b = torch.tensor([[-1.1, -2.1, -5.0, -3.1]])

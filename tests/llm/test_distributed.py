@@ -12,7 +12,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from llm.core.metrics import is_wall_clock
-from llm.core.diagnostics import SYNC_CHECKS
+from llm.core.sync_probe import SYNC_CHECKS
 from llm.models.distributed import Ranks
 from llm.run.rundir import read_metrics
 from tests.helpers import CASES, ROOT, RTOL64, optimise_case, same_gradient, same_metric, train_command

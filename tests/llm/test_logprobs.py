@@ -259,7 +259,7 @@ def test_the_sync_check_reads_rounding_at_a_low_temperature_as_rounding():
     """A synced sampler at temperature 0.01 differed from the trainer by 7.2e-4 nats on the built-in agent model (the
     float32 tolerance is 1e-3); the check's tolerance is divided by the temperature as the start-up check's is, and
     a stale engine (off by a nat or more at temperature 1, a hundred at 0.01) is still told apart."""
-    from llm.core.diagnostics import SYNC_CHECKS, sync_check
+    from llm.core.sync_probe import SYNC_CHECKS, sync_check
     from llm.step.monitors import Warnings
 
     assert sync_check("float32", 1.0) == SYNC_CHECKS["float32"] == sync_check("float32", 2.0)

@@ -10,7 +10,7 @@
     reference   log pi_ref                                                      (beta > 0)
     optimise    i steps on the clipped off-policy objective (+ beta KL)         (``llm.optim.update.optimise``)
     diagnose    TV distances, Theorem 1's estimated terms, the exact J          (``llm.step.diagnose``, ``llm.step.monitors``)
-    evaluate    every ``eval_steps`` steps, on the test prompts                 (``llm.evaluation.evaluate``)
+    evaluate    every ``eval_steps`` steps, on the test prompts                 (``llm.evaluation.policy_eval``)
     log         one row of metrics.jsonl (returned to the loop), completions    (``StepOutput``)
 
 The loop, the checkpoints and the set-up around the steps are ``llm.run.trainer``. Every knob is read where it acts:
@@ -29,7 +29,7 @@ import torch
 from llm.config import GRPOConfig
 from llm.core.passes import Passes
 from llm.evaluation import EvalSpec, evaluate
-from llm.evaluation.test_set import improvement_bounds
+from llm.evaluation.policy_eval import improvement_bounds
 from llm.optim import Objective, Schedule, optimise
 from llm.sampling import Rollout
 from llm.step.behaviour import Behaviour, alpha_logprobs, sampler_logprobs

@@ -32,7 +32,7 @@ LAYERS = [
     ["llm.agents.tools", "llm.agents.workers", "llm.agents.environments", "llm.agents.template", "llm.agents.episodes",
      "llm.agents.setup",
      "llm.agents"],  # agents/: episodes of turns and tool calls over any sampler
-    ["llm.evaluation.exact", "llm.evaluation.passk", "llm.evaluation.test_set", "llm.evaluation"],  # evaluation/
+    ["llm.evaluation.exact", "llm.evaluation.passk", "llm.evaluation.policy_eval", "llm.evaluation"],  # evaluation/
     ["llm.optim.schedule", "llm.optim.baseline", "llm.optim.update", "llm.optim"],  # optim/: the optimiser
     ["llm.step.clock", "llm.step.rollout", "llm.step.score", "llm.step.behaviour", "llm.step.diagnose",
      "llm.step.weights", "llm.step.monitors"],  # step/: one step's stages, phase by phase

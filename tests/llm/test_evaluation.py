@@ -123,7 +123,7 @@ def test_the_runs_certificate_is_the_betting_bound_on_paired_differences_at_the_
 
     from grpo_theory.betting import spent_level
     from grpo_theory.estimators import lower_confidence_bound
-    from llm.evaluation.test_set import improvement_bounds
+    from llm.evaluation.policy_eval import improvement_bounds
 
     g = np.random.default_rng(0)
     before = {"accuracy_sampled": g.uniform(0, 0.4, 113), "accuracy_greedy": (g.random(113) < 0.2).astype(float)}

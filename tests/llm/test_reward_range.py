@@ -225,7 +225,7 @@ def test_rewards_at_an_edge_by_float_rounding_are_the_edge_and_the_run_trains_on
 def test_a_test_prompts_mean_at_an_edge_by_rounding_is_the_edge():
     """A test prompt's mean of three 0.1 rewards is 0.10000000000000002: under a declared [0, 0.1] the run
     certificate reads 0.1, where it used to abstain."""
-    from llm.evaluation.test_set import improvement_bounds
+    from llm.evaluation.policy_eval import improvement_bounds
 
     mean = np.mean([0.1, 0.1, 0.1])
     assert mean > 0.1
@@ -239,7 +239,7 @@ def test_the_run_certificate_spends_half_its_level_on_each_accuracy():
     from grpo_theory.betting import spent_level
     from grpo_theory.estimators import lower_confidence_bound
 
-    from llm.evaluation.test_set import certificate_level, improvement_bounds
+    from llm.evaluation.policy_eval import certificate_level, improvement_bounds
 
     assert certificate_level(0.95) == pytest.approx(0.975)
     a, b = np.tile([0.5, 1.0, 0.25, 0.75], 10), np.tile([0.25, 0.5, 0.25, 0.5], 10)
@@ -292,7 +292,7 @@ def test_with_the_trainers_recomputed_log_alpha_the_step_certificate_abstains(tm
 def test_a_resumed_run_never_reuses_an_evaluation_look(tmp_path):
     """Evaluations after steps 2 and 3 (the last) of a 3-step run are looks 1 and 2; resumed to 4 steps, the next
     evaluation is look 3 (ceil(4 / 2) = 2 would spend look 2's level twice)."""
-    from llm.evaluation.test_set import improvement_bounds
+    from llm.evaluation.policy_eval import improvement_bounds
 
     rows, _, path = _train(tmp_path, "looks", eval_steps=2)
     assert torch.load(path / "checkpoint.pt", weights_only=True)["eval_looks"] == 2
@@ -305,7 +305,7 @@ def test_a_resumed_run_never_reuses_an_evaluation_look(tmp_path):
 
 
 def test_the_run_certificate_reads_the_declared_range():
-    from llm.evaluation.test_set import improvement_bounds
+    from llm.evaluation.policy_eval import improvement_bounds
 
     now, before = {"accuracy_sampled": np.full(40, 2.0)}, {"accuracy_sampled": np.full(40, 0.0)}
     unit = improvement_bounds({"accuracy_sampled": np.full(40, 1.0)}, before, 0.95, 1, (0.0, 1.0))

@@ -275,7 +275,7 @@ def run_ranks(model: Path, out: Path, code: Path, fsdp: bool) -> list[dict]:
 def fsdp_ranks(workdir: Path, code: Path) -> None:
     model = build_model(workdir / f"qwen05_l{FSDP_LAYERS}_vocab99", FSDP_LAYERS, QWEN05, vocab=0)
     blocks, whole = parameter_split(model)
-    print(f"part 3: per-rank peak memory of torchrun --nproc-per-node 2 llm.train (2 steps, 4 prompts x G = 4, "
+    print(f"part 3: per-rank peak memory of torchrun --nproc-per-node 2 -m llm train (2 steps, 4 prompts x G = 4, "
           f"beta 0.04, float32, transformers sampler) on Qwen2.5-0.5B's layer shape with {FSDP_LAYERS} layers and "
           f"the built-in vocabulary: {blocks / 1e6:.1f}M parameters in the blocks, {whole / 1e6:.2f}M outside\n")
     print("| mode | rank | peak GB | tensors GB (24 B/param held + rank 0's copies) | whole checkpoint on rank 0 GB |"

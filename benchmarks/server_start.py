@@ -1,5 +1,5 @@
 """Seconds until vLLM's server answers, by how it is started: ``python benchmarks/server_start.py`` (about 2 minutes
-on 2 cores). ``llm.serve`` runs vLLM's server entry point from ``python -c`` (``llm.sampling.launch.SERVER_MAIN``);
+on 2 cores). ``python -m llm serve`` runs vLLM's server entry point from ``python -c`` (``llm.sampling.launch.SERVER_MAIN``);
 the engine core that vLLM spawns then imports only what it runs. With ``python -m
 vllm.entrypoints.openai.api_server`` (the earlier command) the spawned process re-imports that main module first,
 the whole server stack. Each start: ``ServerProcess.start`` on the built-in model, timed until /health answers,
@@ -48,7 +48,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=2, help="starts of each command")
     args = ap.parse_args()
-    times = {"python -c SERVER_MAIN (llm.serve's)": [], "python -m vllm.entrypoints.openai.api_server": []}
+    times = {"python -c SERVER_MAIN (python -m llm serve's)": [], "python -m vllm.entrypoints.openai.api_server": []}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.reps):
             for name in times:

@@ -77,9 +77,11 @@ def summarise(run_dir: str | Path, window: int = 10) -> str:
             lines.append("  chain-rule estimate below the importance-sampled TV estimate on "
                          f"{_share(r['tv/pi_k_alpha_chain_ub_est'] < r['tv/pi_k_alpha'] for r in chain)} of them")
     reasons = [r["sync/reason"] for r in rows if r.get("sync/reason")]
-    if reasons:
+    if reasons:  # step 0's sampler holds the initial policy: the first of the syncs the plan and start-up count
         counts = {k: reasons.count(k) for k in dict.fromkeys(reasons)}
-        lines.append(f"  weight syncs: {len(reasons)} (" + ", ".join(f"{k} {v}" for k, v in counts.items()) + ")")
+        first = 1 if rows[0].get("step") == 0 else 0
+        lines.append(f"  weight syncs: {len(reasons) + first} (" + ("step 0's, then " if first else "") + "by reason: "
+                     + ", ".join(f"{k} {v}" for k, v in counts.items()) + ")")
     dropped = sum(r.get("dropped_stale", 0.0) for r in rows)
     if dropped:
         lines.append(f"  steps dropped for staleness (lag > max_staleness, no update): {dropped:.0f}")

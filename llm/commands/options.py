@@ -68,5 +68,14 @@ PROG = "python -m llm options"
 
 
 def main(args: list[str] | None = None) -> int:
+    import sys
+
+    args = sys.argv[1:] if args is None else list(args)
+    if args in (["-h"], ["--help"]):
+        print(f"usage: {PROG}\n\nPrints docs/options.md, every option of the trainer with its default and meaning "
+              f"(from GRPOConfig). Takes no options.")
+        return 0
+    if args:
+        raise ValueError(f"takes no options, got {' '.join(args)} (see --help)")
     print(markdown(), end="")
     return 0

@@ -73,7 +73,13 @@ def one_line(exc: ValidationError, names=(), field: str = "") -> Exception:
     field = ".".join(str(p) for p in err["loc"] if not isinstance(p, int)) or field or "config"
     if err["type"] in ("unexpected_keyword_argument", "extra_forbidden", "no_such_attribute"):
         return TypeError(f"unexpected option {field!r}{nearest_name(field, names)}")
-    if err["type"] == "literal_error":
+    if err["type"] == "missing" and any(isinstance(p, int) for p in err["loc"]):  # a tuple with too few items
+        what = f"a tuple of more items (item {[p for p in err['loc'] if isinstance(p, int)][-1]} is missing)"
+    elif err["type"] in ("too_long", "too_short"):
+        bound = ("at most", err["ctx"].get("max_length")) if err["type"] == "too_long" else \
+            ("at least", err["ctx"].get("min_length"))
+        what = f"a tuple of {bound[0]} {bound[1]} items"
+    elif err["type"] == "literal_error":
         what = f"one of {err['ctx']['expected']}"
     elif err["type"] in _EXPECTED:
         what = _EXPECTED[err["type"]]

@@ -90,7 +90,8 @@ class DataConfig(ConfigGroup):
     sources' own range when each has one (text rewards and the built-in tasks [0, 1], soft_overlong_punishment
     [-1, 0], weighted sums of them; plan.json records it), else none: reward functions with TRL's signature,
     reward models and environments declare nothing, so their runs train as usual, Theorem 1's terms use the range
-    seen (no guarantee) and the certificates abstain (nan). It never widens from the rewards seen."""
+    seen (no guarantee) and the certificates abstain (nan). It never widens from the rewards seen. A declaration
+    that does not hold the sources' own range is refused when the run starts (its plan, plan.json)."""
     soft_punish_cache: int = 0
     """L_cache of the built-in reward ``soft_overlong_punishment`` (DAPO's soft overlong punishment; TRL's
     ``get_soft_overlong_punishment`` argument): completions longer than max_completion_length - L_cache lose up to 1

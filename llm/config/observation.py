@@ -23,7 +23,7 @@ class DiagnosticsConfig(ConfigGroup):
     """Confidence level of ``heldout/improvement_lcb``, the one-sided lower confidence bound on the step's improvement
     J(pi_{k+1}) - J(pi_k) from the held-out prompts: a positive value certifies the step improved J at this level,
     without Theorem 1 (docs/theory.md, §8.6). Each step's certificate holds at this level on its own; across a run,
-    ``llm.report`` counts the steps certified under a guarantee for the whole run (e-BH on ``heldout/improvement_e``)."""
+    ``python -m llm report`` counts the steps certified under a guarantee for the whole run (e-BH on ``heldout/improvement_e``)."""
     improvement_lcb_method: LcbMethod = DEFAULT_LCB_METHOD
     """The certificate's bound: betting (Waudby-Smith and Ramdas's betting bound on the capped estimates, whose range
     is known, so its level is a theorem for every distribution of the rewards and weights: docs/theory.md, §8.6;
@@ -61,7 +61,7 @@ class DiagnosticsConfig(ConfigGroup):
     """With ``exact_j``: measure it at every this many steps only (steps k with k % N == 0) and at the last step, so
     its passes cost about 2/N of a pass per step (J(pi_k) of a measured step is the previous step's J(pi_{k+1}) only
     where that step was measured too). The other rows carry no ``j/*`` or ``improvement``; what a run's first and last
-    rows say (J before and after) is the same at every N. ``llm.report`` compares the estimates with the exact
+    rows say (J before and after) is the same at every N. ``python -m llm report`` compares the estimates with the exact
     improvement on the measured steps only and says so; the signal check (``llm.warning``) needs every step: N = 1."""
 
     def __post_init__(self):

@@ -59,6 +59,9 @@ TRL_COUNTERPARTS = {
     "vllm_server_host": "--server-url http://host:port",
     "vllm_server_port": "--server-url http://host:port",
     "lora_dropout": "none: LoRA dropout is always 0 (the importance weight needs the same log-probs from every pass)",
+    "gradient_accumulation_steps": "derived, not set: ceil(prompts_per_step x num_generations / "
+                                   "--per-device-train-batch-size) micro-batches make one optimiser step (printed at "
+                                   "start-up); set --per-device-train-batch-size",
 }
 #: TRL's default ref_model_sync_steps, used when sync_ref_model is on without it.
 TRL_REF_MODEL_SYNC_STEPS = 512

@@ -12,7 +12,7 @@ bit. In a trainer that is a wrong log-probability in whichever step first calls 
 table is computed once at start-up, a sampler that is off for the whole run.
 
 ``resolve_vml_dispatch`` calls every VML function this torch build links once, on one element in one thread, so
-every later call finds its kernel chosen. The trainer, ``llm.serve`` and every vLLM process (through the project's
+every later call finds its kernel chosen. The trainer, ``python -m llm serve`` and every vLLM process (through the project's
 vLLM plugin) call it before their first model.
 """
 

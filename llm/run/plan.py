@@ -3,7 +3,7 @@
 ``GRPOConfig`` holds the options as given (config.json: None stays None). What the run derives from them, the task
 and the machine is decided here, in one place each, and written beside config.json as plan.json:
 
-- the sampler (``llm.sampling.resolved_sampler``: 'auto' and the transformers modes);
+- the sampler and why (``llm.sampling.resolve_sampler``: 'auto' and the transformers modes);
 - the completion budget (``llm.config.grpo.completion_budget``: ``max_completion_length``, else the task's own);
 - the reward range the guarantees read and where it comes from (``llm.config.ranges.range_origin`` over
   ``llm.rewards.sources_range``);
@@ -23,7 +23,7 @@ from pathlib import Path
 from llm.config import GRPOConfig
 from llm.config.ranges import RangeOrigin, range_origin, range_text
 from llm.rewards import sources_range
-from llm.sampling import SAMPLERS, resolved_sampler
+from llm.sampling import SAMPLERS, resolve_sampler
 
 __all__ = ["PLAN_FILE", "Plan", "read_plan", "resolve_plan", "reward_range_origin"]
 
@@ -37,6 +37,8 @@ class Plan:
 
     sampler: str
     """The kind of sampler (a key of ``llm.sampling.SAMPLERS``)."""
+    sampler_origin: str
+    """'given' (``--sampler``), or what 'auto' read."""
     max_completion_length: int
     """The completion budget in tokens."""
     completion_budget_origin: str
@@ -51,7 +53,8 @@ class Plan:
     sync_policy: str
     sync_period: int
     num_syncs: int | None
-    """Weight copies into the sampler with the fixed policy (None: the divergence policy decides as it goes)."""
+    """Weight copies into the sampler with the fixed policy, step 0's (the initial policy) included (None: the divergence
+    policy decides as it goes)."""
 
     @property
     def sampler_class(self) -> type:
@@ -72,11 +75,12 @@ class Plan:
     def from_dict(cls, stored: dict) -> "Plan":
         """The plan a plan.json holds (its range a list there)."""
         rng = stored.get("reward_range")
-        return cls(**{**stored, "reward_range": None if rng is None else tuple(rng)})
+        known = {f.name: stored.get(f.name, "") for f in dataclasses.fields(cls)}  # a key added later: ""
+        return cls(**{**known, "reward_range": None if rng is None else tuple(rng)})
 
     def lines(self) -> list[str]:
         """The plan's key line for the start of a run (the batch, the sync and the range have lines of their own)."""
-        return [f"plan ({PLAN_FILE}): sampler {self.sampler}; completions of <= {self.max_completion_length} tokens "
+        return [f"plan ({PLAN_FILE}): sampler {self.sampler} ({self.sampler_origin}); completions of <= {self.max_completion_length} tokens "
                 f"({self.completion_budget_origin}); reward range {range_text(self.reward_range)} "
                 f"({self.reward_range_origin})"]
 
@@ -95,7 +99,8 @@ def resolve_plan(config: GRPOConfig) -> Plan:
         raise TypeError(f"resolve_plan() takes a GRPOConfig, got {type(config).__name__}")
     rng = reward_range_origin(config)
     adaptive = config.sync.sync_policy == "divergence"
-    return Plan(sampler=resolved_sampler(config.sampling),
+    sampler, sampler_origin = resolve_sampler(config.sampling)
+    return Plan(sampler=sampler, sampler_origin=sampler_origin,
                 max_completion_length=config.completion_budget,
                 completion_budget_origin="given" if config.sampling.max_completion_length is not None else
                 "the task's own",

@@ -93,6 +93,7 @@ class RunDir:
         self.path = Path(config.output.output_dir)
         self.config = config
         self.plan = plan or resolve_plan(config)
+        self.notice = ""  # what ``open`` found worth saying (a run it replaces)
         self._lock_fd: int | None = None
 
     def __enter__(self) -> "RunDir":
@@ -157,7 +158,14 @@ class RunDir:
             ckpt = self.load_checkpoint()
             with writing(self.metrics_path, during_run=False):
                 self._truncate_metrics(ckpt["step"])
-        else:
+        elif (self.path / "config.json").is_file():  # a run stopped before its first checkpoint: nothing to resume
+            try:
+                diff = self.incompatible(self.path / "config.json")
+            except ValueError:  # not a config this version reads
+                diff = ["config.json"]
+            self.notice = (f"{self.path} held a run that saved no checkpoint"
+                           + (f", with other options ({', '.join(diff)})" if diff else "") + ": starting afresh")
+        if ckpt is None:
             for name in ("metrics.jsonl", "samples.jsonl"):
                 (self.path / name).unlink(missing_ok=True)
         with writing(self.path / "config.json", during_run=False):

@@ -91,6 +91,8 @@ def train_main(config: GRPOConfig, plan: Plan, ranks: Ranks, log, callbacks: Seq
     """The one process, or rank 0 of several: it owns the run directory, the sampler and the trackers."""
     with RunDir(config, plan) as run:  # locked: a second trainer on the same output_dir is refused
         ckpt = run.open()  # writes config.json and plan.json before step 0
+        if run.notice:
+            log(run.notice)
         ranks.barrier()  # the other ranks read the checkpoint once the run directory is ready
         if ckpt is not None and ckpt["step"] >= config.max_steps:
             log(f"{run.path} already holds a finished run of {ckpt['step']} steps (raise --max-steps to continue it)")

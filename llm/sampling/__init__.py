@@ -22,7 +22,7 @@ from llm.sampling.vllm_settings import quiet_vllm
 quiet_vllm()  # before any import of vllm
 
 __all__ = ["Rollout", "Sampler", "TransformersSampler", "check_vllm_supports", "make_sampler", "max_model_len",
-           "probe_sync", "resolved_sampler", "SAMPLERS", "sampler_class"]
+           "probe_sync", "resolve_sampler", "resolved_sampler", "SAMPLERS", "sampler_class"]
 
 
 #: Each kind of sampler a run may use -> (module, class). ``resolved_sampler`` picks the kind; the class's attributes say
@@ -33,19 +33,29 @@ SAMPLERS = {"transformers": ("llm.sampling.hf_generate", "TransformersSampler"),
             "server": ("llm.sampling.server", "ServerSampler")}
 
 
-def resolved_sampler(sampling) -> str:
-    """The kind of sampler a run uses (a key of ``SAMPLERS``): the sampling group's ``sampler`` (``SamplingConfig``),
-    a transformers mode (--use-transformers-continuous-batching, --cache-implementation static) choosing the
-    transformers sampler where it is 'auto', else vLLM in process when it imports. The one place this is decided."""
-    kind = sampling.sampler
+def resolve_sampler(sampling) -> tuple[str, str]:
+    """The kind of sampler a run uses (a key of ``SAMPLERS``) and why: the sampling group's ``sampler``
+    (``SamplingConfig``), a transformers mode (--use-transformers-continuous-batching, --cache-implementation static)
+    choosing the transformers sampler where it is 'auto', else vLLM in process when it imports. The one place this is
+    decided."""
+    kind, why = sampling.sampler, "given"
     if kind == "auto":
         from llm.sampling.vllm_engine import vllm_available
 
-        transformers_mode = sampling.use_transformers_continuous_batching or sampling.cache_implementation == "static"
-        kind = "transformers" if transformers_mode or not vllm_available() else "vllm"
+        if sampling.use_transformers_continuous_batching:
+            kind, why = "transformers", "auto: --use-transformers-continuous-batching"
+        elif sampling.cache_implementation == "static":
+            kind, why = "transformers", "auto: --cache-implementation static"
+        else:
+            kind, why = ("vllm", "auto: vLLM imports") if vllm_available() else ("transformers", "auto: no vLLM")
     if kind == "transformers" and sampling.use_transformers_continuous_batching:
-        return "transformers-continuous"
-    return kind
+        return "transformers-continuous", why
+    return kind, why
+
+
+def resolved_sampler(sampling) -> str:
+    """The kind of sampler a run uses (``resolve_sampler``)."""
+    return resolve_sampler(sampling)[0]
 
 
 def sampler_class(sampling) -> type:

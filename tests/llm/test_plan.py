@@ -156,3 +156,40 @@ def test_a_run_written_before_plans_resumes_on_its_resolved_values(tmp_path):
     (run_dir / "config.json").write_text(json.dumps({**old, "max_completion_length": 8}))
     with RunDir(cfg) as run, pytest.raises(ValueError, match=r"different config \(max_completion_length\)"):
         run.open()
+
+
+def test_the_plan_says_why_the_sampler_was_chosen():
+    assert resolve_plan(GRPOConfig(sampler="transformers")).sampler_origin == "given"
+    static = resolve_plan(GRPOConfig(cache_implementation="static"))
+    assert (static.sampler, static.sampler_origin) == ("transformers", "auto: --cache-implementation static")
+    paged = resolve_plan(GRPOConfig(use_transformers_continuous_batching=True))
+    assert (paged.sampler, paged.sampler_origin) == ("transformers-continuous",
+                                                      "auto: --use-transformers-continuous-batching")
+    assert resolve_plan(GRPOConfig()).sampler_origin in ("auto: vLLM imports", "auto: no vLLM")
+    assert "sampler transformers (auto: --cache-implementation static)" in static.lines()[0]
+
+
+def test_a_run_that_saved_no_checkpoint_is_replaced_with_a_notice(tmp_path):
+    """A run stopped before its first checkpoint holds nothing to resume: the next run starts afresh and says so,
+    naming the options that differ."""
+    cfg = GRPOConfig(sampler="transformers", output_dir=str(tmp_path / "run"))
+    with RunDir(cfg) as run:
+        assert run.open() is None and run.notice == ""
+    with RunDir(cfg.replace(num_generations=2)) as run:
+        assert run.open() is None
+    assert run.notice == f"{tmp_path / 'run'} held a run that saved no checkpoint, with other options (num_generations)" \
+                         ": starting afresh"
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["num_generations"] == 2
+
+
+def test_the_report_counts_the_syncs_the_plan_counts(tmp_path):
+    from llm.analysis.report import summarise
+
+    cfg = GRPOConfig(sampler="transformers", max_steps=3, output_dir=str(tmp_path / "run"))
+    with RunDir(cfg) as run:
+        run.open()
+        for step, reason in enumerate(["", "period", "period"]):  # v = 1: step 0's sampler holds the initial policy
+            run.append_metrics({"step": step, "sync/reason": reason, "lag": 0, "reward": 0.5})
+    text = summarise(tmp_path / "run")
+    assert resolve_plan(cfg).num_syncs == 3
+    assert "weight syncs: 3 (step 0's, then by reason: period 2)" in text

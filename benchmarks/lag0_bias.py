@@ -50,7 +50,7 @@ def main() -> None:
         beta=0.0, max_steps=3, sync_period=1, sampler="vllm", dtype=args.dtype, tv_diagnostics=True, exact_j=False,
         top_p=args.top_p, progress=False, output_dir=tempfile.mkdtemp(prefix="lag0_bias_"))
     from llm.run.rundir import read_metrics
-    from tests.seams import SkipSyncs
+    from fixtures.seams import SkipSyncs
 
     print("the start-up probe's 16 tokens first, then the 3 steps:")
     rows = read_metrics(train(config, log=lambda *a: None, callbacks=[SkipSyncs()] if args.skip_syncs else []))

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.helpers import chunked_logprobs_and_gradients  # noqa: E402
+from fixtures.logprobs import chunked_logprobs_and_gradients  # noqa: E402
 
 
 def main() -> None:

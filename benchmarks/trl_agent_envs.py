@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.llm.agent_envs import Adder  # noqa: E402,F401  the second environment of the dict of factories
+from fixtures.agent_envs import Adder  # noqa: E402,F401  the second environment of the dict of factories
 
 
 def _factors(text: str) -> tuple[int, int]:

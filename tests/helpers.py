@@ -23,6 +23,8 @@ from llm.optim import Objective, optimise
 from llm.step.score import advantages
 from llm.tasks import TokenizedTask, arithmetic_task
 
+from fixtures.logprobs import chunked_logprobs_and_gradients, sequences  # noqa: F401  (tests import them here)
+
 #: The repository's root (the working directory of the subprocesses tests start).
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,14 +73,6 @@ RTOL64 = 1e-10
 SHARED_GRAD_RTOL = 1e-6
 
 
-def sequences(tok, n: int, seed: int = 0):
-    """n prompts of the arithmetic kind and random completions of unequal lengths (1 to 6 tokens)."""
-    g = np.random.default_rng(seed)
-    prompts = [tok(f"{a}+{b}=").input_ids for a, b in g.integers(0, 50, size=(n, 2))]
-    comps = [g.integers(3, len(tok), size=int(g.integers(1, 7))).tolist() for _ in range(n)]
-    return prompts, comps
-
-
 def one_block_model_dir(dst: Path) -> Path:
     """The built-in model cut to its first decoder block, saved as a model directory (weights, config, tokenizer) in
     ``dst``: what the compiled-model tests compile. Each block gets graphs of its own where it reads a prompt's
@@ -94,22 +88,6 @@ def one_block_model_dir(dst: Path) -> Path:
     model.save_pretrained(dst)
     AutoTokenizer.from_pretrained(tiny_model_dir()).save_pretrained(dst)
     return dst
-
-
-def chunked_logprobs_and_gradients(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The built-in tiny model in ``dtype`` on ``device``, 12 ``sequences``, the output layer in chunks of 3 tokens at
-    temperature 0.7, forward and backward: the completion log-probs and every parameter's gradient, as float64 on the
-    CPU (tests/gpu against float64; benchmarks/logprob_error.py)."""
-    from llm.core.logprobs import forward_completions
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    model, tok = load_policy(str(tiny_model_dir()), torch.device(device))
-    model.to(dtype)
-    prompts, comps = sequences(tok, 12)
-    out = forward_completions(model, make_batch(prompts, comps, tok.pad_token_id, device), 0.7, chunk_tokens=3)
-    model.zero_grad(set_to_none=True)
-    out.logp.sum().backward()
-    return out.logp.detach().cpu().double(), [p.grad.cpu().double() for p in model.parameters()]
 
 
 def same_gradient(a: torch.Tensor, b: torch.Tensor, rtol: float = RTOL) -> bool:

@@ -24,13 +24,13 @@ from llm.config.agent import AgentConfig
 from llm.tasks import Task
 from tests.llm.test_agents import QUIET, Script, _agent, _tokenizer
 
-ENVS = "tests.llm.agent_envs"
+ENVS = "fixtures.agent_envs"
 CALL = '[multiply{{"a":{a},"b":{b}}}]<eos>'
 ROWS = [{"prompt": "3*4="}, {"prompt": "5*4="}]
 
 
 def _env_agent(factory, log=QUIET, reward_funcs=(), task=None, **kw):
-    """The built-in agent model's tokenizer with ``factory`` (a name in tests.llm.agent_envs, a dict, a callable)."""
+    """The built-in agent model's tokenizer with ``factory`` (a name in fixtures.agent_envs, a dict, a callable)."""
     from llm.rewards import reward_funcs as resolve
 
     tok = _tokenizer()
@@ -184,7 +184,7 @@ def test_a_dict_of_environments_is_chosen_by_the_environment_column_with_its_own
 def test_a_factory_may_be_any_callable():
     import functools
 
-    from tests.llm import agent_envs
+    from fixtures import agent_envs
 
     for factory in (lambda: agent_envs.Multiplier(), functools.partial(agent_envs.Multiplier)):
         tok, task, agent = _env_agent(factory)
@@ -274,7 +274,7 @@ def multiply_rows(tmp_path):
 
 def test_an_environment_that_owns_the_data_trains_without_a_dataset(tmp_path):
     """TRL's train_dataset=None: every prompt is reset's observation (a lambda factory, given from Python)."""
-    from tests.llm import agent_envs
+    from fixtures import agent_envs
 
     rows, _ = _train_env(tmp_path, "owned", dataset=None, environment_factory=lambda: agent_envs.OwnsTheData())
     assert [r["step"] for r in rows] == [0, 1] and all(r["tools/call_frequency"] > 0 for r in rows)
@@ -441,7 +441,7 @@ def test_a_reward_function_tripping_on_a_failed_episodes_none_is_told_so():
     from llm.rewards.functions import batch_rewards
 
     funcs = resolve([f"{ENVS}:kept_reward"], ())
-    from tests.llm.agent_envs import KeepsReward
+    from fixtures.agent_envs import KeepsReward
 
     env = KeepsReward()
     with pytest.raises(ValueError, match="holds None for the 1 episode whose environment failed") as err:

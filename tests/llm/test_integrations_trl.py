@@ -23,7 +23,7 @@ from llm.integrations import readings as rd  # noqa: E402
 from llm.integrations.trl import TRLWatcher, watch  # noqa: E402
 from llm.models.model import load_tokenizer  # noqa: E402
 from llm.models.tiny import agent_model_dir, tiny_model_dir  # noqa: E402
-from tests.llm.agent_envs import Multiplier  # noqa: E402
+from fixtures.agent_envs import Multiplier  # noqa: E402
 from tests.llm.trl_harness import TASK, DeltaEngine, EngineTrainer, exact_reward  # noqa: E402
 
 #: TRL's keys that are wall-clock, not a function of the seed.

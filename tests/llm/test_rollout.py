@@ -9,7 +9,7 @@ from llm import GRPOConfig, train
 from llm.run.rundir import read_metrics
 from llm.sampling import TransformersSampler
 from llm.step.rollout import step_seed
-from tests.seams import PolicyFingerprints, tag_generations
+from fixtures.seams import PolicyFingerprints, tag_generations
 
 #: Learning test: exact J over the training prompts must rise by this much in 60 steps with asynchronous generation
 #: at v = 2 (measured on the shipped built-in model, seed 0, one thread: +0.090 under the host's and the AVX2 kernels

@@ -13,7 +13,7 @@ from llm.core.metrics import deterministic
 from llm.run.rundir import read_metrics
 from llm.step.rollout import step_seed
 from tests.helpers import LEARNING_MARGIN
-from tests.seams import PolicyFingerprints, tag_generations
+from fixtures.seams import PolicyFingerprints, tag_generations
 
 
 def _config(tmp_path, name, **kw):

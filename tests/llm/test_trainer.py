@@ -17,7 +17,7 @@ from llm.models.model import load_policy
 from llm.models.tiny import tiny_model_dir
 from llm.run.rundir import read_metrics
 from tests.helpers import LEARNING_MARGIN
-from tests.seams import SkipSyncs, TrainerPasses
+from fixtures.seams import SkipSyncs, TrainerPasses
 
 #: Right after a sync, pi_k = alpha: is_weight within this of 1 and TV within this of 0
 #: (sampler and trainer compute the same log-probs with and without a KV cache).

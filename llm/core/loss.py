@@ -264,7 +264,7 @@ def grpo_loss(
     beta: float = 0.0,
     logp_ref: torch.Tensor | None = None,
     use_bias_correction_kl: bool = True,
-    policy_mask: torch.Tensor | None = None,
+    entropy_mask: torch.Tensor | None = None,
     token_keep: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """Loss (to minimise) of one optimiser step, or of one micro-batch of it, and its statistics.
@@ -280,7 +280,7 @@ def grpo_loss(
 
     With a TRL importance-sampling mode the objective is ``grpo_theory.corrected_objective``: PPO's clip of
     rho = pi/pi_k at the ratio level, times w = pi_k/alpha per token or per sequence, truncated or masked at the cap
-    (and at the lower cap, when one is set). ``policy_mask`` (B, T): multiplies the clipped objective per token, not
+    (and at the lower cap, when one is set). ``entropy_mask`` (B, T): multiplies the clipped objective per token, not
     the KL term (``top_entropy_quantile``). ``token_keep`` (B, T) bool: M2PO's mask (mode m2po; all kept when None),
     which also multiplies the objective only; the tokens it drops are counted in ``is_correction/frac_above_cap``.
     """
@@ -308,8 +308,8 @@ def grpo_loss(
     if spec.off_policy_mask_threshold is not None:
         per_token = per_token * off_policy_mask(logp, logp_alpha, adv, on.to(logp.dtype),
                                                 spec.off_policy_mask_threshold)
-    if policy_mask is not None:
-        per_token = per_token * policy_mask
+    if entropy_mask is not None:
+        per_token = per_token * entropy_mask
     if spec.correction.step_mask and token_keep is not None:
         per_token = per_token * token_keep.to(per_token.dtype)
         above = ~token_keep.bool()

@@ -272,13 +272,13 @@ def inner_step(passes: Passes, objective: Objective, policy: torch.nn.Module, ba
         t = mb.completion_ids.shape[1]
         cols = lambda x: x[rows, :t]  # noqa: E731  (B, T) -> this pass's rows and columns
         w = cols(weights)
-        policy_mask = entropy.mask(fwd.entropy, rows, t)
-        bonus = entropy.bonus(rows, t, policy_mask)
+        entropy_mask = entropy.mask(fwd.entropy, rows, t)
+        bonus = entropy.bonus(rows, t, entropy_mask)
         loss, part = grpo_loss(
             fwd.logp, logp_k, logp_k if logp_alpha is None else cols(logp_alpha), adv[rows], w,
             clip=objective.clip, beta=objective.beta,
             logp_ref=None if logp_ref is None else cols(logp_ref),
-            use_bias_correction_kl=objective.use_bias_correction_kl, policy_mask=policy_mask,
+            use_bias_correction_kl=objective.use_bias_correction_kl, entropy_mask=entropy_mask,
             token_keep=None if token_keep is None else cols(token_keep))
         if bonus is not None:
             loss = loss - (fwd.entropy * bonus).sum()

@@ -40,7 +40,7 @@ class Passes:
     def from_config(cls, config, ranks: Ranks = SINGLE) -> "Passes":
         """The machine group's passes of the sampling group's policies (temperature, filter, group size)."""
         machine, sampling = config.machine, config.sampling
-        return cls(sampling.temperature, Precision.from_config(machine), machine.per_device_train_batch_size,
+        return cls(sampling.temperature, Precision.of(machine.dtype), machine.per_device_train_batch_size,
                    machine.logit_chunk_tokens, machine.group_by_length, machine.prompts_shared, sampling.num_generations,
                    ranks, sampling.token_filter, machine.padding_free, machine.token_budget)
 

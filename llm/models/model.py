@@ -16,8 +16,6 @@ import torch
 
 from runkit.cli import first_line
 
-from llm.config import MachineConfig
-
 
 def resolve_device(device: str) -> torch.device:
     """'auto' -> cuda if available, else cpu; a requested CUDA device must exist."""
@@ -237,9 +235,9 @@ class Precision:
     autocast_dtype: torch.dtype | None = None
 
     @classmethod
-    def from_config(cls, machine: MachineConfig) -> "Precision":
-        """The machine group's ``dtype``."""
-        return cls(torch.bfloat16 if machine.dtype == "bfloat16" else None)
+    def of(cls, dtype: str) -> "Precision":
+        """The precision of a run's ``dtype`` (the machine group's: 'float32' or 'bfloat16')."""
+        return cls(torch.bfloat16 if dtype == "bfloat16" else None)
 
     def autocast(self, device: torch.device):
         if self.autocast_dtype is None:

@@ -49,7 +49,7 @@ class Weights:
         if sampler is not None and config.diagnostics.verify_sync and sampler.holds_own_weights:
             temperature = config.sampling.temperature
             probe_sync(sampler, policy, probe_prompts, tokenizer.pad_token_id, temperature,
-                       Precision.from_config(config.machine), sync_check(config.machine.dtype, temperature),
+                       Precision.of(config.machine.dtype), sync_check(config.machine.dtype, temperature),
                        config.sampling.token_filter)  # ends with the policy's
         elif sampler is not None and sampler.runs_server:  # a server's weights may be anyone's
             sampler.load_weights(policy)

@@ -37,7 +37,7 @@ from runkit.cli import exception_text
 
 from llm.agents.tools import tool_schema
 from llm.agents.workers import Worker, Workers
-from llm.config.objects import import_object
+from llm.config.user_code import import_object
 
 #: The data column that chooses a row's environment when ``environment_factory`` is a dict (TRL's name).
 ENVIRONMENT_COLUMN = "environment"

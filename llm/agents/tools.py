@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from llm.config.objects import import_object
+from llm.config.user_code import import_object
 
 
 def tool_schema(fn: Callable, option: str = "tools") -> dict:

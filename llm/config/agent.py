@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from llm.config.fields import ConfigGroup, config_group, require, require_finite
-from llm.config.objects import spec_validator
+from llm.config.user_code import spec_validator
 
 @config_group
 class AgentConfig(ConfigGroup):

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import field_validator
 
 from llm.config.fields import ConfigGroup, config_group, require, require_finite, resumable
-from llm.config.objects import as_specs, spec_validator
+from llm.config.user_code import as_specs, spec_validator
 
 
 @config_group

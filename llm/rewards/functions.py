@@ -267,7 +267,7 @@ def check_answers(answers: Sequence[str], source: str, answer_check: str) -> Non
 def import_reward_fn(path) -> RewardFn:
     """The function of ``package.module:function`` (or an 'object:...' kept for this process, or the function itself);
     it maps (completion, answer) to a float in [0, 1]."""
-    from llm.config.objects import import_object
+    from llm.config.user_code import import_object
 
     fn = import_object(path, "reward_fn")
     if not callable(fn):

@@ -16,7 +16,7 @@ LAYERS = [
     ["grpo_theory.simulate", "grpo_theory.check", "grpo_theory.sigma_bias", "grpo_theory.experiments",
      "grpo_theory.certificate"],
     # llm/, its folders in the order of a step's data flow
-    ["llm.config.fields", "llm.config.objects", "llm.config.ranges", "llm.config.model", "llm.config.algorithm", "llm.config.machinery", "llm.config.observation",
+    ["llm.config.fields", "llm.config.user_code", "llm.config.ranges", "llm.config.model", "llm.config.algorithm", "llm.config.machinery", "llm.config.observation",
      "llm.config.agent", "llm.config.grpo", "llm.config.trl", "llm.config", "llm.core.metrics",
      "llm.core", "llm.models", "llm.step", "llm.run", "llm.commands"],  # settings and conventions, no torch
     ["llm.tasks.data", "llm.rewards.functions", "llm.rewards.overlong", "llm.rewards.model", "llm.rewards",

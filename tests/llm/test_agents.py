@@ -462,7 +462,7 @@ def test_trls_tools_and_environment_factory_given_as_objects_are_kept_by_name():
     import functools
     import json
 
-    from llm.config.objects import import_object
+    from llm.config.user_code import import_object
     from llm.config import from_trl
     from tests.llm import agent_tools
 

@@ -183,7 +183,7 @@ def test_a_partial_reward_function_is_named_after_its_function(tmp_path):
     which moved with its line number); TRL names a reward function by its function."""
     import functools
 
-    from llm.config.objects import object_spec
+    from llm.config.user_code import object_spec
     from llm.rewards import reward_name
 
     def weighted(prompts, completions, scale, **kw):

@@ -12,7 +12,8 @@ from scipy import stats
 
 from llm import GRPOConfig
 from llm.core.batch import make_batch, padded
-from llm.core.logprobs import LogitHead, completion_logprobs
+from llm.core.logit_head import LogitHead
+from llm.core.logprobs import completion_logprobs
 from llm.core.passes import Passes
 from llm.core.token_filter import NO_FILTER
 from llm.evaluation import exact_j

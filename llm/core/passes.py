@@ -14,7 +14,8 @@ import torch
 
 from llm.core import diagnostics as dg
 from llm.core.batch import Batch
-from llm.core.logprobs import Forward, LogitHead, TokenDists, completion_logprobs, forward_completions
+from llm.core.logit_head import LogitHead
+from llm.core.logprobs import Forward, TokenDists, completion_logprobs, forward_completions
 from llm.core.token_filter import NO_FILTER, TokenFilter
 from llm.models.distributed import SINGLE, Ranks
 from llm.models.model import Precision

@@ -99,10 +99,10 @@ def filtered_logprobs(trainer, input_ids: torch.Tensor, attention_mask: torch.Te
                       token_filter) -> torch.Tensor:
     """log pi of the last ``logits_to_keep`` tokens on the kept set of ``token_filter`` (the sampler's top-k, top-p,
     min-p: docs/theory.md, §1.1), at the trainer's current weights: TRL's forward to the decoder's last hidden states
-    (its autocast, its positions), then this project's output layer on them (``llm.core.logprobs.LogitHead``,
+    (its autocast, its positions), then this project's output layer on them (``llm.core.logit_head.LogitHead``,
     chunked, the kept set as the sampler's). (B, logits_to_keep) float32, 0 on padding. No gradient; the host's
     random streams untouched."""
-    from llm.core.logprobs import LogitHead, token_logprobs
+    from llm.core.logit_head import LogitHead, token_logprobs
 
     model = trainer.accelerator.unwrap_model(trainer.model)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model

@@ -24,7 +24,7 @@ LAYERS = [
     # tasks/, rewards/: prompts and their rewards (the built-in agent task among them)
     ["llm.models.distributed", "llm.models.vml", "llm.models.model", "llm.models.tiny",
      "llm.models.pretrained"],  # models/: processes, models, where weights come from (built-in, GGUF, a directory)
-    ["llm.core.token_filter", "llm.core.batch", "llm.core.logprobs", "llm.core.loss", "llm.core.diagnostics", "llm.core.sync_probe", "llm.core.agent_metrics",
+    ["llm.core.token_filter", "llm.core.batch", "llm.core.logit_head", "llm.core.logprobs", "llm.core.loss", "llm.core.diagnostics", "llm.core.sync_probe", "llm.core.agent_metrics",
      "llm.core.passes"],  # core/: the tensors of a step and the passes that compute them
     ["llm.sampling.token_filter", "llm.sampling.base", "llm.sampling.vllm_settings", "llm.sampling.weight_transfer",
      "llm.sampling.hf_generate", "llm.sampling.hf_continuous", "llm.sampling.vllm_engine", "llm.sampling.server",

@@ -183,7 +183,7 @@ def test_packed_passes_equal_the_padded_ones_on_cuda(attn):
     """--padding-free on the GPU in float32 (TF32 off), with transformers' default attention (packed rows of a dense
     mask) and with torch's flex_attention (one row, its block mask; what the trainer picks on CUDA): the packed pass's
     log-probs within the start-up check's tolerance of the padded pass's, the gradients to 1e-3 relative."""
-    from llm.core.logprobs import HEAD_CHECK_TOLERANCE
+    from llm.core.logit_head import HEAD_CHECK_TOLERANCE
 
     policy, tok = load_policy(str(tiny_model_dir()), torch.device("cuda"), attn_implementation=attn)
     prompts, comps = sequences(tok, 12, seed=4)

@@ -8,7 +8,8 @@ import torch
 from grpo_theory.truncation import filtered_log_softmax
 from grpo_theory.truncation import kept_mask as gt_kept_mask
 from llm.core.batch import make_batch
-from llm.core.logprobs import LogitHead, check_head, forward_completions
+from llm.core.logit_head import LogitHead
+from llm.core.logprobs import check_head, forward_completions
 from llm.core.passes import Passes
 from llm.core.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, kept_mask
 from llm.core.token_filter import filtered_log_softmax as torch_filtered_log_softmax
@@ -59,7 +60,7 @@ def test_the_start_up_checks_read_rounding_at_a_low_temperature_as_rounding():
     """At temperature 0.01 the logits' float32 rounding is multiplied by 100 in the log-probs: the built-in agent
     model's chunked and plain paths differed there by 2.4e-4 on an AVX-512 host and the run refused to start. The
     tolerance is divided by the temperature; the gap itself is still of rounding's size (1e-4 times 1/T)."""
-    from llm.core.logprobs import HEAD_CHECK_TOLERANCE, head_tolerance
+    from llm.core.logit_head import HEAD_CHECK_TOLERANCE, head_tolerance
     from llm.models.tiny import agent_model_dir
 
     assert head_tolerance(1.0) == head_tolerance(3.0) == HEAD_CHECK_TOLERANCE
@@ -80,7 +81,7 @@ def test_no_logits_larger_than_a_chunk_exist(monkeypatch):
     """The output layer only ever sees ``chunk_tokens`` rows, in the gradient pass and in the TV diagnostics."""
     model, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))
     batch = make_batch(*sequences(tok, 6), tok.pad_token_id, "cpu")
-    import llm.core.logprobs as lp
+    import llm.core.logit_head as lp
 
     seen, real, wide = [], LogitHead.logits, lp._wide_logits
     monkeypatch.setattr(LogitHead, "logits", lambda self, h: seen.append(h.shape[0]) or real(self, h))
@@ -151,7 +152,7 @@ def _grads(head: LogitHead, hidden: torch.Tensor, targets: torch.Tensor, weights
     through the plain head (``plain``)."""
     from torch.utils.checkpoint import checkpoint
 
-    from llm.core.logprobs import _token_stats, token_logprobs
+    from llm.core.logit_head import _token_stats, token_logprobs
 
     head.layer.weight.grad = None
     h = hidden.clone().requires_grad_()

@@ -218,7 +218,7 @@ def test_log_probs_of_vllms_samples_equal_vllms_on_bf16_logits():
     tied at the boundary counts as kept) equals vLLM's processed log-probability to float32 rounding, so log
     pi_k/alpha at lag 0 has no bias from the rule; the earlier rule's normaliser (the whole tie at the boundary) put it
     below vLLM's, on average by more than 1e-4 nats a token here."""
-    from llm.core.logprobs import _ScaledHeadLogprobs
+    from llm.core.logit_head import _ScaledHeadLogprobs
     from llm.core.token_filter import boundary_value, kept_mask
     from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
 
@@ -240,7 +240,7 @@ def test_a_target_tied_at_the_boundary_gets_the_gradient_of_a_set_that_kept_it()
     the sampler's): the filtered head swaps it in for a tied token of the same value, so its log-probability and its
     gradient are those of log softmax over a kept set holding it (autograd, the set held fixed), and no column keeps
     the -p term of a token the distribution does not hold."""
-    from llm.core.logprobs import _ScaledHeadLogprobs
+    from llm.core.logit_head import _ScaledHeadLogprobs
     from llm.core.token_filter import boundary_value, kept_mask, swap_in_targets
 
     f = TokenFilter(top_p=0.9)

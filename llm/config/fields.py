@@ -93,9 +93,11 @@ def one_line(exc: ValidationError, names=(), field: str = "") -> Exception:
 def _checked_setattr(self, name: str, value) -> None:
     """A group's assignment (``ConfigGroup``): pydantic validates the value, then the group's checks run; a refused
     value leaves the group as it was."""
-    if not self.__dict__.get("_checked", False) or name.startswith("_"):  # during construction
+    if not self.__dict__.get("_checked", False):  # during construction
         object.__setattr__(self, name, value)
         return
+    if name.startswith("_"):  # the group's own marks (checked, its config): no user of the group sets them
+        raise AttributeError(f"{type(self).__name__}: {name!r} is internal, not an option")
     names = [f.name for f in dataclasses.fields(self)]
     if name not in names:
         derived = isinstance(getattr(type(self), name, None), property)

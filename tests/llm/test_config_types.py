@@ -278,3 +278,13 @@ def test_a_tuple_of_the_wrong_length_is_said_in_words():
         GRPOConfig(reward_range=(0,))
     with pytest.raises(ValueError, match=r"^reward_range: must be a tuple of at most 2 items, got"):
         GRPOConfig(reward_range=(0, 1, 2))
+
+
+def test_a_groups_internal_marks_cannot_switch_its_checks_off():
+    """``cfg.optim._checked = False`` used to switch off every later check of the group."""
+    cfg = GRPOConfig()
+    for name in ("_checked", "_owner"):
+        with pytest.raises(AttributeError, match=f"'{name}' is internal, not an option"):
+            setattr(cfg.optim, name, False)
+    with pytest.raises(ValueError, match="learning_rate"):
+        cfg.optim.learning_rate = -1.0

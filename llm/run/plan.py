@@ -23,7 +23,7 @@ from pathlib import Path
 from llm.config import GRPOConfig
 from llm.config.ranges import RangeOrigin, range_origin, range_text
 from llm.rewards import sources_range
-from llm.sampling import SAMPLERS, resolve_sampler
+from llm.sampling import kind_class, resolve_sampler
 
 __all__ = ["PLAN_FILE", "Plan", "read_plan", "resolve_plan", "reward_range_origin"]
 
@@ -59,10 +59,7 @@ class Plan:
     @property
     def sampler_class(self) -> type:
         """The sampler's class (its attributes say what it is, ``llm.sampling.base.Sampler``), imported on demand."""
-        import importlib
-
-        module, name = SAMPLERS[self.sampler]
-        return getattr(importlib.import_module(module), name)
+        return kind_class(self.sampler)
 
     @property
     def range(self) -> RangeOrigin:

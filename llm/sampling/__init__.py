@@ -22,7 +22,7 @@ from llm.sampling.vllm_settings import quiet_vllm
 quiet_vllm()  # before any import of vllm
 
 __all__ = ["Rollout", "Sampler", "TransformersSampler", "check_vllm_supports", "make_sampler", "max_model_len",
-           "probe_sync", "resolve_sampler", "resolved_sampler", "SAMPLERS", "sampler_class"]
+           "kind_class", "probe_sync", "resolve_sampler", "resolved_sampler", "SAMPLERS", "sampler_class"]
 
 
 #: Each kind of sampler a run may use -> (module, class). ``resolved_sampler`` picks the kind; the class's attributes say
@@ -58,12 +58,17 @@ def resolved_sampler(sampling) -> str:
     return resolve_sampler(sampling)[0]
 
 
-def sampler_class(sampling) -> type:
-    """The class of the sampler a run uses (``resolved_sampler``), read before the sampler exists (the run's plan)."""
+def kind_class(kind: str) -> type:
+    """The class of a kind of sampler (a key of ``SAMPLERS``), imported on demand: its attributes say what it is."""
     import importlib
 
-    module, name = SAMPLERS[resolved_sampler(sampling)]
+    module, name = SAMPLERS[kind]
     return getattr(importlib.import_module(module), name)
+
+
+def sampler_class(sampling) -> type:
+    """The class of the sampler a run uses (``resolved_sampler``), read before the sampler exists (the run's plan)."""
+    return kind_class(resolved_sampler(sampling))
 
 
 def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:

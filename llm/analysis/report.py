@@ -309,6 +309,12 @@ def load_runs(run_dirs: Sequence[str | Path]) -> list[list[dict]]:
     return runs
 
 
+#: Why a figure of ``plot_runs`` is not drawn: no run logged its metrics, and the option that logs them.
+UNDRAWN = {"eval.png": "no run evaluated on the test prompts (--eval-steps)",
+           "tv.png": "no run logged a TV estimate",
+           "bound.png": "no run logged Theorem 1's estimates (--heldout-prompts, or --insample-diagnostics)"}
+
+
 def plot_runs(run_dirs: Sequence[str | Path], out_dir: str | Path, window: int = 10) -> dict[str, Path]:
     """Four PNGs of the runs overlaid, in ``out_dir``: ``reward.png`` (the training reward and its rolling mean over
     ``window`` steps), ``eval.png`` (the test prompts, after each evaluation; step 0 = before any update),

@@ -12,7 +12,7 @@ import tyro
 from runkit.cli import parse
 from runkit.validation import require
 
-from llm.analysis.report import plot_runs, spread, summarise
+from llm.analysis.report import UNDRAWN, plot_runs, spread, summarise
 
 PROG = "python -m llm report"
 
@@ -43,4 +43,7 @@ def main(args: list[str] | None = None) -> int:
     if len(cfg.run_dirs) > 1:
         print(spread(cfg.run_dirs, cfg.window))
     print("wrote " + ", ".join(str(p) for p in written.values()))
+    for name, why in UNDRAWN.items():
+        if name not in written:
+            print(f"not drawn: {name} ({why})")
     return 0

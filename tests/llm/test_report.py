@@ -175,3 +175,22 @@ def test_the_report_combines_no_abstained_e_values_and_reads_the_runs_level(tmp_
     assert "100% by e-BH" in text  # 25 >= 1/(1 - 0.9); an e-value of 15 tells the two levels apart:
     assert certificate_shares([{**rows[0], "heldout/improvement_e": 15.0}], 0.9)["e_bh"] == 1.0  # 15: only at 0.9
     assert certificate_shares([{**rows[0], "heldout/improvement_e": 15.0}], 0.95)["e_bh"] == 0.0
+
+
+def test_the_command_says_which_figures_it_did_not_draw_and_why(tmp_path, capsys):
+    """A run without evaluations or held-out prompts gets the reward and TV figures; the command names the two it
+    leaves out and the option that would log their metrics."""
+    from llm.analysis.report import UNDRAWN
+    from llm.commands.report import main
+    from llm.run.rundir import RunDir
+
+    cfg = GRPOConfig(sampler="transformers", max_steps=2, output_dir=str(tmp_path / "run"))
+    with RunDir(cfg) as run:
+        run.open()
+        for step in range(2):
+            run.append_metrics({"step": step, "reward": 0.5, "lag": 0, "tv/pi_k_alpha": 0.0, "sync/reason": ""})
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "figs")]) == 0
+    out = capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == ["reward.png", "tv.png"]
+    assert f"not drawn: eval.png ({UNDRAWN['eval.png']})" in out and f"not drawn: bound.png ({UNDRAWN['bound.png']})" in out
+    assert "not drawn: tv.png" not in out and "not drawn: reward.png" not in out

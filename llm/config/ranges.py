@@ -43,11 +43,6 @@ class RangeOrigin:
     range: tuple[float, float] | None
     origin: str  # DECLARED, SOURCES or NONE
 
-    @property
-    def declared(self) -> bool:
-        """Whether the user declared it (``--reward-range``)."""
-        return self.origin == DECLARED
-
 
 DECLARED, SOURCES, NONE = "declared with --reward-range", "the reward's own sources", "none"
 

@@ -61,12 +61,9 @@ class Plan:
         """The sampler's class (its attributes say what it is, ``llm.sampling.base.Sampler``), imported on demand."""
         return kind_class(self.sampler)
 
-    @property
-    def range(self) -> RangeOrigin:
-        return RangeOrigin(self.reward_range, self.reward_range_origin)
-
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """plan.json's object (a tuple as a list, as JSON holds it)."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
 
     @classmethod
     def from_dict(cls, stored: dict) -> "Plan":
@@ -76,7 +73,8 @@ class Plan:
         return cls(**{**known, "reward_range": None if rng is None else tuple(rng)})
 
     def lines(self) -> list[str]:
-        """The plan's key line for the start of a run (the batch, the sync and the range have lines of their own)."""
+        """The plan's key line, for the start of a run and the report (the batch and the sync have lines of their own
+        at start-up)."""
         return [f"plan ({PLAN_FILE}): sampler {self.sampler} ({self.sampler_origin}); completions of <= {self.max_completion_length} tokens "
                 f"({self.completion_budget_origin}); reward range {range_text(self.reward_range)} "
                 f"({self.reward_range_origin})"]

@@ -187,8 +187,8 @@ class RunDir:
                 if k not in RESUMABLE_FIELDS and k not in DERIVED and old.get(k) != new.get(k)]
         # a run written before plans recorded the budget and range it resolved in config.json (or, before the range
         # was an option, none): resolving its options gives them
-        old_plan = read_plan(self.path) or json.loads(json.dumps(resolve_plan(stored).to_dict()))
-        new_plan = json.loads(json.dumps(self.plan.to_dict()))
+        old_plan = read_plan(self.path) or resolve_plan(stored).to_dict()
+        new_plan = self.plan.to_dict()
         diff += [k for k in DERIVED if old_plan.get(k) != new_plan[k]]
         return sorted(diff)
 

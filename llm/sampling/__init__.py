@@ -76,7 +76,7 @@ def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, ma
     a server holds whatever it was last sent until ``load_weights`` (``llm.step.weights.Weights.build`` sends the
     policy)."""
     kind = resolved_sampler(config.sampling)
-    return BUILDERS[kind](sampler_class(config.sampling), config, policy, tokenizer, model_path, max_prompt_tokens)
+    return BUILDERS[kind](kind_class(kind), config, policy, tokenizer, model_path, max_prompt_tokens)
 
 
 def _server(cls, config, policy, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:

@@ -67,7 +67,7 @@ def test_a_reloaded_config_takes_what_a_fresh_one_takes():
     assert plan.reward_range == (-1.0, 0.0) and plan.reward_range_origin == "the reward's own sources"
     assert resolve_plan(reloaded).reward_range_origin == "the reward's own sources"  # not "declared"
     declared = resolve_plan(GRPOConfig(reward_range=(0, 2)))
-    assert declared.reward_range == (0.0, 2.0) and declared.range.declared
+    assert declared.reward_range == (0.0, 2.0) and declared.reward_range_origin == "declared with --reward-range"
 
 
 # ---- one place each ------------------------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ def test_the_plan_is_written_beside_the_options_and_a_resume_compares_resolved_v
         assert run.open() is None
     stored = json.loads((tmp_path / "run" / "config.json").read_text())
     assert stored["max_completion_length"] is None and stored["reward_range"] is None
-    assert read_plan(tmp_path / "run") == json.loads(json.dumps(resolve_plan(cfg).to_dict()))
+    assert read_plan(tmp_path / "run") == resolve_plan(cfg).to_dict()
     assert read_plan(tmp_path / "run")["max_completion_length"] == 6
     fake_checkpoint(tmp_path / "run")
     with RunDir(cfg.replace(max_completion_length=6)) as run:  # the task's budget said aloud: the same run

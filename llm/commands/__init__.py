@@ -1,3 +1,3 @@
 """The command lines, apart from the library: each parses its arguments, then calls the library once. ``python -m llm
-train`` (``llm/train.py``, only that entry point) runs ``llm.commands.train``; serve, report, ablation, tiny,
-options and pretrained alike."""
+<command>`` (``llm/__main__.py``) and ``offpolicy-grpo <command>`` dispatch to them through ``console``; ``python -m
+llm.train`` (``llm/train.py``) runs ``train`` directly."""

@@ -130,7 +130,7 @@ def child_train(settings: dict) -> None:
     from llm import GRPOConfig, train
     from llm.config import flat_fields
 
-    fields = {f.name for _, f in flat_fields()}
+    fields = {name for _, name, _ in flat_fields()}
     t0 = time.perf_counter()
     train(GRPOConfig(**{k: v for k, v in settings.items() if k in fields}), log=lambda *a: None)
     print(json.dumps({"peak_mb": peak_mb(), "seconds": time.perf_counter() - t0}))

@@ -55,15 +55,21 @@ def _first_error_line(text: str) -> str:
     return message + (f" ({'; '.join(hints)})" if hints else "")
 
 
+def _fields(cls) -> list[str]:
+    """The field names of a dataclass or a pydantic model class."""
+    return [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else list(cls.model_fields)
+
+
 def switch_names(cls) -> set[str]:
-    """The names of the boolean fields of the dataclass ``cls`` and of the dataclasses it holds (its switches)."""
+    """The names of the boolean fields of ``cls`` (a dataclass or a pydantic model) and of the ones it holds (its
+    switches)."""
     hints = typing.get_type_hints(cls)
     out = set()
-    for f in dataclasses.fields(cls):
-        if hints[f.name] is bool:
-            out.add(f.name)
-        elif dataclasses.is_dataclass(hints[f.name]):
-            out |= switch_names(hints[f.name])
+    for name in _fields(cls):
+        if hints[name] is bool:
+            out.add(name)
+        elif dataclasses.is_dataclass(hints[name]) or hasattr(hints[name], "model_fields"):
+            out |= switch_names(hints[name])
     return out
 
 

@@ -4,33 +4,23 @@ page and the config disagree."""
 
 from __future__ import annotations
 
-import ast
-import dataclasses
-import inspect
-import textwrap
+from pydantic.fields import FieldInfo
 
-from llm.config import GROUPS, GRPOConfig, flat_fields
+from llm.config import GROUPS, flat_fields
+from llm.config.fields import is_resumable
 
 HEADER = """# Options
 
 Every field of `llm.GRPOConfig` is an option of `python -m llm train` (`--field-name value`, booleans as
 `--field-name` / `--no-field-name`); `python -m llm train --help` prints the same text. A bad value is one line
-naming the field. Names are TRL's where the concept is the same ([trl.md](trl.md)). In Python the fields sit in the
-groups below (`config.optim.learning_rate`, each group checking its own fields); the command line, `from_trl`,
-`GRPOConfig(learning_rate=...)`, `config.learning_rate` and config.json keep them flat. Options marked *resumable* may
-change when a run resumes. This page is written by `python -m llm options > docs/options.md`.
+naming the field. Names are TRL's where the concept is the same ([trl.md](trl.md)). In Python `GRPOConfig` is a
+pydantic model whose fields sit in the groups below, each a frozen pydantic model checking its own fields
+(`config.optim.learning_rate`; `model_dump`, `model_json_schema`, `model_copy` and `model_validate` work as pydantic's
+do). The command line, `from_trl`, `GRPOConfig(learning_rate=...)`, `config.learning_rate` and config.json keep the
+names flat; `config.learning_rate = x` gives the config a new, re-validated group (a group never changes once built).
+Options marked *resumable* may change when a run resumes. This page is written by
+`python -m llm options > docs/options.md`.
 """
-
-
-def field_docs(cls) -> dict[str, str]:
-    """Field name -> the docstring below it in ``cls``'s source, on one line."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    out = {}
-    for node, nxt in zip(body, [*body[1:], None]):
-        if isinstance(node, ast.AnnAssign):
-            doc = nxt.value.value if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) else ""
-            out[node.target.id] = " ".join(str(doc).split())
-    return out
 
 
 def section_title(group: str) -> str:
@@ -41,19 +31,18 @@ def section_title(group: str) -> str:
 
 
 def documented_fields() -> list[tuple[str, str, str]]:
-    """(group, field name, docstring) for every option, in the order of ``--help``."""
-    docs = {group: field_docs(GROUPS[group] if group else GRPOConfig) for group in ("", *GROUPS)}
-    return [(group, f.name, docs[group].get(f.name, "")) for group, f in flat_fields()]
+    """(group, field name, docstring) for every option, in the order of ``--help`` (pydantic's description of each
+    field: the docstring below it, on one line)."""
+    return [(group, name, " ".join((info.description or "").split())) for group, name, info in flat_fields()]
 
 
-def default_text(field: dataclasses.Field) -> str:
-    value = field.default if field.default is not dataclasses.MISSING else field.default_factory()
-    mark = " (resumable)" if field.metadata.get("resumable") else ""
-    return f"`{value!r}`{mark}"
+def default_text(info: FieldInfo) -> str:
+    mark = " (resumable)" if is_resumable(info) else ""
+    return f"`{info.get_default(call_default_factory=True)!r}`{mark}"
 
 
 def markdown() -> str:
-    fields = {f.name: f for _, f in flat_fields()}
+    fields = {name: info for _, name, info in flat_fields()}
     parts, current = [HEADER.rstrip()], None
     for group, name, doc in documented_fields():
         if group != current:

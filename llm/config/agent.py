@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
+from pydantic import model_validator
 
-from llm.config.fields import ConfigGroup, config_group, require, require_finite
+from llm.config.fields import ConfigGroup, require
 from llm.config.user_code import spec_validator
 
-@config_group
 class AgentConfig(ConfigGroup):
     """Tool-calling episodes: the policy's turns, the tools' answers between them (docs/agents.md)."""
 
@@ -46,13 +45,14 @@ class AgentConfig(ConfigGroup):
     _tool_specs = spec_validator("tools")
     _factory_specs = spec_validator("environment_factory", named=True)
 
-    def __post_init__(self):
-        require_finite(self)
+    @model_validator(mode="after")
+    def _rules(self):
         require(self, self.max_tool_calling_iterations is None or self.max_tool_calling_iterations >= 1,
                 "max_tool_calling_iterations", "must be >= 1, or None for no limit")
-        require(self, self.tool_timeout >= 0 and math.isfinite(self.tool_timeout), "tool_timeout",
+        require(self, self.tool_timeout >= 0, "tool_timeout",
                 "must be >= 0 seconds (0: no limit)")
         require(self, self.max_tool_response_length >= 0, "max_tool_response_length", "must be >= 0 (0: no limit)")
         require(self, all(":" in t for t in self.tools), "tools", "each must be 'module:function'")
         require(self, all(":" in t for t in self.environment_factory), "environment_factory",
                 "each must be 'module:Class' or 'name=module:Class'")
+        return self

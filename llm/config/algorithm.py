@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from grpo_theory.corrections import (ROLLOUT_RS_THRESHOLD, ImportanceSamplingMode, correction,
-                                     require_correction_settings)
 from grpo_theory.core import ScaleRewards
+from grpo_theory.corrections import ROLLOUT_RS_THRESHOLD, ImportanceSamplingMode, correction, require_correction_settings
+from grpo_theory.loss_types import LossTypeName, loss_type as registered_loss_type
 from grpo_theory.validation import EPS_MAX
+from pydantic import model_validator
 
-from llm.config.fields import ConfigGroup, config_group, require, require_finite, resumable
-from grpo_theory.loss_types import LossTypeName
-from grpo_theory.loss_types import loss_type as registered_loss_type
+from llm.config.fields import ConfigGroup, require, resumable
 
 
-@config_group
 class SyncConfig(ConfigGroup):
     """Alpha and pi_ref: when the sampler's and the reference model's weights follow the trainer's."""
 
@@ -53,8 +51,8 @@ class SyncConfig(ConfigGroup):
     and the bound's terms report that real staleness. Needs window generation; keeps one more copy of the
     weights (alpha's successor). Off: the sampler generates each window after its sync (lag < v)."""
 
-    def __post_init__(self):
-        require_finite(self)
+    @model_validator(mode="after")
+    def _rules(self):
         require(self, self.window_generation or not self.async_generation, "async_generation",
                 "generates whole windows ahead: it needs --window-generation")
         require(self, self.sync_period >= 1, "sync_period", "v must be >= 1")
@@ -67,6 +65,7 @@ class SyncConfig(ConfigGroup):
                     "are at least one step old)")
         require(self, self.ref_sync_steps >= 0, "ref_sync_steps", "must be >= 0")
         require(self, 0 < self.ref_model_mixup_alpha <= 1, "ref_model_mixup_alpha", "must lie in (0, 1]")
+        return self
 
     @property
     def generates_windows(self) -> bool:
@@ -80,7 +79,6 @@ class SyncConfig(ConfigGroup):
         return self.sync_period if self.generates_windows else 1
 
 
-@config_group
 class ObjectiveConfig(ConfigGroup):
     """The loss: the clipped surrogate, its importance weights, advantages, normaliser and KL term."""
 
@@ -187,8 +185,8 @@ class ObjectiveConfig(ConfigGroup):
     """log alpha from the sampler (cheap) or recomputed by the trainer with the lagged weights (exact).
     The gap between the two is logged as sampling/logp_diff_* whenever both are computed."""
 
-    def __post_init__(self):
-        require_finite(self)
+    @model_validator(mode="after")
+    def _rules(self):
         require(self, 0 < self.top_entropy_quantile <= 1, "top_entropy_quantile", "must lie in (0, 1] (1: every token)")
         require(self, self.ratio_level == "token" or self.loss_type in ("grpo", "sapo", "luspo"), "ratio_level",
                 f"sequence-level ratios (TRL's importance_sampling_level sequence) need loss_type grpo, sapo or luspo; "
@@ -230,6 +228,7 @@ class ObjectiveConfig(ConfigGroup):
         require(self, 0 <= self.epsilon < 10, "epsilon", "the clip width must lie in [0, 10)")
         require(self, self.beta >= 0, "beta", "must be >= 0")
         require(self, 0 <= self.variance_eps <= EPS_MAX, "variance_eps", "must lie in [0, 3/4] (Theorem 1)")
+        return self
 
     @property
     def clip_high(self) -> float:
@@ -237,7 +236,6 @@ class ObjectiveConfig(ConfigGroup):
         return self.epsilon if self.epsilon_high == -1.0 else self.epsilon_high
 
 
-@config_group
 class OptimConfig(ConfigGroup):
     """The optimiser: i steps of AdamW per batch on a learning-rate schedule."""
 
@@ -285,8 +283,8 @@ class OptimConfig(ConfigGroup):
     """An inner step whose loss or gradient is not finite takes no optimiser step (counted in ``skipped_updates``);
     the run stops with an error after this many steps in a row had such a skip."""
 
-    def __post_init__(self):
-        require_finite(self)
+    @model_validator(mode="after")
+    def _rules(self):
         require(self, self.num_iterations >= 1, "num_iterations", "must be >= 1")
         require(self, self.learning_rate > 0, "learning_rate", "must be > 0")
         require(self, 0 <= self.warmup_ratio <= 1, "warmup_ratio", "must lie in [0, 1]")
@@ -298,3 +296,4 @@ class OptimConfig(ConfigGroup):
         require(self, self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0")
         require(self, self.max_consecutive_skipped_updates >= 1, "max_consecutive_skipped_updates", "must be >= 1")
         require(self, 0 < self.ess_scaling_base_ess_ratio <= 1, "ess_scaling_base_ess_ratio", "must lie in (0, 1]")
+        return self

@@ -1,41 +1,45 @@
-"""What the config's groups share: types and choices checked by pydantic wherever a group is built or changed, the
-resumable mark, the bounds on temperatures, the one-line checks.
+"""What the config's groups share: the base model of every group, the resumable mark, the bounds on temperatures,
+the one-line errors.
 
-Every group is a pydantic dataclass (``config_group``) in strict mode: a boolean takes only a bool, an integer only an
-integer (an integral numpy number becomes one), a ``Literal`` only one of its choices, a tuple a tuple or a list (as
-config.json holds it); an unknown name is refused with the nearest one. The same validation runs on construction, on
-assignment (``config.learning_rate = x``), in ``replace``, on loading config.json and in ``from_trl``. Each error is one
-line: ``ValueError("<field>: <what it must be>, got <value>")``. The rules that read several fields stay named
-functions: each group's ``__post_init__`` (its own), ``GRPOConfig._check_across_groups`` (across groups).
+Every group is a frozen pydantic model (``ConfigGroup``) in strict mode: a boolean takes only a bool, an integer only
+an integer (an integral numpy number becomes one), a ``Literal`` only one of its choices, a tuple a tuple or a list
+(as config.json holds it); an unknown name is refused with the nearest one. A group's own rules are its
+``model_validator``; the rules across groups are ``GRPOConfig``'s. A group never changes once built:
+``config.learning_rate = x`` builds the config's new optimiser group and re-validates the config, and ``replace`` or
+``model_copy`` give new groups. Built by keywords, a group's error is one line (``one_line``:
+``ValueError("<field>: <what it must be>, got <value>")``); ``model_validate`` raises pydantic's ValidationError, a
+ValueError too.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-
 import numpy as np
-from pydantic import ConfigDict, ValidationError, field_validator
-from pydantic.dataclasses import dataclass as pydantic_dataclass
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from runkit.validation import require, require_finite
+from runkit.validation import require
 
-__all__ = ["ConfigGroup", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "config_group", "nearest_name", "one_line", "plain",
-           "resumable", "require", "require_finite"]
+__all__ = ["ConfigGroup", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "STRICT", "is_resumable", "nearest_name", "one_line",
+           "plain", "resumable", "require"]
 
 #: Sampling temperatures accepted (vLLM treats lower ones as greedy decoding, which has no log-probabilities to
 #: importance-weight; higher ones make every completion uniform noise).
 MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
 
-#: pydantic's settings for every group: strict types, no unknown names, assignments validated.
-STRICT = ConfigDict(strict=True, extra="forbid", validate_assignment=True)
+#: pydantic's settings for every group: strict types, no unknown names, never changed once built, finite floats (nan
+#: and +-inf pass no comparison check by accident, but inf would pass ``> 0``), each field's docstring its description (``model_json_schema``, ``python -m llm options``).
+STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False, use_attribute_docstrings=True)
 
 
 def resumable(default):
     """A field that may change when a run is resumed: it does not change what a step computes (up to float rounding
     for the micro-batch and chunk sizes, shared prompts, sharding with FSDP and the device: a checkpoint written on a
     GPU resumes on a CPU; a restarted server may listen elsewhere). ``llm.run.rundir`` compares every other field."""
-    return dataclasses.field(default=default, metadata={"resumable": True})
+    return Field(default, json_schema_extra={"resumable": True})
+
+
+def is_resumable(info) -> bool:
+    """Whether a field (its pydantic ``FieldInfo``) was declared ``resumable``."""
+    return bool((info.json_schema_extra or {}).get("resumable"))
 
 
 def nearest_name(name: str, names) -> str:
@@ -90,86 +94,20 @@ def one_line(exc: ValidationError, names=(), field: str = "") -> Exception:
     return ValueError(f"{field}: must be {what}, got {shown}")
 
 
-def _checked_setattr(self, name: str, value) -> None:
-    """A group's assignment (``ConfigGroup``): pydantic validates the value, then the group's checks run; a refused
-    value leaves the group as it was."""
-    if not self.__dict__.get("_checked", False):  # during construction
-        object.__setattr__(self, name, value)
-        return
-    if name.startswith("_"):  # the group's own marks (checked, its config): no user of the group sets them
-        raise AttributeError(f"{type(self).__name__}: {name!r} is internal, not an option")
-    names = [f.name for f in dataclasses.fields(self)]
-    if name not in names:
-        derived = isinstance(getattr(type(self), name, None), property)
-        raise AttributeError(f"{type(self).__name__}: {name!r} " + (
-            "is derived from the fields, not set" if derived else f"is not a field{nearest_name(name, names)}"))
-    old = getattr(self, name)
-    private = {k: v for k, v in self.__dict__.items() if k.startswith("_")}
-    try:
-        type(self).__pydantic_validator__.validate_assignment(self, name, value)
-    except ValidationError as exc:
-        raise one_line(exc, names) from None
-    finally:
-        self.__dict__.update(private)  # pydantic's assignment replaces the instance's dict
-    try:
-        self.check()
-    except Exception:
-        object.__setattr__(self, name, old)
-        raise
+class ConfigGroup(BaseModel):
+    """A group of the config: a frozen pydantic model whose fields' types and choices pydantic checks, then the group's
+    own rules (its ``model_validator``); built by keywords, an error is one line, an unknown name naming the nearest
+    field."""
 
+    model_config = STRICT
 
-@pydantic_dataclass(config=STRICT)
-class ConfigGroup:
-    """A group of the config (``config_group``): its fields' types and choices checked by pydantic at construction and
-    at every assignment, then the group's own checks (``__post_init__``) and, when it belongs to a ``GRPOConfig``,
-    that config's rules across groups; a refused value leaves the group as it was; an unknown name raises, naming the
-    nearest field. One object per group: ``config.learning_rate = x`` and ``config.optim.learning_rate = x`` change the
-    same object, so a group held elsewhere never goes stale."""
+    def __init__(self, /, **values):
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise one_line(exc, list(type(self).model_fields)) from None
 
     @field_validator("*", mode="before")
     @classmethod
     def _plain(cls, value):
         return plain(value)
-
-    def __init_subclass__(cls, **kwargs):
-        """A group's own ``__post_init__`` marks the object checked when it returns: from then on assignments are."""
-        super().__init_subclass__(**kwargs)
-        own = cls.__dict__.get("__post_init__")
-        if own is not None:
-            def post_init(self, _own=own):
-                _own(self)
-                object.__setattr__(self, "_checked", True)
-
-            post_init.__doc__ = own.__doc__
-            cls.__post_init__ = post_init
-
-    def check(self) -> None:
-        """The group's own checks, then its config's rules across groups (if it belongs to one)."""
-        self.__post_init__()
-        owner = self.__dict__.get("_owner")
-        if owner is not None:
-            owner._check_across_groups()
-
-    def __post_init__(self):
-        object.__setattr__(self, "_checked", True)
-
-
-ConfigGroup.__setattr__ = _checked_setattr
-
-
-def config_group(cls):
-    """``cls`` (a subclass of ``ConfigGroup``) as a pydantic dataclass whose errors are one line each: its
-    construction validated by pydantic, its assignments by ``ConfigGroup.__setattr__``."""
-    cls = pydantic_dataclass(cls, config=STRICT)
-    cls.__setattr__ = _checked_setattr  # pydantic's own would set a refused value before the group's checks
-    init = cls.__init__
-
-    @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
-        try:
-            init(self, *args, **kwargs)
-        except ValidationError as exc:
-            raise one_line(exc, [f.name for f in dataclasses.fields(cls)]) from None
-
-    cls.__init__ = __init__
-    return cls

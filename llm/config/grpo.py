@@ -9,17 +9,17 @@ flat (``GRPOConfig(learning_rate=1e-5)``, ``config.learning_rate``); the trainer
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated
 
 import tyro
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from llm.config.agent import AgentConfig
 from llm.config.algorithm import ObjectiveConfig, OptimConfig, SyncConfig
-from llm.config.fields import STRICT, nearest_name, one_line, plain, require, resumable
+from llm.config.fields import is_resumable, nearest_name, one_line, plain, require, resumable
 from llm.config.machinery import MachineConfig, SamplingConfig
 from llm.config.model import DataConfig, ModelConfig
 from llm.config.observation import DiagnosticsConfig, EvaluationConfig, OutputConfig
@@ -45,12 +45,13 @@ GROUPS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "sync": Syn
 
 
 def _group(cls):
-    return dataclasses.field(default_factory=cls)
+    return Field(default_factory=cls)
 
 
-@dataclasses.dataclass(init=False)
-class GRPOConfig:
+class GRPOConfig(BaseModel):
     """Off-policy GRPO (Mroueh et al., arXiv 2505.22257) on a causal language model."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
 
     max_steps: int = resumable(100)
     """Number of training steps k."""
@@ -69,68 +70,69 @@ class GRPOConfig:
     output: Annotated[OutputConfig, tyro.conf.OmitArgPrefixes] = _group(OutputConfig)
     agent: Annotated[AgentConfig, tyro.conf.OmitArgPrefixes] = _group(AgentConfig)
 
-    def __init__(self, **given):
-        """Groups (``optim=OptimConfig(...)``), flat fields (``learning_rate=1e-5``) or both: a flat field replaces
-        its value in the group given beside it."""
-        flat: dict[str, dict] = {name: {} for name in GROUPS}
+    def __init__(self, /, **given):
+        """Groups (``optim=OptimConfig(...)`` or a dict of its fields), flat fields (``learning_rate=1e-5``, TRL's
+        habit) or both: a flat field replaces its value in the group given beside it. An error is one line."""
+        try:
+            super().__init__(**given)
+        except ValidationError as exc:
+            raise one_line(exc, [*TOP_FIELDS, *FIELD_GROUP]) from None
+
+    @field_validator("max_steps", "seed", mode="before")
+    @classmethod
+    def _plain(cls, value):
+        return plain(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_names(cls, given):
+        """Each flat name into its group, built with what was said to it before (its ``model_fields_set``) and the
+        flat names beside it; a group given as a dict (``model_dump``'s) built from it. An unknown name raises
+        TypeError naming the nearest option."""
+        if not isinstance(given, dict):
+            return given
+        out, flat = {}, {name: {} for name in GROUPS}
         for name, value in given.items():
-            if name in GROUPS:
-                continue
-            if name in TOP_FIELDS:
-                object.__setattr__(self, name, top_field(name, value))
+            if name in GROUPS or name in TOP_FIELDS:
+                out[name] = value
             elif name in FIELD_GROUP:
                 flat[FIELD_GROUP[name]][name] = value
             else:
                 raise TypeError(f"GRPOConfig got an unexpected keyword argument {name!r}"
                                 f"{nearest_name(name, [*TOP_FIELDS, *FIELD_GROUP])}")
-        for name in TOP_FIELDS:
-            if name not in given:
-                object.__setattr__(self, name, TOP_FIELDS[name].default)
-        for name, cls in GROUPS.items():
-            base = given.get(name)
-            if name in given and not isinstance(base, cls):
-                raise TypeError(f"GRPOConfig: {name} must be a {cls.__name__}, got {type(base).__name__}")
-            group = cls(**flat[name]) if base is None else dataclasses.replace(base, **flat[name])
-            object.__setattr__(group, "_owner", self)  # its assignments are checked against the other groups too
-            object.__setattr__(self, name, group)
-        self._check_across_groups()
+        for name, group in GROUPS.items():
+            base = out.get(name)
+            if isinstance(base, group):
+                if not flat[name]:
+                    continue
+                base = {k: getattr(base, k) for k in base.model_fields_set}
+            if isinstance(base, dict) or (base is None and flat[name]):
+                out[name] = group(**{**(base or {}), **flat[name]})
+        return out
 
     def __getattr__(self, name: str):
         """A group's field or property by its flat name (``config.learning_rate`` is ``config.optim.learning_rate``)."""
         owner = FIELD_GROUP.get(name) or GROUP_PROPERTIES.get(name)
         if owner is None:
-            raise AttributeError(f"'GRPOConfig' object has no attribute {name!r}")
-        return getattr(object.__getattribute__(self, owner), name)
+            return super().__getattr__(name)
+        return getattr(getattr(self, owner), name)
 
     def __setattr__(self, name: str, value) -> None:
-        """An assignment is checked as construction is (TRL's habit of setting ``args.x = ...`` keeps working for a
-        valid value): a group's field is set in its group (``ConfigGroup``: its own checks and the rules across
-        groups; a held group sees the change), a field of GRPOConfig itself or a whole group is checked across the
-        groups; a refused value leaves the config as it was; an unknown name, or a derived value, raises."""
-        if name in FIELD_GROUP:
-            setattr(getattr(self, FIELD_GROUP[name]), name, value)
-            return
-        if name in GROUPS and not isinstance(value, GROUPS[name]):
-            raise TypeError(f"GRPOConfig: {name} must be a {GROUPS[name].__name__}, got {type(value).__name__}")
-        if name not in TOP_FIELDS and name not in GROUPS:
+        """TRL's habit of setting ``args.x = ...``: the config is rebuilt with the change (a flat name in its group, a
+        field of GRPOConfig itself, or a whole group) and validated as a new one; a refused value leaves the config as
+        it was. The groups are frozen: a group held elsewhere keeps what it said. An unknown name, or a derived value,
+        raises AttributeError."""
+        if name not in TOP_FIELDS and name not in GROUPS and name not in FIELD_GROUP:
             known = [*TOP_FIELDS, *FIELD_GROUP]
             derived = name in GROUP_PROPERTIES or isinstance(getattr(type(self), name, None), property)
             raise AttributeError(f"GRPOConfig: {name!r} " + ("is derived from the fields, not set" if derived else
                                                            f"is not an option{nearest_name(name, known)}"))
-        old = object.__getattribute__(self, name)
-        if name in GROUPS:
-            value = dataclasses.replace(value)  # the config's own object, tied to it
-            object.__setattr__(value, "_owner", self)
-        else:
-            value = top_field(name, value)
-        object.__setattr__(self, name, value)
-        try:
-            self._check_across_groups()
-        except Exception:
-            object.__setattr__(self, name, old)
-            raise
+        new = self.replace(**{name: value})
+        self.__dict__.update(new.__dict__)
+        object.__setattr__(self, "__pydantic_fields_set__", set(new.model_fields_set))
 
-    def _check_across_groups(self) -> None:
+    @model_validator(mode="after")
+    def _across_groups(self):
         """The rules that tie two groups together."""
         require(self, self.max_steps >= 1, "max_steps", "must be >= 1")
         require(self, 0 <= self.seed < 2**63, "seed",
@@ -160,6 +162,7 @@ class GRPOConfig:
                 "filter_groups", "dynamic sampling with tools is not supported yet; drop --filter-groups")
         require(self, self.sync.sync_policy != "divergence" or self.diagnostics.heldout_prompts > 0, "sync_policy",
                 "divergence decides from the held-out TV estimate; add --heldout-prompts (e.g. 8)")
+        return self
 
     # ---- derived values that span groups (computed on demand, never stored: the run's plan records them) ----------
     @property
@@ -186,11 +189,11 @@ class GRPOConfig:
 
     # ---- flat views: config.json, replace ---------------------------------------------------------
     def to_dict(self) -> dict:
-        """Every field by its flat name, as given (config.json's keys: what was said; the values the run derives from
-        them are its plan's, ``llm.run.plan``)."""
+        """Every field by its flat name (config.json's keys; the values the run derives from them are its plan's,
+        ``llm.run.plan``). ``model_dump`` gives the same by group."""
         out = {name: getattr(self, name) for name in TOP_FIELDS}
         for name in GROUPS:
-            out.update(dataclasses.asdict(getattr(self, name)))
+            out.update(dict(getattr(self, name)))
         return out
 
     def to_json(self) -> str:
@@ -198,8 +201,9 @@ class GRPOConfig:
 
     @classmethod
     def from_json_file(cls, path: str | Path) -> "GRPOConfig":
-        """The config a config.json holds; a file that is not one is a ValueError naming the file (a field missing
-        from it takes its default: a field added after the file was written)."""
+        """The config a config.json holds (flat, or by group as ``model_dump`` writes it); a file that is not one is
+        a ValueError naming the file (a field missing from it takes its default: a field added after the file was
+        written)."""
         try:
             stored = json.loads(Path(path).read_text())
             if not isinstance(stored, dict):
@@ -209,38 +213,26 @@ class GRPOConfig:
             raise ValueError(f"{path}: {exc}") from None
 
     def replace(self, **changes) -> "GRPOConfig":
-        """A copy with ``changes``: flat fields or whole groups (each group copied: the copy is independent)."""
-        return GRPOConfig(**{**{name: getattr(self, name) for name in (*TOP_FIELDS, *GROUPS)}, **changes})
-
-    def __copy__(self) -> "GRPOConfig":
-        """``copy.copy``: an independent config (its own groups), as ``replace()`` gives."""
-        return self.replace()
+        """A new config with ``changes`` (flat fields or whole groups), validated as one; what was said before
+        (``model_fields_set``, each group's too) stays said."""
+        return GRPOConfig(**{**{name: getattr(self, name) for name in self.model_fields_set}, **changes})
 
 
 #: The fields GRPOConfig holds itself (the run's length and seed), by name.
-TOP_FIELDS = {f.name: f for f in dataclasses.fields(GRPOConfig) if f.name not in GROUPS}
-#: pydantic's validators of those fields (strict, as the groups').
-_TOP_ADAPTERS = {name: TypeAdapter(int, config=STRICT) for name in TOP_FIELDS}
-
-
-def top_field(name: str, value):
-    """A value of one of GRPOConfig's own fields, validated by pydantic as the groups' are."""
-    try:
-        return _TOP_ADAPTERS[name].validate_python(plain(value))
-    except ValidationError as exc:
-        raise one_line(exc, field=name) from None
+TOP_FIELDS = {name: info for name, info in GRPOConfig.model_fields.items() if name not in GROUPS}
 #: Each group's field -> the group that holds it.
-FIELD_GROUP = {f.name: group for group, cls in GROUPS.items() for f in dataclasses.fields(cls)}
+FIELD_GROUP = {name: group for group, cls in GROUPS.items() for name in cls.model_fields}
 #: Each group's derived value (a property) -> the group that holds it.
 GROUP_PROPERTIES = {name: group for group, cls in GROUPS.items() for name, value in vars(cls).items()
                     if isinstance(value, property)}
 
 
-def flat_fields() -> list[tuple[str, dataclasses.Field]]:
-    """(group, field) for every option, in the order of ``--help``: GRPOConfig's own (group ""), then each group's."""
-    return [("", f) for f in TOP_FIELDS.values()] + [
-        (group, f) for group, cls in GROUPS.items() for f in dataclasses.fields(cls)]
+def flat_fields() -> list[tuple[str, str, FieldInfo]]:
+    """(group, name, pydantic's FieldInfo) for every option, in the order of ``--help``: GRPOConfig's own (group ""),
+    then each group's."""
+    return [("", name, info) for name, info in TOP_FIELDS.items()] + [
+        (group, name, info) for group, cls in GROUPS.items() for name, info in cls.model_fields.items()]
 
 
 #: Fields that may change when a run resumes (``resumable`` beside each field).
-RESUMABLE_FIELDS = {f.name for _, f in flat_fields() if f.metadata.get("resumable")}
+RESUMABLE_FIELDS = {name for _, name, info in flat_fields() if is_resumable(info)}

@@ -8,10 +8,11 @@ from typing import Literal
 
 from grpo_theory.truncation import TokenFilter
 
-from llm.config.fields import ConfigGroup, config_group, MAX_TEMPERATURE, MIN_TEMPERATURE, require, require_finite, resumable
+from pydantic import model_validator
+
+from llm.config.fields import ConfigGroup, MAX_TEMPERATURE, MIN_TEMPERATURE, require, resumable
 
 
-@config_group
 class SamplingConfig(ConfigGroup):
     """The completions: how many per step, how they are drawn from alpha, and by which sampler."""
 
@@ -78,8 +79,8 @@ class SamplingConfig(ConfigGroup):
     """Address of this trainer as the server reaches it, for the weight-transfer rendezvous (the trainer listens
     on a free port there)."""
 
-    def __post_init__(self):
-        require_finite(self)
+    @model_validator(mode="after")
+    def _rules(self):
         require(self, self.prompts_per_step >= 1, "prompts_per_step", "must be >= 1")
         require(self, self.num_generations >= 2, "num_generations", "a group needs G >= 2 completions")
         require(self, self.max_num_gen_batches >= 0, "max_num_gen_batches", "must be >= 0 (0: no bound)")
@@ -109,6 +110,7 @@ class SamplingConfig(ConfigGroup):
         require(self, 0 < self.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization", "must lie in (0, 1]")
         require(self, self.vllm_tensor_parallel_size >= 1, "vllm_tensor_parallel_size", "must be >= 1")
         require(self, self.vllm_kv_cache_gb >= 0, "vllm_kv_cache_gb", "must be >= 0 (0: sized to the window)")
+        return self
 
     @property
     def token_filter(self) -> TokenFilter:
@@ -120,7 +122,6 @@ class SamplingConfig(ConfigGroup):
         return self.prompts_per_step * self.num_generations
 
 
-@config_group
 class MachineConfig(ConfigGroup):
     """The trainer's machine: device, precision, passes, kernels and memory (the same numbers up to float rounding,
     except dtype)."""
@@ -209,8 +210,8 @@ class MachineConfig(ConfigGroup):
     FreedMemoryCeiling``). Without micro-batches freed memory is kept until the run ends: a release there costs
     the next pass its page faults (docs/memory.md). 0: no ceiling."""
 
-    def __post_init__(self):
-        require_finite(self)
+    @model_validator(mode="after")
+    def _rules(self):
         require(self, self.freed_memory_ceiling >= 0, "freed_memory_ceiling", "must be >= 0 (0: no ceiling)")
         require(self, not (self.fsdp and self.compile), "compile",
                 "is not tested with --fsdp's sharded blocks: drop one of --fsdp and --compile")
@@ -222,6 +223,7 @@ class MachineConfig(ConfigGroup):
                 f"must lie in [0, {os.cpu_count()}] (this machine's cores; 0: torch's default)")
         require(self, re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None, "device",
                 "expected auto, cpu or cuda[:n]")
+        return self
 
     @property
     def prompts_shared(self) -> bool:

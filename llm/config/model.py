@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
-from llm.config.fields import ConfigGroup, config_group, require, require_finite, resumable
+from llm.config.fields import ConfigGroup, require, resumable
 from llm.config.user_code import as_specs, spec_validator
 
 
-@config_group
 class ModelConfig(ConfigGroup):
     """The policy's weights: where they come from, and which of them train."""
 
@@ -34,15 +32,15 @@ class ModelConfig(ConfigGroup):
     """Modules given adapters: 'all-linear' (every linear layer but the output layer) or module names
     (e.g. q_proj v_proj). LoRA dropout is always 0: pi/alpha needs the same log-probs from every pass."""
 
-    def __post_init__(self):
-        require_finite(self)
+    @model_validator(mode="after")
+    def _rules(self):
         require(self, self.lora_r >= 1, "lora_r", "must be >= 1")
         require(self, self.lora_alpha > 0, "lora_alpha", "must be > 0")
         require(self, len(self.lora_target_modules) >= 1 and all(self.lora_target_modules), "lora_target_modules",
                 "needs 'all-linear' or module names")
+        return self
 
 
-@config_group
 class DataConfig(ConfigGroup):
     """The prompts, their test split and their rewards."""
 
@@ -123,8 +121,8 @@ class DataConfig(ConfigGroup):
             return tuple(float(x) for x in value)
         return value
 
-    def __post_init__(self):
-        require_finite(self)
+    @model_validator(mode="after")
+    def _rules(self):
         require(self, self.generator_train_size >= 1, "generator_train_size", "must be >= 1")
         require(self, self.generator_test_size >= 0, "generator_test_size", "must be >= 0")
         require(self, self.generator_seed >= 0, "generator_seed", "must be >= 0")
@@ -134,10 +132,10 @@ class DataConfig(ConfigGroup):
                 "give either --reward-fn (one completion at a time) or --reward-funcs, not both")
         require(self, not self.reward_weights or len(self.reward_weights) == len(self.reward_funcs), "reward_weights",
                 f"needs one weight per reward function ({len(self.reward_funcs)})")
-        require(self, all(math.isfinite(w) for w in self.reward_weights), "reward_weights", "must be finite numbers")
         if self.reward_range is not None:
-            require(self, all(math.isfinite(x) for x in self.reward_range) and self.reward_range[0] < self.reward_range[1],
-                    "reward_range", "must be two finite numbers LOW < HIGH")
+            require(self, self.reward_range[0] < self.reward_range[1], "reward_range",
+                    "must be two finite numbers LOW < HIGH")
         require(self, self.soft_punish_cache >= 0, "soft_punish_cache", "must be >= 0")
         require(self, self.soft_punish_cache > 0 or "soft_overlong_punishment" not in self.reward_funcs,
                 "soft_punish_cache", "soft_overlong_punishment needs it > 0 (the length over which the penalty grows)")
+        return self

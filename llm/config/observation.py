@@ -6,10 +6,11 @@ from typing import Literal
 
 from grpo_theory.estimators import DEFAULT_LCB_METHOD, IMPROVEMENT_WEIGHT_CAP, LcbMethod, lcb_method
 
-from llm.config.fields import ConfigGroup, config_group, MAX_TEMPERATURE, MIN_TEMPERATURE, require, require_finite, resumable
+from pydantic import field_validator, model_validator
+
+from llm.config.fields import ConfigGroup, MAX_TEMPERATURE, MIN_TEMPERATURE, require, resumable
 
 
-@config_group
 class DiagnosticsConfig(ConfigGroup):
     """The estimates of TV distances, the bound's terms and the improvement, and the checks on alpha."""
 
@@ -64,18 +65,22 @@ class DiagnosticsConfig(ConfigGroup):
     rows say (J before and after) is the same at every N. ``python -m llm report`` compares the estimates with the exact
     improvement on the measured steps only and says so; the signal check (``llm.warning``) needs every step: N = 1."""
 
-    def __post_init__(self):
-        require_finite(self)
+    @field_validator("improvement_lcb_method")
+    @classmethod
+    def _lcb_method(cls, value):
+        return lcb_method(value)  # an older name as today's
+
+    @model_validator(mode="after")
+    def _rules(self):
         require(self, self.heldout_prompts >= 0, "heldout_prompts", "must be >= 0")
         require(self, 0.5 <= self.improvement_lcb_level < 1, "improvement_lcb_level", "must be in [0.5, 1)")
         require(self, self.improvement_lcb_weight_cap > 1, "improvement_lcb_weight_cap",
                 "must be > 1 (the capped estimates lie in [-1, W - 1]: W <= 1 could never certify)")
-        object.__setattr__(self, "improvement_lcb_method", lcb_method(self.improvement_lcb_method))
         require(self, self.insample_diagnostics_steps >= 1, "insample_diagnostics_steps", "must be >= 1")
         require(self, self.exact_j_steps >= 1, "exact_j_steps", "must be >= 1")
+        return self
 
 
-@config_group
 class EvaluationConfig(ConfigGroup):
     """The test prompts' evaluation: how often, and sampled how."""
 
@@ -94,8 +99,8 @@ class EvaluationConfig(ConfigGroup):
     eval_min_p: float = -1.0
     """min_p of the evaluation (-1: the training min_p)."""
 
-    def __post_init__(self):
-        require_finite(self)
+    @model_validator(mode="after")
+    def _rules(self):
         require(self, self.eval_steps >= 0, "eval_steps", "must be >= 0")
         require(self, self.num_generations_eval >= 1, "num_generations_eval", "must be >= 1")
         require(self, self.eval_temperature == -1 or MIN_TEMPERATURE <= self.eval_temperature <= MAX_TEMPERATURE,
@@ -105,9 +110,9 @@ class EvaluationConfig(ConfigGroup):
         require(self, self.eval_top_k >= -1, "eval_top_k", "must be >= 0, or -1 (training's)")
         require(self, self.eval_min_p == -1 or 0 <= self.eval_min_p < 1, "eval_min_p",
                 "must lie in [0, 1), or be -1 (training's)")
+        return self
 
 
-@config_group
 class OutputConfig(ConfigGroup):
     """The run directory, its checkpoints, and what is printed and tracked."""
 
@@ -133,11 +138,12 @@ class OutputConfig(ConfigGroup):
     """Show a tqdm progress bar when stderr is a terminal (a file or a CI log gets a line every ``logging_steps``
     instead of the bar's redraws). Off: lines everywhere."""
 
-    def __post_init__(self):
-        require_finite(self)
+    @model_validator(mode="after")
+    def _rules(self):
         require(self, self.logging_steps >= 1, "logging_steps", "must be >= 1")
         require(self, self.num_completions_to_print >= 0, "num_completions_to_print", "must be >= 0 (0: all)")
         require(self, self.save_steps >= 0, "save_steps", "must be >= 0")
         require(self, bool(self.output_dir), "output_dir", "must not be empty")
         require(self, len(self.report_to) >= 1 and ("none" not in self.report_to or len(self.report_to) == 1),
                 "report_to", "give 'none' alone, or one or more of tensorboard, wandb, trackio")
+        return self

@@ -49,11 +49,11 @@ FLOATS = st.one_of(st.floats(0, 1).map(repr), st.floats(allow_nan=True, allow_in
 INTS = st.one_of(st.integers(1, 8).map(str), st.integers(-3, 40).map(str), st.sampled_from(["1.5", "nan", "x", "-1", "0", ""]))
 
 
-def _option(field: dataclasses.Field, tp, strings: dict) -> st.SearchStrategy:
+def _option(name: str, tp, strings: dict) -> st.SearchStrategy:
     """(args, invalid) for one field of type ``tp``: ``invalid`` True when the value is certainly not acceptable."""
-    flag = "--" + field.name.replace("_", "-")
-    if field.name in strings:
-        return strings[field.name].map(lambda v: ([flag, v], False))
+    flag = "--" + name.replace("_", "-")
+    if name in strings:
+        return strings[name].map(lambda v: ([flag, v], False))
     if tp is bool:
         return st.sampled_from([([flag], False), (["--no-" + flag[2:]], False), ([flag, "maybe"], True)])
     if typing.get_origin(tp) is typing.Literal:
@@ -65,19 +65,19 @@ def _option(field: dataclasses.Field, tp, strings: dict) -> st.SearchStrategy:
     return st.text(max_size=8).map(lambda v: ([flag, v], False))
 
 
-def _options_of(cls) -> list[tuple[dataclasses.Field, type]]:
+def _options_of(cls) -> list[tuple[str, type]]:
     """(field, type) for every option of the config ``cls`` (a GRPOConfig's flat fields, through its groups), the
     annotations resolved in the module that declares them."""
     if cls is GRPOConfig:
         hints = {"": typing.get_type_hints(GRPOConfig), **{g: typing.get_type_hints(c) for g, c in GROUPS.items()}}
-        return [(f, hints[g][f.name]) for g, f in flat_fields()]
+        return [(name, hints[g][name]) for g, name, _ in flat_fields()]
     hints = typing.get_type_hints(cls)
-    return [(f, hints[f.name]) for f in dataclasses.fields(cls)]
+    return [(f.name, hints[f.name]) for f in dataclasses.fields(cls)]
 
 
 def _args(cls, strings: dict, exclude=()) -> st.SearchStrategy:
-    fields = [(f, tp) for f, tp in _options_of(cls) if f.name not in exclude]
-    named = [_option(f, tp, strings).map(lambda o, n=f.name: (n, o)) for f, tp in fields]
+    fields = [(name, tp) for name, tp in _options_of(cls) if name not in exclude]
+    named = [_option(name, tp, strings).map(lambda o, n=name: (n, o)) for name, tp in fields]
     options = st.lists(st.one_of(*named), max_size=4, unique_by=lambda o: o[0]).map(lambda os: [o[1] for o in os])
     extra = st.sampled_from([([], False), (["--no-such-option", "1"], True), (["positional"], True)])
     # the extra arguments go first: after an option of a tuple field they would be read as more of its values
@@ -86,7 +86,7 @@ def _args(cls, strings: dict, exclude=()) -> st.SearchStrategy:
 
 
 def _field_names(cls) -> list[str]:
-    names = [f.name for f, _ in _options_of(cls)]
+    names = [name for name, _ in _options_of(cls)]
     return names + ["--" + n.replace("_", "-") for n in names]
 
 
@@ -181,7 +181,7 @@ def test_fuzzed_server_launcher_command_lines_are_checked_before_starting(data):
 
 
 def _typed_fields(cls, tp) -> list[str]:
-    return [f.name for f, hint in _options_of(cls) if hint is tp]
+    return [name for name, hint in _options_of(cls) if hint is tp]
 
 
 CLIS = {"trainer": (GRPOConfig, "llm.commands.train", "python -m llm train"),

@@ -37,7 +37,7 @@ def test_reward_funcs_config_errors():
         GRPOConfig(reward_fn="a:b", reward_funcs=("a:c",))
     with pytest.raises(ValueError, match=r"reward_weights: needs one weight per reward function \(2\)"):
         GRPOConfig(reward_funcs=("a:b", "a:c"), reward_weights=(1.0,))
-    with pytest.raises(ValueError, match="reward_weights: must be finite"):
+    with pytest.raises(ValueError, match="reward_weights: must be a finite number"):
         GRPOConfig(reward_funcs=("a:b",), reward_weights=(float("nan"),))
     with pytest.raises(ValueError, match="reward_funcs: cannot import 'no_such_module:f'"):
         load_task("arithmetic", reward_funcs=["no_such_module:f"])

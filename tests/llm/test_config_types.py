@@ -1,9 +1,8 @@
 """The config's types and choices are checked by pydantic wherever a config is built or changed: the constructor,
-flat and group assignment, ``replace``, config.json and ``from_trl`` (llm/config/fields.py). Each case below was
+a group's own constructor, flat assignment, ``replace``, config.json and ``from_trl`` (llm/config/fields.py). Each case below was
 accepted before: a misspelt choice ran another sampler, the string "no" turned an option on, a float became a count."""
 
 import copy
-import dataclasses
 import json
 import pickle
 import typing
@@ -20,29 +19,28 @@ def _fields_of(kind):
     out = []
     for cls in GROUPS.values():
         hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            t = hints[f.name]
+        for name in cls.model_fields:
+            t = hints[name]
             if kind == "literal" and typing.get_origin(t) is typing.Literal:
-                out.append((f.name, typing.get_args(t)))
+                out.append((name, typing.get_args(t)))
             elif t is kind:
-                out.append((f.name, None))
+                out.append((name, None))
     return out
 
 
 BUILDS = {
     "constructor": lambda name, value: GRPOConfig(**{name: value}),
     "flat assignment": lambda name, value: setattr(GRPOConfig(), name, value),
-    "group assignment": lambda name, value: setattr(_group_of(GRPOConfig(), name), name, value),
+    "group": lambda name, value: _group_of(name)(**{name: value}),
     "replace": lambda name, value: GRPOConfig().replace(**{name: value}),
     "config.json": lambda name, value: GRPOConfig(**json.loads(json.dumps({**GRPOConfig().to_dict(), name: value}))),
     "from_trl": lambda name, value: from_trl(**{name: value}),
 }
 
 
-def _group_of(cfg, name):
-    """The group holding ``name`` (GRPOConfig itself for its own fields)."""
-    return next((getattr(cfg, g) for g, cls in GROUPS.items() if name in {f.name for f in dataclasses.fields(cls)}),
-                cfg)
+def _group_of(name):
+    """The class of the group holding ``name`` (GRPOConfig itself for its own fields)."""
+    return next((cls for cls in GROUPS.values() if name in cls.model_fields), GRPOConfig)
 
 
 @pytest.mark.parametrize("how", list(BUILDS))
@@ -202,7 +200,7 @@ def test_a_seed_beyond_64_bits_a_malformed_device_and_a_group_of_none_are_refuse
             GRPOConfig(device=device)
     assert [GRPOConfig(device=d).device for d in ("auto", "cpu", "cuda", "cuda:1")] == ["auto", "cpu", "cuda", "cuda:1"]
     for build in (lambda: GRPOConfig(optim=None), lambda: GRPOConfig().replace(optim=None)):
-        with pytest.raises(TypeError, match="^GRPOConfig: optim must be a OptimConfig, got NoneType"):
+        with pytest.raises(ValueError, match="^optim: must be a valid dictionary or instance of OptimConfig, got None"):
             build()
 
 
@@ -280,11 +278,18 @@ def test_a_tuple_of_the_wrong_length_is_said_in_words():
         GRPOConfig(reward_range=(0, 1, 2))
 
 
-def test_a_groups_internal_marks_cannot_switch_its_checks_off():
-    """``cfg.optim._checked = False`` used to switch off every later check of the group."""
+def test_a_group_is_frozen_and_has_no_switch_to_turn_its_checks_off():
+    """``cfg.optim._checked = False`` used to switch off every later check of the group. A group is now a frozen
+    pydantic model with no private marks: nothing can be set on it, and its rules are its validator."""
+    from pydantic import ValidationError
+
     cfg = GRPOConfig()
-    for name in ("_checked", "_owner"):
-        with pytest.raises(AttributeError, match=f"'{name}' is internal, not an option"):
-            setattr(cfg.optim, name, False)
-    with pytest.raises(ValueError, match="learning_rate"):
-        cfg.optim.learning_rate = -1.0
+    for name, value in (("learning_rate", -1.0), ("learning_rat", 3)):
+        with pytest.raises(ValidationError, match="frozen_instance"):
+            setattr(cfg.optim, name, value)
+    object.__setattr__(cfg.optim, "_checked", False)  # what used to switch the checks off: now read by nothing
+    assert cfg.optim == GRPOConfig().optim
+    with pytest.raises(ValueError, match="^learning_rate: must be > 0"):
+        cfg.learning_rate = -1.0
+    with pytest.raises(ValidationError, match="learning_rate: must be > 0"):  # pydantic's own entry, its own error
+        cfg.optim.model_validate({**cfg.optim.model_dump(), "learning_rate": -1.0})

@@ -465,7 +465,6 @@ def test_loss_types_and_advantage_scales_are_registries_declared_once():
     """One object per loss type (``grpo_theory.loss_types.LOSS_TYPES``) and one function per advantage scale
     (``grpo_theory.core.ADVANTAGE_SCALES``), their names the config's Literal types themselves; every loss type's
     weights follow its normaliser, and bnpo alone is normalised per pass."""
-    import dataclasses
     import typing
 
     from grpo_theory.core import ADVANTAGE_SCALES, ScaleRewards
@@ -474,7 +473,7 @@ def test_loss_types_and_advantage_scales_are_registries_declared_once():
 
     hints = typing.get_type_hints(ObjectiveConfig)
     assert hints["loss_type"] is LossTypeName and hints["scale_rewards"] is ScaleRewards
-    assert {f.name for f in dataclasses.fields(ObjectiveConfig)} >= {"loss_type", "scale_rewards"}
+    assert set(ObjectiveConfig.model_fields) >= {"loss_type", "scale_rewards"}
     assert tuple(LOSS_TYPES) == typing.get_args(LossTypeName)
     assert tuple(ADVANTAGE_SCALES) == typing.get_args(ScaleRewards)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])

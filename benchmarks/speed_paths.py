@@ -51,10 +51,10 @@ def _packing_setup():
 
 def _passes(name: str, micro: int):
     from llm import GRPOConfig
-    from llm.core.passes import Passes
+    from llm.run.specs import passes
 
     g, s, pf = PACKING_ROWS[name]
-    return Passes.from_config(GRPOConfig(per_device_train_batch_size=micro, group_by_length=g, share_prompts=s,
+    return passes(GRPOConfig(per_device_train_batch_size=micro, group_by_length=g, share_prompts=s,
                                          padding_free=pf, num_generations=8))
 
 

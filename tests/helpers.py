@@ -1,6 +1,7 @@
 """What several test modules share: exact-J and sampling checks, tolerances, small sequences and models, the vLLM sync
 helpers, the float64 optimiser case."""
 
+import dataclasses
 import json
 import math
 import shutil
@@ -14,13 +15,13 @@ from llm import GRPOConfig
 from llm.core.batch import make_batch, padded
 from llm.core.logit_head import LogitHead
 from llm.core.logprobs import completion_logprobs
-from llm.core.passes import Passes
 from llm.core.token_filter import NO_FILTER
 from llm.evaluation import exact_j
 from llm.models.distributed import SINGLE, shard_blocks
 from llm.models.model import Precision, frozen_copy, load_policy
 from llm.models.tiny import tiny_model_dir
-from llm.optim import Objective, optimise
+from llm.optim import optimise
+from llm.run import specs
 from llm.step.score import advantages
 from llm.tasks import TokenizedTask, arithmetic_task
 
@@ -156,8 +157,7 @@ def optimise_case(loss_type, ratio_level, mask, micro_batch, checkpointing=False
                         per_device_train_batch_size=micro_batch, logit_chunk_tokens=5, group_by_length=by_length,
                         tv_diagnostics=True, share_prompts=False,  # exact float64 sums (sharing: its own test)
                         padding_free=padding_free)
-    passes = Passes.from_config(config, ranks).__class__(**{**Passes.from_config(config, ranks).__dict__,
-                                                            "precision": Precision()})
+    passes = dataclasses.replace(specs.passes(config, ranks), precision=Precision())
     groups = advantages(np.array([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 1.0, 1.0]]), config.variance_eps, True, mask)
     a = completion_logprobs(alpha, batch, 1.0, keep_hidden=True)
     logp_ref = completion_logprobs(ref, batch, 1.0).logp
@@ -165,7 +165,7 @@ def optimise_case(loss_type, ratio_level, mask, micro_batch, checkpointing=False
         tv = 0.5 * (plain_full(policy, batch).exp() - plain_full(alpha, batch).exp()).abs().sum(-1)
         chain_tv_k = float((tv * batch.completion_mask).sum(1).mean())
     optimizer = RecordingSGD(policy.parameters(), lr=0.5)
-    out = optimise(passes, Objective.from_config(config), policy, optimizer, batch, groups.advantages, groups.keep,
+    out = optimise(passes, specs.objective(config), policy, optimizer, batch, groups.advantages, groups.keep,
                    a.logp, logp_ref, passes.dists(alpha, a.hidden))
     assert math.isclose(out.chain_tv_k, chain_tv_k, rel_tol=1e-6)  # tv_rows sums in float32
     return out, optimizer.grads

@@ -37,14 +37,6 @@ class Passes:
     padding_free: bool = False  # padding_free: each pass's sequences packed into one row
     token_budget: int = 0  # token_budget: the forwarded tokens a pass may hold (0: none)
 
-    @classmethod
-    def from_config(cls, config, ranks: Ranks = SINGLE) -> "Passes":
-        """The machine group's passes of the sampling group's policies (temperature, filter, group size)."""
-        machine, sampling = config.machine, config.sampling
-        return cls(sampling.temperature, Precision.of(machine.dtype), machine.per_device_train_batch_size,
-                   machine.logit_chunk_tokens, machine.group_by_length, machine.prompts_shared, sampling.num_generations,
-                   ranks, sampling.token_filter, machine.padding_free, machine.token_budget)
-
     def split(self, batch: Batch) -> list[torch.Tensor]:
         """This rank's passes over ``batch``: micro-batches of at most ``micro_batch`` rows and ``token_budget``
         tokens (``Batch.passes``)."""

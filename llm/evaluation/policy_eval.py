@@ -28,17 +28,6 @@ class EvalSpec:
     max_tokens: int = 16
     ks: tuple[int, ...] = field(default=())
 
-    @classmethod
-    def from_config(cls, config) -> "EvalSpec":
-        """The evaluation's own temperature, top-k, top-p and min-p where the config gives them (not -1), else
-        training's; ``num_generations_eval`` completions of up to ``max_completion_length`` tokens."""
-        pick = lambda own, train: train if own == -1 else own  # noqa: E731
-        own, train = config.evaluation, config.sampling
-        return cls(pick(own.eval_temperature, train.temperature),
-                   TokenFilter(pick(own.eval_top_k, train.top_k), pick(own.eval_top_p, train.top_p),
-                               pick(own.eval_min_p, train.min_p)),
-                   own.num_generations_eval, config.completion_budget)
-
     @property
     def pass_ks(self) -> tuple[int, ...]:
         return self.ks or tuple(ks_up_to(self.generations))

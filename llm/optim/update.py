@@ -49,22 +49,6 @@ class Objective:
     ess_scaling_base_ess_ratio: float = 1.0
     baselining: Baselining | None = None  # VCPO's off-policy optimal baseline (``llm.optim.baseline``); None: off
 
-    @classmethod
-    def from_config(cls, config) -> "Objective":
-        """The objective group's loss, stepped by the optim group (dr_grpo's normaliser needs the sampling group's
-        max_completion_length, the chain-rule TV the diagnostics group's switch)."""
-        o, opt = config.objective, config.optim
-        baselining = Baselining(opt.grad_baselining_scope, opt.grad_baselining_use_is_weights,
-                                opt.grad_baselining_normalize_by_length) if opt.grad_baselining else None
-        clip = Clip(o.epsilon, o.clip_high, o.delta, o.ratio_level, o.importance_sampling_mode, o.importance_sampling_cap,
-                    o.importance_sampling_cap_min, o.m2_threshold, o.rollout_rs_threshold,
-                    loss_type(o.loss_type).objective, o.sapo_temperature_pos, o.sapo_temperature_neg, o.vespo_k_pos,
-                    o.vespo_lambda_pos, o.vespo_k_neg, o.vespo_lambda_neg, o.off_policy_mask_threshold, o.clip_ratio_c)
-        return cls(config.optim.num_iterations, clip, o.beta, o.use_bias_correction_kl, o.loss_type,
-                   config.completion_budget, config.optim.max_grad_norm, config.diagnostics.tv_diagnostics,
-                   o.top_entropy_quantile, o.entropy_coef, opt.ess_scaling, opt.ess_scaling_base_ess_ratio,
-                   baselining)
-
     @property
     def entropy_every_pass(self) -> bool:
         """Whether every pass needs the entropy (an entropy mask or bonus), not only pi_k's for the log."""

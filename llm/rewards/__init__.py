@@ -34,13 +34,6 @@ class RewardContext:
     device: str = "cpu"
     trust_remote_code: bool = False
 
-    @classmethod
-    def from_config(cls, config) -> "RewardContext":
-        device = "cpu" if config.machine.device in ("auto", "cpu") else config.machine.device
-        return cls(config.completion_budget, config.data.soft_punish_cache, device,
-                   config.model.trust_remote_code)
-
-
 #: The built-in reward functions of ``--reward-funcs``, by name; each class declares its ``reward_range``.
 BUILTIN_REWARD_FUNCS = {OVERLONG: SoftOverlongPunishment}
 

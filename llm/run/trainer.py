@@ -33,18 +33,17 @@ from llm.agents.setup import build_agent
 from llm.core.batch import make_batch
 from llm.core.logprobs import check_head, check_packing
 from llm.core.metrics import VOID_KEY
-from llm.core.passes import Passes
 from llm.models import pretrained
 from llm.models.distributed import SINGLE, Ranks, close_ranks, collective_failure, init_ranks
 from llm.models.tiny import agent_model_dir
 from llm.models.model import add_lora, compile_blocks, load_policy, resolve_device
 from llm.models.vml import resolve_vml_dispatch
-from llm.optim import Objective, Schedule
-from llm.rewards import RewardContext
+from llm.optim import Schedule
 from llm.rewards.functions import RewardOutOfRange
 from llm.run.output import Output, SilentOutput, StepCallback, arithmetic
 from llm.run.rundir import RunDir
 from llm.run.trackers import Trackers, check_trackers
+from llm.run import specs
 from llm.run.plan import Plan, resolve_plan
 from llm.sampling import max_model_len
 from llm.step.clock import SyncClock
@@ -170,7 +169,7 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print, plan: Plan | Non
                              "run it without torchrun")
     data = config.data
     task = load_task(data.dataset, data.reward_fn, data.eval_dataset, data.reward_funcs, data.reward_weights,
-                     data.answer_check, GeneratorSpec.from_config(data), RewardContext.from_config(config),
+                     data.answer_check, GeneratorSpec.from_config(data), specs.reward_context(config),
                      environment_reward=bool(config.agent.environment_factory))
     if not ranks.main:
         ranks.barrier()  # rank 0 builds the built-in model's files first
@@ -204,7 +203,7 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print, plan: Plan | Non
         positions = int(getattr(policy.config, "max_position_embeddings", 1 << 20))
         longest = max(longest, min(positions - budget, max(64, budget)))
     max_model_len(policy, plan.max_completion_length, longest)  # the longest prompt plus a whole completion fit the model's positions
-    weights = Weights.build(config, ranks, policy, tokenizer, model_path, probes, longest, agent)
+    weights = Weights.build(config, ranks, policy, tokenizer, model_path, probes, longest, agent, specs.sampler(config))
     return weights, bound, model_path
 
 
@@ -299,7 +298,7 @@ def start_run(config: GRPOConfig, plan: Plan, weights: Weights, task: TokenizedT
     for line in arithmetic(config, sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad),
                            next(iter(params)).device, plan.sampler_class.name, task, model_path):
         output.log(line)
-    passes = Passes.from_config(config, ranks)
+    passes = specs.passes(config, ranks)
     exact = ExactJ(config.diagnostics.exact_j and ranks.joins_rank0, weights.policy, task, config.sampling.temperature,
                    task.tokenizer.pad_token_id, passes.precision, config.sampling.token_filter,
                    every=config.diagnostics.exact_j_steps, last=config.max_steps - 1)
@@ -314,7 +313,7 @@ def start_run(config: GRPOConfig, plan: Plan, weights: Weights, task: TokenizedT
     rollouts = RolloutWindow(config, task.task, task.prompt_ids, weights.sampler, clock)
     initial = {k: np.asarray(v) for k, v in (ckpt or {}).get("eval_initial", {}).items()}
     looks = (ckpt or {}).get("eval_looks", sum("eval/improvement_lcb" in r for r in kept))
-    return Run(config, weights, task, clock, passes, Objective.from_config(config), rollouts,
+    return Run(config, weights, task, clock, passes, specs.objective(config), specs.evaluation(config), rollouts,
                exact, ranges, Warnings(config.machine.dtype, config.sampling.temperature), output, start,
                next(iter(params)).device, schedule, plan.sampler_class, initial, looks)
 

@@ -6,10 +6,12 @@
 - ``server.ServerSampler``: vLLM's own server in another process (``python -m llm serve``), synced through
   vLLM's weight-transfer API.
 
-``make_sampler`` picks one from the config.
+``make_sampler`` builds the one a ``SamplerSpec`` names.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -21,7 +23,7 @@ from llm.sampling.vllm_settings import quiet_vllm
 
 quiet_vllm()  # before any import of vllm
 
-__all__ = ["Rollout", "Sampler", "TransformersSampler", "check_vllm_supports", "make_sampler", "max_model_len",
+__all__ = ["Rollout", "Sampler", "TransformersSampler", "check_vllm_supports", "make_sampler", "max_model_len", "SamplerSpec",
            "kind_class", "probe_sync", "resolve_sampler", "resolved_sampler", "SAMPLERS", "sampler_class"]
 
 
@@ -71,56 +73,71 @@ def sampler_class(sampling) -> type:
     return kind_class(resolved_sampler(sampling))
 
 
-def make_sampler(config, policy: torch.nn.Module, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
-    """The sampler ``config.sampling.sampler`` names ('auto': ``resolved_sampler``), holding alpha = the initial policy;
-    a server holds whatever it was last sent until ``load_weights`` (``llm.step.weights.Weights.build`` sends the
-    policy)."""
-    kind = resolved_sampler(config.sampling)
-    return BUILDERS[kind](kind_class(kind), config, policy, tokenizer, model_path, max_prompt_tokens)
+@dataclass(frozen=True)
+class SamplerSpec:
+    """What building a sampler reads (``llm.run.specs.sampler`` resolves it from the config): the kind (a key of
+    ``SAMPLERS``), the completion budget, and each kind's own options (TRL's names in brackets)."""
+
+    kind: str
+    completion_budget: int
+    seed: int = 0
+    dtype: str = "float32"
+    server_url: str = ""  # vllm_server_base_url
+    server_timeout: float = 120.0
+    sync_host: str = "127.0.0.1"  # server_sync_address
+    sequences: int = 1  # completions of one generation call (the in-process engine sizes its cache by them)
+    group: int = 1  # num_generations
+    trust_remote_code: bool = False
+    trim_memory: bool = False  # not keep_freed_memory
+    gpu_memory_utilization: float = 0.3  # vllm_gpu_memory_utilization
+    tensor_parallel_size: int = 1  # vllm_tensor_parallel_size
+    enable_sleep_mode: bool = False  # vllm_enable_sleep_mode
+    kv_cache_bytes: int = 0  # vllm_kv_cache_gb
+    batch_size: int = 0  # per_device_train_batch_size: the transformers sampler's sequences per generate call
+    share_prompts: bool = True
+    cache_implementation: str | None = None
 
 
-def _server(cls, config, policy, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
+def make_sampler(spec: SamplerSpec, policy: torch.nn.Module, tokenizer, model_path: str,
+                 max_prompt_tokens: int) -> Sampler:
+    """The sampler of ``spec.kind``, holding alpha = the initial policy; a server holds whatever it was last sent
+    until ``load_weights`` (``llm.step.weights.Weights.build`` sends the policy)."""
+    return BUILDERS[spec.kind](kind_class(spec.kind), spec, policy, tokenizer, model_path, max_prompt_tokens)
+
+
+def _server(cls, spec: SamplerSpec, policy, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
     check_vllm_supports(policy)
-    return cls(config.sampling.server_url, model_path, eos_token_id=tokenizer.eos_token_id,
-               max_model_len=max_model_len(policy, config.completion_budget, max_prompt_tokens),
-               timeout=config.sampling.server_timeout, sync_host=config.sampling.server_sync_address)
+    return cls(spec.server_url, model_path, eos_token_id=tokenizer.eos_token_id,
+               max_model_len=max_model_len(policy, spec.completion_budget, max_prompt_tokens),
+               timeout=spec.server_timeout, sync_host=spec.sync_host)
 
 
-def _vllm(cls, config, policy, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
+def _vllm(cls, spec: SamplerSpec, policy, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
     check_vllm_supports(policy)
     if architecture(policy).startswith("Olmo"):
         raise ValueError("sampler: an in-process vLLM engine breaks transformers' OLMo model in the same process "
                          "(AttributeError 'do_not_compile'); use --sampler transformers or --sampler server")
-    return cls(model_path, dtype=config.machine.dtype, seed=config.seed,
-               max_model_len=max_model_len(policy, config.completion_budget, max_prompt_tokens),
-               eos_token_id=tokenizer.eos_token_id, model_config=policy.config,
-               sequences=window_completions(config), group=config.sampling.num_generations,
-               prompt_tokens=max_prompt_tokens, trust_remote_code=config.model.trust_remote_code,
-               trim_memory=not config.machine.keep_freed_memory,
-               gpu_memory_utilization=config.sampling.vllm_gpu_memory_utilization,
-               tensor_parallel_size=config.sampling.vllm_tensor_parallel_size,
-               enable_sleep_mode=config.sampling.vllm_enable_sleep_mode,
-               kv_cache_bytes=int(config.sampling.vllm_kv_cache_gb * 2**30))
+    return cls(model_path, dtype=spec.dtype, seed=spec.seed,
+               max_model_len=max_model_len(policy, spec.completion_budget, max_prompt_tokens),
+               eos_token_id=tokenizer.eos_token_id, model_config=policy.config, sequences=spec.sequences,
+               group=spec.group, prompt_tokens=max_prompt_tokens, trust_remote_code=spec.trust_remote_code,
+               trim_memory=spec.trim_memory, gpu_memory_utilization=spec.gpu_memory_utilization,
+               tensor_parallel_size=spec.tensor_parallel_size, enable_sleep_mode=spec.enable_sleep_mode,
+               kv_cache_bytes=spec.kv_cache_bytes)
 
 
-def _continuous(cls, config, policy, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
+def _continuous(cls, spec: SamplerSpec, policy, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
     return cls(policy, tokenizer.eos_token_id, tokenizer.pad_token_id)
 
 
-def _transformers(cls, config, policy, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
-    return cls(policy, tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size=config.machine.per_device_train_batch_size,
-               share_prompts=config.machine.share_prompts, cache_implementation=config.sampling.cache_implementation,
+def _transformers(cls, spec: SamplerSpec, policy, tokenizer, model_path: str, max_prompt_tokens: int) -> Sampler:
+    return cls(policy, tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size=spec.batch_size,
+               share_prompts=spec.share_prompts, cache_implementation=spec.cache_implementation,
                prompt_width=max_prompt_tokens)
 
 
-#: How each kind of ``SAMPLERS`` is built from the run's config.
+#: How each kind of ``SAMPLERS`` is built from its ``SamplerSpec``.
 BUILDERS = {"transformers": _transformers, "transformers-continuous": _continuous, "vllm": _vllm, "server": _server}
-
-
-def window_completions(config) -> int:
-    """Completions of one generation call: a window's (or a step's) training and held-out prompts, G each."""
-    prompts = config.sampling.prompts_per_step + config.diagnostics.heldout_prompts
-    return config.sync.steps_per_call * prompts * config.sampling.num_generations
 
 
 def max_model_len(model: torch.nn.Module, completion_budget: int, max_prompt_tokens: int) -> int:

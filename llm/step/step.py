@@ -65,6 +65,7 @@ class Run:
     clock: SyncClock
     passes: Passes
     objective: Objective
+    evaluation: EvalSpec
     rollouts: RolloutWindow
     exact: ExactJ
     ranges: DeclaredRange
@@ -301,7 +302,7 @@ def run_evaluation(run: Run, policy_step: int) -> dict[str, float]:
         if not weights.ranks.main:
             return {}
         per_prompt = {}
-        out = evaluate(policy, run.task, EvalSpec.from_config(config), seed=config.seed + policy_step,
+        out = evaluate(policy, run.task, run.evaluation, seed=config.seed + policy_step,
                        pad=run.task.tokenizer.pad_token_id, precision=run.passes.precision,
                        exact=config.diagnostics.exact_j, sampler=weights.sampler if engine else None,
                        batch_size=config.machine.per_device_train_batch_size, per_prompt=per_prompt)

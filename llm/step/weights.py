@@ -24,7 +24,7 @@ from llm.models.distributed import (Ranks, gather_into, load_whole_optimizer_sta
                           whole_optimizer_state, whole_state_dict)
 from llm.models.model import Precision, copy_weights, frozen_copy
 from llm.optim.schedule import make_optimizer
-from llm.sampling import Sampler, TransformersSampler, make_sampler, probe_sync
+from llm.sampling import Sampler, SamplerSpec, TransformersSampler, make_sampler, probe_sync
 
 @dataclass
 class Weights:
@@ -41,11 +41,12 @@ class Weights:
 
     @classmethod
     def build(cls, config, ranks: Ranks, policy: torch.nn.Module, tokenizer, model_path: str,
-              probe_prompts: list[list[int]], longest_prompt: int, agent=None) -> "Weights":
+              probe_prompts: list[list[int]], longest_prompt: int, agent=None, sampler_spec: SamplerSpec | None = None) \
+            -> "Weights":
         """Start the sampler on rank 0 (alpha = the policy, proven to reach it for this architecture by
         ``probe_sync``), make the copies and the optimiser; under FSDP shard each copy as soon as it is made (one whole
         copy besides the policy at a time) and keep rank 0's whole copy in CPU memory."""
-        sampler = make_sampler(config, policy, tokenizer, model_path, longest_prompt) if ranks.main else None
+        sampler = make_sampler(sampler_spec, policy, tokenizer, model_path, longest_prompt) if ranks.main else None
         if sampler is not None and config.diagnostics.verify_sync and sampler.holds_own_weights:
             temperature = config.sampling.temperature
             probe_sync(sampler, policy, probe_prompts, tokenizer.pad_token_id, temperature,

@@ -37,7 +37,8 @@ LAYERS = [
     ["llm.step.clock", "llm.step.rollout", "llm.step.score", "llm.step.behaviour", "llm.step.diagnose",
      "llm.step.weights", "llm.step.monitors"],  # step/: one step's stages, phase by phase
     ["llm.step.step"],  # step/step.py: run_step, the stages in order
-    ["llm.run.plan"],  # run/plan.py: what the run decides from the options, once
+    ["llm.run.plan", "llm.run.specs"],  # run/plan.py: what the run decides from the options, once; run/specs.py: the
+    # rooms' specs from the config
     ["llm.run.rundir", "llm.run.trackers", "llm.run.output"],
     ["llm.run.trainer"],  # run/: the loop over steps
     ["llm.integrations.readings", "llm.integrations.watcher", "llm.integrations.async_grpo", "llm.integrations.trl",

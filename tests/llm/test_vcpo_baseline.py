@@ -168,11 +168,11 @@ def test_a_baselined_step_is_the_authors_accumulated_gradient(importance_samplin
 
 def test_the_option_is_vcpos_names_and_refuses_torchrun_in_one_line():
     from llm.config import GRPOConfig
-    from llm.optim import Objective
+    from llm.run.specs import objective
 
     c = GRPOConfig(grad_baselining=True, grad_baselining_scope="minibatch", grad_baselining_use_is_weights=False)
-    assert Objective.from_config(c).baselining == Baselining("minibatch", False, False)
-    assert Objective.from_config(GRPOConfig()).baselining is None
+    assert objective(c).baselining == Baselining("minibatch", False, False)
+    assert objective(GRPOConfig()).baselining is None
     with pytest.raises(Exception) as info:
         GRPOConfig(grad_baselining_scope="prompt")
     assert "grad_baselining_scope" in str(info.value) and "\n" not in str(info.value).strip()

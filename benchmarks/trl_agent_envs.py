@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fixtures.agent_envs import Adder  # noqa: E402,F401  the second environment of the dict of factories
+from fixtures.agent_envs import Adder, AsyncMultiplier, Multiplier  # noqa: E402,F401  Adder: the dict's second
+from llm.tasks.arithmetic_tools import multiply  # noqa: E402,F401  the standalone tool (--tools)
 
 
 def _factors(text: str) -> tuple[int, int]:
@@ -19,35 +20,13 @@ def _factors(text: str) -> tuple[int, int]:
     return int(a), int(b)
 
 
-def _question(row: dict) -> str:
-    prompt = row["prompt"]
-    return prompt if isinstance(prompt, str) else prompt[-1]["content"]
-
-
-class Calculator:
-    """reset(**row) keeps the question; multiply is its tool; get_reward (sync) scores the call; a property that
-    raises is never evaluated."""
-
-    def reset(self, **row):
-        self.question = _question(row)
-        self.right = False
-
-    def multiply(self, a: int, b: int) -> int:
-        """Multiply two integers.
-
-        Args:
-            a: The first factor.
-            b: The second factor.
-        """
-        self.right = {a, b} == set(_factors(self.question))
-        return a * b
-
-    def get_reward(self):
-        return float(self.right)
+class Calculator(Multiplier):
+    """The tests' ``Multiplier`` (reset(**row) keeps the question, multiply is its tool, get_reward scores the call, a
+    property that raises is never evaluated), its score read as ``right`` by the reward functions below."""
 
     @property
-    def state(self):
-        raise RuntimeError("never evaluated")
+    def right(self) -> bool:
+        return self.asked
 
 
 class Picky(Calculator):
@@ -65,22 +44,8 @@ class Picky(Calculator):
         return super().multiply(a, b)
 
 
-class AsyncCalculator(Calculator):
-    """An async tool and an async get_reward whose values leave [0, 1]."""
-
-    async def multiply(self, a: int, b: int) -> int:
-        """Multiply two integers.
-
-        Args:
-            a: The first factor.
-            b: The second factor.
-        """
-        await asyncio.sleep(0)
-        return Calculator.multiply(self, a, b)
-
-    async def get_reward(self):
-        await asyncio.sleep(0)
-        return 3.0 * float(self.right) - 1.0
+class AsyncCalculator(AsyncMultiplier, Calculator):
+    """An async tool and an async get_reward whose values leave [0, 1] (``AsyncMultiplier``'s)."""
 
 
 class OwnsTheData(Calculator):
@@ -93,7 +58,7 @@ class OwnsTheData(Calculator):
 
     def reset(self, **row):
         self.question = f"{self.stream.randint(2, 9)}*{self.stream.randint(2, 9)}="
-        self.right = False
+        self.asked = False
         return self.question
 
 
@@ -102,7 +67,7 @@ class Announcer(Picky):
     reset returns it as the observation, so only matching rows on every column pairs the episodes."""
 
     def reset(self, question, **row):
-        self.question, self.right = question, False
+        self.question, self.asked = question, False
         return question
 
 
@@ -169,13 +134,3 @@ def answer_reward(prompts, completions, **kwargs):
         last = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), "")
         out.append(float(last.strip() == str(a * b)))
     return out
-
-
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers (a standalone tool).
-
-    Args:
-        a: The first factor.
-        b: The second factor.
-    """
-    return a * b

@@ -52,7 +52,7 @@ class SyncCheck:
 #: tokens up to 0.57 nats and means 0.003-0.007 (0.041-0.10 one to three steps stale: tests/llm/test_trainer.py,
 #: test_the_sync_check_tells_a_skipped_sync_from_rounding, on both kernel sets of an AVX-512 host); SmolLM2-135M with
 #: vLLM in bfloat16 worst tokens 0.36-0.47 and means 0.036-0.040, against 0.099-0.105 one and two steps stale at
-#: learning rate 1e-5 (``python benchmarks/lag0_bias.py --dtype bfloat16 --top-p 1 [--skip-syncs]``). No absolute
+#: learning rate 1e-5 (``python benchmarks/archive/lag0_bias.py --dtype bfloat16 --top-p 1 [--skip-syncs]``). No absolute
 #: threshold separates both models; twice each run's own floor does.
 SYNC_CHECKS = {"float32": SyncCheck("sampling/logp_diff_max", 1e-3),
                "bfloat16": SyncCheck("sampling/logp_diff_mean", 0.02, floor_factor=2.0)}

@@ -46,8 +46,8 @@ def evaluate(model, task: TokenizedTask, spec: EvalSpec, *, seed: int, pad: int,
     """``eval/*`` metrics of the policy ``model`` on the task's test prompts, sampled as ``spec`` says: exact J and
     exact pass@k (when the task allows it), the sampled accuracy (the mean reward of ``spec.generations``
     completions per prompt), ``eval/pass@k`` and ``eval/maj@k`` from them, and the greedy accuracy. ``sampler``: a
-    sampler holding ``model``'s weights (the run's vLLM engine or server); None: ``generate`` on ``model`` itself,
-    ``batch_size`` sequences at a time (0: all). ``per_prompt``: a dict that receives each test prompt's mean reward
+    sampler holding ``model``'s weights (the run's vLLM engine or server; for an agent task one that runs episodes,
+    ``llm.agents.AgentSampler``); None: ``generate`` on ``model`` itself, ``batch_size`` sequences at a time (0: all). ``per_prompt``: a dict that receives each test prompt's mean reward
     per accuracy (``accuracy_sampled``, ``accuracy_greedy``: arrays in test-prompt order), for the run's certificate
     (``improvement_bounds``)."""
     prompts = task.test_prompt_ids
@@ -58,14 +58,14 @@ def evaluate(model, task: TokenizedTask, spec: EvalSpec, *, seed: int, pad: int,
         j = prompt_exact_j(model, task, spec.temperature, pad, precision, test=True, token_filter=spec.token_filter)
         out["eval/j"] = float(j.mean())
         out.update({f"eval/pass@{k}_exact": float(exact_pass_at_k(j, k).mean()) for k in spec.pass_ks})
-    sampler = sampler or TransformersSampler(model, task.eos, pad, copy=False, batch_size=batch_size)
     idx = list(range(len(prompts)))
     rows = {}
     if task.agent is not None:  # episodes, with each test prompt's row for its environment
-        from llm.agents.episodes import AgentSampler
-
-        sampler = sampler if isinstance(sampler, AgentSampler) else AgentSampler(sampler, task.agent)
+        if getattr(sampler, "agent", None) is None:
+            raise ValueError("evaluate: an agent task's test prompts are episodes; pass a sampler that runs them "
+                             "(llm.agents.AgentSampler)")
         rows = {"rows": task.task.rows(idx, test=True)}
+    sampler = sampler or TransformersSampler(model, task.eos, pad, copy=False, batch_size=batch_size)
     for name, n, greedy in (("accuracy_sampled", spec.generations, False), ("accuracy_greedy", 1, True)):
         roll = sampler.generate(prompts, n, spec.max_tokens, spec.temperature, seed, greedy=greedy,
                                 token_filter=spec.token_filter, **rows)

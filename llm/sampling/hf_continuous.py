@@ -42,7 +42,7 @@ PAGE_TOKENS = 32
 #: Most tokens one forward pass of the manager may hold (prefill chunks and decode steps together) on a CPU.
 #: The manager's attention mask (sdpa and eager attention) is this many rows by the cache's tokens plus this many
 #: columns, allocated and filled whenever a manager is built, and each pass attends over every row's cache. On a CPU
-#: 512 (``python benchmarks/cb_sizing.py --smollm2``, kept manager, seconds per call): the built-in model, 1,024 rows
+#: 512 (``python benchmarks/archive/cb_sizing.py --smollm2``, kept manager, seconds per call): the built-in model, 1,024 rows
 #: x 16 tokens 1.54 at 8192, 1.11 at 1024, 0.93 at 512 (1.66x); 3,000 one-token rows 3.16, 1.54, 1.25 (2.54x); a new
 #: manager's first call 5.41 s at 8192, 1.57 at 512; SmolLM2-135M, 64 rows x 48 tokens, 40.4, 41.0 and 40.6 s at 1024,
 #: 512 and 256 (no change).

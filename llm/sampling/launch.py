@@ -135,7 +135,7 @@ def _use_cuda(device: str) -> bool:
 #: The server's main, run with ``python -c``: a main without a module, so the engine core that vLLM spawns imports
 #: only what it runs, and vLLM's deprecation warnings of that module stay out of the log. Ready after 28.1 s against
 #: 29.1 s with ``-m vllm.entrypoints.openai.api_server`` (medians of 3 alternating starts of the built-in model's
-#: server, 1.04x: ``python benchmarks/server_start.py --reps 3``).
+#: server, 1.04x: ``python benchmarks/archive/server_start.py --reps 3``).
 SERVER_MAIN = "from vllm.entrypoints.launchers.api_server.entry import main; main()"
 
 

@@ -172,7 +172,7 @@ class VLLMSampler:
         # One seed per prompt (vLLM gives the n samples of a request seeds seed..seed+n-1), so repeated
         # prompts in a batch still get independent samples. No text: only token ids and log-probs are read, and
         # decoding each token as it is generated made the tiny model's calls 1.31x slower
-        # (benchmarks/vllm_detokenize.py).
+        # (benchmarks/archive/vllm_detokenize.py).
         params = [SamplingParams(n=n, temperature=0.0 if greedy else temperature, top_p=token_filter.top_p,
                                  top_k=token_filter.top_k or -1, min_p=token_filter.min_p, max_tokens=max_tokens,
                                  logprobs=0, seed=(seed + j * n) % (2**31), stop_token_ids=[self.eos],

@@ -31,7 +31,7 @@ from llm.core.passes import Passes
 from llm.evaluation import EvalSpec, evaluate
 from llm.evaluation.policy_eval import improvement_bounds
 from llm.optim import Objective, Schedule, optimise
-from llm.sampling import Rollout
+from llm.sampling import Rollout, TransformersSampler
 from llm.step.behaviour import Behaviour, alpha_logprobs, sampler_logprobs
 from llm.step.clock import SyncClock, Tick
 from llm.step.diagnose import Heldout, diagnose, heldout_before_update, heldout_estimates, insample_estimates
@@ -77,6 +77,18 @@ class Run:
     sampler_class: type  # the sampler's class (the run's plan): what it is, on every rank
     eval_initial: dict = field(default_factory=dict)  # the first evaluation's per-prompt accuracies (the certificate's)
     eval_looks: int = 0  # evaluations after the first so far: the run certificate's looks, each spending its own level
+
+
+def own_sampler(policy: torch.nn.Module, task: TokenizedTask, config: GRPOConfig):
+    """The evaluation's sampler where no engine holds the policy: ``generate`` on the policy itself, a micro-batch of
+    sequences at a time, running episodes for an agent task."""
+    sampler = TransformersSampler(policy, task.eos, task.tokenizer.pad_token_id, copy=False,
+                                  batch_size=config.machine.per_device_train_batch_size)
+    if task.agent is None:
+        return sampler
+    from llm.agents.episodes import AgentSampler
+
+    return AgentSampler(sampler, task.agent)
 
 
 def run_step(run: Run, step: int) -> tuple[dict, list[dict]]:
@@ -304,8 +316,8 @@ def run_evaluation(run: Run, policy_step: int) -> dict[str, float]:
         per_prompt = {}
         out = evaluate(policy, run.task, run.evaluation, seed=config.seed + policy_step,
                        pad=run.task.tokenizer.pad_token_id, precision=run.passes.precision,
-                       exact=config.diagnostics.exact_j, sampler=weights.sampler if engine else None,
-                       batch_size=config.machine.per_device_train_batch_size, per_prompt=per_prompt)
+                       exact=config.diagnostics.exact_j, per_prompt=per_prompt,
+                       sampler=weights.sampler if engine else own_sampler(policy, run.task, config))
     for name, values in per_prompt.items():  # the test prompts' rewards too lie in the declared range; the step named
         run.ranges.check(max(policy_step - 1, 0), f"test ({name})", values)  # is the row's (policy_step: updates)
     if policy_step == 0:

@@ -1,4 +1,4 @@
-"""The worst case of Trust Region Masking's bounds read off sampled prefixes: ``python benchmarks/trm_worst_case.py``.
+"""The worst case of Trust Region Masking's bounds read off sampled prefixes: ``python benchmarks/archive/trm_worst_case.py``.
 
 A token tree (V = 2, T = 3) where the first token is 1 with probability 0.02 under mu = pi_k, and pi = pi_{k+1} ruins
 that rare branch (its second token, which alone pays there, goes from 0.95 to 0.05), while it improves the common
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from grpo_theory import trm  # noqa: E402
 from llm.core.diagnostics import trm_estimates  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Ties at the top-p boundary on bfloat16 logits: ``python benchmarks/topp_ties.py``.
+"""Ties at the top-p boundary on bfloat16 logits: ``python benchmarks/archive/topp_ties.py``.
 
 400 rows of logits 2.5 x N(0, 1) rounded to bfloat16 (held in float32, as the samplers compute), for vocabularies of
 2,048, 8,192 and 49,152 tokens, top-p 0.9. Printed per vocabulary: the share of rows whose boundary tie vLLM's cut
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from llm.core.token_filter import TokenFilter, boundary_value, filtered_log_softmax, kept_mask  # noqa: E402
 
 

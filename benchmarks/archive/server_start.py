@@ -1,4 +1,4 @@
-"""Seconds until vLLM's server answers, by how it is started: ``python benchmarks/server_start.py`` (about 2 minutes
+"""Seconds until vLLM's server answers, by how it is started: ``python benchmarks/archive/server_start.py`` (about 2 minutes
 on 2 cores). ``python -m llm serve`` runs vLLM's server entry point from ``python -c`` (``llm.sampling.launch.SERVER_MAIN``);
 the engine core that vLLM spawns then imports only what it runs. With ``python -m
 vllm.entrypoints.openai.api_server`` (the earlier command) the spawned process re-imports that main module first,
@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import llm.sampling.launch as launch  # noqa: E402
 

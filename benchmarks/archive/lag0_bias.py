@@ -1,4 +1,4 @@
-"""log pi_k/alpha at lag 0 under top-p on the real model: ``python benchmarks/lag0_bias.py --dtype float32|bfloat16``.
+"""log pi_k/alpha at lag 0 under top-p on the real model: ``python benchmarks/archive/lag0_bias.py --dtype float32|bfloat16``.
 
 With ``--top-p 1 --dtype bfloat16`` it measures the bfloat16 sync check's rounding floor (the logged
 ``sampling/logp_diff_mean`` and ``_max`` per step), and with ``--skip-syncs`` the same after syncs that never reach the
@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main() -> None:

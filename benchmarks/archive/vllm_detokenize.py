@@ -1,4 +1,4 @@
-"""What vLLM's text output costs the in-process sampler: ``python benchmarks/vllm_detokenize.py`` (about a minute on
+"""What vLLM's text output costs the in-process sampler: ``python benchmarks/archive/vllm_detokenize.py`` (about a minute on
 2 cores). The trainer reads only token ids and log-probs from vLLM, so ``llm.sampling.VLLMSampler`` asks for no
 text (``detokenize=False``); this times its ``generate`` with vLLM's default (each request's text and each log-prob's
 token decoded as it is generated) against the sampler's setting, alternating, in one engine, and checks that both
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main() -> int:

@@ -1,4 +1,4 @@
-"""The continuous-batching sampler's forward-pass size on a CPU: ``python benchmarks/cb_sizing.py`` (about a minute
+"""The continuous-batching sampler's forward-pass size on a CPU: ``python benchmarks/archive/cb_sizing.py`` (about a minute
 on 2 cores). transformers' manager allocates an attention mask of max_batch_tokens rows by (cache tokens +
 max_batch_tokens) columns and fills it whenever a manager is built; this times the sampler on the built-in model,
 one torch thread, at each size in turn, in one process:
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import llm.sampling.hf_continuous as cb  # noqa: E402
 from llm.models.model import load_policy  # noqa: E402

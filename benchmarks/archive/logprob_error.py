@@ -1,4 +1,4 @@
-"""Float32 error of the trainer's chunked log-probs against float64: ``python benchmarks/logprob_error.py``.
+"""Float32 error of the trainer's chunked log-probs against float64: ``python benchmarks/archive/logprob_error.py``.
 
 The built-in tiny model, 12 sequences (``tests.helpers.sequences``), the output layer in chunks of 3 tokens at
 temperature 0.7, forward and backward: the largest |log-prob - float64's| in nats and the worst parameter's gradient
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from fixtures.logprobs import chunked_logprobs_and_gradients  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""M2PO's mask as its paper states it against AReaL's, on synthetic steps: ``python benchmarks/m2po_masks.py`` (a
+"""M2PO's mask as its paper states it against AReaL's, on synthetic steps: ``python benchmarks/archive/m2po_masks.py`` (a
 second). Each step has 16 completions of 20 tokens, log pi_k/alpha ~ N(0, s^2) per token (s = 0.3 by default), and
 each completion's advantage -1, 0 or +1 (a third each); threshold 0.04. Printed over 20 steps: how many more tokens
 AReaL's every-token mask drops than the paper's trust-region mask (median and range of the ratio), the share of
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from grpo_theory.corrections import second_moment_keep, trust_region_second_moment_keep  # noqa: E402
 

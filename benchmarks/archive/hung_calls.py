@@ -1,8 +1,8 @@
 """A training step whose environment's tool hangs on some episodes, timed on one or more source trees side by side.
 
-    .venv/bin/python benchmarks/hung_calls.py                              # this tree
+    .venv/bin/python benchmarks/archive/hung_calls.py                              # this tree
     git worktree add /tmp/before 324957b                                   # the tree before the agents issue
-    .venv/bin/python benchmarks/hung_calls.py --tree /tmp/before --tree .  # before and after, same machine, one run
+    .venv/bin/python benchmarks/archive/hung_calls.py --tree /tmp/before --tree .  # before and after, same machine, one run
 
 One step of ``python -m llm train`` on the built-in agent model (transformers sampler, ``--no-exact-j``, no
 evaluation): P prompts x G = 4 episodes of questions a*b, an environment whose ``multiply`` never returns when a is 7
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 ENV = '''
 import time

@@ -1,5 +1,5 @@
 """The improvement certificate's failure cases, before and after the betting bound: ``python
-benchmarks/certificate_cases.py`` (under a minute). Each figure is a Monte-Carlo rate over 4,000 replications, at
+benchmarks/archive/certificate_cases.py`` (under a minute). Each figure is a Monte-Carlo rate over 4,000 replications, at
 level 0.95, of certifying (a positive lower confidence bound) where J did not improve:
 
 1. a rare harm (-1 with probability 2%, else +0.01; mean -0.0102) at 16, 32 and 64 prompts;
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from grpo_theory.betting import e_bh, e_value  # noqa: E402
 from grpo_theory.certificate import FAMILIES, TABLES, false_and_power  # noqa: E402

@@ -6,7 +6,7 @@ range read off the data, and not under the declared one.
 One prompt's table, repeated over P held-out prompts with G = 8 completions each (lag 0: pi_k = alpha): alpha =
 (0.5, 0.4995, 0.0005) on rewards (1, 0, -1), the update pi_{k+1} = (0.7, 0, 0.3). The true change is
 J(pi_{k+1}) - J(pi_k) = -0.0995: the step makes things worse. The per-step certificate (``heldout/improvement_lcb``,
-the betting bound at level 0.95 on the capped estimates; ``llm.core.diagnostics.bound_estimates``, the trainer's own
+the betting bound at level 0.95 on the capped estimates; ``llm.tensors.diagnostics.bound_estimates``, the trainer's own
 function) is computed two ways on the same draws:
 
 - the old inference: the range [0, 1] widened to the rewards seen (the -1 answer, drawn with probability 0.0005, is
@@ -41,7 +41,7 @@ def true_change() -> float:
 def certified_rates(P: int, reps: int, seed: int = 0) -> dict[str, tuple[float, float]]:
     """(rate, standard error) of a positive certificate under the inferred and the declared range, and of the -1
     answer never drawn, over ``reps`` steps of P prompts."""
-    from llm.core.diagnostics import RewardRange, bound_estimates
+    from llm.tensors.diagnostics import RewardRange, bound_estimates
 
     rng = np.random.default_rng([seed, P])
     declared = RewardRange(-1.0, 1.0)

@@ -9,7 +9,7 @@ adds Qwen2.5-1.5B's shape) on the GPU:
 2. Memory against docs/memory.md's projection (0.5B shape only: the projection's constants were measured at its
    width). The trainer's static part (float32 policy, its gradient, AdamW's two moments, alpha's and pi_ref's
    float32 copies) against 24 bytes per parameter; then one micro-batch of 8 sequences of the GSM8K length
-   (150 prompt + 512 completion tokens) through ``llm.core.logprobs.forward_completions`` and its backward, in float32
+   (150 prompt + 512 completion tokens) through ``llm.tensors.logprobs.forward_completions`` and its backward, in float32
    and under bf16 autocast, with and without gradient checkpointing: the rise of torch.cuda.max_memory_allocated
    above the allocation before the pass, against the projection's activation term (a, b, c of docs/memory.md,
    measured in float32 on a CPU).
@@ -79,8 +79,8 @@ def bf16_matmul_rate(n: int = 8192, reps: int = 10) -> float:
 
 def memory_against_projection(model_dir: Path, log=print, device: str = "cuda") -> dict:
     """Part 2: the static allocation and one micro-batch's peak rise, measured against the projection."""
-    from llm.core.batch import make_batch
-    from llm.core.logprobs import forward_completions
+    from llm.tensors.batch import make_batch
+    from llm.tensors.logprobs import forward_completions
     from llm.models.model import Precision, frozen_copy, load_policy
 
     device = torch.device(device)

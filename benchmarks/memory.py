@@ -7,7 +7,7 @@ the activations and logits dominate), against prompts per step, completion lengt
 
 Part 2, a projection for the README's GSM8K command on Qwen2.5-0.5B: models of Qwen2.5-0.5B's exact layer shape
 (hidden 896, MLP 4864, 14 heads, 2 KV heads, 151,936 vocabulary) with 1 and 3 decoder layers run one
-forward-and-backward micro-batch of the trainer (``llm.core.logprobs.forward_completions``) on 1 and 8 sequences of
+forward-and-backward micro-batch of the trainer (``llm.tensors.logprobs.forward_completions``) on 1 and 8 sequences of
 the GSM8K length (150 prompt + 512 completion tokens); the rise of the peak above the resident memory before the
 pass gives measured constants: bytes per sequence per layer (``a``), per sequence outside the layers (``b``) and
 the output layer's chunks and the embedding's gradient (``c``, bounded by the chunk size). With gradient
@@ -161,8 +161,8 @@ def layer_constants(workdir: Path, log=print) -> dict:
     layers (embeddings, hidden states) and c the output layer's chunks (bounded by the chunk, not the batch)."""
     import torch
 
-    from llm.core.batch import make_batch
-    from llm.core.logprobs import forward_completions
+    from llm.tensors.batch import make_batch
+    from llm.tensors.logprobs import forward_completions
     from llm.models.model import load_policy
 
     torch.manual_seed(0)

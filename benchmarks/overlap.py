@@ -92,7 +92,7 @@ def run_cli(name: str, model_dir: Path, out: Path, v: int, launcher: list[str], 
     from llm.run.rundir import read_metrics
 
     rows = read_metrics(run)[v:]
-    from llm.core.metrics import PHASE_KEYS
+    from llm.tensors.metrics import PHASE_KEYS
 
     phases = {k: statistics.fmean(r[k] for r in rows) for k in PHASE_KEYS}
     return {"name": name, "steps_per_s": 1 / sum(phases.values()), **phases}

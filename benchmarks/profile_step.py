@@ -1,6 +1,6 @@
 """Where the seconds of the trainer's optimise phase go: ``python benchmarks/profile_step.py [--model benchmark]``.
 
-The optimise phase is the forward and backward of the policy over a step's batch (``llm.core.logprobs.forward_completions``,
+The optimise phase is the forward and backward of the policy over a step's batch (``llm.tensors.logprobs.forward_completions``,
 the trainer's own function: shared prompts, chunked output layer) and the optimiser step. This script builds a batch
 of ``benchmarks/real_model.py``'s shape (4 prompts x G = 8 of SmolLM2-135M-Instruct's real prompts, completions of
 the given length), times the phase in float32 and under bfloat16 autocast (eager attention, as the benchmark), with
@@ -51,7 +51,7 @@ def kind(name: str) -> str:
 def real_batch(prompts: int, generations: int, length: int):
     """The model, and a batch of its real chat-template prompts with ``length``-token completions drawn at random
     from the vocabulary (the arithmetic of a pass depends on the shapes only)."""
-    from llm.core.batch import make_batch
+    from llm.tensors.batch import make_batch
     from llm.models.pretrained import smollm2_dir
 
     from real_model import real_workload
@@ -72,7 +72,7 @@ def real_batch(prompts: int, generations: int, length: int):
 def bench_batch(length: int):
     """The benchmark model of ``benchmarks/throughput.py`` and a batch of its 4 prompts x G = 16 with ``length``-token
     completions drawn at random from the vocabulary (EOS and padding excluded)."""
-    from llm.core.batch import make_batch
+    from llm.tensors.batch import make_batch
     from llm.models.model import load_policy
     from llm.tasks import arithmetic_task
 
@@ -90,7 +90,7 @@ def bench_batch(length: int):
 
 
 def optimise_once(model, opt, batch, precision) -> None:
-    from llm.core.logprobs import forward_completions
+    from llm.tensors.logprobs import forward_completions
 
     logp = forward_completions(model, batch, 1.0, precision).logp
     (-(logp * batch.completion_mask).sum() / batch.completion_mask.sum()).backward()
@@ -124,7 +124,7 @@ def main() -> int:
     else:
         model_dir, batch = bench_batch(args.length or 48)
     tokens = int(batch.attention_mask.sum())
-    from llm.core.logprobs import shared_prompts
+    from llm.tensors.logprobs import shared_prompts
 
     shared = shared_prompts(batch)
     run = tokens if shared is None else int(batch.attention_mask[shared[0], :batch.prompt_width].sum()

@@ -37,7 +37,7 @@ PACKING_ROWS = {"padded (defaults: grouped by length, shared prompts)": (True, T
 
 def _packing_setup():
     """SmolLM2 in training mode and part 1's batch (seeded)."""
-    from llm.core.batch import make_batch
+    from llm.tensors.batch import make_batch
     from llm.models.model import load_policy
     from llm.models.pretrained import smollm2_dir
 

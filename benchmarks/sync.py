@@ -27,8 +27,8 @@ from llm.models.vml import resolve_vml_dispatch
 from runkit.host_memory import keep_freed_memory
 resolve_vml_dispatch(); keep_freed_memory()
 import torch
-from llm.core.batch import make_batch
-from llm.core.logprobs import completion_logprobs
+from llm.tensors.batch import make_batch
+from llm.tensors.logprobs import completion_logprobs
 from llm.models.model import load_policy
 from llm.models.pretrained import smollm2_dir
 from llm.sampling.vllm_engine import VLLMSampler

@@ -200,7 +200,7 @@ def run_ours(name: str, model_dir: Path, sampler: str, v: int, dtype: str, out: 
     shutil.rmtree(cfg.output_dir, ignore_errors=True)  # a fresh run, never a resumed one
     train(cfg, log=lambda *a: None)
     rows = read_metrics(cfg.output_dir)[per_window:]
-    from llm.core.metrics import PHASE_KEYS
+    from llm.tensors.metrics import PHASE_KEYS
 
     keys = list(PHASE_KEYS)
     phases = {k: sum(r.get(k, 0.0) for r in rows) / len(rows) for k in keys}

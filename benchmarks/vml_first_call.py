@@ -28,7 +28,7 @@ for dtype in (torch.float32, torch.bfloat16):
 if sys.argv[2] == "warm":
     from llm.models.vml import resolve_vml_dispatch
     resolve_vml_dispatch()
-from llm.core.batch import make_batch
+from llm.tensors.batch import make_batch
 from llm.models.model import load_policy
 from llm.models.pretrained import smollm2_dir
 from real_model import real_workload

@@ -159,7 +159,7 @@ class Correction:
     its weight on the clipped ratio, its objective and that objective's slope in r = pi/alpha, whether PPO's clip of
     rho = pi/pi_k acts (``trl``) or the paper's window around pi_k/alpha, and whether the step masks samples by
     their second moment (``step_mask``, M2PO). ``REGISTRY`` holds one per name; the torch loss registers its twin
-    under the same name (``llm.core.loss``)."""
+    under the same name (``llm.tensors.loss``)."""
 
     name: str
     trl: bool = False

@@ -1,6 +1,6 @@
 """The loss types (TRL's ``loss_type``), one object per name, declared once: how a step's per-token losses are
 normalised (a convention of the objective, beside ``core.ADVANTAGE_SCALES`` and ``corrections.REGISTRY``). The torch
-weights of each normaliser are ``llm.core.loss.loss_weights``; the trainer's config takes ``loss_type``'s type from
+weights of each normaliser are ``llm.tensors.loss.loss_weights``; the trainer's config takes ``loss_type``'s type from
 ``LossTypeName`` here, so the config and the loss read one declaration without importing each other."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Literal, get_args
 
 LossTypeName = Literal["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "vespo", "luspo", "dppo_tv", "dppo_kl"]
 #: The per-token objective a loss type takes: the clipped surrogate (the importance-sampling mode's), one of TRL
-#: 1.16's other objectives of rho = pi/pi_k (``llm.core.loss.trl_objective``), or DPPO's divergence trust region
-#: around alpha (``llm.core.loss.dppo_objective``).
+#: 1.16's other objectives of rho = pi/pi_k (``llm.tensors.loss.trl_objective``), or DPPO's divergence trust region
+#: around alpha (``llm.tensors.loss.dppo_objective``).
 Objective = Literal["clip", "cispo", "sapo", "vespo", "dppo_tv", "dppo_kl"]
 
 

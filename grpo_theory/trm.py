@@ -122,7 +122,7 @@ def divergence_tables(pi: TokenTree, mu: TokenTree) -> list[tuple[np.ndarray, np
 
 def sampled_divergences(pi: TokenTree, mu: TokenTree, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The per-token TV and KL(mu || pi) at each prefix of sequences ``ys`` (n, T): what a language-model run computes
-    at its sampled prefixes (``llm.core.diagnostics.token_divergences``), exactly, two (n, T) arrays."""
+    at its sampled prefixes (``llm.tensors.diagnostics.token_divergences``), exactly, two (n, T) arrays."""
     tv, kl = np.zeros(ys.shape), np.zeros(ys.shape)
     prefix = np.zeros(ys.shape[0], dtype=np.int64)
     for t, (tv_t, kl_t) in enumerate(divergence_tables(pi, mu)):

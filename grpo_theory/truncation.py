@@ -17,7 +17,7 @@ top-p, ``vllm/v1/sample/ops/topk_topp_sampler.py``: ``apply_top_k_top_p_pytorch`
 
 top-p cuts by position, so it can split a tie at the boundary: the kept set is {z > tau} and {z = tau, column >= c}
 for a boundary value tau and a first kept column c per row (``kept_boundary``; ties ordered by column). The samplers'
-own sorts order ties otherwise (the torch twin, ``llm.core.token_filter.kept_mask``, uses their sort and keeps their
+own sorts order ties otherwise (the torch twin, ``llm.tensors.token_filter.kept_mask``, uses their sort and keeps their
 tied tokens), which changes which tied tokens are kept but never how many, so never the normaliser: the filtered
 log-probability of a kept token is z_i - logsumexp over the kept set, -inf off it. The
 neutral values (top_k 0, top_p 1, min_p 0) keep every token: the plain softmax. On a GPU vLLM cuts with its own

@@ -5,7 +5,7 @@ fresh ``mmap`` and unmaps it at ``free``. A training step on a CPU allocates and
 (a chunk of full-vocabulary logits, a weight's gradient), so each one comes back as new pages that the kernel
 faults in and zeroes one by one. Measured on SmolLM2-135M-Instruct on 2 cores (one optimise phase of the real-model
 benchmark's batch, ``benchmarks/profile_step.py`` against ``--no-keep-freed-memory``): 10.31 s against 11.19 s in
-float32 and 5.05 s against 6.99 s in bfloat16 (before the output layer's own backward, ``llm.core.logprobs``, which
+float32 and 5.05 s against 6.99 s in bfloat16 (before the output layer's own backward, ``llm.tensors.logprobs``, which
 allocates less, 11.6 s against 20.2 s and 5.1 s against 10.5 s). ``keep_freed_memory`` turns both off: large
 blocks come from the heap like small ones and freed memory stays in the process for the next pass. The resident
 set then stays near its peak instead of falling between passes; ``release_freed_memory`` still returns the free

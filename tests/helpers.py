@@ -12,10 +12,10 @@ import torch
 from scipy import stats
 
 from llm import GRPOConfig
-from llm.core.batch import make_batch, padded
-from llm.core.logit_head import LogitHead
-from llm.core.logprobs import completion_logprobs
-from llm.core.token_filter import NO_FILTER
+from llm.tensors.batch import make_batch, padded
+from llm.tensors.logit_head import LogitHead
+from llm.tensors.logprobs import completion_logprobs
+from llm.tensors.token_filter import NO_FILTER
 from llm.evaluation import exact_j
 from llm.models.distributed import SINGLE, shard_blocks
 from llm.models.model import Precision, frozen_copy, load_policy

@@ -2,7 +2,7 @@
 
 With ``--top-p 1 --dtype bfloat16`` it measures the bfloat16 sync check's rounding floor (the logged
 ``sampling/logp_diff_mean`` and ``_max`` per step), and with ``--skip-syncs`` the same after syncs that never reach the
-engine (one and two steps stale): the numbers ``llm.core.sync_probe.SYNC_CHECKS`` quotes.
+engine (one and two steps stale): the numbers ``llm.tensors.sync_probe.SYNC_CHECKS`` quotes.
 
 SmolLM2-135M-Instruct with the in-process vLLM engine on ``make run-real``'s task and settings, top-p 0.9, v = 1 (every
 step at lag 0, so pi_k's weights are alpha's and any mean of log pi_k/alpha is the rule's or the rounding's), 3 steps.
@@ -25,9 +25,9 @@ def main() -> None:
     ap.add_argument("--top-p", type=float, default=0.9)
     ap.add_argument("--skip-syncs", action="store_true", help="the engine never gets the synced weights")
     args = ap.parse_args()
-    import llm.core.sync_probe as sync_probe
+    import llm.tensors.sync_probe as sync_probe
     from llm import GRPOConfig, train
-    from llm.core.token_filter import ON_SET_LOGP
+    from llm.tensors.token_filter import ON_SET_LOGP
     from llm.models.pretrained import smollm2_dir
 
     plain = sync_probe.sampler_gap

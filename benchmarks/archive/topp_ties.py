@@ -3,7 +3,7 @@
 400 rows of logits 2.5 x N(0, 1) rounded to bfloat16 (held in float32, as the samplers compute), for vocabularies of
 2,048, 8,192 and 49,152 tokens, top-p 0.9. Printed per vocabulary: the share of rows whose boundary tie vLLM's cut
 splits; the rows whose kept set differs from vLLM's own (``apply_top_k_top_p_pytorch``, its CPU path) by the
-project's rule (``llm.core.token_filter.kept_mask``: vLLM's sort, so its order of ties) and by the rule before
+project's rule (``llm.tensors.token_filter.kept_mask``: vLLM's sort, so its order of ties) and by the rule before
 2026-11-27 (the same cut with ties ordered by column, a stable sort); and the mean over tokens sampled from vLLM's
 filtered distribution of the trainer's log-probability minus vLLM's, by the project's rule and by the rule that kept
 the whole tie ({z >= tau}). docs/theory.md, §1.1 quotes the output.
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from llm.core.token_filter import TokenFilter, boundary_value, filtered_log_softmax, kept_mask  # noqa: E402
+from llm.tensors.token_filter import TokenFilter, boundary_value, filtered_log_softmax, kept_mask  # noqa: E402
 
 
 def column_order_kept(z: torch.Tensor, top_p: float) -> torch.Tensor:

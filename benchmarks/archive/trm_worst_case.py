@@ -3,7 +3,7 @@
 A token tree (V = 2, T = 3) where the first token is 1 with probability 0.02 under mu = pi_k, and pi = pi_{k+1} ruins
 that rare branch (its second token, which alone pays there, goes from 0.95 to 0.05), while it improves the common
 branch a little (0.5 to 0.505). The exact improvement is negative, and the exact unified bound says nothing (its lower bound is
-below it). The estimates of ``llm.core.diagnostics.trm_estimates`` from batches of n sequences read the largest
+below it). The estimates of ``llm.tensors.diagnostics.trm_estimates`` from batches of n sequences read the largest
 per-token divergence off the prefixes the batch sampled: a batch that misses the rare branch sees only the small
 divergences of the common one, and its estimated lower bound can lie above the exact improvement. Printed: the exact
 quantities, then per batch size the share of 4,000 batches whose estimated max TV is below the true max and whose
@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from grpo_theory import trm  # noqa: E402
-from llm.core.diagnostics import trm_estimates  # noqa: E402
+from llm.tensors.diagnostics import trm_estimates  # noqa: E402
 
 
 def tree_pair():

@@ -32,7 +32,7 @@ from llm.agents.environments import (ENVIRONMENT_COLUMN, Environment, Environmen
 from llm.agents.template import ToolTemplate
 from llm.agents.tools import AnswerBudget, answer_content, error_content
 from llm.agents.workers import Outcome, Worker, Workers
-from llm.core.token_filter import NO_FILTER, TokenFilter
+from llm.tensors.token_filter import NO_FILTER, TokenFilter
 from llm.sampling.base import Rollout
 from runkit.cli import exception_text
 

@@ -46,7 +46,7 @@ from grpo_theory.experiments import ABLATION
 from runkit.tables import mean_std
 from runkit.validation import require
 
-from llm.core.metrics import certificate_shares, step_seconds
+from llm.tensors.metrics import certificate_shares, step_seconds
 
 V_SWEEP = (1, 2, 4, 8, 16)
 STALENESS_V = (2, 4)
@@ -226,7 +226,7 @@ def summarise(rows: list[dict], target: float) -> dict[str, float]:
     certificate = certificate_shares(rows)
     return {
         "syncs": float(sum(bool(r.get("sync/reason")) for r in rows)),
-        # the certificate over every step, an abstention counting as not certified (llm.core.metrics.certificate_shares);
+        # the certificate over every step, an abstention counting as not certified (llm.tensors.metrics.certificate_shares);
         # its misses: a lower confidence bound at level q exceeds the exact improvement on at most about 1 - q
         "certified": certificate["certified"], "lcb_above_exact": certificate["above_exact"],
         "ess": float(np.mean([r["ess/pi_k_alpha"] for r in rows])),

@@ -18,7 +18,7 @@ import numpy as np
 
 from grpo_theory.estimators import mean_and_standard_error
 
-from llm.core.metrics import PHASE_KEYS, VOID_KEY, certificate_shares, step_seconds
+from llm.tensors.metrics import PHASE_KEYS, VOID_KEY, certificate_shares, step_seconds
 from llm.run.plan import Plan, read_plan
 from llm.run.rundir import read_metrics
 
@@ -156,7 +156,7 @@ def run_level(run_dir: str | Path) -> float:
 def certificate_lines(rows: list[dict], level: float = 0.95) -> list[str]:
     """How often the improvement certificate (``heldout/improvement_lcb`` > 0) and Theorem 1's held-out estimate
     (``heldout/bound_est/lower_tight`` > 0) say a step improved J, over every step that logged the certificate (an
-    abstention counts as not certified: ``llm.core.metrics.certificate_shares``); with the exact improvement, how often
+    abstention counts as not certified: ``llm.tensors.metrics.certificate_shares``); with the exact improvement, how often
     the lower confidence bound exceeded it (at level L, at most about 1 - L of the steps when it keeps its level)."""
     shares = certificate_shares(rows, level)
     logged = [r for r in rows if "heldout/improvement_lcb" in r]

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from llm.core.batch import make_batch
-from llm.core.logprobs import completion_logprobs
-from llm.core.token_filter import NO_FILTER, TokenFilter
+from llm.tensors.batch import make_batch
+from llm.tensors.logprobs import completion_logprobs
+from llm.tensors.token_filter import NO_FILTER, TokenFilter
 from llm.models.model import Precision
 from llm.tasks import TokenizedTask
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from llm.config.ranges import beyond_range, onto_range
-from llm.core.token_filter import NO_FILTER, TokenFilter
+from llm.tensors.token_filter import NO_FILTER, TokenFilter
 from llm.evaluation.exact import prompt_exact_j
 from llm.evaluation.passk import exact_pass_at_k, ks_up_to, pass_and_maj
 from llm.models.model import Precision

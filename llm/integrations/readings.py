@@ -1,6 +1,6 @@
 """What every adapter of ``llm.integrations`` shares: the options, one optimiser step's completions as a host trainer
 trained on them, the per-lag table, the declared reward range and its voiding, and the held-out set with its
-certificate. Tensors in, this project's estimators (``llm.core.diagnostics``) out; nothing here knows a host.
+certificate. Tensors in, this project's estimators (``llm.tensors.diagnostics``) out; nothing here knows a host.
 
 The readings of one optimiser step k, from the completions its micro-batches trained on (docs/integrations.md):
 
@@ -10,8 +10,8 @@ The readings of one optimiser step k, from the completions its micro-batches tra
 - ``tv/staleness``, ``tv/engine_mismatch``: where the host computed both the engine's log-probs and its own at the
   sampler's weights (TRL with vLLM), the split TV(pi_k, pi_gen) and TV(pi_gen, alpha);
 - ``sampling/logp_diff_mean|max``: at lag 0 with the engine's log-probs, the engine against the trainer on the same
-  tokens (``llm.core.sync_probe.sampler_gap``), with ``llm.train``'s warning (``llm.step.monitors.Warnings``);
-- ``heldout/*``: with held-out prompts, ``llm.core.diagnostics.heldout_terms`` on completions drawn from alpha that
+  tokens (``llm.tensors.sync_probe.sampler_gap``), with ``llm.train``'s warning (``llm.step.monitors.Warnings``);
+- ``heldout/*``: with held-out prompts, ``llm.tensors.diagnostics.heldout_terms`` on completions drawn from alpha that
   never enter the loss.
 """
 
@@ -31,8 +31,8 @@ import grpo_theory.estimators as ge
 
 from llm.config.fields import one_line, plain
 from llm.config.ranges import FLOAT32_EDGE_RTOL, beyond_range, onto_range
-from llm.core import diagnostics as dg
-from llm.core import sync_probe
+from llm.tensors import diagnostics as dg
+from llm.tensors import sync_probe
 
 
 class WatchOptions(BaseModel):
@@ -60,7 +60,7 @@ class WatchOptions(BaseModel):
     """eps of sigma_{alpha,eps} = sqrt(Var r + eps) in Theorem 1's terms (``llm.train``'s option; the bound needs
     eps <= 3/4)."""
     engine_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """The sampling engine's dtype, which decides the sync check's rule (``llm.core.sync_probe.SYNC_CHECKS``): auto
+    """The sampling engine's dtype, which decides the sync check's rule (``llm.tensors.sync_probe.SYNC_CHECKS``): auto
     reads it from the host's engine where it can (vLLM), else takes the trainer's."""
     seed: int | None = None
     """Seed of the watcher's own random stream (the held-out prompts and their sampling); None: the host's seed."""
@@ -145,7 +145,7 @@ class MicroBatch:
 
 def sequence_log_weights(logp_num: torch.Tensor, logp_den: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
     """log num(y)/den(y) of each completion over its policy tokens (``mask`` (B, T)): float64 (B,), the trainer's
-    ``llm.core.diagnostics.sequence_log_ratio``."""
+    ``llm.tensors.diagnostics.sequence_log_ratio``."""
     B = logp_num.shape[0]
     return dg.sequence_log_ratio(logp_num.float(), logp_den.float(), mask.float(), B, 1).reshape(-1)
 
@@ -308,7 +308,7 @@ class HeldoutSet:
 
 def heldout_metrics(held: HeldoutSet, logp_new: torch.Tensor, options: WatchOptions, ranges: RangeWatch
                     ) -> dict[str, float]:
-    """``heldout/*`` of a step from its held-out set and log pi_{k+1}: ``llm.core.diagnostics.heldout_terms``, the
+    """``heldout/*`` of a step from its held-out set and log pi_{k+1}: ``llm.tensors.diagnostics.heldout_terms``, the
     function ``llm.train`` logs with; the certificate only under a declaration still standing and alpha's own
     log-probs."""
     est, _ = dg.heldout_terms(held.rewards, held.logp_alpha.float(), held.logp_k.float(), logp_new.float(),

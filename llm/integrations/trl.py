@@ -42,7 +42,7 @@ import torch
 
 from transformers import LogitsProcessorList
 
-from llm.core.token_filter import filtered_log_softmax
+from llm.tensors.token_filter import filtered_log_softmax
 from llm.integrations.readings import (HeldoutSet, MicroBatch, RangeWatch, WatchOptions, sequence_log_weights,
                                        watch_options)
 from llm.integrations.watcher import ATTRIBUTE, PREFIX, Watcher
@@ -77,8 +77,8 @@ def watch(trainer, **options):
 
 
 def token_filter_of(trainer):
-    """The sampler's truncation as ``llm.core.token_filter.TokenFilter`` (TRL's top_k None/0 and min_p None: off)."""
-    from llm.core.token_filter import TokenFilter
+    """The sampler's truncation as ``llm.tensors.token_filter.TokenFilter`` (TRL's top_k None/0 and min_p None: off)."""
+    from llm.tensors.token_filter import TokenFilter
 
     return TokenFilter(top_k=int(trainer.top_k or 0), top_p=float(1.0 if trainer.top_p is None else trainer.top_p),
                        min_p=float(trainer.min_p or 0.0))
@@ -99,10 +99,10 @@ def filtered_logprobs(trainer, input_ids: torch.Tensor, attention_mask: torch.Te
                       token_filter) -> torch.Tensor:
     """log pi of the last ``logits_to_keep`` tokens on the kept set of ``token_filter`` (the sampler's top-k, top-p,
     min-p: docs/theory.md, §1.1), at the trainer's current weights: TRL's forward to the decoder's last hidden states
-    (its autocast, its positions), then this project's output layer on them (``llm.core.logit_head.LogitHead``,
+    (its autocast, its positions), then this project's output layer on them (``llm.tensors.logit_head.LogitHead``,
     chunked, the kept set as the sampler's). (B, logits_to_keep) float32, 0 on padding. No gradient; the host's
     random streams untouched."""
-    from llm.core.logit_head import LogitHead, token_logprobs
+    from llm.tensors.logit_head import LogitHead, token_logprobs
 
     model = trainer.accelerator.unwrap_model(trainer.model)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model

@@ -14,7 +14,7 @@ With one process (no torchrun) nothing here runs: ``SINGLE`` does no communicati
 FSDP (``--fsdp``, ``shard_blocks``): the transformer blocks of every model copy (policy, alpha, alpha's successor,
 pi_ref) are sharded over the ranks with PyTorch's FSDP2: each rank stores 1/N of every block's weights, gradients
 and Adam moments and gathers a block's weights for its forward and backward. The rest (embeddings, final norm,
-output layer) stays whole on every rank, as in data parallel, because the chunked log-probs (``llm.core.logprobs``)
+output layer) stays whole on every rank, as in data parallel, because the chunked log-probs (``llm.tensors.logprobs``)
 apply the output layer outside the model's forward. What changes for the step:
 
 - every rank runs every forward and backward pass of a model (a block's gather needs every rank): a rank with fewer

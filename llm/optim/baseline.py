@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from llm.core.batch import Batch
-from llm.core.loss import Clip, grpo_loss
-from llm.core.passes import Passes
+from llm.tensors.batch import Batch
+from llm.tensors.loss import Clip, grpo_loss
+from llm.tensors.passes import Passes
 
 @dataclass(frozen=True)
 class Baselining:

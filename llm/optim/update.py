@@ -21,12 +21,12 @@ import torch
 from runkit.host_memory import micro_batches
 
 from grpo_theory.estimators import kish_ess_fraction
-from llm.core.batch import Batch
-from llm.core.diagnostics import sequence_log_ratio
-from llm.core.logprobs import Forward, TokenDists, idle_passes
+from llm.tensors.batch import Batch
+from llm.tensors.diagnostics import sequence_log_ratio
+from llm.tensors.logprobs import Forward, TokenDists, idle_passes
 from grpo_theory.loss_types import loss_type
-from llm.core.loss import Clip, LossStats, grpo_loss, loss_weights, step_mask_torch
-from llm.core.passes import Passes
+from llm.tensors.loss import Clip, LossStats, grpo_loss, loss_weights, step_mask_torch
+from llm.tensors.passes import Passes
 from llm.models.distributed import Ranks, clip_gradients
 from llm.optim.baseline import Baselining, baseline_log_weights, completion_gradient_norms, shift_advantages
 

@@ -42,8 +42,8 @@ __all__ = ["RunDir", "read_metrics", "RESUMABLE_FIELDS"]
 
 def read_metrics(run_dir) -> list[dict]:
     """A run's metrics.jsonl as readers take it: its step rows, each marked void where the run stopped on a reward
-    outside its declared range (``llm.core.metrics.fold_void``)."""
-    from llm.core.metrics import fold_void
+    outside its declared range (``llm.tensors.metrics.fold_void``)."""
+    from llm.tensors.metrics import fold_void
 
     return fold_void(read_rows(run_dir))
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from grpo_theory.loss_types import loss_type
 
 from llm.config import GRPOConfig
-from llm.core.loss import Clip
-from llm.core.passes import Passes
-from llm.core.token_filter import TokenFilter
+from llm.tensors.loss import Clip
+from llm.tensors.passes import Passes
+from llm.tensors.token_filter import TokenFilter
 from llm.evaluation.policy_eval import EvalSpec
 from llm.models.distributed import SINGLE, Ranks
 from llm.models.model import Precision

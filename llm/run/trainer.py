@@ -30,9 +30,9 @@ from runkit.interrupt import GracefulStop
 
 from llm.config import GRPOConfig
 from llm.agents.setup import build_agent
-from llm.core.batch import make_batch
-from llm.core.logprobs import check_head, check_packing
-from llm.core.metrics import VOID_KEY
+from llm.tensors.batch import make_batch
+from llm.tensors.logprobs import check_head, check_packing
+from llm.tensors.metrics import VOID_KEY
 from llm.models import pretrained
 from llm.models.distributed import SINGLE, Ranks, close_ranks, collective_failure, init_ranks
 from llm.models.tiny import agent_model_dir

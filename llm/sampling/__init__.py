@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llm.core.token_filter import NO_FILTER, TokenFilter
+from llm.tensors.token_filter import NO_FILTER, TokenFilter
 from llm.models.model import architecture
 from llm.sampling.base import Rollout, Sampler
 from llm.sampling.hf_generate import TransformersSampler
@@ -160,12 +160,12 @@ def probe_sync(sampler: Sampler, policy: torch.nn.Module, prompts: list[list[int
                temperature: float, precision, check, token_filter: TokenFilter = NO_FILTER) -> float:
     """Prove at start-up that weights reach the sampler for this model's architecture: sync a perturbed copy
     of the policy, sample, compare the sampler's log-probs with the copy's, then sync the policy back.
-    Returns the gap that ``check`` (``llm.core.sync_probe.SyncCheck``) reads; raises ``ValueError`` (one line, naming
+    Returns the gap that ``check`` (``llm.tensors.sync_probe.SyncCheck``) reads; raises ``ValueError`` (one line, naming
     the architecture) above its tolerance, or, for a check calibrated on the rounding floor (bfloat16), unless the
     sampler is ``PROBE_SEPARATION`` times closer to the perturbed weights than to the unperturbed ones."""
-    from llm.core.batch import make_batch, padded
-    from llm.core.sync_probe import PROBE_SEPARATION
-    from llm.core.logprobs import completion_logprobs
+    from llm.tensors.batch import make_batch, padded
+    from llm.tensors.sync_probe import PROBE_SEPARATION
+    from llm.tensors.logprobs import completion_logprobs
     from llm.models.model import frozen_copy
 
     device = next(policy.parameters()).device

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from llm.core.token_filter import NO_FILTER, TokenFilter
+from llm.tensors.token_filter import NO_FILTER, TokenFilter
 
 
 @dataclass

@@ -4,7 +4,7 @@ alpha is the same frozen copy of the policy as ``TransformersSampler``'s, but a 
 own continuous-batching manager (``model.generate_batch``: a paged KV cache, requests scheduled as they finish, a
 group's shared prompt cached once) instead of ``generate`` on a padded rectangle. The distribution sampled is the one
 the trainer recomputes: the only logits processor is ``FilteredScores`` (logits / T, then the run's top-k, top-p and
-min-p by ``llm.core.token_filter``, the trainer's own function), the manager draws from the softmax of what it
+min-p by ``llm.tensors.token_filter``, the trainer's own function), the manager draws from the softmax of what it
 returns and reports log of that probability at the drawn token (``return_logprobs``). The model directory's stored
 generation config is hidden as for ``generate``.
 
@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from llm.core.token_filter import NO_FILTER, TokenFilter, filtered_logits
+from llm.tensors.token_filter import NO_FILTER, TokenFilter, filtered_logits
 from llm.sampling.base import Rollout
 from llm.sampling.hf_generate import TransformersSampler, plain_generation_config
 

@@ -5,7 +5,7 @@ A model directory may carry a ``generation_config.json`` (instruct models on the
 for, so alpha would no longer be softmax(logits / T), the distribution the trainer recomputes and the
 importance weights assume. The sampler therefore hides the stored config during its calls (``generate``
 sees only the settings given here) and reports the log-probs of the scores ``generate`` actually sampled
-from: the temperature and the run's top-k, top-p and min-p (``llm.core.token_filter``, the same function the
+from: the temperature and the run's top-k, top-p and min-p (``llm.tensors.token_filter``, the same function the
 trainer's log-probs use) are applied by the last logits processor (``TemperedLogprobs``), which also records the
 sampled tokens' log-probs, so what it reports is what it sampled even if a processor slipped in before it;
 the trainer's recomputation would then disagree, and ``sampling/logp_diff_*`` would show it. Only one step's
@@ -22,7 +22,7 @@ import torch
 
 from runkit.host_memory import micro_batches
 
-from llm.core.token_filter import NO_FILTER, TokenFilter, filtered_logits
+from llm.tensors.token_filter import NO_FILTER, TokenFilter, filtered_logits
 from llm.models.model import copy_weights, frozen_copy
 from llm.sampling.base import Rollout
 

@@ -24,7 +24,7 @@ import torch
 
 from runkit.cli import RunError
 
-from llm.core.token_filter import NO_FILTER, TokenFilter
+from llm.tensors.token_filter import NO_FILTER, TokenFilter
 from llm.sampling.base import Rollout
 
 #: Parallel HTTP requests per generation call (the server batches whatever is in flight).

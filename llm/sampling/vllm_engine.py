@@ -25,7 +25,7 @@ from runkit.cli import first_line
 from runkit.host_memory import release_freed_memory
 from runkit.quiet import filtered_native_output
 
-from llm.core.token_filter import NO_FILTER, TokenFilter
+from llm.tensors.token_filter import NO_FILTER, TokenFilter
 from llm.sampling.base import Rollout
 
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from llm.core.batch import Batch, padded
-from llm.core.logprobs import TokenDists
-from llm.core.passes import Passes
+from llm.tensors.batch import Batch, padded
+from llm.tensors.logprobs import TokenDists
+from llm.tensors.passes import Passes
 from llm.sampling import Rollout
 
 

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from llm.core import agent_metrics, sync_probe
-from llm.core import diagnostics as dg
-from llm.core.batch import Batch
-from llm.core.logprobs import TokenDists
-from llm.core.passes import Passes
+from llm.tensors import agent_metrics, sync_probe
+from llm.tensors import diagnostics as dg
+from llm.tensors.batch import Batch
+from llm.tensors.logprobs import TokenDists
+from llm.tensors.passes import Passes
 from llm.optim import Optimised
 from llm.sampling import Rollout
 from llm.step.behaviour import Behaviour, sampler_logprobs
@@ -108,7 +108,7 @@ def heldout_estimates(passes: Passes, policy: torch.nn.Module, heldout: Heldout,
     improvement's lower confidence bound at ``lcb_level`` by ``lcb_method`` (the certificate, §8.6; betting: on the
     estimates with weights capped at ``lcb_cap``, with its e-value ``improvement_e``). With pi_k's distributions
     kept, Trust Region Masking's per-token divergences and bounds for sequences of ``horizon`` tokens
-    (``tv/token_*``, ``bound_est/trm_*``: ``llm.core.diagnostics.trm_estimates``). The certificate abstains (nan)
+    (``tv/token_*``, ``bound_est/trm_*``: ``llm.tensors.diagnostics.trm_estimates``). The certificate abstains (nan)
     unless ``certify`` (a declared reward range) and log alpha is the sampler's own."""
     new = passes.logprobs(policy, heldout.batch, keep_hidden=heldout.dists_k is not None)
     cm = heldout.batch.policy_mask

@@ -13,10 +13,10 @@ import numpy as np
 from runkit.cli import RunError
 
 from llm.config.ranges import beyond_range, onto_range
-from llm.core import diagnostics as dg
-from llm.core.sync_probe import sync_check
-from llm.core.metrics import PHASES
-from llm.core.token_filter import NO_FILTER, TokenFilter
+from llm.tensors import diagnostics as dg
+from llm.tensors.sync_probe import sync_check
+from llm.tensors.metrics import PHASES
+from llm.tensors.token_filter import NO_FILTER, TokenFilter
 from llm.evaluation import mean_exact_j
 from llm.models.model import Precision
 from llm.tasks import TokenizedTask

@@ -10,7 +10,7 @@ import numpy as np
 
 import grpo_theory as gt
 
-from llm.core.batch import Batch, make_batch
+from llm.tensors.batch import Batch, make_batch
 from llm.models.distributed import Ranks
 from llm.sampling import Rollout
 from llm.tasks import TokenizedTask

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from llm.config import GRPOConfig
-from llm.core.passes import Passes
+from llm.tensors.passes import Passes
 from llm.evaluation import EvalSpec, evaluate
 from llm.evaluation.policy_eval import improvement_bounds
 from llm.optim import Objective, Schedule, optimise
@@ -261,8 +261,8 @@ def perf_metrics(run: Run, batch, row: dict) -> dict[str, float]:
     phase (every real token of the step's sequences, each of the i optimiser steps) per second of that phase
     (``perf/forwarded_tok_s_fwd_bwd``), and on an accelerator of known peak, in bfloat16, the model FLOPs utilisation
     over that phase and over the whole step (``perf/mfu_fwd_bwd``, ``perf/mfu_wall_clock``;
-    ``llm.core.metrics.mfu``, at the step's token-weighted mean sequence length)."""
-    from llm.core.metrics import mfu, peak_flops, step_seconds, training_flops_per_token
+    ``llm.tensors.metrics.mfu``, at the step's token-weighted mean sequence length)."""
+    from llm.tensors.metrics import mfu, peak_flops, step_seconds, training_flops_per_token
 
     lengths = batch.attention_mask.sum(dim=1).double()
     tokens = float(lengths.sum()) * run.config.optim.num_iterations

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llm.core.sync_probe import sync_check
+from llm.tensors.sync_probe import sync_check
 from llm.models.distributed import (Ranks, gather_into, load_whole_optimizer_state, load_whole_state_dict, shard_blocks,
                           whole_optimizer_state, whole_state_dict)
 from llm.models.model import Precision, copy_weights, frozen_copy

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from llm import GRPOConfig
-from llm.core.sync_probe import SyncCheck
+from llm.tensors.sync_probe import SyncCheck
 from llm.models.model import Precision, load_policy
 from llm.models.tiny import FAMILIES, build_family_model
 from llm.sampling.vllm_engine import vllm_available

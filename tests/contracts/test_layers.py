@@ -17,15 +17,15 @@ LAYERS = [
      "grpo_theory.certificate"],
     # llm/, its folders in the order of a step's data flow
     ["llm.config.fields", "llm.config.user_code", "llm.config.ranges", "llm.config.model", "llm.config.algorithm", "llm.config.machinery", "llm.config.observation",
-     "llm.config.agent", "llm.config.grpo", "llm.config.trl", "llm.config", "llm.core.metrics",
-     "llm.core", "llm.models", "llm.step", "llm.run", "llm.commands"],  # settings and conventions, no torch
+     "llm.config.agent", "llm.config.grpo", "llm.config.trl", "llm.config", "llm.tensors.metrics",
+     "llm.tensors", "llm.models", "llm.step", "llm.run", "llm.commands"],  # settings and conventions, no torch
     ["llm.tasks.data", "llm.rewards.functions", "llm.rewards.overlong", "llm.rewards.model", "llm.rewards",
      "llm.rewards.agents", "llm.tasks.procedural", "llm.tasks", "llm.tasks.arithmetic_tools", "llm.tasks.sources"],
     # tasks/, rewards/: prompts and their rewards (the built-in agent task among them)
     ["llm.models.distributed", "llm.models.vml", "llm.models.model", "llm.models.tiny",
      "llm.models.pretrained"],  # models/: processes, models, where weights come from (built-in, GGUF, a directory)
-    ["llm.core.token_filter", "llm.core.batch", "llm.core.logit_head", "llm.core.logprobs", "llm.core.loss", "llm.core.diagnostics", "llm.core.sync_probe", "llm.core.agent_metrics",
-     "llm.core.passes"],  # core/: the tensors of a step and the passes that compute them
+    ["llm.tensors.token_filter", "llm.tensors.batch", "llm.tensors.logit_head", "llm.tensors.logprobs", "llm.tensors.loss", "llm.tensors.diagnostics", "llm.tensors.sync_probe", "llm.tensors.agent_metrics",
+     "llm.tensors.passes"],  # tensors/: the tensors of a step and the passes that compute them
     ["llm.sampling.token_filter", "llm.sampling.base", "llm.sampling.vllm_settings", "llm.sampling.weight_transfer",
      "llm.sampling.hf_generate", "llm.sampling.hf_continuous", "llm.sampling.vllm_engine", "llm.sampling.server",
      "llm.sampling", "llm.sampling.launch"],  # sampling/: who holds alpha
@@ -43,7 +43,7 @@ LAYERS = [
     ["llm.run.trainer"],  # run/: the loop over steps
     ["llm.integrations.readings", "llm.integrations.watcher", "llm.integrations.async_grpo", "llm.integrations.trl",
      "llm.integrations.verl", "llm.integrations.verl_watch", "llm.integrations"],  # integrations/: our readings in other
-    # trainers, on their tensors (the step's monitors and the core's estimators)
+    # trainers, on their tensors (the step's monitors and the estimators of tensors/)
     ["llm", "llm.analysis.report", "llm.analysis.ablation", "llm.analysis.warning", "llm.analysis"],  # analysis/
     ["llm.commands.train", "llm.commands.serve", "llm.commands.report", "llm.commands.ablation",
      "llm.commands.options", "llm.commands.tiny", "llm.commands.pretrained", "llm.commands.agent_data",

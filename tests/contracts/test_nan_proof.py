@@ -10,7 +10,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from llm import GRPOConfig, train
-from llm.core.loss import LOG_RATIO_MAX, clip_objective_torch, grpo_loss, loss_weights
+from llm.tensors.loss import LOG_RATIO_MAX, clip_objective_torch, grpo_loss, loss_weights
 from llm.run.rundir import read_metrics
 from runkit.cli import RunError
 

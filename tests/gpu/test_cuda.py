@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from llm import GRPOConfig, train
-from llm.core.batch import make_batch
-from llm.core.logprobs import forward_completions
-from llm.core.loss import grpo_loss, loss_weights
+from llm.tensors.batch import make_batch
+from llm.tensors.logprobs import forward_completions
+from llm.tensors.loss import grpo_loss, loss_weights
 from llm.models.model import Precision, load_policy
 from llm.models.tiny import tiny_model_dir
 from llm.run.rundir import read_metrics
@@ -183,7 +183,7 @@ def test_packed_passes_equal_the_padded_ones_on_cuda(attn):
     """--padding-free on the GPU in float32 (TF32 off), with transformers' default attention (packed rows of a dense
     mask) and with torch's flex_attention (one row, its block mask; what the trainer picks on CUDA): the packed pass's
     log-probs within the start-up check's tolerance of the padded pass's, the gradients to 1e-3 relative."""
-    from llm.core.logit_head import HEAD_CHECK_TOLERANCE
+    from llm.tensors.logit_head import HEAD_CHECK_TOLERANCE
 
     policy, tok = load_policy(str(tiny_model_dir()), torch.device("cuda"), attn_implementation=attn)
     prompts, comps = sequences(tok, 12, seed=4)
@@ -202,9 +202,9 @@ def test_packed_passes_equal_the_padded_ones_on_cuda(attn):
 def test_continuous_batching_reports_the_trainers_log_alpha_on_cuda():
     """The continuous-batching sampler on the GPU: every drawn token's log alpha within the sync tolerance of the
     trainer's recomputation, at T = 0.8 with top-k 8 and top-p 0.95, in float32."""
-    from llm.core.batch import padded
-    from llm.core.logprobs import completion_logprobs
-    from llm.core.token_filter import TokenFilter
+    from llm.tensors.batch import padded
+    from llm.tensors.logprobs import completion_logprobs
+    from llm.tensors.token_filter import TokenFilter
     from llm.sampling.hf_continuous import ContinuousBatchingSampler
     from tests.helpers import SYNC_ATOL
 
@@ -234,9 +234,9 @@ def test_the_transformers_samplers_caches_report_the_trainers_log_alpha_on_cuda(
     """--cache-implementation static (the decode step compiled under CUDA graphs) and the dynamic cache with one prefill
     per prompt: every drawn token's log alpha within the sync tolerance of the trainer's recomputation, at T = 0.8 with
     top-k 8 and top-p 0.95, in float32."""
-    from llm.core.batch import padded
-    from llm.core.logprobs import completion_logprobs
-    from llm.core.token_filter import TokenFilter
+    from llm.tensors.batch import padded
+    from llm.tensors.logprobs import completion_logprobs
+    from llm.tensors.token_filter import TokenFilter
     from llm.sampling.hf_generate import TransformersSampler
     from tests.helpers import SYNC_ATOL
 

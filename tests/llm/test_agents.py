@@ -111,7 +111,7 @@ def test_a_users_tool_of_the_same_name_replaces_the_builtin_one_everywhere():
 
 def _episode_batch():
     """Two prompts, three episodes each (two accepted, one with a wrong answer), of the built-in agent model."""
-    from llm.core.batch import make_batch
+    from llm.tensors.batch import make_batch
 
     tok, task, agent, bound = _agent()
     rows, masks, prompts = [], [], []
@@ -148,12 +148,12 @@ def _everything(batch, scale, alpha_env, mode, level):
     """Loss statistics, gradient, the weights' and episodes' metrics, the sequence ratios and the per-token TV of one
     optimiser step (SGD lr 0) with the environment positions' logits perturbed by ``scale`` and log alpha of the
     environment's tokens set to ``alpha_env``."""
-    from llm.core import agent_metrics
-    from llm.core import diagnostics as dg
-    from llm.core.passes import Passes
+    from llm.tensors import agent_metrics
+    from llm.tensors import diagnostics as dg
+    from llm.tensors.passes import Passes
     from llm.models.model import Precision, load_policy
     from llm.models.tiny import agent_model_dir
-    from llm.core.loss import Clip
+    from llm.tensors.loss import Clip
     from llm.optim import Objective, optimise
 
     policy, _ = load_policy(str(agent_model_dir()), torch.device("cpu"))
@@ -207,7 +207,7 @@ def test_environment_tokens_enter_neither_the_loss_nor_the_ratios_nor_the_tv(mod
 def test_the_hook_does_move_the_environment_positions():
     """The perturbation of the test above is not a no-op: with the policy mask replaced by every completion token,
     the per-token TV it finds is large."""
-    from llm.core.passes import Passes
+    from llm.tensors.passes import Passes
     from llm.models.model import Precision, load_policy
     from llm.models.tiny import agent_model_dir
 
@@ -293,7 +293,7 @@ def test_a_bad_tool_or_call_is_one_line_and_a_scored_episode(tool, turns, failur
 def test_a_turn_the_parser_cannot_read_is_a_final_answer_with_a_metric_of_its_own():
     """TRL 1.16 reads a turn its parser cannot read as the model's text: no call, no failure, the episode ends. Ours
     counts it in tools/malformed_frequency and says so once."""
-    from llm.core.agent_metrics import tool_metrics
+    from llm.tensors.agent_metrics import tool_metrics
 
     said = []
     tok, task, agent, bound = _agent(log=said.append)

@@ -1,12 +1,12 @@
-"""llm.core.batch: passes over sequences of similar length, the cheapest grouping, the same log-probs."""
+"""llm.tensors.batch: passes over sequences of similar length, the cheapest grouping, the same log-probs."""
 
 import numpy as np
 import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from llm.core.batch import length_groups, make_batch
-from llm.core.logprobs import Forward, completion_logprobs, forward_completions
+from llm.tensors.batch import length_groups, make_batch
+from llm.tensors.logprobs import Forward, completion_logprobs, forward_completions
 from llm.models.model import load_policy
 from llm.models.tiny import tiny_model_dir
 from tests.helpers import RTOL64

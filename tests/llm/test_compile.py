@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from llm import GRPOConfig, train
-from llm.core.batch import make_batch
-from llm.core.logprobs import forward_completions
+from llm.tensors.batch import make_batch
+from llm.tensors.logprobs import forward_completions
 from llm.models.model import compile_blocks, frozen_copy, load_policy
 from llm.run.rundir import read_metrics
 from tests.helpers import RTOL, one_block_model_dir, same_gradient, sequences
@@ -58,7 +58,7 @@ def test_the_completions_pass_gets_the_prompt_cache_in_one_memory_layout(one_blo
     prompt pass left them in (a compiled block leaves a transposed view, an eager one a contiguous tensor), with and
     without gradients. --compile's graphs guard on the strides of their inputs: on SmolLM2-135M, where both layouts
     reached the completions' pass, every decoder block compiled again within the timed steps (docs/benchmarks.md)."""
-    from llm.core.logprobs import completion_hidden
+    from llm.tensors.logprobs import completion_hidden
 
     model, tok = load_policy(one_block, torch.device("cpu"))
     compile_blocks(model)

@@ -9,10 +9,10 @@ import torch
 
 from llm import GRPOConfig
 from llm.config.trl import from_trl, translate_trl_args
-from llm.core.batch import make_batch, padded
-from llm.core.sync_probe import SyncCheck
-from llm.core.logprobs import completion_logprobs
-from llm.core.token_filter import NO_FILTER, TokenFilter
+from llm.tensors.batch import make_batch, padded
+from llm.tensors.sync_probe import SyncCheck
+from llm.tensors.logprobs import completion_logprobs
+from llm.tensors.token_filter import NO_FILTER, TokenFilter
 from llm.models.model import Precision, load_policy
 from llm.models.tiny import tiny_model_dir
 from llm.sampling import probe_sync, resolved_sampler

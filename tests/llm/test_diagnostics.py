@@ -1,4 +1,4 @@
-"""llm.core.diagnostics: the per-step estimates as the trainer computes them; in-sample against held-out on a tabular
+"""llm.tensors.diagnostics: the per-step estimates as the trainer computes them; in-sample against held-out on a tabular
 model, the reward range, a run's held-out improvement against the exact one in its standard errors."""
 
 import numpy as np
@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 import grpo_theory as gt
 from llm import GRPOConfig
-import llm.core.diagnostics as dg
-from llm.core.diagnostics import RewardRange, bound_estimates, tv_rows
+import llm.tensors.diagnostics as dg
+from llm.tensors.diagnostics import RewardRange, bound_estimates, tv_rows
 from tests.strategies import eps_values
 
 # ---- diagnostics ------------------------------------------------------------------------------
@@ -180,7 +180,7 @@ def test_the_weight_metrics_cover_every_completion_token_whatever_the_loss_keeps
 def test_the_sync_checks_mean_leaves_off_set_tokens_out_and_its_floor_calibrates_bf16():
     """``sampler_gap``: a token that one side's filter drops (-10^4) shows in the worst token, not in the token mean;
     ``SyncCheck``: bfloat16's threshold is max(0.02, twice the run's first gap), float32's the absolute 1e-3."""
-    from llm.core.sync_probe import SYNC_CHECKS, sampler_gap
+    from llm.tensors.sync_probe import SYNC_CHECKS, sampler_gap
 
     a = torch.tensor([[-1.0, -2.0, -1.0e4, -3.0]])
     b = torch.tensor([[-1.1, -2.1, -5.0, -3.1]])
@@ -201,7 +201,7 @@ def test_the_trm_estimates_against_a_token_tree():
     import torch
 
     from grpo_theory import trm
-    from llm.core.diagnostics import trm_estimates
+    from llm.tensors.diagnostics import trm_estimates
 
     rng = np.random.default_rng(4)
     V, T, P, G = 3, 4, 8, 8
@@ -230,7 +230,7 @@ def test_the_trm_estimates_against_a_token_tree():
 def test_reward_std_is_the_sample_standard_deviation_as_trl_logs_it():
     """TRL 1.16 logs ``reward_std`` as ``nanstd`` over the step's rewards, with Bessel's correction: for rewards
     0, 1, 1, 1 that is sqrt(0.75 * 0.25 * 4 / 3) = 0.5 (the population's would be 0.433)."""
-    from llm.core.diagnostics import rollout_metrics
+    from llm.tensors.diagnostics import rollout_metrics
 
     row = rollout_metrics(np.array([[0.0, 1.0], [1.0, 1.0]]), np.array([False, True]), [[1, 2], [1, 2]] * 2, eos=2)
     assert row["reward_std"] == pytest.approx(0.5) and row["reward"] == 0.75

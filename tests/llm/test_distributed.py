@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from llm.core.metrics import is_wall_clock
-from llm.core.sync_probe import SYNC_CHECKS
+from llm.tensors.metrics import is_wall_clock
+from llm.tensors.sync_probe import SYNC_CHECKS
 from llm.models.distributed import Ranks
 from llm.run.rundir import read_metrics
 from tests.helpers import CASES, ROOT, RTOL64, optimise_case, same_gradient, same_metric, train_command
@@ -125,7 +125,7 @@ def test_two_ranks_compute_the_one_process_step(two_rank_results, index):
         for key in want:
             assert math.isclose(want[key], got["metrics"][key], rel_tol=RTOL64, abs_tol=1e-12), (rank, key)
         assert math.isclose(whole.grad_norm, got["grad_norm"], rel_tol=RTOL64)
-        # tv_rows sums in float32 (llm.core.diagnostics): the two ranks' partial sums round differently
+        # tv_rows sums in float32 (llm.tensors.diagnostics): the two ranks' partial sums round differently
         assert math.isclose(whole.chain_tv_k, got["chain_tv_k"], rel_tol=1e-6) and whole.chain_tv_k > 0
         assert torch.allclose(whole.pi_k.logp, got["logp_k"], rtol=RTOL64, atol=1e-12)
         assert torch.allclose(whole.pi_k.entropy, got["entropy_k"], rtol=RTOL64, atol=1e-12)

@@ -7,7 +7,7 @@ in loss and gradient, on crafted tokens on both sides of each region's edge."""
 import pytest
 import torch
 
-from llm.core.loss import Clip, grpo_loss, loss_weights
+from llm.tensors.loss import Clip, grpo_loss, loss_weights
 
 
 def tokens(seed=0, B=6, T=7):

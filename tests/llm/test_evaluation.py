@@ -4,7 +4,7 @@ import pytest
 import torch
 from scipy import stats
 
-from llm.core.token_filter import TokenFilter
+from llm.tensors.token_filter import TokenFilter
 from llm.evaluation import EvalSpec, evaluate, exact_pass_at_k, maj_at_k, pass_at_k
 from llm.evaluation.passk import ks_up_to
 from llm.models.model import load_policy

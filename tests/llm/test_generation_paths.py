@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from llm.config import GRPOConfig
-from llm.core.batch import length_groups, make_batch, padded
-from llm.core.logprobs import completion_logprobs
-from llm.core.token_filter import TokenFilter
+from llm.tensors.batch import length_groups, make_batch, padded
+from llm.tensors.logprobs import completion_logprobs
+from llm.tensors.token_filter import TokenFilter
 from llm.models.model import load_policy
 from llm.models.tiny import tiny_model_dir
 from llm.sampling.hf_generate import TransformersSampler
@@ -121,7 +121,7 @@ def test_the_mfu_follows_trls_definition():
     layer once; peak by the device's name in bfloat16 only."""
     from types import SimpleNamespace
 
-    from llm.core.metrics import mfu, peak_flops, training_flops_per_token
+    from llm.tensors.metrics import mfu, peak_flops, training_flops_per_token
 
     qwen05 = SimpleNamespace(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                              intermediate_size=4864, vocab_size=151936)

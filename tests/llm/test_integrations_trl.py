@@ -18,7 +18,7 @@ trl = pytest.importorskip("trl")
 from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForCausalLM, TrainerCallback  # noqa: E402
 
-from llm.core import diagnostics as dg  # noqa: E402
+from llm.tensors import diagnostics as dg  # noqa: E402
 from llm.integrations import readings as rd  # noqa: E402
 from llm.integrations.trl import TRLWatcher, watch  # noqa: E402
 from llm.models.model import load_tokenizer  # noqa: E402
@@ -129,7 +129,7 @@ def test_watch_leaves_trls_loss_rewards_and_logs_the_same_step_for_step(tmp_path
 
 def test_the_readings_are_this_projects_estimators_on_trls_own_tensors(tmp_path):
     """With whole groups per step (steps_per_generation 1, num_iterations 2: lag 0, 1, 0, 1), each step's logged
-    TV, its standard error, ESS and sequence weights equal ``llm.core.diagnostics.group_metrics`` (what llm.train
+    TV, its standard error, ESS and sequence weights equal ``llm.tensors.diagnostics.group_metrics`` (what llm.train
     logs) on the (P, G) log-weights rebuilt from the tensors TRL's loss used and the sampler's log-probs, to float
     rounding; the sampler's log-probs equal TRL's forward of the sampler's weights to float rounding."""
     t, logs = trainer(tmp_path, dict(), cls=Captured, steps=4, num_iterations=2, learning_rate=1e-3)
@@ -172,7 +172,7 @@ def test_clustered_metrics_equal_group_metrics_on_whole_groups_in_any_order():
 def test_heldout_readings_are_llm_trains_heldout_estimates_on_the_same_tensors():
     """The held-out readings (``readings.heldout_metrics``) and the trainer's own (``llm.step.diagnose.
     heldout_estimates``) on the same rewards and log-probs of alpha, pi_k and pi_{k+1}: the same numbers."""
-    from llm.core.batch import make_batch
+    from llm.tensors.batch import make_batch
     from llm.step.diagnose import Heldout, heldout_estimates
 
     rng = np.random.default_rng(0)

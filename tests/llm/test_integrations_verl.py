@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from llm.core import diagnostics as dg
+from llm.tensors import diagnostics as dg
 from llm.integrations import verl as vw
 from llm.integrations.readings import step_metrics
 

@@ -1,4 +1,4 @@
-"""llm.core.logprobs: log-probs without full-vocabulary tensors, equal to the model's own for every family, with gradients;
+"""llm.tensors.logprobs: log-probs without full-vocabulary tensors, equal to the model's own for every family, with gradients;
 shared prompts; output transforms it does not know are refused."""
 
 import numpy as np
@@ -7,12 +7,12 @@ import torch
 
 from grpo_theory.truncation import filtered_log_softmax
 from grpo_theory.truncation import kept_mask as gt_kept_mask
-from llm.core.batch import make_batch
-from llm.core.logit_head import LogitHead
-from llm.core.logprobs import check_head, forward_completions
-from llm.core.passes import Passes
-from llm.core.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, kept_mask
-from llm.core.token_filter import filtered_log_softmax as torch_filtered_log_softmax
+from llm.tensors.batch import make_batch
+from llm.tensors.logit_head import LogitHead
+from llm.tensors.logprobs import check_head, forward_completions
+from llm.tensors.passes import Passes
+from llm.tensors.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, kept_mask
+from llm.tensors.token_filter import filtered_log_softmax as torch_filtered_log_softmax
 from llm.models.model import compile_blocks, load_policy
 from llm.models.tiny import FAMILIES, build_family_model, tiny_model_dir
 from tests.helpers import ATOL, RTOL, RTOL64, SHARED_GRAD_RTOL, plain_logprobs, same_gradient, sequences
@@ -60,7 +60,7 @@ def test_the_start_up_checks_read_rounding_at_a_low_temperature_as_rounding():
     """At temperature 0.01 the logits' float32 rounding is multiplied by 100 in the log-probs: the built-in agent
     model's chunked and plain paths differed there by 2.4e-4 on an AVX-512 host and the run refused to start. The
     tolerance is divided by the temperature; the gap itself is still of rounding's size (1e-4 times 1/T)."""
-    from llm.core.logit_head import HEAD_CHECK_TOLERANCE, head_tolerance
+    from llm.tensors.logit_head import HEAD_CHECK_TOLERANCE, head_tolerance
     from llm.models.tiny import agent_model_dir
 
     assert head_tolerance(1.0) == head_tolerance(3.0) == HEAD_CHECK_TOLERANCE
@@ -81,14 +81,14 @@ def test_no_logits_larger_than_a_chunk_exist(monkeypatch):
     """The output layer only ever sees ``chunk_tokens`` rows, in the gradient pass and in the TV diagnostics."""
     model, tok = load_policy(str(tiny_model_dir()), torch.device("cpu"))
     batch = make_batch(*sequences(tok, 6), tok.pad_token_id, "cpu")
-    import llm.core.logit_head as lp
+    import llm.tensors.logit_head as lp
 
     seen, real, wide = [], LogitHead.logits, lp._wide_logits
     monkeypatch.setattr(LogitHead, "logits", lambda self, h: seen.append(h.shape[0]) or real(self, h))
     monkeypatch.setattr(lp, "_wide_logits", lambda h, *a: seen.append(h.shape[0]) or wide(h, *a))  # the scaled head
     fwd = forward_completions(model, batch, 1.0, chunk_tokens=4, keep_hidden=True)
     fwd.logp.sum().backward()
-    from llm.core.diagnostics import chain_tv_sum
+    from llm.tensors.diagnostics import chain_tv_sum
     d = Passes(1.0).dists(model, fwd.hidden)
     assert chain_tv_sum(d, d, batch.completion_mask, chunk_tokens=4) == 0.0
     n_tokens = int(batch.completion_mask.sum())
@@ -98,10 +98,10 @@ def test_no_logits_larger_than_a_chunk_exist(monkeypatch):
 @pytest.mark.parametrize("family", ["builtin"] + sorted(FAMILIES))
 def test_a_groups_prompt_runs_once_with_the_same_logprobs_and_gradients(family, tmp_path):
     """Sequences that share a prompt (a group's completions): each distinct prompt runs through the decoder once and
-    its completions on its cached keys and values (``llm.core.logprobs.completion_hidden``). In float64, for every family,
+    its completions on its cached keys and values (``llm.tensors.logprobs.completion_hidden``). In float64, for every family,
     log-probs, entropies and hidden states equal the plain pass over every whole sequence to 1e-10, gradients to
     ``SHARED_GRAD_RTOL``."""
-    from llm.core.logprobs import shared_prompts
+    from llm.tensors.logprobs import shared_prompts
 
     path = tiny_model_dir() if family == "builtin" else build_family_model(family, tmp_path / family)
     model, tok = load_policy(str(path), torch.device("cpu"))
@@ -152,7 +152,7 @@ def _grads(head: LogitHead, hidden: torch.Tensor, targets: torch.Tensor, weights
     through the plain head (``plain``)."""
     from torch.utils.checkpoint import checkpoint
 
-    from llm.core.logit_head import _token_stats, token_logprobs
+    from llm.tensors.logit_head import _token_stats, token_logprobs
 
     head.layer.weight.grad = None
     h = hidden.clone().requires_grad_()
@@ -260,7 +260,7 @@ def test_the_sync_check_reads_rounding_at_a_low_temperature_as_rounding():
     """A synced sampler at temperature 0.01 differed from the trainer by 7.2e-4 nats on the built-in agent model (the
     float32 tolerance is 1e-3); the check's tolerance is divided by the temperature as the start-up check's is, and
     a stale engine (off by a nat or more at temperature 1, a hundred at 0.01) is still told apart."""
-    from llm.core.sync_probe import SYNC_CHECKS, sync_check
+    from llm.tensors.sync_probe import SYNC_CHECKS, sync_check
     from llm.step.monitors import Warnings
 
     assert sync_check("float32", 1.0) == SYNC_CHECKS["float32"] == sync_check("float32", 2.0)

@@ -1,4 +1,4 @@
-"""llm.core.loss: the clipped off-policy loss, its importance weight, normalisers, the masked groups and the KL term."""
+"""llm.tensors.loss: the clipped off-policy loss, its importance weight, normalisers, the masked groups and the KL term."""
 
 import numpy as np
 import pytest
@@ -10,7 +10,7 @@ import grpo_theory as gt
 from grpo_theory.corrections import (MODES, REGISTRY, corrected_surrogate, second_moment_keep,
                                      trust_region_second_moment_keep)
 from llm import GRPOConfig
-from llm.core.loss import (
+from llm.tensors.loss import (
     Clip,
     LossStats,
     clip_flags_torch,

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from llm import GRPOConfig, train
-from llm.core.batch import make_batch
-from llm.core.logprobs import forward_completions
+from llm.tensors.batch import make_batch
+from llm.tensors.logprobs import forward_completions
 from llm.models.model import add_lora, compile_blocks, frozen_copy, is_lora, load_policy, plain_state_dict
 from llm.models.tiny import tiny_model_dir
 from llm.run.rundir import read_metrics

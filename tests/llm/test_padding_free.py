@@ -1,5 +1,5 @@
 """--padding-free: each pass's sequences packed into one row without padding, position ids restarting per sequence
-(``llm.core.logprobs.packed_completion_hidden``). The packed pass gives the padded pass's log-probs, entropies,
+(``llm.tensors.logprobs.packed_completion_hidden``). The packed pass gives the padded pass's log-probs, entropies,
 hidden states and gradients for every model family of the suite, an optimiser step on it gives the padded step's
 gradient and statistics, and a model whose attention lets packed sequences see each other is refused at start-up."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from llm import GRPOConfig, train
-from llm.core import logprobs
-from llm.core.batch import make_batch
-from llm.core.logprobs import check_packing, forward_completions, pack_rows
+from llm.tensors import logprobs
+from llm.tensors.batch import make_batch
+from llm.tensors.logprobs import check_packing, forward_completions, pack_rows
 from llm.models.model import load_policy
 from llm.models.tiny import FAMILIES, build_family_model, tiny_model_dir
 from llm.run.rundir import read_metrics

@@ -7,7 +7,7 @@ import pytest
 
 from llm.config import GRPOConfig
 from llm.config.ranges import UNIT_INTERVAL
-from llm.core.diagnostics import UNIT_RANGE
+from llm.tensors.diagnostics import UNIT_RANGE
 from llm.rewards import BUILTIN_REWARD_FUNCS, SoftOverlongPunishment, sources_range
 from llm.run.plan import PLAN_FILE, read_plan, resolve_plan
 from llm.run.rundir import RunDir

@@ -140,7 +140,7 @@ def test_the_report_reads_the_certificates_across_the_run_and_says_which_guarant
     guarantees; with an evaluation certificate logged it prints the last one. A step whose e-value reaches 20 at level
     0.95 among 3 steps is certified by e-BH only if it reaches 3/0.05 = 60."""
     from llm.analysis.report import certificate_lines
-    from llm.core.metrics import certificate_shares
+    from llm.tensors.metrics import certificate_shares
 
     rows = [{"step": 0, "heldout/improvement_lcb": 0.01, "heldout/improvement_e": 70.0},
             {"step": 1, "heldout/improvement_lcb": 0.001, "heldout/improvement_e": 25.0},
@@ -159,7 +159,7 @@ def test_the_report_combines_no_abstained_e_values_and_reads_the_runs_level(tmp_
     alpha-spending shares; a run at --improvement-lcb-level 0.9 is combined and described at 0.9, read from its
     config.json."""
     from llm.analysis.report import run_level, summarise
-    from llm.core.metrics import certificate_shares
+    from llm.tensors.metrics import certificate_shares
 
     nan = float("nan")
     abstained = [{"step": k, "heldout/improvement_lcb": nan, "heldout/improvement_e": nan} for k in range(3)]

@@ -151,7 +151,7 @@ def test_a_wrong_declaration_found_later_voids_the_certificates_logged_before_it
     from runkit.cli import RunError
 
     from llm.analysis.report import certificate_lines
-    from llm.core.metrics import certificate_shares
+    from llm.tensors.metrics import certificate_shares
     from llm.run.rundir import read_metrics
 
     with pytest.raises(RunError):

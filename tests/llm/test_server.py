@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from llm import GRPOConfig, train
-from llm.core.batch import make_batch, padded
-from llm.core.logprobs import completion_logprobs
+from llm.tensors.batch import make_batch, padded
+from llm.tensors.logprobs import completion_logprobs
 from llm.models.model import load_policy
 from llm.models.tiny import tiny_model_dir
 from llm.run.rundir import read_metrics

@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from llm import GRPOConfig, train
-from llm.core.metrics import deterministic
+from llm.tensors.metrics import deterministic
 from llm.run.rundir import read_metrics
 from llm.step.rollout import step_seed
 from tests.helpers import LEARNING_MARGIN

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from grpo_theory.estimators import improvement_estimate, tv_estimate
-from llm.core.batch import make_batch
-from llm.core.logprobs import completion_logprobs
-from llm.core.token_filter import NO_FILTER, TokenFilter, filtered_log_softmax
+from llm.tensors.batch import make_batch
+from llm.tensors.logprobs import completion_logprobs
+from llm.tensors.token_filter import NO_FILTER, TokenFilter, filtered_log_softmax
 from llm.evaluation import exact_j
 from llm.models.model import frozen_copy, load_policy
 from llm.models.tiny import tiny_model_dir
@@ -170,7 +170,7 @@ def transformers_kept(z: torch.Tensor, f: TokenFilter) -> torch.Tensor:
 def column_order_kept(z: torch.Tensor, f: TokenFilter) -> torch.Tensor:
     """The rule before 2026-11-27: the same cut, ties at the top-p boundary ordered by column (a stable sort), which
     keeps as many tied tokens as the samplers but not always the same ones."""
-    from llm.core.token_filter import _min_p
+    from llm.tensors.token_filter import _min_p
 
     masked = _min_p(z, f)
     if f.top_k:
@@ -192,7 +192,7 @@ def test_the_kept_sets_are_vllms_and_transformers_on_bf16_logits_with_ties(token
     ties otherwise: there the same count); with top-p some rows split a tie there (where the whole tie, {z >= tau},
     would keep more tokens than the samplers), and ordering the tie by column keeps other tied tokens than the
     samplers on some rows."""
-    from llm.core.token_filter import boundary_value, kept_mask
+    from llm.tensors.token_filter import boundary_value, kept_mask
 
     z = _bf16_rows()
     ours = kept_mask(z, token_filter)
@@ -214,12 +214,12 @@ def test_the_kept_sets_are_vllms_and_transformers_on_bf16_logits_with_ties(token
 
 def test_log_probs_of_vllms_samples_equal_vllms_on_bf16_logits():
     """Tokens sampled from vLLM's filtered distribution (top-p 0.9 on bf16 rows of 2,048 logits): the trainer's
-    log-probability of each (``llm.core.logprobs``' chunked head, the logits fed through an identity output layer; a target
+    log-probability of each (``llm.tensors.logprobs``' chunked head, the logits fed through an identity output layer; a target
     tied at the boundary counts as kept) equals vLLM's processed log-probability to float32 rounding, so log
     pi_k/alpha at lag 0 has no bias from the rule; the earlier rule's normaliser (the whole tie at the boundary) put it
     below vLLM's, on average by more than 1e-4 nats a token here."""
-    from llm.core.logit_head import _ScaledHeadLogprobs
-    from llm.core.token_filter import boundary_value, kept_mask
+    from llm.tensors.logit_head import _ScaledHeadLogprobs
+    from llm.tensors.token_filter import boundary_value, kept_mask
     from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
 
     f = TokenFilter(top_p=0.9)
@@ -240,8 +240,8 @@ def test_a_target_tied_at_the_boundary_gets_the_gradient_of_a_set_that_kept_it()
     the sampler's): the filtered head swaps it in for a tied token of the same value, so its log-probability and its
     gradient are those of log softmax over a kept set holding it (autograd, the set held fixed), and no column keeps
     the -p term of a token the distribution does not hold."""
-    from llm.core.logit_head import _ScaledHeadLogprobs
-    from llm.core.token_filter import boundary_value, kept_mask, swap_in_targets
+    from llm.tensors.logit_head import _ScaledHeadLogprobs
+    from llm.tensors.token_filter import boundary_value, kept_mask, swap_in_targets
 
     f = TokenFilter(top_p=0.9)
     z = _bf16_rows(400, vocab=2048).double()

@@ -10,9 +10,9 @@ import torch
 
 from grpo_theory.trm import BOUND_NAMES as TRM_BOUNDS
 from llm import GRPOConfig, train
-from llm.core.batch import make_batch
-from llm.core.sync_probe import SYNC_CHECKS
-from llm.core.logprobs import completion_logprobs
+from llm.tensors.batch import make_batch
+from llm.tensors.sync_probe import SYNC_CHECKS
+from llm.tensors.logprobs import completion_logprobs
 from llm.models.model import load_policy
 from llm.models.tiny import tiny_model_dir
 from llm.run.rundir import read_metrics
@@ -117,7 +117,7 @@ def test_lag0_check_reuses_the_pi_k_forward_and_still_catches_a_skipped_sync(tmp
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_sync_check_tells_a_skipped_sync_from_rounding(tmp_path, capsys, dtype):
-    """The dtype's sync check (``llm.core.sync_probe.SYNC_CHECKS``) with the run's rounding floor (bfloat16: the first
+    """The dtype's sync check (``llm.tensors.sync_probe.SYNC_CHECKS``) with the run's rounding floor (bfloat16: the first
     check's token mean): every step after a real sync stays below its threshold, and with the sync skipped every later
     step is above it and warned about. Measured on an AVX-512 host under both kernel sets: float32 worst token 0 after
     syncs, 0.73-1.4 nats skipped; bfloat16 token mean 0.003-0.007 after syncs (worst tokens up to 0.57, which is why

@@ -1,5 +1,5 @@
 """TRL 1.16's loss types and off-policy sequence mask, here as TRL computes them (docs/trl.md): on one model and one
-micro-batch, ``llm.core.loss.grpo_loss`` (pi_k in TRL's pi_old, alpha in its sampler's log-probs, the TRL mode's weight
+micro-batch, ``llm.tensors.loss.grpo_loss`` (pi_k in TRL's pi_old, alpha in its sampler's log-probs, the TRL mode's weight
 in its vLLM importance-sampling ratio) equals ``GRPOTrainer._compute_loss`` of TRL's own trainer in loss and gradient,
 for every loss type, importance-sampling mode and the mask, on a reused batch (pi_old != pi_theta) and a mismatched
 sampler (alpha != pi_old). ``make check-trl-losses`` prints the same comparison as a table."""
@@ -18,7 +18,7 @@ trl = pytest.importorskip("trl")
 from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from llm.core.loss import Clip, grpo_loss, loss_weights  # noqa: E402
+from llm.tensors.loss import Clip, grpo_loss, loss_weights  # noqa: E402
 from llm.models.model import load_tokenizer  # noqa: E402
 from llm.models.tiny import tiny_model_dir  # noqa: E402
 from grpo_theory.loss_types import loss_type as registered  # noqa: E402

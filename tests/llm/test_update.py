@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from llm.core.metrics import is_wall_clock
+from llm.tensors.metrics import is_wall_clock
 from llm import GRPOConfig, train
 from llm.run.rundir import read_metrics
 from tests.helpers import CASES, RTOL64, SHARED_GRAD_RTOL, optimise_case, same_gradient, same_metric
@@ -79,7 +79,7 @@ def _tiny_step(seed=0):
     """The tiny model, a batch of 2 groups of 3 completions with alpha = pi_k (lag 0) and advantages."""
     import numpy as np
 
-    from llm.core.batch import make_batch
+    from llm.tensors.batch import make_batch
     from llm.models.model import load_policy
     from llm.models.tiny import tiny_model_dir
     from tests.helpers import sequences
@@ -97,7 +97,7 @@ def _grad(policy, batch, adv, keep, **objective):
     """The gradient of one optimiser step (SGD lr 0: the weights stay) with the objective's knobs."""
     import numpy as np
 
-    from llm.core.passes import Passes
+    from llm.tensors.passes import Passes
     from llm.models.model import Precision
     from llm.optim import Objective, optimise
 
@@ -232,7 +232,7 @@ def test_an_ess_scaled_step_is_the_plain_step_at_the_scaled_rate_and_the_schedul
 
     import numpy as np
 
-    from llm.core.passes import Passes
+    from llm.tensors.passes import Passes
     from llm.models.model import Precision
     from llm.optim import Objective, optimise
     from llm.optim.update import ess_lr_factor
@@ -240,7 +240,7 @@ def test_an_ess_scaled_step_is_the_plain_step_at_the_scaled_rate_and_the_schedul
     policy, batch, adv = _tiny_step(2)
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
-        from llm.core.logprobs import completion_logprobs
+        from llm.tensors.logprobs import completion_logprobs
 
         logp_k = completion_logprobs(policy, batch, 1.0).logp
     logp_alpha = (logp_k + 0.5 * torch.randn(logp_k.shape, generator=g, dtype=logp_k.dtype)) * batch.completion_mask

@@ -97,7 +97,7 @@ def _stale_step(seed=0):
     from tests.llm.test_update import _tiny_step
 
     policy, batch, adv = _tiny_step(seed)
-    from llm.core.logprobs import completion_logprobs
+    from llm.tensors.logprobs import completion_logprobs
 
     with torch.no_grad():
         logp_k = completion_logprobs(policy, batch, 1.0).logp
@@ -113,8 +113,8 @@ def test_a_baselined_step_is_the_authors_accumulated_gradient(importance_samplin
     """On the tiny model (float64) with a stale alpha: the step's gradient with the baseline equals the authors'
     accumulation sum_i (A_i - b) grad loss_i(A = 1), b from each completion's token-summed gradient norm at unit
     advantage and its sequence weight pi_k/alpha; and it differs from the plain step's."""
-    from llm.core.loss import Clip, grpo_loss, loss_weights
-    from llm.core.passes import Passes
+    from llm.tensors.loss import Clip, grpo_loss, loss_weights
+    from llm.tensors.passes import Passes
     from llm.models.model import Precision
     from llm.optim import Objective, optimise
 
@@ -134,7 +134,7 @@ def test_a_baselined_step_is_the_authors_accumulated_gradient(importance_samplin
     plain, _ = step_gradient(None)
     # the authors' way, by hand: each completion's gradient at unit advantage, under the step's loss weights and
     # summed over its tokens (for the norm)
-    from llm.core.logprobs import completion_logprobs
+    from llm.tensors.logprobs import completion_logprobs
 
     mask = batch.policy_mask.double()
     weights = loss_weights(mask, loss_type, 6, torch.ones(6, dtype=torch.float64))

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from llm.core.batch import make_batch, padded
-from llm.core.logprobs import completion_logprobs
-from llm.core.token_filter import TokenFilter
+from llm.tensors.batch import make_batch, padded
+from llm.tensors.logprobs import completion_logprobs
+from llm.tensors.token_filter import TokenFilter
 from llm.models.model import load_policy
 from llm.models.tiny import tiny_model_dir
 from llm.sampling.vllm_engine import vllm_available

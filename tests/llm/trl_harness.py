@@ -175,7 +175,7 @@ class CPURolloutWorker:
         import numpy as np
         from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
-        from llm.core.token_filter import NO_FILTER
+        from llm.tensors.token_filter import NO_FILTER
         from llm.integrations.trl import _Recorder
 
         i = self.groups % len(self.prompts)

@@ -1,7 +1,7 @@
 """top-k, top-p and min-p in torch: the twin of ``grpo_theory.truncation`` (docs/theory.md, §1.1), used on both sides
 of the importance weight. The samplers draw from the filtered distribution (vLLM with its own kernels, the
 transformers sampler with ``filtered_logits`` in its last logits processor), and the trainer's log-probabilities of
-pi_theta, pi_k, alpha and pi_ref are those of the filtered distributions of their weights (``llm.core.logprobs``), so
+pi_theta, pi_k, alpha and pi_ref are those of the filtered distributions of their weights (``llm.tensors.logprobs``), so
 pi_k/alpha is exact.
 
 The kept set is vLLM's, step by step and in its arithmetic (``vllm/v1/sample/ops/topk_topp_sampler.py``:
@@ -14,7 +14,7 @@ boundary value tau (``boundary_value``) is split, and which of the tied tokens a
 same logits the kept set is vLLM's and transformers', row for row, tied tokens included (tested on bfloat16 rows
 with ties, for batches of any size). The trainer's logits differ from the sampler's by float rounding, so a token
 the sampler drew from a tie at its boundary can fall outside the trainer's cut: the trainer's log-probability of a
-target (``llm.core.logprobs``) then swaps it into the kept set in place of a tied token of the same value
+target (``llm.tensors.logprobs``) then swaps it into the kept set in place of a tied token of the same value
 (``swap_in_targets``), so that its value and its gradient are those of a distribution that kept the token drawn.
 
 A token outside the kept set has probability 0. Its log-probability is stored as ``OFF_SET_LOGP`` (-10^4) rather

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from llm.core import diagnostics as dg
-from llm.core.batch import Batch
-from llm.core.logit_head import LogitHead
-from llm.core.logprobs import Forward, TokenDists, completion_logprobs, forward_completions
-from llm.core.token_filter import NO_FILTER, TokenFilter
+from llm.tensors import diagnostics as dg
+from llm.tensors.batch import Batch
+from llm.tensors.logit_head import LogitHead
+from llm.tensors.logprobs import Forward, TokenDists, completion_logprobs, forward_completions
+from llm.tensors.token_filter import NO_FILTER, TokenFilter
 from llm.models.distributed import SINGLE, Ranks
 from llm.models.model import Precision
 
@@ -48,7 +48,7 @@ class Passes:
 
     def logprobs(self, model: torch.nn.Module, batch: Batch, **kw) -> Forward:
         """A pass of ``model`` without gradients over ``batch`` (``keep_hidden``, ``entropy`` as in
-        ``llm.core.logprobs.completion_logprobs``): per-token results of the whole batch."""
+        ``llm.tensors.logprobs.completion_logprobs``): per-token results of the whole batch."""
         out = completion_logprobs(model, batch, self.temperature, self.precision, micro_batch=self.micro_batch,
                                   chunk_tokens=self.chunk_tokens, by_length=self.by_length, rows=self.rows(batch),
                                   ranks=self.ranks, share_prompts=self.share_prompts, token_filter=self.token_filter,
@@ -93,7 +93,7 @@ class Passes:
         return mine
 
     def token_divergences(self, a: TokenDists, b: TokenDists, mask: torch.Tensor):
-        """``llm.core.diagnostics.token_divergences`` over the whole batch at this pass's chunk size: each rank
+        """``llm.tensors.diagnostics.token_divergences`` over the whole batch at this pass's chunk size: each rank
         expands its own rows (where its hidden states are) and the ranks' arrays, zero off their rows, are summed."""
         tv, kl = dg.token_divergences(a, b, self.own_rows(mask), self.chunk_tokens)
         if self.ranks.active:
@@ -102,7 +102,7 @@ class Passes:
         return tv, kl
 
     def chain_tv(self, a: TokenDists, b: TokenDists, mask: torch.Tensor) -> float:
-        """``llm.core.diagnostics.chain_tv_estimate`` over the whole batch: each rank sums over its own rows (where its
+        """``llm.tensors.diagnostics.chain_tv_estimate`` over the whole batch: each rank sums over its own rows (where its
         hidden states are) and the sums are added up."""
         total = dg.chain_tv_sum(a, b, self.own_rows(mask), self.chunk_tokens)
         return dg.chain_tv_estimate(self.ranks.sum_float(total), mask.shape[0])

@@ -237,7 +237,7 @@ class LossStats:
         """TRL's names where they exist: loss, clip_ratio/*, kl; plus ``is_correction/frac_above_cap`` (loss tokens
         whose weight a TRL mode truncated or masked; 0 with the paper's clip). Shares and means over the loss tokens:
         nan on a step with none (every group masked, or dropped for staleness), where there is nothing to average.
-        The importance weights and the mismatch KL are over every completion token (``llm.core.diagnostics.
+        The importance weights and the mismatch KL are over every completion token (``llm.tensors.diagnostics.
         weight_metrics``), not these."""
         n = self.tokens
         share = (lambda x: x / n) if n else (lambda x: float("nan"))  # noqa: E731

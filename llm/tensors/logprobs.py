@@ -1,7 +1,7 @@
 """Log-probabilities of completion tokens without full-vocabulary tensors (README, "Memory").
 
 A forward pass runs the model's decoder (``model.get_decoder()``) over the sequences and keeps its final hidden
-states at the completion positions only. The output layer (``llm.core.logit_head.LogitHead``) is then applied to the real completion
+states at the completion positions only. The output layer (``llm.tensors.logit_head.LogitHead``) is then applied to the real completion
 tokens (padding skipped) in chunks of ``chunk_tokens`` rows, so at most (chunk_tokens x V) float32 logits exist
 at a time. With gradients on and more than one chunk, each chunk runs under activation checkpointing: its
 logits are recomputed in the backward pass instead of being kept (one more pass of the output layer, the price of
@@ -22,9 +22,9 @@ import torch
 
 from runkit.host_memory import micro_batches
 
-from llm.core.batch import Batch
-from llm.core.logit_head import HEAD_CHECK_TOLERANCE, LogitHead, chunk_rows, head_tolerance, token_logprobs
-from llm.core.token_filter import NO_FILTER, TokenFilter
+from llm.tensors.batch import Batch
+from llm.tensors.logit_head import HEAD_CHECK_TOLERANCE, LogitHead, chunk_rows, head_tolerance, token_logprobs
+from llm.tensors.token_filter import NO_FILTER, TokenFilter
 from llm.models.distributed import SINGLE, Ranks
 from llm.models.model import Precision, architecture
 

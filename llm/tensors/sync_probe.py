@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from llm.core.logit_head import head_tolerance
-from llm.core.token_filter import ON_SET_LOGP
+from llm.tensors.logit_head import head_tolerance
+from llm.tensors.token_filter import ON_SET_LOGP
 
 
 def sampler_gap(logp_sampler: torch.Tensor, logp_trainer: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -60,7 +60,7 @@ SYNC_CHECKS = {"float32": SyncCheck("sampling/logp_diff_max", 1e-3),
 
 def sync_check(dtype: str, temperature: float = 1.0) -> SyncCheck:
     """The sync check of ``dtype`` at ``temperature``: its tolerance divided by the temperature below 1
-    (``llm.core.logit_head.head_tolerance``: the logits' rounding is), so a run at temperature 0.01 does not read
+    (``llm.tensors.logit_head.head_tolerance``: the logits' rounding is), so a run at temperature 0.01 does not read
     rounding as a stale engine, which is off by far more at any temperature."""
     check = SYNC_CHECKS[dtype]
     return replace(check, tolerance=head_tolerance(temperature, check.tolerance))

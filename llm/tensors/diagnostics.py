@@ -52,7 +52,7 @@ import grpo_theory.estimators as ge
 from grpo_theory import trm
 
 from llm.config.ranges import UNIT_INTERVAL
-from llm.core.logprobs import TokenDists
+from llm.tensors.logprobs import TokenDists
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def rollout_metrics(rewards: np.ndarray, zero_std: np.ndarray, completions: list
     }
 
 
-#: Token log-weights are clamped to +-this before w - 1 - log w (the KL term's clamp, ``llm.core.loss.KL_LOG_MAX``).
+#: Token log-weights are clamped to +-this before w - 1 - log w (the KL term's clamp, ``llm.tensors.loss.KL_LOG_MAX``).
 MISMATCH_LOG_MAX = 40.0
 
 

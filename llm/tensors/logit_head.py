@@ -1,7 +1,7 @@
 """The output layer applied in chunks (``LogitHead``, ``token_logprobs``): log-probabilities and entropies of the
 sampled tokens from hidden states, with at most (chunk_tokens x V) float32 logits alive at a time and, under a token
 filter, the kept set of vLLM's and transformers' samplers; its backward recomputes each chunk's logits (a custom
-autograd function) instead of keeping them. ``llm.core.logprobs`` runs the decoder that feeds it."""
+autograd function) instead of keeping them. ``llm.tensors.logprobs`` runs the decoder that feeds it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import math
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from llm.core.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, apply_swaps, filtered_log_softmax, kept_mask, \
+from llm.tensors.token_filter import NO_FILTER, OFF_SET_LOGP, TokenFilter, apply_swaps, filtered_log_softmax, kept_mask, \
     swap_in_targets
 from llm.models.model import architecture
 
@@ -44,7 +44,7 @@ class LogitHead:
     known here: Granite's ``logits_scaling`` (logits divided by it) and Gemma's ``final_logit_softcapping``
     (cap * tanh(logits / cap)). ``check_head`` refuses a model whose own logits differ (an output transform
     this class does not know), so a wrong head never goes unnoticed. ``token_filter``: the distribution is the
-    filtered one (top-k, top-p, min-p of the logits / T; ``llm.core.token_filter``)."""
+    filtered one (top-k, top-p, min-p of the logits / T; ``llm.tensors.token_filter``)."""
 
     def __init__(self, model: torch.nn.Module, temperature: float, token_filter: TokenFilter = NO_FILTER):
         self.layer = model.get_output_embeddings()

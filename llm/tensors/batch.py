@@ -1,4 +1,4 @@
-"""A step's sequences as tensors, whole or in micro-batches (log-probabilities: ``llm.core.logprobs``).
+"""A step's sequences as tensors, whole or in micro-batches (log-probabilities: ``llm.tensors.logprobs``).
 
 Prompts are left-padded and completions right-padded, so every completion starts at the same column
 ``prompt_width`` and positions are counted from each sequence's first real token (as in generation).
@@ -98,7 +98,7 @@ class Batch:
     def take(self, rows: torch.Tensor) -> "Batch":
         """Sequences ``rows``, with the columns that are padding in all of them dropped (prompt columns on the left,
         completion columns on the right): the same sequences, positions and log-probs, fewer padded positions.
-        Per-token results of the taken batch go back with ``llm.core.logprobs.Forward.assemble``."""
+        Per-token results of the taken batch go back with ``llm.tensors.logprobs.Forward.assemble``."""
         rows = rows.to(self.input_ids.device)
         attn = self.attention_mask[rows]
         lp = self.prompt_width

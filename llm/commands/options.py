@@ -15,9 +15,11 @@ Every field of `llm.GRPOConfig` is an option of `python -m llm train` (`--field-
 `--field-name` / `--no-field-name`); `python -m llm train --help` prints the same text. A bad value is one line
 naming the field. Names are TRL's where the concept is the same ([trl.md](trl.md)). In Python `GRPOConfig` is a
 pydantic model whose fields sit in the groups below, each a frozen pydantic model checking its own fields
-(`config.optim.learning_rate`; `model_dump`, `model_json_schema`, `model_copy` and `model_validate` work as pydantic's
-do). The command line, `from_trl`, `GRPOConfig(learning_rate=...)`, `config.learning_rate` and config.json keep the
-names flat; `config.learning_rate = x` gives the config a new, re-validated group (a group never changes once built).
+(`config.optim.learning_rate`; `model_dump`, `model_dump(exclude_unset=True)` for what was said, `model_validate`,
+whose errors are pydantic's ValidationError, and `model_json_schema`, of the nested form). The command line,
+`from_trl`, `GRPOConfig(learning_rate=...)`, `config.learning_rate` and config.json keep the names flat;
+`config.learning_rate = x` and `config.model_copy(update={"learning_rate": x})` give a new, re-validated group (a group
+never changes once built; `model_copy` validates here, unlike pydantic's own, so no flat name can shadow its group).
 Options marked *resumable* may change when a run resumes. This page is written by
 `python -m llm options > docs/options.md`.
 """

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from runkit.validation import require
 
-__all__ = ["ConfigGroup", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "STRICT", "is_resumable", "nearest_name", "one_line",
+__all__ = ["ConfigGroup", "UnknownOption", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "STRICT", "is_resumable", "nearest_name", "one_line",
            "plain", "resumable", "require"]
 
 #: Sampling temperatures accepted (vLLM treats lower ones as greedy decoding, which has no log-probabilities to
@@ -68,15 +68,20 @@ _EXPECTED = {"int_type": "an integer", "int_from_float": "an integer", "float_ty
              "finite_number": "a finite number", "none_required": "None"}
 
 
+class UnknownOption(TypeError, ValueError):
+    """An option the config does not have: a TypeError, as Python's for an unexpected keyword, and a ValueError, so
+    that ``model_validate`` reports it as pydantic's ValidationError (it wraps a ValueError raised while validating)."""
+
+
 def one_line(exc: ValidationError, names=(), field: str = "") -> Exception:
     """A pydantic error as this package's one line: ``ValueError("<field>: must be <what>, got <value>")``, or for an
     unknown name ``TypeError`` with the nearest of ``names``."""
     err = exc.errors()[0]
     if err["type"] == "value_error" and isinstance(err.get("ctx", {}).get("error"), ValueError):
         return err["ctx"]["error"]  # a group's own check (``__post_init__``), already one line
-    field = ".".join(str(p) for p in err["loc"] if not isinstance(p, int)) or field or "config"
+    field = next((str(p) for p in reversed(err["loc"]) if not isinstance(p, int)), "") or field or "config"
     if err["type"] in ("unexpected_keyword_argument", "extra_forbidden", "no_such_attribute"):
-        return TypeError(f"unexpected option {field!r}{nearest_name(field, names)}")
+        return UnknownOption(f"unexpected option {field!r}{nearest_name(field, names)}")
     if err["type"] == "missing" and any(isinstance(p, int) for p in err["loc"]):  # a tuple with too few items
         what = f"a tuple of more items (item {[p for p in err['loc'] if isinstance(p, int)][-1]} is missing)"
     elif err["type"] in ("too_long", "too_short"):
@@ -90,8 +95,9 @@ def one_line(exc: ValidationError, names=(), field: str = "") -> Exception:
     else:
         what = err["msg"].removeprefix("Input should be ").removeprefix("Value error, ")
     value = err.get("input")
-    shown = f"{value!r} ({type(value).__name__})" if not isinstance(value, (str, type(None))) else repr(value)
-    return ValueError(f"{field}: must be {what}, got {shown}")
+    shown = f"{type(value).__name__}(...)" if isinstance(value, (BaseModel, dict)) else \
+        f"{value!r} ({type(value).__name__})" if not isinstance(value, (str, type(None))) else repr(value)
+    return ValueError(f"{field}: must be {what}, got {shown if len(shown) <= 200 else shown[:197] + '...'}")
 
 
 class ConfigGroup(BaseModel):
@@ -111,3 +117,12 @@ class ConfigGroup(BaseModel):
     @classmethod
     def _plain(cls, value):
         return plain(value)
+
+    def __setattr__(self, name: str, value) -> None:
+        """A group never changes once built: refused in one line, naming what does change a config."""
+        names = list(type(self).model_fields)
+        if name not in names:
+            raise AttributeError(f"{type(self).__name__}: {name!r} is not a field{nearest_name(name, names)}")
+        raise AttributeError(f"{type(self).__name__} is frozen: set config.{name} = ... (the config takes a new "
+                             f"group, validated with the rest), or build one ({type(self).__name__}(...), "
+                             "model_copy, GRPOConfig.replace)")

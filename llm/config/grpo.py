@@ -86,28 +86,22 @@ class GRPOConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _flat_names(cls, given):
-        """Each flat name into its group, built with what was said to it before (its ``model_fields_set``) and the
-        flat names beside it; a group given as a dict (``model_dump``'s) built from it. An unknown name raises
-        TypeError naming the nearest option."""
+        """Each flat name into its group: the group's dict of what was said to it before (a group object's
+        ``model_fields_set``) and the flat names beside it, which pydantic then validates (an error's ``loc`` is
+        ``(group, field)``). An unknown name is left for pydantic to refuse (``extra="forbid"``)."""
         if not isinstance(given, dict):
             return given
         out, flat = {}, {name: {} for name in GROUPS}
         for name, value in given.items():
-            if name in GROUPS or name in TOP_FIELDS:
-                out[name] = value
-            elif name in FIELD_GROUP:
+            if name in FIELD_GROUP:
                 flat[FIELD_GROUP[name]][name] = value
             else:
-                raise TypeError(f"GRPOConfig got an unexpected keyword argument {name!r}"
-                                f"{nearest_name(name, [*TOP_FIELDS, *FIELD_GROUP])}")
+                out[name] = value
         for name, group in GROUPS.items():
             base = out.get(name)
-            if isinstance(base, group):
-                if not flat[name]:
-                    continue
-                base = {k: getattr(base, k) for k in base.model_fields_set}
-            if isinstance(base, dict) or (base is None and flat[name]):
-                out[name] = group(**{**(base or {}), **flat[name]})
+            if flat[name] and (base is None or isinstance(base, (dict, group))):
+                said = {k: getattr(base, k) for k in base.model_fields_set} if isinstance(base, group) else base
+                out[name] = {**(said or {}), **flat[name]}
         return out
 
     def __getattr__(self, name: str):
@@ -130,6 +124,14 @@ class GRPOConfig(BaseModel):
         new = self.replace(**{name: value})
         self.__dict__.update(new.__dict__)
         object.__setattr__(self, "__pydantic_fields_set__", set(new.model_fields_set))
+
+    def __dir__(self):
+        return sorted({*super().__dir__(), *FIELD_GROUP, *GROUP_PROPERTIES})
+
+    def model_copy(self, *, update=None, deep: bool = False) -> "GRPOConfig":
+        """A copy (the groups are frozen, so shared); with ``update`` (flat names or groups, as ``replace``) a new
+        config validated as one, where pydantic's own would store the names unvalidated beside their groups."""
+        return self.replace(**update) if update else super().model_copy(deep=deep)
 
     @model_validator(mode="after")
     def _across_groups(self):

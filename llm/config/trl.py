@@ -59,6 +59,8 @@ TRL_COUNTERPARTS = {
     "vllm_server_host": "--server-url http://host:port",
     "vllm_server_port": "--server-url http://host:port",
     "lora_dropout": "none: LoRA dropout is always 0 (the importance weight needs the same log-probs from every pass)",
+    "fp16": "none: float16 training is not offered; --dtype float32 (the default) or bfloat16 (TRL's --bf16)",
+    "eval_strategy": "--eval-steps N (an evaluation every N steps; 0, the default: none)",
     "gradient_accumulation_steps": "derived, not set: ceil(prompts_per_step x num_generations / "
                                    "--per-device-train-batch-size) micro-batches make one optimiser step (printed at "
                                    "start-up); set --per-device-train-batch-size",
@@ -237,6 +239,9 @@ def from_trl(**kwargs) -> GRPOConfig:
             raise TypeError(f"from_trl: {k} is TRL's option; here {TRL_COUNTERPARTS[k]} (docs/trl.md)")
         if k not in known:
             raise TypeError(f"from_trl got an unexpected keyword argument {k!r}{nearest_name(k, known)}")
+    if "bf16" in kwargs and kwargs["bf16"] is None:
+        raise ValueError("bf16: None is TRL's 'on unless fp16' (bfloat16); here the default dtype is float32: give "
+                         "bf16=True or False")
     for name, ours in TRL_NONE.items():  # TRL's defaults, given as TRL writes them
         if name in kwargs and kwargs[name] is None:
             kwargs[name] = ours

@@ -48,7 +48,7 @@ def test_each_group_checks_its_own_fields_and_the_config_the_rules_across_them()
     with pytest.raises(ValueError, match="^sync_policy: divergence decides from the held-out TV estimate"):
         GRPOConfig(sync_policy="divergence")  # sync and diagnostics: checked by GRPOConfig
     assert GRPOConfig(sync_policy="divergence", heldout_prompts=8).sync.sync_policy == "divergence"
-    with pytest.raises(TypeError, match="unexpected keyword argument 'learning_rat'"):
+    with pytest.raises(TypeError, match="unexpected option 'learning_rat'"):
         GRPOConfig(learning_rat=1e-3)
 
 

@@ -5,7 +5,6 @@ keeps working for valid values."""
 import copy
 
 import pytest
-from pydantic import ValidationError
 
 from llm import GRPOConfig
 from llm.config import MachineConfig, OptimConfig
@@ -15,7 +14,7 @@ def test_a_misspelt_name_raises_naming_the_nearest_option():
     cfg = GRPOConfig()
     with pytest.raises(AttributeError, match=r"'learning_rat' is not an option \(did you mean 'learning_rate'\?\)"):
         cfg.learning_rat = 3
-    with pytest.raises(ValidationError, match="frozen_instance"):
+    with pytest.raises(AttributeError, match=r"'learning_rat' is not a field \(did you mean 'learning_rate'\?\)"):
         cfg.optim.learning_rat = 3
     assert not hasattr(cfg, "learning_rat")
 

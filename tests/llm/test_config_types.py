@@ -127,7 +127,8 @@ def test_trls_switches_take_only_a_bool_as_ours_do(value):
     """from_trl(bf16="no") ran in bfloat16 and use_vllm="no" with vLLM: a switch's value is checked as the config's
     own switches are (numpy's bool passes)."""
     for name in TRL_SWITCHES:
-        with pytest.raises(ValueError, match=rf"^{name}: must be True or False"):
+        said = "None is TRL's 'on unless fp16'" if (name, value) == ("bf16", None) else "must be True or False"
+        with pytest.raises(ValueError, match=rf"^{name}: {said}"):
             from_trl(**{name: value})
     assert from_trl(use_vllm=np.bool_(False)).sampler == "transformers"
 
@@ -285,7 +286,7 @@ def test_a_group_is_frozen_and_has_no_switch_to_turn_its_checks_off():
 
     cfg = GRPOConfig()
     for name, value in (("learning_rate", -1.0), ("learning_rat", 3)):
-        with pytest.raises(ValidationError, match="frozen_instance"):
+        with pytest.raises(AttributeError, match="^OptimConfig: 'learning_rat' is not a field|^OptimConfig is frozen"):
             setattr(cfg.optim, name, value)
     object.__setattr__(cfg.optim, "_checked", False)  # what used to switch the checks off: now read by nothing
     assert cfg.optim == GRPOConfig().optim

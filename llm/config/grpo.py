@@ -87,8 +87,8 @@ class GRPOConfig(BaseModel):
     @classmethod
     def _flat_names(cls, given):
         """Each flat name into its group: the group's dict of what was said to it before (a group object's
-        ``model_fields_set``) and the flat names beside it, which pydantic then validates (an error's ``loc`` is
-        ``(group, field)``). An unknown name is left for pydantic to refuse (``extra="forbid"``)."""
+        ``model_fields_set``) and the flat names beside it, which pydantic then validates as the group. An unknown
+        name is left for pydantic to refuse (``extra="forbid"``)."""
         if not isinstance(given, dict):
             return given
         out, flat = {}, {name: {} for name in GROUPS}

@@ -1,8 +1,8 @@
 """Regenerate every figure: ``make figures`` (or ``python figures/plot_all.py``).
 
 Inputs (run directories) come from ``python -m grpo_theory.experiments --out runs/bandit`` and,
-for the LLM figure, from ``python -m llm train --output-dir runs/arithmetic_v1`` and ``... runs/arithmetic_v4
---sync-period 4`` (skipped if absent). Closed-form curves (penalty weight, success amplification)
+for the LLM figures (figures/llm/, drawn as ``python -m llm report`` draws them), from ``python -m llm train
+--output-dir runs/arithmetic_v1`` and ``... runs/arithmetic_v4 --sync-period 4`` (skipped if absent). Closed-form curves (penalty weight, success amplification)
 are evaluated with the package's own functions. PNGs are written next to this file.
 """
 
@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 import grpo_theory as gt  # noqa: E402
 from grpo_theory.experiments import ABLATION, V_SWEEP, slug  # noqa: E402
 from grpo_theory.simulate import final_j  # noqa: E402
-from runkit.runio import load_runs, read_metrics  # noqa: E402
+from runkit.runio import load_runs  # noqa: E402
 
 HERE = Path(__file__).parent
 
@@ -131,39 +131,16 @@ def success_amplification() -> None:
 
 
 def llm_runs(llm_dirs: list[Path]) -> None:
+    """The LLM runs' figures overlaid, drawn by ``python -m llm report``'s own code (``llm.analysis.report.plot_runs``:
+    reward, evaluation, TV estimates, Theorem 1's estimates against the exact improvement) into figures/llm/."""
     present = [d for d in llm_dirs if (d / "metrics.jsonl").is_file()]
-    if not present or "j/pi_new" not in read_metrics(present[0])[0]:
-        print("no LLM run directories with exact J found; skipping llm_tv_bound.png")
+    if not present:
+        print("no LLM run directories (make run writes runs/arithmetic_v4); skipping figures/llm/")
         return
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    axes = axes.ravel()
-    for d in present:
-        rows = read_metrics(d)
-        k = np.array([r["step"] for r in rows])
-        line, = axes[0].plot(k + 1, [r["j/pi_new"] for r in rows], label=f"{d.name} train prompts")
-        ev = [(r["step"] + 1, r["eval/j"]) for r in rows if "eval/j" in r]
-        ev = [(0, rows[0]["eval_initial/j"])] + ev if "eval_initial/j" in rows[0] else ev
-        if ev:
-            axes[0].plot(*zip(*ev), "o--", color=line.get_color(), label=f"{d.name} test prompts")
-        axes[1].plot(k, [r["tv/pi_k_alpha"] for r in rows], label=f"{d.name} IS estimate")
-        if "tv/pi_k_alpha_chain_ub_est" in rows[0]:
-            axes[1].plot(k, [r["tv/pi_k_alpha_chain_ub_est"] for r in rows], "--", label=f"{d.name} chain-rule bound (est.)")
-        for key, style in (("improvement", "-"), ("heldout/improvement", "--"), ("insample/improvement", ":")):
-            if key in rows[0]:
-                axes[2].plot(k, np.cumsum([r[key] for r in rows]), style, label=f"{d.name} {key}")
-        axes[3].plot(k, [r["improvement"] for r in rows], label=f"{d.name} exact improvement")
-        if "heldout/bound_est/lower_tight" in rows[0]:
-            axes[3].plot(k, [r["heldout/bound_est/lower_tight"] for r in rows], ".", ms=3,
-                         label=f"{d.name} tight bound (held-out est.)")
-    axes[0].set_title("exact J (training and test prompts)")
-    axes[1].set_title("TV(pi_k, alpha)")
-    axes[2].set_title("summed improvement: exact vs estimates")
-    axes[3].set_title("per step: exact improvement vs estimated bound")
-    axes[3].set_yscale("symlog", linthresh=1e-2)
-    for ax in axes:
-        ax.set_xlabel("step")
-        ax.legend(fontsize=7)
-    save(fig, "llm_tv_bound.png")
+    from llm.analysis.report import plot_runs
+
+    for name in plot_runs(present, HERE / "llm"):
+        print(f"wrote figures/llm/{name}")
 
 
 def trm_bounds_vs_length(lengths=range(1, 11), seeds: int = 20) -> None:

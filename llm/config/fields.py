@@ -18,16 +18,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from runkit.validation import require
 
-__all__ = ["ConfigGroup", "UnknownOption", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "STRICT", "is_resumable", "nearest_name", "one_line",
+__all__ = ["ConfigGroup", "Options", "UnknownOption", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "STRICT", "is_resumable", "nearest_name", "one_line",
            "plain", "resumable", "require"]
 
 #: Sampling temperatures accepted (vLLM treats lower ones as greedy decoding, which has no log-probabilities to
 #: importance-weight; higher ones make every completion uniform noise).
 MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
 
-#: pydantic's settings for every group: strict types, no unknown names, never changed once built, finite floats (nan
-#: and +-inf pass no comparison check by accident, but inf would pass ``> 0``), each field's docstring its description (``model_json_schema``, ``python -m llm options``).
-STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False, use_attribute_docstrings=True)
+#: pydantic's settings for the config and every group: strict types, no unknown names, finite floats (nan and +-inf
+#: pass no comparison check by accident, but inf would pass ``> 0``), each field's docstring its description
+#: (``model_json_schema``, ``python -m llm options``). A group is frozen besides (``ConfigGroup``).
+STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
 
 
 def resumable(default):
@@ -100,10 +101,9 @@ def one_line(exc: ValidationError, names=(), field: str = "") -> Exception:
     return ValueError(f"{field}: must be {what}, got {shown if len(shown) <= 200 else shown[:197] + '...'}")
 
 
-class ConfigGroup(BaseModel):
-    """A group of the config: a frozen pydantic model whose fields' types and choices pydantic checks, then the group's
-    own rules (its ``model_validator``); built by keywords, an error is one line, an unknown name naming the nearest
-    field."""
+class Options(BaseModel):
+    """What ``GRPOConfig`` and its groups share: ``STRICT``, numpy's scalars and lists read as Python's (``plain``),
+    and built by keywords an error in one line, an unknown name naming the nearest of ``option_names``."""
 
     model_config = STRICT
 
@@ -111,12 +111,24 @@ class ConfigGroup(BaseModel):
         try:
             super().__init__(**values)
         except ValidationError as exc:
-            raise one_line(exc, list(type(self).model_fields)) from None
+            raise one_line(exc, type(self).option_names()) from None
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        """The names a keyword may have (the fields)."""
+        return list(cls.model_fields)
 
     @field_validator("*", mode="before")
     @classmethod
     def _plain(cls, value):
         return plain(value)
+
+
+class ConfigGroup(Options):
+    """A group of the config: a frozen pydantic model whose fields' types and choices pydantic checks, then the group's
+    own rules (its ``model_validator``)."""
+
+    model_config = ConfigDict(frozen=True)
 
     def __setattr__(self, name: str, value) -> None:
         """A group never changes once built: refused in one line, naming what does change a config."""

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Annotated
 
 import tyro
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, model_validator
 from pydantic.fields import FieldInfo
 
 from llm.config.agent import AgentConfig
 from llm.config.algorithm import ObjectiveConfig, OptimConfig, SyncConfig
-from llm.config.fields import is_resumable, nearest_name, one_line, plain, require, resumable
+from llm.config.fields import Options, is_resumable, nearest_name, require, resumable
 from llm.config.machinery import MachineConfig, SamplingConfig
 from llm.config.model import DataConfig, ModelConfig
 from llm.config.observation import DiagnosticsConfig, EvaluationConfig, OutputConfig
@@ -48,10 +48,8 @@ def _group(cls):
     return Field(default_factory=cls)
 
 
-class GRPOConfig(BaseModel):
+class GRPOConfig(Options):
     """Off-policy GRPO (Mroueh et al., arXiv 2505.22257) on a causal language model."""
-
-    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
 
     max_steps: int = resumable(100)
     """Number of training steps k."""
@@ -70,18 +68,12 @@ class GRPOConfig(BaseModel):
     output: Annotated[OutputConfig, tyro.conf.OmitArgPrefixes] = _group(OutputConfig)
     agent: Annotated[AgentConfig, tyro.conf.OmitArgPrefixes] = _group(AgentConfig)
 
-    def __init__(self, /, **given):
-        """Groups (``optim=OptimConfig(...)`` or a dict of its fields), flat fields (``learning_rate=1e-5``, TRL's
-        habit) or both: a flat field replaces its value in the group given beside it. An error is one line."""
-        try:
-            super().__init__(**given)
-        except ValidationError as exc:
-            raise one_line(exc, [*TOP_FIELDS, *FIELD_GROUP]) from None
-
-    @field_validator("max_steps", "seed", mode="before")
+    # Built from groups (``optim=OptimConfig(...)`` or a dict of its fields), flat fields (``learning_rate=1e-5``,
+    # TRL's habit) or both: a flat field replaces its value in the group given beside it.
     @classmethod
-    def _plain(cls, value):
-        return plain(value)
+    def option_names(cls) -> list[str]:
+        """The names a keyword may have: GRPOConfig's own fields and every group's, flat."""
+        return [*TOP_FIELDS, *FIELD_GROUP]
 
     @model_validator(mode="before")
     @classmethod

@@ -47,7 +47,8 @@ def evaluate(model, task: TokenizedTask, spec: EvalSpec, *, seed: int, pad: int,
     exact pass@k (when the task allows it), the sampled accuracy (the mean reward of ``spec.generations``
     completions per prompt), ``eval/pass@k`` and ``eval/maj@k`` from them, and the greedy accuracy. ``sampler``: a
     sampler holding ``model``'s weights (the run's vLLM engine or server; for an agent task one that runs episodes,
-    ``llm.agents.AgentSampler``); None: ``generate`` on ``model`` itself, ``batch_size`` sequences at a time (0: all). ``per_prompt``: a dict that receives each test prompt's mean reward
+    ``llm.agents.AgentSampler``); None: ``generate`` on ``model`` itself, ``batch_size`` sequences at a time (0: all).
+    ``per_prompt``: a dict that receives each test prompt's mean reward
     per accuracy (``accuracy_sampled``, ``accuracy_greedy``: arrays in test-prompt order), for the run's certificate
     (``improvement_bounds``)."""
     prompts = task.test_prompt_ids

@@ -19,7 +19,7 @@ from llm.models.model import Precision
 from llm.optim.baseline import Baselining
 from llm.optim.update import Objective
 from llm.rewards import RewardContext
-from llm.sampling import SamplerSpec, resolved_sampler
+from llm.sampling import SamplerSpec
 
 __all__ = ["evaluation", "objective", "passes", "reward_context", "sampler", "window_completions"]
 
@@ -71,11 +71,11 @@ def window_completions(config: GRPOConfig) -> int:
     return config.sync.steps_per_call * prompts * config.sampling.num_generations
 
 
-def sampler(config: GRPOConfig) -> SamplerSpec:
-    """What building the run's sampler reads (``llm.sampling.make_sampler``): its kind (``resolved_sampler``) and
-    the options of that kind."""
+def sampler(config: GRPOConfig, kind: str) -> SamplerSpec:
+    """What building the run's sampler reads (``llm.sampling.make_sampler``): its ``kind``, as the run's plan resolved
+    it (``Plan.sampler``), and the options of that kind."""
     s, machine = config.sampling, config.machine
-    return SamplerSpec(resolved_sampler(s), config.completion_budget, config.seed, machine.dtype,
+    return SamplerSpec(kind, config.completion_budget, config.seed, machine.dtype,
                        s.server_url, s.server_timeout, s.server_sync_address, window_completions(config),
                        s.num_generations, config.model.trust_remote_code, not machine.keep_freed_memory,
                        s.vllm_gpu_memory_utilization, s.vllm_tensor_parallel_size, s.vllm_enable_sleep_mode,

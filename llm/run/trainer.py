@@ -203,7 +203,8 @@ def setup(config: GRPOConfig, ranks: Ranks = SINGLE, log=print, plan: Plan | Non
         positions = int(getattr(policy.config, "max_position_embeddings", 1 << 20))
         longest = max(longest, min(positions - budget, max(64, budget)))
     max_model_len(policy, plan.max_completion_length, longest)  # the longest prompt plus a whole completion fit the model's positions
-    weights = Weights.build(config, ranks, policy, tokenizer, model_path, probes, longest, agent, specs.sampler(config))
+    weights = Weights.build(config, ranks, policy, tokenizer, model_path, probes, longest,
+                            specs.sampler(config, plan.sampler), agent)
     return weights, bound, model_path
 
 

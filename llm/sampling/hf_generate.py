@@ -9,7 +9,9 @@ from: the temperature and the run's top-k, top-p and min-p (``llm.tensors.token_
 trainer's log-probs use) are applied by the last logits processor (``TemperedLogprobs``), which also records the
 sampled tokens' log-probs, so what it reports is what it sampled even if a processor slipped in before it;
 the trainer's recomputation would then disagree, and ``sampling/logp_diff_*`` would show it. Only one step's
-(B x V) distributions exist at a time (``generate``'s ``output_scores`` would keep B x T x V).
+(B x V) distributions exist at a time (``generate``'s ``output_scores`` would keep B x T x V). With
+``--cache-implementation static`` the sampler runs its own compiled loop instead of ``generate``
+(``llm.sampling.static_decode``), with the same kept set, draw rule and log alpha.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from runkit.host_memory import micro_batches
 from llm.tensors.token_filter import NO_FILTER, TokenFilter, filtered_logits
 from llm.models.model import copy_weights, frozen_copy
 from llm.sampling.base import Rollout
+from llm.sampling.static_decode import Draw, StaticDecoder, inverse_cdf
 
 
 class TemperedLogprobs:
@@ -54,12 +57,8 @@ class TemperedLogprobs:
             u = torch.rand(logp.shape[0], generator=self.generators, dtype=torch.float64, device=logp.device)
         else:
             u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in self.generators])
-        cdf = logp.double().exp().cumsum(dim=-1)
-        # the first token whose CDF exceeds the draw: never one of probability 0 (u = 0 included)
-        tokens = torch.searchsorted(cdf, (u.to(cdf.device) * cdf[:, -1])[:, None], right=True)
-        tokens = tokens.clamp(max=logp.shape[-1] - 1)
         out = torch.full_like(logp, -math.inf)
-        return out.scatter_(-1, tokens, 0.0)
+        return out.scatter_(-1, inverse_cdf(logp, u)[:, None], 0.0)
 
     def _collect(self, tokens: torch.Tensor) -> None:
         if self.prev is not None:
@@ -70,16 +69,6 @@ class TemperedLogprobs:
         """log-probs (B, steps) of the generated tokens, once ``generate`` returned ``sequences``."""
         self._collect(sequences[:, -1])
         return torch.stack(self.logp, dim=1)
-
-
-def static_cache() -> dict:
-    """``generate``'s settings for a static KV cache whose decode step transformers compiles (its ``CompileConfig``:
-    inductor, CUDA graphs on a GPU), on every device: a CPU runs the same compiled path as a GPU."""
-    from transformers import CompileConfig
-
-    compile_config = CompileConfig(fullgraph=True, dynamic=False)
-    compile_config._compile_all_devices = True  # transformers compiles on accelerators only unless told
-    return {"cache_implementation": "static", "compile_config": compile_config}
 
 
 def shared_prefill(model, prompts: list[list[int]], ids: torch.Tensor, mask: torch.Tensor) -> dict:
@@ -147,6 +136,8 @@ class TransformersSampler:
         self.eos, self.pad, self.batch_size, self.share_prompts = eos_token_id, pad_token_id, batch_size, share_prompts
         self.static = cache_implementation == "static"
         self.prompt_width = prompt_width  # static: every call's prompts padded to it, so its shapes repeat
+        if self.static:
+            self.decoder = StaticDecoder(self.model)
 
     def load_weights(self, model: torch.nn.Module) -> None:
         copy_weights(self.model, model)
@@ -172,30 +163,21 @@ class TransformersSampler:
 
     def _generate(self, prompts: list[list[int]], first_row: int, max_tokens: int, temperature: float, seed: int,
                   greedy: bool, token_filter: TokenFilter) -> tuple[list, list]:
-        """One ``generate`` call over ``prompts`` (one sequence each), rows ``first_row``.. of the whole call."""
-        from transformers import GenerationConfig, LogitsProcessorList
-
+        """One call over ``prompts`` (one sequence each), rows ``first_row``.. of the whole call: the static loop
+        (``llm.sampling.static_decode``) or ``generate``."""
         device = next(self.model.parameters()).device
         width = max(max(map(len, prompts)), self.prompt_width if self.static else 0)
         ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts], device=device)
         mask = (torch.arange(width, device=device)[None, :] >= torch.tensor(
             [width - len(p) for p in prompts], device=device)[:, None]).long()
-        config = GenerationConfig(do_sample=False, temperature=None, top_k=None, top_p=None, repetition_penalty=1.0,
-                                  max_new_tokens=max_tokens, pad_token_id=self.pad, eos_token_id=self.eos,
-                                  return_dict_in_generate=True, **static_cache() if self.static else {})
-        if greedy:
-            generators = None
-        elif self.static:  # one stream for the call, on the device: the per-token work stays beside the graph
-            generators = torch.Generator(device=device).manual_seed(row_generator(seed, first_row).initial_seed())
+        if self.static:
+            draw = Draw(temperature, token_filter, greedy, self.eos, self.pad)
+            stream = None if greedy else torch.Generator(device=device).manual_seed(
+                row_generator(seed, first_row).initial_seed())  # one stream for the call, drawn on the device
+            tokens, logp = self.decoder(ids, mask, max_tokens, draw, stream)
         else:
-            generators = [row_generator(seed, first_row + r) for r in range(len(prompts))]
-        tempered = TemperedLogprobs(temperature, token_filter, generators)  # greedy: log-probs reported at T
-        shared = shared_prefill(self.model, prompts, ids, mask) if self.share_prompts and not self.static else {}
-        with plain_generation_config(self.model):
-            out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                                      logits_processor=LogitsProcessorList([tempered]), **shared)
-        tokens = out.sequences[:, width:]
-        logp = tempered.finish(out.sequences)
+            tokens, logp = self._call_generate(prompts, ids, mask, first_row, max_tokens, temperature, seed, greedy,
+                                               token_filter)
         comps, lps = [], []
         for row, lp in zip(tokens.tolist(), logp.tolist()):
             length = row.index(self.eos) + 1 if self.eos in row else len(row)
@@ -203,5 +185,22 @@ class TransformersSampler:
             lps.append(lp[:length])
         return comps, lps
 
+    def _call_generate(self, prompts, ids, mask, first_row, max_tokens, temperature, seed, greedy, token_filter):
+        """``generate`` with the dynamic cache: each row's own random stream, one prefill per prompt."""
+        from transformers import GenerationConfig, LogitsProcessorList
+
+        config = GenerationConfig(do_sample=False, temperature=None, top_k=None, top_p=None, repetition_penalty=1.0,
+                                  max_new_tokens=max_tokens, pad_token_id=self.pad, eos_token_id=self.eos,
+                                  return_dict_in_generate=True)
+        generators = None if greedy else [row_generator(seed, first_row + r) for r in range(len(prompts))]
+        tempered = TemperedLogprobs(temperature, token_filter, generators)  # greedy: log-probs reported at T
+        shared = shared_prefill(self.model, prompts, ids, mask) if self.share_prompts else {}
+        with plain_generation_config(self.model):
+            out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                      logits_processor=LogitsProcessorList([tempered]), **shared)
+        return out.sequences[:, ids.shape[1]:], tempered.finish(out.sequences)
+
     def close(self) -> None:
         self.model = None
+        if self.static:
+            self.decoder.close()

@@ -27,6 +27,7 @@ LAYERS = [
     ["llm.tensors.token_filter", "llm.tensors.batch", "llm.tensors.logit_head", "llm.tensors.logprobs", "llm.tensors.loss", "llm.tensors.diagnostics", "llm.tensors.sync_probe", "llm.tensors.agent_metrics",
      "llm.tensors.passes"],  # tensors/: the tensors of a step and the passes that compute them
     ["llm.sampling.token_filter", "llm.sampling.base", "llm.sampling.vllm_settings", "llm.sampling.weight_transfer",
+     "llm.sampling.static_decode",
      "llm.sampling.hf_generate", "llm.sampling.hf_continuous", "llm.sampling.vllm_engine", "llm.sampling.server",
      "llm.sampling", "llm.sampling.launch"],  # sampling/: who holds alpha
     ["llm.agents.tools", "llm.agents.workers", "llm.agents.environments", "llm.agents.template", "llm.agents.episodes",

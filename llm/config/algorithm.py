@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from grpo_theory.core import ScaleRewards
 from grpo_theory.corrections import ROLLOUT_RS_THRESHOLD, ImportanceSamplingMode, correction, require_correction_settings
@@ -10,7 +10,7 @@ from grpo_theory.loss_types import LossTypeName, loss_type as registered_loss_ty
 from grpo_theory.validation import EPS_MAX
 from pydantic import model_validator
 
-from llm.config.fields import ConfigGroup, require, resumable
+from llm.config.fields import WAS_MINUS_ONE, ConfigGroup, require, resumable
 
 
 class SyncConfig(ConfigGroup):
@@ -84,9 +84,10 @@ class ObjectiveConfig(ConfigGroup):
 
     epsilon: float = 0.2
     """Clip width of f_eps: pi/alpha may move at most epsilon away from pi_k/alpha."""
-    epsilon_high: float = -1.0
+    epsilon_high: Annotated[float | None, WAS_MINUS_ONE] = None
     """Upper clip width (TRL's name, DAPO's clip-higher): the window is [r' - epsilon, r' + epsilon_high] with the
-    paper's clip, [1 - epsilon, 1 + epsilon_high] for pi/pi_k with a TRL importance-sampling mode. -1: epsilon."""
+    paper's clip, [1 - epsilon, 1 + epsilon_high] for pi/pi_k with a TRL importance-sampling mode. None: epsilon (TRL's;
+    ``-1``, the spelling before 2026-12-07, reads as None)."""
     delta: float = 0.0
     """Two-sided clip (TRL's name): for negative advantages the unclipped ratio is capped too, pi/pi_k <= delta
     (paper clip: pi/alpha <= r' + delta - 1). 0: off; else must exceed 1 + epsilon_high."""
@@ -217,9 +218,9 @@ class ObjectiveConfig(ConfigGroup):
         require(self, self.vespo_k_neg >= 0, "vespo_k_neg", "VESPO's powers k must be >= 0")
         require(self, self.vespo_lambda_pos > 0, "vespo_lambda_pos", "VESPO's rates lambda must be > 0")
         require(self, self.vespo_lambda_neg > 0, "vespo_lambda_neg", "VESPO's rates lambda must be > 0")
-        require(self, self.epsilon_high == -1.0 or 0 <= self.epsilon_high < 10 or (
+        require(self, self.epsilon_high is None or 0 <= self.epsilon_high < 10 or (
                     kind.objective == "cispo" and self.epsilon_high > 0), "epsilon_high",
-                "must lie in [0, 10), or -1 for epsilon (with cispo, a cap on pi/pi_k: any value > 0)")
+                "must lie in [0, 10), or be None for epsilon (with cispo, a cap on pi/pi_k: any value > 0)")
         require(self, self.delta == 0 or self.delta > 1 + self.clip_high, "delta",
                 f"must exceed 1 + epsilon_high = {1 + self.clip_high} (or be 0: off)")
         require_correction_settings(self)
@@ -232,8 +233,8 @@ class ObjectiveConfig(ConfigGroup):
 
     @property
     def clip_high(self) -> float:
-        """The upper clip width: ``epsilon_high``, or ``epsilon`` when it is -1."""
-        return self.epsilon if self.epsilon_high == -1.0 else self.epsilon_high
+        """The upper clip width: ``epsilon_high``, or ``epsilon`` when it is None."""
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
 
 class OptimConfig(ConfigGroup):

@@ -14,7 +14,7 @@ ValueError too.
 from __future__ import annotations
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from runkit.validation import require
 
@@ -36,6 +36,14 @@ def resumable(default):
     for the micro-batch and chunk sizes, shared prompts, sharding with FSDP and the device: a checkpoint written on a
     GPU resumes on a CPU; a restarted server may listen elsewhere). ``llm.run.rundir`` compares every other field."""
     return Field(default, json_schema_extra={"resumable": True})
+
+
+def _minus_one_is_none(value):
+    return None if type(value) in (int, float) and value == -1 else value
+
+
+#: An option whose "not given" was -1 before it became TRL's None: -1, from a script or a saved config.json, reads None.
+WAS_MINUS_ONE = BeforeValidator(_minus_one_is_none)
 
 
 def is_resumable(info) -> bool:

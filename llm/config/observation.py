@@ -87,9 +87,10 @@ class EvaluationConfig(ConfigGroup):
     eval_steps: int = 0
     """Evaluate the policy on the test prompts every this many steps, before the first and after the last (0: never):
     exact J (built-in task), sampled accuracy, pass@k and maj@k, and greedy accuracy (``eval/*``)."""
-    num_generations_eval: int = 8
+    num_generations_eval: int | None = None
     """Completions per test prompt for the sampled accuracy and ``eval/pass@k``, ``eval/maj@k`` (k = 1, 2, 4, ... up
-    to it; TRL's name)."""
+    to it; TRL's name and default: None is num_generations. Before 2026-12-07 the default was 8 whatever
+    num_generations was)."""
     eval_temperature: float = -1.0
     """Sampling temperature of the evaluation (-1: the training temperature)."""
     eval_top_p: float = -1.0
@@ -102,7 +103,8 @@ class EvaluationConfig(ConfigGroup):
     @model_validator(mode="after")
     def _rules(self):
         require(self, self.eval_steps >= 0, "eval_steps", "must be >= 0")
-        require(self, self.num_generations_eval >= 1, "num_generations_eval", "must be >= 1")
+        require(self, self.num_generations_eval is None or self.num_generations_eval >= 1, "num_generations_eval",
+                "must be >= 1, or None for num_generations")
         require(self, self.eval_temperature == -1 or MIN_TEMPERATURE <= self.eval_temperature <= MAX_TEMPERATURE,
                 "eval_temperature", f"must lie in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], or be -1 (training's)")
         require(self, self.eval_top_p == -1 or 0 < self.eval_top_p <= 1, "eval_top_p",

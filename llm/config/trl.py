@@ -38,13 +38,12 @@ TRL_SWITCHES: dict[str, tuple[str, str | bool, str | bool | None]] = {
     # off: importance_sampling_mode none (PPO's clip of pi/pi_k alone; TRL then ignores its mode); on: the mode given
     "vllm_importance_sampling_correction": ("importance_sampling_mode", "", "none"),
 }
-#: TRL's None (its default for these fields) where this config writes the same meaning as a value: epsilon_high None
-#: is epsilon, delta None no two-sided clip, min_p None no floor, num_completions_to_print None all of them,
-#: reward_weights None 1 each, vllm_importance_sampling_clip_min None no lower cap (TRL 1.16's GRPOConfig docs).
-#: vllm_server_base_url None no URL; num_generations_eval None or absent is num_generations (as in TRL; before
-#: 2026-11-28 an absent one kept this config's 8) and vllm_importance_sampling_cap None (the older name's default) is
-#: not given (``from_trl``).
-TRL_NONE = {"epsilon_high": -1.0, "delta": 0.0, "min_p": 0.0, "num_completions_to_print": 0, "reward_weights": (),
+#: TRL's None (its default for these fields) where this config writes the same meaning as a value: delta None no
+#: two-sided clip, min_p None no floor, num_completions_to_print None all of them, reward_weights None 1 each,
+#: vllm_importance_sampling_clip_min None no lower cap (TRL 1.16's GRPOConfig docs), vllm_server_base_url None no URL;
+#: vllm_importance_sampling_cap None (the older name's default) is not given (``from_trl``). epsilon_high and
+#: num_generations_eval hold TRL's None themselves (since 2026-12-07).
+TRL_NONE = {"delta": 0.0, "min_p": 0.0, "num_completions_to_print": 0, "reward_weights": (),
             "vllm_importance_sampling_clip_min": 0.0, "vllm_server_base_url": ""}
 #: TRL options with no field of their name here, and what does their work here (docs/trl.md's table says more): said
 #: instead of the nearest name, which would point at an unrelated option.
@@ -247,10 +246,6 @@ def from_trl(**kwargs) -> GRPOConfig:
             kwargs[name] = ours
     if "vllm_importance_sampling_cap" in kwargs and kwargs["vllm_importance_sampling_cap"] is None:
         del kwargs["vllm_importance_sampling_cap"]
-    if kwargs.get("num_generations_eval") is None:  # TRL's default None: num_generations (given or not)
-        kwargs.pop("num_generations_eval", None)
-        if "num_generations" in kwargs:
-            kwargs["num_generations_eval"] = kwargs["num_generations"]
     if isinstance(kwargs.get("scale_rewards"), bool):  # TRL 1.16's GRPOConfig maps True and False so
         kwargs["scale_rewards"] = "group" if kwargs["scale_rewards"] else "none"
     if isinstance(kwargs.get("report_to"), str):  # TRL takes one name as a string

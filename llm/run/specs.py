@@ -49,13 +49,13 @@ def passes(config: GRPOConfig, ranks: Ranks = SINGLE) -> Passes:
 
 def evaluation(config: GRPOConfig) -> EvalSpec:
     """The evaluation's own temperature, top-k, top-p and min-p where the config gives them (not -1), else
-    training's; ``num_generations_eval`` completions of up to the completion budget."""
+    training's; ``num_generations_eval`` completions (None: ``num_generations``) of up to the completion budget."""
     pick = lambda own, train: train if own == -1 else own  # noqa: E731
     own, train = config.evaluation, config.sampling
     return EvalSpec(pick(own.eval_temperature, train.temperature),
                     TokenFilter(pick(own.eval_top_k, train.top_k), pick(own.eval_top_p, train.top_p),
                                 pick(own.eval_min_p, train.min_p)),
-                    own.num_generations_eval, config.completion_budget)
+                    own.num_generations_eval or train.num_generations, config.completion_budget)
 
 
 def reward_context(config: GRPOConfig) -> RewardContext:

@@ -226,7 +226,8 @@ def test_a_renamed_choice_warns_where_a_user_sees_it(capsys):
 
 #: TRL 1.16's GRPOConfig defaults of None (read from trl.GRPOConfig's dataclass fields in .venv-bench) for fields
 #: from_trl knows, with the value meaning the same here.
-TRL_NONE_DEFAULTS = {"epsilon_high": ("epsilon_high", -1.0), "delta": ("delta", 0.0), "min_p": ("min_p", 0.0),
+TRL_NONE_DEFAULTS = {"epsilon_high": ("epsilon_high", None), "num_generations_eval": ("num_generations_eval", None),
+                     "delta": ("delta", 0.0), "min_p": ("min_p", 0.0),
                      "num_completions_to_print": ("num_completions_to_print", 0),
                      "reward_weights": ("reward_weights", ()),
                      "vllm_importance_sampling_clip_min": ("importance_sampling_cap_min", 0.0),
@@ -239,16 +240,35 @@ def test_trls_none_defaults_read_as_what_they_mean_here(name):
     """from_trl(epsilon_high=None) and the like, TRL's own defaults, were refused ('must be a number, got None')."""
     field, ours = TRL_NONE_DEFAULTS[name]
     assert getattr(from_trl(**{name: None}), field) == ours
-    assert from_trl(num_generations=4, num_generations_eval=None).num_generations_eval == 4
+    assert from_trl(num_generations=4, num_generations_eval=None).num_generations_eval is None
 
 
-def test_from_trl_evaluates_with_num_generations_when_num_generations_eval_is_absent():
-    """TRL's num_generations_eval defaults to None, i.e. num_generations: from_trl(num_generations=4) evaluated with
-    this config's own default of 8 completions per test prompt, where TRL's GRPOConfig takes 4."""
-    assert from_trl(num_generations=4).num_generations_eval == 4
-    assert from_trl(num_generations=4, num_generations_eval=2).num_generations_eval == 2
-    assert from_trl(num_generations_eval=2).num_generations_eval == 2
-    assert from_trl().num_generations_eval == GRPOConfig().num_generations_eval == 8  # TRL's num_generations is 8
+@pytest.mark.parametrize("build", [from_trl, GRPOConfig], ids=["from_trl", "GRPOConfig"])
+def test_the_evaluation_takes_num_generations_when_num_generations_eval_is_none(build):
+    """TRL's num_generations_eval defaults to None, i.e. num_generations. from_trl(num_generations=4) evaluated with
+    this config's own default of 8 completions per test prompt until 2026-11-28, and GRPOConfig(num_generations=4),
+    TRL's user pattern on this constructor, until 2026-12-07: TRL's GRPOConfig takes 4. None stays None in the
+    config (and its config.json); the run's evaluation spec resolves it."""
+    from llm.run.specs import evaluation
+
+    assert build(num_generations=4).num_generations_eval is None
+    assert evaluation(build(num_generations=4)).generations == 4
+    assert evaluation(build(num_generations=4, num_generations_eval=2)).generations == 2
+    assert evaluation(build(num_generations_eval=2)).generations == 2
+    assert evaluation(build()).generations == 8  # TRL's num_generations is 8, and ours
+    cfg = build(num_generations=4)
+    assert GRPOConfig(**json.loads(cfg.to_json())) == cfg
+
+
+def test_epsilon_high_none_is_epsilon_and_the_old_minus_one_still_reads():
+    """epsilon_high None (TRL's default, and now this config's) is epsilon; -1, the spelling before 2026-12-07, from a
+    script or a saved config.json, reads as None; the flag takes None."""
+    assert GRPOConfig().epsilon_high is None and GRPOConfig(epsilon=0.3).clip_high == 0.3
+    assert GRPOConfig(epsilon_high=-1).epsilon_high is None and GRPOConfig(epsilon_high=-1.0).clip_high == 0.2
+    assert GRPOConfig(epsilon_high=0.28).clip_high == 0.28
+    assert GRPOConfig.model_validate({"epsilon_high": -1.0}) == GRPOConfig()
+    with pytest.raises(ValueError, match="epsilon_high"):
+        GRPOConfig(epsilon_high=-0.5)
     assert from_trl(report_to="wandb").report_to == ("wandb",)  # TRL takes one tracker's name as a string
 
 

@@ -91,8 +91,10 @@ def _switch_hint(message: str, argv: list[str], switches: set[str]) -> str:
     return ""
 
 
-def parse(cls: type[T], args: list[str] | None, prog: str, description: str | None = None) -> T:
-    """Parse ``args`` into ``cls`` with tyro; on a bad option print ``prog: error: ...`` and exit 2.
+def parse(cls: type[T], args: list[str] | None, prog: str, description: str | None = None,
+          explain: Callable[[str], str] = lambda message: message) -> T:
+    """Parse ``args`` into ``cls`` with tyro; on a bad option print ``prog: error: ...`` and exit 2 (``explain``
+    may rewrite the message first, e.g. to name an option as the user typed it).
 
     ``--help`` prints tyro's full help as usual.
     """
@@ -108,7 +110,7 @@ def parse(cls: type[T], args: list[str] | None, prog: str, description: str | No
     except SystemExit as exc:
         if exc.code in (0, None):
             raise
-        message = _first_error_line(buf.getvalue())
+        message = explain(_first_error_line(buf.getvalue()))
         fail(prog, message + _switch_hint(message, argv, switch_names(cls)) + " (see --help)")
     for w in seen:  # what the config says of a value it accepted (a renamed choice), which the capture would hide
         if issubclass(w.category, FutureWarning):

@@ -51,10 +51,17 @@ def is_resumable(info) -> bool:
     return bool((info.json_schema_extra or {}).get("resumable"))
 
 
+#: Names this config does not hold but knows where they go (TRL's, filled by ``llm.config.trl``): name -> a hint.
+ELSEWHERE: dict[str, str] = {}
+
+
 def nearest_name(name: str, names) -> str:
-    """`` (did you mean 'x'?)`` for the closest of ``names`` to a misspelt ``name``, or ''."""
+    """`` (did you mean 'x'?)`` for the closest of ``names`` to a misspelt ``name``, or ''; for one of TRL's names
+    (``ELSEWHERE``), where it goes."""
     import difflib
 
+    if name in ELSEWHERE:
+        return ELSEWHERE[name]
     near = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
     return f" (did you mean {near[0]!r}?)" if near else ""
 

@@ -7,7 +7,7 @@ import functools
 from pydantic import TypeAdapter, ValidationError
 from runkit.cli import switch_name, switch_names
 
-from llm.config.fields import STRICT, one_line, plain
+from llm.config.fields import ELSEWHERE, STRICT, one_line, plain
 from llm.config.grpo import GROUPS, GRPOConfig
 
 # ---- TRL's names ---------------------------------------------------------------------------------
@@ -39,10 +39,9 @@ TRL_SWITCHES: dict[str, tuple[str, str | bool, str | bool | None]] = {
     "vllm_importance_sampling_correction": ("importance_sampling_mode", "", "none"),
 }
 #: TRL's None (its default for these fields) where this config writes the same meaning as a value: delta None no
-#: two-sided clip, min_p None no floor, num_completions_to_print None all of them, reward_weights None 1 each,
-#: vllm_importance_sampling_clip_min None no lower cap (TRL 1.16's GRPOConfig docs), vllm_server_base_url None no URL;
-#: vllm_importance_sampling_cap None (the older name's default) is not given (``from_trl``). epsilon_high and
-#: num_generations_eval hold TRL's None themselves (since 2026-12-07).
+#: two-sided clip, min_p None no floor, num_completions_to_print None all, reward_weights None 1 each, vllm_importance_
+#: sampling_clip_min None no lower cap, vllm_server_base_url None no URL; vllm_importance_sampling_cap None (the older
+#: name's default) is not given. epsilon_high and num_generations_eval hold TRL's None themselves (since 2026-12-07).
 TRL_NONE = {"delta": 0.0, "min_p": 0.0, "num_completions_to_print": 0, "reward_weights": (),
             "vllm_importance_sampling_clip_min": 0.0, "vllm_server_base_url": ""}
 #: TRL options with no field of their name here, and what does their work here (docs/trl.md's table says more): said
@@ -141,10 +140,9 @@ def _switch_word(name: str, argv: list[str], i: int, inline: str | None) -> bool
 
 
 def _mode_beside_switch(switch, own_mode) -> bool:
-    """TRL's ``vllm_importance_sampling_correction`` (``switch``: None when not given) beside this project's own
-    ``importance_sampling_mode`` (``own_mode``: None when not given): False is mode none, so an own mode other than none
-    is refused, and True beside an own none is refused; both in one line. True: the own mode stands alone (the switch
-    adds nothing to it), so the caller drops the switch's translation."""
+    """TRL's ``vllm_importance_sampling_correction`` (``switch``) beside this project's ``importance_sampling_mode``
+    (``own_mode``; each None when not given): False beside an own mode other than none, or True beside none, is refused
+    in one line. True: the own mode stands alone (the switch adds nothing), so the caller drops its translation."""
     if switch is None or own_mode is None:
         return False
     name = "vllm_importance_sampling_correction"
@@ -257,4 +255,46 @@ def from_trl(**kwargs) -> GRPOConfig:
     both = sorted(set(translated) & set(kwargs))
     if both:
         raise ValueError(f"{both[0]}: given both under its own name and under TRL's; give one")
-    return GRPOConfig(**kwargs, **translated)
+    said = {_trl_field(name): f"{name}={value!r}" for name, value in trl.items()}
+    try:
+        return GRPOConfig(**kwargs, **translated)
+    except ValueError as exc:
+        raise as_said(exc, said) from None
+
+
+def _trl_field(name: str) -> str:
+    return TRL_NAMES[name][0] if name in TRL_NAMES else TRL_SWITCHES[name][0]
+
+
+def _where(name: str) -> str:  # the constructor's answer to one of TRL's names (``fields.ELSEWHERE``)
+    if name in TRL_COUNTERPARTS:
+        return f" (TRL's option; here {TRL_COUNTERPARTS[name]})"
+    differ = ", ".join(f"{k!r} is {v!r}" for k, v in (TRL_NAMES.get(name, ("", None))[1] or {}).items() if k != v)
+    return (f" (TRL's name for {_trl_field(name)}: GRPOConfig.from_trl and the command line take it"
+            f"{differ and '; its '}{differ}{differ and ' here'})")
+
+
+ELSEWHERE.update({name: _where(name) for name in [*TRL_NAMES, *TRL_SWITCHES, *TRL_COUNTERPARTS]})
+
+
+def as_said(exc: Exception, said: dict[str, str]) -> Exception:
+    """``exc`` ("<field>: ...") with what was typed in front where the field came from one of TRL's names: ``said``
+    maps the field to how it was given: "importance_sampling_level='sequence'", "--importance-sampling-level x"."""
+    field, sep, rest = str(exc).partition(": ")
+    if not sep or field not in said:
+        return exc
+    return type(exc)(f"{said[field]} (here {field}): {rest}")
+
+
+def trl_flags_said(argv: list[str]) -> dict[str, str]:
+    """The fields that ``argv`` gave under TRL's names, and how: {"ratio_level": "--importance-sampling-level
+    sequence"} (``as_said``, for the command line's messages)."""
+    names = {_flag(n): n for n in [*TRL_NAMES, *TRL_SWITCHES]}
+    said = {}
+    for i, arg in enumerate(argv):
+        key, eq, value = _key(arg), *arg.partition("=")[1:]
+        name = names.get(key) or (names.get("--" + key[5:]) if key.startswith("--no-") else None)
+        if name is not None:
+            nxt = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else ""
+            said[_trl_field(name)] = " ".join(x for x in (key, value if eq else nxt) if x)
+    return said

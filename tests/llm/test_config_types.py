@@ -5,6 +5,7 @@ accepted before: a misspelt choice ran another sampler, the string "no" turned a
 import copy
 import json
 import pickle
+import re
 import typing
 
 import numpy as np
@@ -314,3 +315,38 @@ def test_a_group_is_frozen_and_has_no_switch_to_turn_its_checks_off():
         cfg.learning_rate = -1.0
     with pytest.raises(ValidationError, match="learning_rate: must be > 0"):  # pydantic's own entry, its own error
         cfg.optim.model_validate({**cfg.optim.model_dump(), "learning_rate": -1.0})
+
+
+def test_an_error_about_an_option_given_under_trls_name_names_it_as_typed(capsys):
+    """from_trl(importance_sampling_level="sequence", loss_type="dapo") said "ratio_level: ..., got
+    'sequence_normalised'": neither the name nor the value the user wrote. The message now starts with what was typed,
+    in Python and on the command line, and names the field here; an option given under its own name is unchanged."""
+    from llm.commands.train import main
+
+    with pytest.raises(ValueError, match=r"^importance_sampling_level='sequence' \(here ratio_level\): sequence-level"):
+        from_trl(importance_sampling_level="sequence", loss_type="dapo")
+    with pytest.raises(ValueError, match=r"^vllm_importance_sampling_clip_max=-3.0 \(here importance_sampling_cap\): "
+                                         r"must be > 0, got -3.0$"):
+        from_trl(vllm_importance_sampling_clip_max=-3.0)
+    with pytest.raises(ValueError, match=r"^importance_sampling_cap: must be > 0"):
+        from_trl(importance_sampling_cap=-3.0)
+    for argv, want in [(["--importance_sampling_level=sequence", "--loss-type", "dapo"],
+                        "error: --importance-sampling-level sequence (here ratio_level): sequence-level"),
+                       (["--clip-ratio-high", "20"], "error: --clip-ratio-high 20 (here epsilon_high): must lie in"),
+                       (["--epsilon-high", "20"], "error: epsilon_high: must lie in")]:
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert want in capsys.readouterr().err, argv
+
+
+@pytest.mark.parametrize("name,hint", [("importance_sampling_level", "TRL's name for ratio_level: GRPOConfig.from_trl "
+                                        "and the command line take it; its 'sequence' is 'sequence_normalised' here"),
+                                       ("bf16", "TRL's name for dtype"), ("vllm_mode", "'colocate' is 'vllm'"),
+                                       ("num_train_epochs", "TRL's option; here none: a run is --max-steps long")])
+def test_trls_names_in_the_constructor_say_where_they_go(name, hint):
+    """GRPOConfig(importance_sampling_level=...) suggested importance_sampling_mode, an unrelated option: TRL's names
+    are taken by from_trl and the command line (issue 80's two edges), and the constructor now says so."""
+    with pytest.raises(TypeError, match=f"^unexpected option '{name}' \\(.*{re.escape(hint)}"):
+        GRPOConfig(**{name: "sequence"})
+    with pytest.raises(AttributeError, match=re.escape(hint)):
+        GRPOConfig().__setattr__(name, "sequence")

@@ -361,31 +361,37 @@ def reward_figure(fig, drawn, window: int) -> None:
     ax.legend(fontsize=8)
 
 
-def eval_figure(fig, drawn, window: int) -> None:
+def after_updates(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """An ``eval/*`` series against the number of updates before it: step k's is the policy after k + 1 updates,
+    and ``eval_initial/*`` (logged at step 0) the policy before any."""
+    k, v = series(rows, key)
+    first = rows[0].get(key.replace("eval/", "eval_initial/"))
+    if first is not None:
+        return np.insert(k + 1, 0, 0.0), np.insert(v, 0, first)
+    return k + 1, v
+
+
+def curves_figure(fig, drawn, curves, at=series, line: dict | None = None, **axes) -> None:
+    """Each run's ``curves`` ((key, name, style) per curve) on one axis: ``at(rows, key)`` gives a curve's x and y,
+    ``line`` the lines' settings, ``axes`` the axis' labels and limits."""
     ax = fig.add_subplot()
     for rows, label, color in drawn:
-        for key, name, style in EVAL_CURVES:
-            k, v = series(rows, key)
-            first = rows[0].get(key.replace("eval/", "eval_initial/"))
-            if first is not None:  # the policy before any update, at step 0
-                k, v = np.insert(k + 1, 0, 0.0), np.insert(v, 0, first)
-            elif len(k):
-                k = k + 1  # eval/* of step k is the policy after k + 1 updates
+        for key, name, style in curves:
+            k, v = at(rows, key)
             if len(k):
-                ax.plot(k, v, style, marker="o", ms=3, color=color, label=f"{label}: {name}")
-    ax.set(xlabel="updates", ylabel="on the test prompts", title="evaluation")
+                ax.plot(k, v, style, color=color, label=f"{label}: {name}", **(line or {}))
+    ax.set(**axes)
     ax.legend(fontsize=7)
+
+
+def eval_figure(fig, drawn, window: int) -> None:
+    curves_figure(fig, drawn, EVAL_CURVES, after_updates, dict(marker="o", ms=3), xlabel="updates",
+                  ylabel="on the test prompts", title="evaluation")
 
 
 def tv_figure(fig, drawn, window: int) -> None:
-    ax = fig.add_subplot()
-    for rows, label, color in drawn:
-        for key, name, style in TV_CURVES:
-            k, v = series(rows, key)
-            if len(k):
-                ax.plot(k, v, style, color=color, lw=1, label=f"{label}: {name}")
-    ax.set(xlabel="step", ylabel="total variation (estimates in [0, 1])", title="TV estimates per step", ylim=(0, None))
-    ax.legend(fontsize=7)
+    curves_figure(fig, drawn, TV_CURVES, series, dict(lw=1), xlabel="step", ylim=(0, None),
+                  ylabel="total variation (estimates in [0, 1])", title="TV estimates per step")
 
 
 def bound_figure(fig, drawn, window: int) -> None:

@@ -194,3 +194,16 @@ def test_the_command_says_which_figures_it_did_not_draw_and_why(tmp_path, capsys
     assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == ["reward.png", "tv.png"]
     assert f"not drawn: eval.png ({UNDRAWN['eval.png']})" in out and f"not drawn: bound.png ({UNDRAWN['bound.png']})" in out
     assert "not drawn: tv.png" not in out and "not drawn: reward.png" not in out
+
+
+def test_an_evaluation_curve_is_drawn_against_the_updates_before_it():
+    """eval/* of step k is the policy after k + 1 updates; eval_initial/* (step 0's row) the policy before any, drawn
+    at 0; without it the curve starts at the first evaluation."""
+    from llm.analysis.report import after_updates
+
+    rows = [{"step": 0, "eval/accuracy": 0.3, "eval_initial/accuracy": 0.1}, {"step": 1},
+            {"step": 2, "eval/accuracy": 0.5}]
+    k, v = after_updates(rows, "eval/accuracy")
+    assert k.tolist() == [0, 1, 3] and v.tolist() == [0.1, 0.3, 0.5]
+    k, v = after_updates(rows[1:], "eval/accuracy")
+    assert k.tolist() == [3] and v.tolist() == [0.5]

@@ -52,6 +52,8 @@ class SamplingConfig(ConfigGroup):
     ``generate`` over a padded batch (TRL 1.16's name; its older alias ``use_transformers_paged`` is accepted). The
     same distribution and log alpha (tested against the trainer's recomputation under temperature, top-k and top-p);
     the draws come from one seeded stream per call, not one per sequence, so a sample depends on the schedule.
+    Without CUDA graphs, which transformers would turn on for a mask-free attention: under them its sampling hit a
+    device-side assert with this sampler's processor (an H200); --cache-implementation static is the graph path.
     Implies --sampler transformers where the sampler is 'auto'."""
     cache_implementation: Literal["dynamic", "static"] | None = None
     """The transformers sampler's KV cache (TRL's name): None or 'dynamic' (grown as tokens come; each run of equal

@@ -81,12 +81,15 @@ def cache_config(rows: int, prompt_tokens: int, max_tokens: int, seed: int, devi
     """transformers' ``ContinuousBatchingConfig`` for a call of ``rows`` sequences of at most ``prompt_tokens`` +
     ``max_tokens`` tokens on a device of ``device_type``: a cache holding all of them at once, forward passes of at
     most CPU_MAX_BATCH_TOKENS (a CPU) or MAX_BATCH_TOKENS tokens, log-probs reported, ``seed`` where the installed
-    transformers takes one."""
+    transformers takes one, and CUDA graphs off: transformers turns them on by itself where the attention needs no
+    mask (flash attention), and under them its sampling hit a device-side assert with this sampler's logits processor
+    (a NaN or negative probability in ``torch.multinomial``, an H200, 2026-11-27), where the draw would no longer be
+    what log alpha reports. The CUDA-graph path of the transformers sampler is ``--cache-implementation static``."""
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     pages = rows * math.ceil((prompt_tokens + max_tokens) / PAGE_TOKENS)
     fields = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
-    kw = dict(return_logprobs=True, page_size=PAGE_TOKENS, num_blocks=pages,
+    kw = dict(return_logprobs=True, page_size=PAGE_TOKENS, num_blocks=pages, use_cuda_graph=False,
               max_batch_tokens=max(min(CPU_MAX_BATCH_TOKENS if device_type == "cpu" else MAX_BATCH_TOKENS,
                                        rows * (prompt_tokens + max_tokens)), prompt_tokens + 1))
     if "seed" in fields:

@@ -138,3 +138,17 @@ def test_a_policy_loaded_with_flex_attention_samples_through_sdpa():
             logp = completion_logprobs(plain, batch, 1.0).logp
         gap = ((padded(roll.logprobs, logp.shape[1], "cpu") - logp) * batch.completion_mask).abs().max()
         assert float(gap) <= SYNC_ATOL
+
+
+def test_cuda_graphs_are_off_whatever_the_attention():
+    """transformers turns CUDA graphs on by itself where the attention needs no mask; under them its sampling hit a
+    device-side assert with this sampler's processor on an H200. The config pins them off, and transformers' own
+    decision keeps that on a CUDA device with a mask-free attention."""
+    from transformers.generation.continuous_batching.initialization import decide_use_cuda_graphs
+
+    from llm.sampling.hf_continuous import cache_config
+
+    cb = cache_config(64, 20, 128, 0, "cuda")
+    assert cb.use_cuda_graph is False
+    decide_use_cuda_graphs(cb, is_attn_mask_needed=False, cuda_graph_requested=False)
+    assert cb.use_cuda_graph == (False, False)

@@ -13,7 +13,7 @@ import sys
 from runkit.cli import parse
 
 from llm.config import TRL_NAMES, TRL_SWITCHES, GRPOConfig, translate_trl_args
-from llm.config.trl import as_said, trl_flags_said
+from llm.config.trl_messages import as_said, trl_flags_said, unread_cap_in_argv
 
 PROG = "python -m llm train"
 DESCRIPTION = ("Off-policy GRPO (arXiv 2505.22257) with per-step TV and bound logging. TRL's names are accepted for "
@@ -25,6 +25,8 @@ def main(args: list[str] | None = None) -> int:
     given = sys.argv[1:] if args is None else list(args)
     argv = translate_trl_args(given)  # TRL's option names accepted too
     said = trl_flags_said(given)  # an error names a TRL flag as typed
+    if (warning := unread_cap_in_argv(given)) is not None:
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
     config = parse(GRPOConfig, argv, prog=PROG, description=DESCRIPTION,
                    explain=lambda message: str(as_said(ValueError(message), said)))
     from llm.run.trainer import train  # torch and transformers load here, not for --help or a bad option

@@ -1,5 +1,5 @@
 """The training config: ``GRPOConfig``, composed of groups by what consumes them (``llm.config.grpo``), with TRL's
-names accepted (``llm.config.trl``)."""
+names accepted (``llm.config.trl``, ``trl_names``, ``trl_messages``)."""
 
 from llm.config.agent import AgentConfig
 from llm.config.algorithm import ObjectiveConfig, OptimConfig, SyncConfig

@@ -204,8 +204,8 @@ class ObjectiveConfig(ConfigGroup):
                 "weight: it needs token_truncate or token_mask (as TRL), or none (TRL's correction off)")
         require(self, kind.objective not in ("cispo", "sapo") or mode.trl, "importance_sampling_mode",
                 f"loss_type {self.loss_type} is TRL's objective of pi/pi_k times TRL's weight pi_k/alpha: it needs a "
-                "TRL mode (token_truncate, token_mask, sequence_truncate or sequence_mask), or none (TRL's "
-                "correction off)")
+                "TRL mode (TRL's vllm_importance_sampling_mode: token_truncate, token_mask, sequence_truncate or "
+                "sequence_mask, TRL's default, where this project's default is paper), or none (correction off)")
         band_holds_one = self.importance_sampling_cap >= 1 and self.importance_sampling_cap_min <= 1
         require(self, kind.objective != "vespo" or band_holds_one, "importance_sampling_cap",
                 "loss_type vespo needs a band [importance_sampling_cap_min, importance_sampling_cap] around 1 (TRL "

@@ -51,7 +51,7 @@ def is_resumable(info) -> bool:
     return bool((info.json_schema_extra or {}).get("resumable"))
 
 
-#: Names this config does not hold but knows where they go (TRL's, filled by ``llm.config.trl``): name -> a hint.
+#: Names this config does not hold but knows where they go (TRL's, filled by ``llm.config.trl_messages``): name -> a hint.
 ELSEWHERE: dict[str, str] = {}
 
 

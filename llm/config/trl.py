@@ -1,74 +1,23 @@
-"""TRL's and verl's option names for this project's config, on the command line and in ``from_trl``."""
+"""TRL's and verl's option names for this project's config, on the command line (``translate_trl_args``) and in
+``from_trl`` (the names themselves: ``llm.config.trl_names``; what is said to their users: ``llm.config.trl_messages``)."""
 
 from __future__ import annotations
 
 import functools
+import warnings
 
 from pydantic import TypeAdapter, ValidationError
 from runkit.cli import switch_name, switch_names
 
-from llm.config.fields import ELSEWHERE, STRICT, one_line, plain
+from llm.config.fields import STRICT, one_line, plain
 from llm.config.grpo import GROUPS, GRPOConfig
+from llm.config.trl_messages import as_said, unread_cap_in_python
+from llm.config.trl_names import (FALSE_WORDS, TRL_COUNTERPARTS, TRL_NAMES, TRL_NONE, TRL_REF_MODEL_SYNC_STEPS,
+                                  TRL_SWITCHES, TRUE_WORDS, flag_of, trl_fields, typed_key)
 
-# ---- TRL's names ---------------------------------------------------------------------------------
+__all__ = ["TRL_COUNTERPARTS", "TRL_NAMES", "TRL_NONE", "TRL_REF_MODEL_SYNC_STEPS", "TRL_SWITCHES", "from_trl",
+           "translate_trl_args", "trl_fields"]
 
-#: TRL 1.16 names (and verl's where TRL has none) accepted for this config's fields, on the command line
-#: (``translate_trl_args``) and in ``GRPOConfig.from_trl``: name -> (field, {their value: ours} or None).
-TRL_NAMES: dict[str, tuple[str, dict | None]] = {
-    "vllm_importance_sampling_mode": ("importance_sampling_mode", None),
-    "vllm_importance_sampling_clip_max": ("importance_sampling_cap", None),
-    "vllm_importance_sampling_cap": ("importance_sampling_cap", None),  # TRL's name before 1.16
-    "vllm_importance_sampling_clip_min": ("importance_sampling_cap_min", None),
-    "importance_sampling_level": ("ratio_level", {"token": "token", "sequence": "sequence_normalised"}),
-    "ref_model_sync_steps": ("ref_sync_steps", None),
-    "vllm_server_base_url": ("server_url", None),
-    "vllm_server_timeout": ("server_timeout", None),
-    "vllm_mode": ("sampler", {"colocate": "vllm", "server": "server"}),
-    "entropy_coeff": ("entropy_coef", None),  # verl's
-    "clip_ratio": ("epsilon", None),  # verl's (with DPPO, the divergence threshold)
-    "clip_ratio_low": ("epsilon", None),  # verl's
-    "clip_ratio_high": ("epsilon_high", None),  # verl's
-}
-#: TRL's switches: name -> (field, value when on, value when off).
-TRL_SWITCHES: dict[str, tuple[str, str | bool, str | bool | None]] = {
-    "bf16": ("dtype", "bfloat16", "float32"),
-    "use_vllm": ("sampler", "vllm", "transformers"),
-    "sync_ref_model": ("ref_sync_steps", "", "0"),  # on: ref_model_sync_steps (TRL's default 512)
-    "use_transformers_paged": ("use_transformers_continuous_batching", True, False),  # TRL's deprecated alias
-    # off: importance_sampling_mode none (PPO's clip of pi/pi_k alone; TRL then ignores its mode); on: the mode given
-    "vllm_importance_sampling_correction": ("importance_sampling_mode", "", "none"),
-}
-#: TRL's None (its default for these fields) where this config writes the same meaning as a value: delta None no
-#: two-sided clip, min_p None no floor, num_completions_to_print None all, reward_weights None 1 each, vllm_importance_
-#: sampling_clip_min None no lower cap, vllm_server_base_url None no URL; vllm_importance_sampling_cap None (the older
-#: name's default) is not given. epsilon_high and num_generations_eval hold TRL's None themselves (since 2026-12-07).
-TRL_NONE = {"delta": 0.0, "min_p": 0.0, "num_completions_to_print": 0, "reward_weights": (),
-            "vllm_importance_sampling_clip_min": 0.0, "vllm_server_base_url": ""}
-#: TRL options with no field of their name here, and what does their work here (docs/trl.md's table says more): said
-#: instead of the nearest name, which would point at an unrelated option.
-TRL_COUNTERPARTS = {
-    "num_train_epochs": "none: a run is --max-steps long",
-    "model_init_kwargs": "--attn-implementation, and --dtype for torch_dtype",
-    "shuffle_dataset": "none: each step always draws its prompts from (seed, step)",
-    "generation_batch_size": "--sync-period (one sampler call generates a window's v steps)",
-    "steps_per_generation": "--sync-period (one sampler call generates a window's v steps)",
-    "generation_kwargs": "none: a sampling option outside the filters would make alpha a distribution the trainer "
-                         "does not compute",
-    "vllm_server_host": "--server-url http://host:port",
-    "vllm_server_port": "--server-url http://host:port",
-    "lora_dropout": "none: LoRA dropout is always 0 (the importance weight needs the same log-probs from every pass)",
-    "fp16": "none: float16 training is not offered; --dtype float32 (the default) or bfloat16 (TRL's --bf16)",
-    "eval_strategy": "--eval-steps N (an evaluation every N steps; 0, the default: none)",
-    "gradient_accumulation_steps": "derived, not set: ceil(prompts_per_step x num_generations / "
-                                   "--per-device-train-batch-size) micro-batches make one optimiser step (printed at "
-                                   "start-up); set --per-device-train-batch-size",
-}
-#: TRL's default ref_model_sync_steps, used when sync_ref_model is on without it.
-TRL_REF_MODEL_SYNC_STEPS = 512
-
-
-#: TRL's words for a switch's value (``--bf16 true``, as ``transformers.HfArgumentParser`` reads them).
-TRUE_WORDS, FALSE_WORDS = ("true", "yes", "t", "y", "1"), ("false", "no", "f", "n", "0")
 _SWITCH = TypeAdapter(bool, config=STRICT)
 
 
@@ -154,42 +103,31 @@ def _mode_beside_switch(switch, own_mode) -> bool:
     return True
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _key(arg: str) -> str:
-    """An option's name as typed, with TRL's (and argparse's) underscores read as dashes: ``--use_vllm=true`` ->
-    ``--use-vllm``."""
-    key = arg.partition("=")[0]
-    return key.replace("_", "-") if key.startswith("--") else key
-
-
 def translate_trl_args(argv: list[str]) -> list[str]:
     """A command line with TRL's option names (``--vllm-importance-sampling-mode token_mask``, ``--bf16``...) as this
     project's (``--importance-sampling-mode token_mask``, ``--dtype bfloat16``); other arguments unchanged. TRL's
     spellings work too: underscores (``--use_vllm``) and a switch's value (``--bf16 true``, ``--use-vllm=False``).
     A field given under both names is refused, as ``from_trl`` refuses it."""
-    counterparts = {_flag(n): n for n in TRL_COUNTERPARTS}
-    for key in map(_key, argv):
+    counterparts = {flag_of(n): n for n in TRL_COUNTERPARTS}
+    for key in map(typed_key, argv):
         if key in counterparts:
             raise ValueError(f"{counterparts[key]}: TRL's option; here {TRL_COUNTERPARTS[counterparts[key]]} "
                              "(docs/trl.md)")
-    names = {_flag(n): n for n in TRL_NAMES}
-    switches = {_flag(n): (n, True) for n in TRL_SWITCHES} | {_flag(f"no_{n}"): (n, False) for n in TRL_SWITCHES}
+    names = {flag_of(n): n for n in TRL_NAMES}
+    switches = {flag_of(n): (n, True) for n in TRL_SWITCHES} | {flag_of(f"no_{n}"): (n, False) for n in TRL_SWITCHES}
     given, rest, i = {}, [], 0
     while i < len(argv):
-        arg, key = argv[i], _key(argv[i])
+        arg, key = argv[i], typed_key(argv[i])
         _, eq, inline = arg.partition("=")
         if key in names:
             name = names[key]
             if eq:
                 given[name] = inline
-            elif i + 1 < len(argv):
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
                 given[name] = argv[i + 1]
                 i += 1
             else:
-                raise ValueError(f"{name}: missing value")
+                raise ValueError(f"{name}: missing value (--{key[2:]} VALUE)")
             if name == "ref_model_sync_steps":
                 try:
                     given[name] = int(given[name])
@@ -205,22 +143,23 @@ def translate_trl_args(argv: list[str]) -> list[str]:
         elif (name := switch_name(key)) in own_switches():
             word = _switch_word(name, argv, i, inline if eq else None)
             on = key.startswith("--no-") != (word is not False)
-            rest.append(_flag(name if on else f"no_{name}"))
+            rest.append(flag_of(name if on else f"no_{name}"))
             i += 0 if word is None or eq else 1
         else:
             rest.append(arg)
         i += 1
     out = []
     own = [rest[j + 1] if "=" not in a and j + 1 < len(rest) else a.partition("=")[2]
-           for j, a in enumerate(rest) if _key(a) == "--importance-sampling-mode"]
+           for j, a in enumerate(rest) if typed_key(a) == "--importance-sampling-mode"]
     if _mode_beside_switch(given.get("vllm_importance_sampling_correction"), own[-1] if own else None):
         given.pop("vllm_importance_sampling_correction")
     translated = _trl_values(given)
-    typed = {_key(a) for a in rest}
+    typed = {typed_key(a) for a in rest}
     for field, value in translated.items():
-        if {_flag(field), _flag(f"no_{field}")} & typed:
-            raise ValueError(f"{field}: given both under its own name and under TRL's; give one")
-        out += [_flag(field if value else f"no_{field}")] if isinstance(value, bool) else [_flag(field), str(value)]
+        if {flag_of(field), flag_of(f"no_{field}")} & typed:
+            trl = ", ".join(flag_of(n) for n, f in trl_fields(given) if f == field)
+            raise ValueError(f"{field}: given both under its own name and under TRL's ({trl}); give one")
+        out += [flag_of(field if value else f"no_{field}")] if isinstance(value, bool) else [flag_of(field), str(value)]
     return rest + out
 
 
@@ -255,46 +194,9 @@ def from_trl(**kwargs) -> GRPOConfig:
     both = sorted(set(translated) & set(kwargs))
     if both:
         raise ValueError(f"{both[0]}: given both under its own name and under TRL's; give one")
-    said = {_trl_field(name): f"{name}={value!r}" for name, value in trl.items()}
+    if (warning := unread_cap_in_python(trl, kwargs)) is not None:
+        warnings.warn(warning, UserWarning, stacklevel=2)
     try:
         return GRPOConfig(**kwargs, **translated)
     except ValueError as exc:
-        raise as_said(exc, said) from None
-
-
-def _trl_field(name: str) -> str:
-    return TRL_NAMES[name][0] if name in TRL_NAMES else TRL_SWITCHES[name][0]
-
-
-def _where(name: str) -> str:  # the constructor's answer to one of TRL's names (``fields.ELSEWHERE``)
-    if name in TRL_COUNTERPARTS:
-        return f" (TRL's option; here {TRL_COUNTERPARTS[name]})"
-    differ = ", ".join(f"{k!r} is {v!r}" for k, v in (TRL_NAMES.get(name, ("", None))[1] or {}).items() if k != v)
-    return (f" (TRL's name for {_trl_field(name)}: GRPOConfig.from_trl and the command line take it"
-            f"{differ and '; its '}{differ}{differ and ' here'})")
-
-
-ELSEWHERE.update({name: _where(name) for name in [*TRL_NAMES, *TRL_SWITCHES, *TRL_COUNTERPARTS]})
-
-
-def as_said(exc: Exception, said: dict[str, str]) -> Exception:
-    """``exc`` ("<field>: ...") with what was typed in front where the field came from one of TRL's names: ``said``
-    maps the field to how it was given: "importance_sampling_level='sequence'", "--importance-sampling-level x"."""
-    field, sep, rest = str(exc).partition(": ")
-    if not sep or field not in said:
-        return exc
-    return type(exc)(f"{said[field]} (here {field}): {rest}")
-
-
-def trl_flags_said(argv: list[str]) -> dict[str, str]:
-    """The fields that ``argv`` gave under TRL's names, and how: {"ratio_level": "--importance-sampling-level
-    sequence"} (``as_said``, for the command line's messages)."""
-    names = {_flag(n): n for n in [*TRL_NAMES, *TRL_SWITCHES]}
-    said = {}
-    for i, arg in enumerate(argv):
-        key, eq, value = _key(arg), *arg.partition("=")[1:]
-        name = names.get(key) or (names.get("--" + key[5:]) if key.startswith("--no-") else None)
-        if name is not None:
-            nxt = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else ""
-            said[_trl_field(name)] = " ".join(x for x in (key, value if eq else nxt) if x)
-    return said
+        raise as_said(exc, {field: (name, f"={trl[name]!r}") for name, field in trl_fields(trl)}) from None

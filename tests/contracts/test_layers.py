@@ -17,7 +17,7 @@ LAYERS = [
      "grpo_theory.certificate"],
     # llm/, its folders in the order of a step's data flow
     ["llm.config.fields", "llm.config.user_code", "llm.config.ranges", "llm.config.model", "llm.config.algorithm", "llm.config.machinery", "llm.config.observation",
-     "llm.config.agent", "llm.config.grpo", "llm.config.trl", "llm.config", "llm.tensors.metrics",
+     "llm.config.agent", "llm.config.grpo", "llm.config.trl_names", "llm.config.trl_messages", "llm.config.trl", "llm.config", "llm.tensors.metrics",
      "llm.tensors", "llm.models", "llm.step", "llm.run", "llm.commands"],  # settings and conventions, no torch
     ["llm.tasks.data", "llm.rewards.functions", "llm.rewards.overlong", "llm.rewards.model", "llm.rewards",
      "llm.rewards.agents", "llm.tasks.procedural", "llm.tasks", "llm.tasks.arithmetic_tools", "llm.tasks.sources"],

@@ -241,7 +241,7 @@ def test_vespo_counts_the_tokens_whose_weight_the_mode_truncated():
     (dict(loss_type="vespo", vllm_importance_sampling_mode="token_mask", vespo_lambda_neg=-1.0),
      "vespo_lambda_neg: VESPO's rates lambda must be > 0, got -1.0"),
     (dict(loss_type="vespo", vllm_importance_sampling_mode="sequence_truncate"),
-     "importance_sampling_mode: loss_type vespo folds"),
+     "vllm_importance_sampling_mode='sequence_truncate' (here importance_sampling_mode): loss_type vespo folds"),
     (dict(loss_type="vespo"), "token_mask (as TRL), or none (TRL's correction off), got 'paper'"),
     (dict(loss_type="dppo_tv", vllm_importance_sampling_mode="token_truncate"), "got 'token_truncate'"),
     (dict(loss_type="cispo", vllm_importance_sampling_mode="token_mask", importance_sampling_level="sequence"),

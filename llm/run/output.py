@@ -28,6 +28,8 @@ def arithmetic(config, n_params: int, n_trained: int, device, sampler_name: str,
             if model.use_peft else "")
     t = task.task
     modes = ((" (continuous batching)" if config.sampling.use_transformers_continuous_batching else "")
+             + (" (static cache: its own compiled decode loop, llm.sampling.static_decode)"
+                if config.sampling.cache_implementation == "static" else "")
              + (", padding-free passes" if machine.padding_free else ""))
     lines = [f"off-policy GRPO: model {model_path} ({n_params / 1e6:.2f}M params{lora}, {machine.dtype}, {device}), "
              f"sampler {sampler_name}{modes}, task {t.name} ({len(t.prompts)} training prompts, {len(t.test_prompts)} "

@@ -143,9 +143,12 @@ def test_the_builtin_task_learns_with_the_static_cache(tmp_path):
     from llm.run.rundir import read_metrics
     from tests.helpers import LEARNING_MARGIN
 
+    said = []
     rows = read_metrics(train(GRPOConfig(output_dir=str(tmp_path / "run"), sampler="transformers",
                                          cache_implementation="static", max_steps=50, sync_period=4,
-                                         exact_j_steps=50, progress=False, logging_steps=1000), log=lambda *a: None))
+                                         exact_j_steps=50, progress=False, logging_steps=1000),
+                              log=lambda *a, **k: said.append(" ".join(map(str, a)))))
+    assert any("sampler transformers (static cache: its own compiled decode loop" in line for line in said), said[:3]
     assert rows[-1]["j/pi_new"] - rows[0]["j/pi_k"] >= LEARNING_MARGIN, (rows[0]["j/pi_k"], rows[-1]["j/pi_new"])
     checked = [r["sampling/logp_diff_max"] for r in rows if "sampling/logp_diff_max" in r]
     assert len(checked) == 13 and max(checked) <= SYNC_ATOL

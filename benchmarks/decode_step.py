@@ -40,27 +40,6 @@ def prompts(tok, count: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def generate_static(model, ids, mask, steps: int, eos: int, pad: int, seed: int, compiled: bool = True):
-    """transformers' generate with a static cache (compiled forward) and the sampler's processor drawing."""
-    from transformers import CompileConfig, GenerationConfig, LogitsProcessorList
-
-    from llm.sampling.hf_generate import TemperedLogprobs, plain_generation_config
-
-    extra = {}
-    if compiled:
-        compile_config = CompileConfig(fullgraph=True, dynamic=False)
-        compile_config._compile_all_devices = True  # transformers compiles on accelerators only unless told
-        extra["compile_config"] = compile_config
-    tempered = TemperedLogprobs(1.0, generators=torch.Generator(device=ids.device).manual_seed(seed))
-    config = GenerationConfig(do_sample=False, temperature=None, top_k=None, top_p=None, max_new_tokens=steps,
-                              pad_token_id=pad, eos_token_id=eos, return_dict_in_generate=True,
-                              cache_implementation="static", **extra)
-    with plain_generation_config(model):
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                             logits_processor=LogitsProcessorList([tempered]))
-    return out.sequences[:, ids.shape[1]:], tempered.finish(out.sequences)
-
-
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -102,7 +81,7 @@ def main() -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from llm.sampling.static_decode import CHECK_EVERY, Draw, StaticDecoder
-    from tests.llm.test_static_decode import HostReads
+    from fixtures.static_decode import HostReads, generate_static
 
     work = Path(args.work)
     model_dir = (build_model(work / "qwen_0.5b", shape=QWEN05, max_positions=1024) if shape == "0.5b"
@@ -123,7 +102,7 @@ def main() -> int:
         draw = Draw(1.0, eos=eos, pad=pad)
 
         def theirs(seed=0):
-            return generate_static(model, ids, mask, steps, eos, pad, seed)
+            return generate_static(model, ids, mask, steps, 1.0, eos, pad, seed, compiled=True)
 
         def ours(seed=0):
             return decoder(ids, mask, steps, draw, torch.Generator(device=device).manual_seed(seed))
@@ -146,7 +125,7 @@ def main() -> int:
               f"ours {[round(t, 3) for t in times['ours']]})", flush=True)
     small_ids, small_mask = ids[:8], mask[:8]
     with HostReads() as r_gen:
-        generate_static(model, small_ids, small_mask, 32, eos, pad, 0, compiled=False)
+        generate_static(model, small_ids, small_mask, 32, 1.0, eos, pad, 0)
     with HostReads() as r_ours:
         StaticDecoder(model, compile=False)(small_ids, small_mask, 32, draw, torch.Generator(device=device))
     print(f"reads back from the device over 32 steps (eager steps, op by op): generate {r_gen.count} "

@@ -271,7 +271,7 @@ def test_the_static_loop_under_cuda_graphs_draws_what_its_eager_step_draws_and_r
     ``CHECK_EVERY`` steps)."""
     from llm.sampling.static_decode import CHECK_EVERY, Draw, StaticDecoder
     from llm.tensors.token_filter import TokenFilter
-    from tests.llm.test_static_decode import HostReads
+    from fixtures.static_decode import HostReads
 
     policy, tok = load_policy(str(tiny_model_dir()), torch.device("cuda"))
     prompts = [tok(f"{a}+{b}=").input_ids for a, b in [(12, 34), (5, 7), (40, 41), (3, 99)]] * 8

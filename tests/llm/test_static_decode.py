@@ -6,33 +6,12 @@ which ``tests/llm/test_generation_paths.py`` exercises)."""
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from fixtures.static_decode import HostReads, generate_static
 from llm.models.model import load_policy
 from llm.models.tiny import tiny_model_dir
-from llm.sampling.hf_generate import TemperedLogprobs, plain_generation_config
 from llm.sampling.static_decode import CHECK_EVERY, Draw, StaticDecoder, inverse_cdf
 from llm.tensors.token_filter import TokenFilter
-
-aten = torch.ops.aten
-# the ops that wait for the device's result on a GPU: a scalar read (item, bool, int), data-dependent shapes, equal
-HOST_READS = {aten._local_scalar_dense, aten.is_nonzero, aten.equal, aten.nonzero, aten.masked_select, aten.unique_dim,
-              aten._unique2}
-
-
-class HostReads(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops: dict[str, int] = {}
-
-    @property
-    def count(self) -> int:
-        return sum(self.ops.values())
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket in HOST_READS:
-            self.ops[str(func)] = self.ops.get(str(func), 0) + 1
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.fixture(scope="module")
@@ -45,20 +24,6 @@ def setup():
     return model, tok, ids, mask
 
 
-def _generate(model, ids, mask, steps, temperature, token_filter, eos, pad, seed, greedy=False):
-    """transformers' generate with a static cache and the sampler's processor drawing from one seeded stream."""
-    from transformers import GenerationConfig, LogitsProcessorList
-
-    tempered = TemperedLogprobs(temperature, token_filter, None if greedy else torch.Generator().manual_seed(seed))
-    config = GenerationConfig(do_sample=False, temperature=None, top_k=None, top_p=None, max_new_tokens=steps,
-                              pad_token_id=pad, eos_token_id=eos, return_dict_in_generate=True,
-                              cache_implementation="static")
-    with plain_generation_config(model):
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                             logits_processor=LogitsProcessorList([tempered]))
-    return out.sequences[:, ids.shape[1]:], tempered.finish(out.sequences)
-
-
 @pytest.mark.parametrize("greedy", [False, True])
 @pytest.mark.parametrize("token_filter", [TokenFilter(), TokenFilter(top_k=8, top_p=0.95)])
 def test_the_loop_draws_what_generate_with_a_static_cache_draws(setup, greedy, token_filter):
@@ -68,7 +33,7 @@ def test_the_loop_draws_what_generate_with_a_static_cache_draws(setup, greedy, t
     decoder = StaticDecoder(model, compile=False)
     for eos in (tok.eos_token_id, model.config.vocab_size - 1):
         for seed in (0, 1, 2):
-            want, want_lp = _generate(model, ids, mask, 24, 1.3, token_filter, eos, tok.pad_token_id, seed, greedy)
+            want, want_lp = generate_static(model, ids, mask, 24, 1.3, eos, tok.pad_token_id, seed, token_filter, greedy)
             got, got_lp = decoder(ids, mask, 24, Draw(1.3, token_filter, greedy, eos, tok.pad_token_id),
                                   torch.Generator().manual_seed(seed))
             steps = want.shape[1]
@@ -90,7 +55,7 @@ def test_the_loop_reads_the_device_once_every_check_every_steps_and_generate_eve
     assert got.shape[1] == steps and decoder.host_reads == (steps - 1) // CHECK_EVERY
     assert ours.count <= 2 + steps // CHECK_EVERY, ours.ops
     with HostReads() as theirs:
-        want, _ = _generate(model, ids, mask, steps, 1.5, TokenFilter(), eos, tok.pad_token_id, 0)
+        want, _ = generate_static(model, ids, mask, steps, 1.5, eos, tok.pad_token_id, 0)
     assert want.shape[1] == steps and theirs.count >= steps, theirs.ops
     assert torch.equal(got, want)
 

@@ -221,10 +221,10 @@ class Correction:
         return self.weight(ratio_k, cap, cap_min) * g
 
     def slope(self, ratio, ratio_k, adv, clip, cap: float = 3.0, cap_min: float = 0.0,
-              keep=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The derivative of ``objective`` in r (symmetric window, no ``delta``), elementwise, and where a clip stops
-        it: ``(slope, low, high)``. paper: A off the clipped branches of f_eps; the TRL modes: weight x A / r' off
-        PPO's clipped branches of rho = r/r'; m2po: keep A (no clip). The gradient of a sample's objective in the
+              keep=None, clip_high=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The derivative of ``objective`` in r (no ``delta``; ``clip_high``: the window's upper width, None:
+        ``clip``), elementwise, and where a clip stops it: ``(slope, low, high)``. paper: A off the clipped branches
+        of f_eps; the TRL modes: weight x A / r' off PPO's clipped branches of rho = r/r'; m2po: keep A (no clip). The gradient of a sample's objective in the
         logits of a softmax policy is slope x r x (e_y - pi), since dr/dtheta = r (e_y - pi): the bandit simulator
         ascends it (``grpo_theory.simulate``)."""
         ratio, ratio_k, adv = (np.asarray(x, dtype=np.float64) for x in (ratio, ratio_k, adv))
@@ -233,9 +233,9 @@ class Correction:
             none = np.zeros(ratio.shape, dtype=bool)
             return np.where(kept, adv, 0.0), none, none
         if not self.trl:
-            low, high = clip_flags(ratio, ratio_k, adv, clip)
+            low, high = clip_flags(ratio, ratio_k, adv, clip, clip_high)
             return np.where(low | high, 0.0, adv), low, high
-        low, high = clip_flags(ratio / ratio_k, np.ones_like(ratio_k), adv, clip)
+        low, high = clip_flags(ratio / ratio_k, np.ones_like(ratio_k), adv, clip, clip_high)
         return np.where(low | high, 0.0, self.weight(ratio_k, cap, cap_min) * adv / ratio_k), low, high
 
 

@@ -9,7 +9,8 @@
 - staleness: v in {1, 2, 4, 8, 16}, synchronous and with asynchronous generation (alpha one window older:
   lag v to 2v - 1): the same columns and the mean lag, to show what the extra staleness costs the guarantee.
 - frontier: the off-policy corrections (the paper's clip, TRL's truncated and masked weight, IcePop's two-sided mask,
-  M2PO's second-moment mask) at staleness v in {1, 4, 16, 64, 256, never}, synchronous and asynchronous: the exact
+  M2PO's second-moment mask, Trust Region Masking, no correction, TRL 1.16's CISPO, SAPO and VESPO, DPPO's trust
+  regions) at staleness v in {1, 4, 16, 64, 256, never}, synchronous and asynchronous: the exact
   J gain, mean TV(pi_k, alpha), mean ESS of pi_k/alpha, the share of steps the held-out improvement certificate
   (``heldout/improvement_lcb`` > 0) certifies, and whether the gain is within one standard deviation of the paper's
   clip at v = 1 (synchronous).
@@ -35,6 +36,7 @@ from runkit.tables import mean_std as _pm
 from runkit.validation import require
 
 from .corrections import ICEPOP, ICEPOP_LABEL
+from .loss_types import FRONTIER_OBJECTIVES
 from .estimators import CERTIFICATE_MIN_PROMPTS
 from .simulate import SimConfig, bound_violations, final_j, simulate, steps_to_target
 
@@ -60,6 +62,7 @@ FRONTIER_CORRECTIONS = {
     "M2PO, AReaL's mask (tau=0.04)": dict(importance_sampling_mode="m2po_areal", m2_threshold=0.04),
     "TRM seq_max_k2 (k2 <= 0.24)": dict(importance_sampling_mode="seq_max_k2"),
     "none (no correction)": dict(importance_sampling_mode="none"),  # TRL's vllm_importance_sampling_correction=False
+    **FRONTIER_OBJECTIVES,  # TRL 1.16's CISPO, SAPO, VESPO and DPPO's trust regions (``grpo_theory.objectives``)
 }
 #: Held-out prompts per step in the frontier runs (the certificate's sample: its fewest, below which it abstains).
 FRONTIER_HELDOUT = CERTIFICATE_MIN_PROMPTS

@@ -8,6 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from runkit.validation import require
+
+from .corrections import correction
+
 LossTypeName = Literal["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "vespo", "luspo", "dppo_tv", "dppo_kl"]
 #: The per-token objective a loss type takes: the clipped surrogate (the importance-sampling mode's), one of TRL
 #: 1.16's other objectives of rho = pi/pi_k (``llm.tensors.loss.trl_objective``), or DPPO's divergence trust region
@@ -57,3 +61,59 @@ def loss_type(name: str) -> LossType:
     if name not in LOSS_TYPES:
         raise ValueError(f"loss_type: expected one of {', '.join(LOSS_TYPES)}, got {name!r}")
     return LOSS_TYPES[name]
+
+
+#: TRL 1.16's defaults of its objectives' settings (SAPO's gate temperatures, VESPO's gamma weight) and verl's DPPO
+#: truncation of pi/alpha, under their names: the LLM trainer's config and the bandit simulator both default to these.
+SAPO_TEMPERATURE_POS = 1.0
+SAPO_TEMPERATURE_NEG = 1.05
+VESPO_K_POS, VESPO_LAMBDA_POS = 2.0, 3.0
+VESPO_K_NEG, VESPO_LAMBDA_NEG = 3.0, 2.0
+CLIP_RATIO_C = 10000.0
+#: TRL 1.16's objectives with its token truncation (cap 3) as their weight pi_k/alpha, CISPO capping pi/pi_k at 5, and
+#: DPPO at verl's example thresholds (binary TV 0.15, binary KL 0.05): the bandit's and the language model's frontier
+#: tables both take them from here, under these labels.
+FRONTIER_OBJECTIVES = {
+    "cispo (token_truncate, eps_high 5)": dict(loss_type="cispo", importance_sampling_mode="token_truncate",
+                                               epsilon_high=5.0),
+    "sapo (token_truncate)": dict(loss_type="sapo", importance_sampling_mode="token_truncate"),
+    "vespo (token_truncate)": dict(loss_type="vespo", importance_sampling_mode="token_truncate"),
+    "dppo_tv (0.15)": dict(loss_type="dppo_tv", epsilon=0.15),
+    "dppo_kl (0.05)": dict(loss_type="dppo_kl", epsilon=0.05),
+}
+
+
+def require_loss_type_settings(config) -> None:
+    """The checks a config holding a loss type and its settings must pass (the LLM trainer's and the bandit
+    simulator's): which importance-sampling modes each objective combines with (as TRL and DPPO's authors combine
+    them), and each setting's range. ``config`` carries loss_type, importance_sampling_mode, the caps, and TRL's and
+    verl's names of the objectives' settings."""
+    kind = loss_type(config.loss_type)
+    mode = correction(config.importance_sampling_mode)
+    require(config, kind.objective not in ("dppo_tv", "dppo_kl") or config.importance_sampling_mode == "paper",
+            "importance_sampling_mode",
+            f"loss_type {config.loss_type} is its own correction of alpha != pi (pi/alpha in a divergence trust "
+            "region): leave importance_sampling_mode at paper (vllm_importance_sampling_correction=False is none)")
+    require(config, kind.objective != "vespo" or config.importance_sampling_mode in ("token_truncate", "token_mask",
+                                                                                      "none"),
+            "importance_sampling_mode", "loss_type vespo folds TRL's token weights pi_k/alpha into its sequence "
+            "weight: it needs token_truncate or token_mask (as TRL), or none (TRL's correction off)")
+    require(config, kind.objective not in ("cispo", "sapo") or mode.trl, "importance_sampling_mode",
+            f"loss_type {config.loss_type} is TRL's objective of pi/pi_k times TRL's weight pi_k/alpha: it needs a "
+            "TRL mode (TRL's vllm_importance_sampling_mode: token_truncate, token_mask, sequence_truncate or "
+            "sequence_mask, TRL's default, where this project's default is paper), or none (correction off)")
+    band_holds_one = config.importance_sampling_cap >= 1 and config.importance_sampling_cap_min <= 1
+    require(config, kind.objective != "vespo" or band_holds_one, "importance_sampling_cap",
+            "loss_type vespo needs a band [importance_sampling_cap_min, importance_sampling_cap] around 1 (TRL "
+            "sums the log of its clamped ratio over the padding too, where a band without 1 adds to each "
+            "sequence's weight; here padding adds nothing, so the two would differ)")
+    require(config, config.clip_ratio_c > 0, "clip_ratio_c", "must be > 0")
+    require(config, config.sapo_temperature_pos > 0, "sapo_temperature_pos", "SAPO's temperatures must be > 0")
+    require(config, config.sapo_temperature_neg > 0, "sapo_temperature_neg", "SAPO's temperatures must be > 0")
+    require(config, config.vespo_k_pos >= 0, "vespo_k_pos", "VESPO's powers k must be >= 0")
+    require(config, config.vespo_k_neg >= 0, "vespo_k_neg", "VESPO's powers k must be >= 0")
+    require(config, config.vespo_lambda_pos > 0, "vespo_lambda_pos", "VESPO's rates lambda must be > 0")
+    require(config, config.vespo_lambda_neg > 0, "vespo_lambda_neg", "VESPO's rates lambda must be > 0")
+    high = config.epsilon_high
+    require(config, high is None or 0 <= high < 10 or (kind.objective == "cispo" and high > 0), "epsilon_high",
+            "must lie in [0, 10), or be None for epsilon (with cispo, a cap on pi/pi_k: any value > 0)")

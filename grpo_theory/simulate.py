@@ -32,7 +32,11 @@ from . import core
 from . import estimators as ge
 from .corrections import (M2_THRESHOLD, MODES, ROLLOUT_RS_THRESHOLD, ImportanceSamplingMode, correction,
                           require_correction_settings)
+from .loss_types import (CLIP_RATIO_C, LOSS_TYPES, SAPO_TEMPERATURE_NEG, SAPO_TEMPERATURE_POS, VESPO_K_NEG,
+                         VESPO_K_POS, VESPO_LAMBDA_NEG, VESPO_LAMBDA_POS, LossTypeName, loss_type,
+                         require_loss_type_settings)
 from .numerics import rounding_tolerance
+from .objectives import log_slope, off_policy_keep
 from .sync_policy import SyncPolicy, projected_tv
 from .validation import EPS_MAX
 
@@ -76,6 +80,30 @@ class SimConfig:
     syncs when TV(pi_k, alpha) + TV(pi_k, pi_{k-1}) (``grpo_theory.sync_policy.projected_tv``) exceeds the budget."""
     epsilon: float = 0.2
     """Clip width of f_eps (and of PPO's clip in the TRL modes)."""
+    epsilon_high: float | None = None
+    """The clip's upper width (None: epsilon; TRL's name): f_eps's window [r' - epsilon, r' + epsilon_high], PPO's
+    [1 - epsilon, 1 + epsilon_high]; CISPO's cap on pi/pi_k; DPPO's trust region where A > 0."""
+    loss_type: LossTypeName = "grpo"
+    """The LLM trainer's loss type (TRL's name; ``grpo_theory.objectives``). On a table a response is one token, so
+    every normaliser is the mean over the samples: grpo, dapo, dr_grpo, bnpo and luspo are the clipped objective of
+    ``importance_sampling_mode``; cispo, sapo and vespo are TRL 1.16's objectives of pi/pi_k times the TRL mode's
+    weight; dppo_tv and dppo_kl DPPO's trust regions around alpha (mode paper)."""
+    sapo_temperature_pos: float = SAPO_TEMPERATURE_POS
+    """SAPO's gate temperature where A > 0 (loss_type sapo; TRL's name and default)."""
+    sapo_temperature_neg: float = SAPO_TEMPERATURE_NEG
+    """SAPO's gate temperature where A <= 0."""
+    vespo_k_pos: float = VESPO_K_POS
+    """VESPO's power k where A >= 0 (loss_type vespo; TRL's)."""
+    vespo_lambda_pos: float = VESPO_LAMBDA_POS
+    """VESPO's rate lambda where A >= 0."""
+    vespo_k_neg: float = VESPO_K_NEG
+    """VESPO's power k where A < 0."""
+    vespo_lambda_neg: float = VESPO_LAMBDA_NEG
+    """VESPO's rate lambda where A < 0."""
+    clip_ratio_c: float = CLIP_RATIO_C
+    """DPPO: pi/alpha truncated here (verl's name and its example's value: none)."""
+    off_policy_mask_threshold: float | None = None
+    """TRL's off-policy mask: a sample of negative advantage leaves when log alpha - log pi exceeds this (None: off)."""
     importance_sampling_mode: ImportanceSamplingMode = "paper"
     """The off-policy correction, as the LLM trainer's option of this name (``grpo_theory.corrections``): paper:
     f_eps(pi/alpha, pi_k/alpha, A); token_* / sequence_* (TRL's modes; on a table a response is one action, so the
@@ -135,7 +163,10 @@ class SimConfig:
         require(self, self.epsilon >= 0, "epsilon", "must be >= 0")
         require(self, self.importance_sampling_mode in MODES, "importance_sampling_mode",
                 f"expected one of {', '.join(MODES)}")
+        require(self, self.loss_type in LOSS_TYPES, "loss_type", f"expected one of {', '.join(LOSS_TYPES)}")
         require_correction_settings(self)
+        require_loss_type_settings(self)
+        require(self, self.epsilon_high is None or self.epsilon_high >= 0, "epsilon_high", "must be >= 0 or None")
         require(self, self.beta >= 0, "beta", "must be >= 0")
         require(self, self.ref_sync_steps >= 0, "ref_sync_steps", "must be >= 0")
         require(self, 0 <= self.variance_eps <= EPS_MAX, "variance_eps", "must lie in [0, 3/4] (Theorem 1)")
@@ -240,7 +271,8 @@ def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, 
 
     The objective (docs/theory.md, §5-§7) is the mean over kept groups of f_eps(pi/alpha, pi_k/alpha, A), or of the
     ``importance_sampling_mode``'s objective (``corrections.corrected_objective``; its slope in pi/alpha from
-    ``corrections.corrected_slope``)
+    ``corrections.corrected_slope``), or of the ``loss_type``'s own (``objectives.log_slope``), with TRL's
+    off-policy mask (``objectives.off_policy_keep``)
     (sampled mode: over the G samples of each group; population mode: exact, rho-weighted, E_alpha),
     minus beta KL(pi || pi_ref) (exact) on the same kept prompts: the zero-variance mask applies to the
     whole objective, as in the LLM trainer. Returns ``(grad, clip_low, clip_high)``.
@@ -248,17 +280,31 @@ def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, 
     pi = core.softmax(theta)
     grad = np.zeros_like(theta)
     mode = correction(config.importance_sampling_mode)
-    caps = dict(clip=config.epsilon, cap=config.importance_sampling_cap, cap_min=config.importance_sampling_cap_min)
+    objective = loss_type(config.loss_type).objective
+    caps = dict(clip=config.epsilon, clip_high=config.epsilon_high, cap=config.importance_sampling_cap,
+                cap_min=config.importance_sampling_cap_min)
+
+    def log_coefficient(p, p_k, a, adv, m2):
+        """d objective / d log pi(y) per sample, with the clip flags, TRL's off-policy mask applied."""
+        ratio, ratio_k = p / a, p_k / a
+        if objective == "clip":
+            slope, low, high = mode.slope(ratio, ratio_k, adv, keep=m2, **caps)
+            coef = slope * ratio
+        else:
+            weight = mode.weight(ratio_k, config.importance_sampling_cap, config.importance_sampling_cap_min)
+            coef, low, high = log_slope(objective, np.log(p), np.log(p_k), np.log(a), adv, weight, config)
+        coef = coef * off_policy_keep(np.log(p), np.log(a), adv, config.off_policy_mask_threshold)
+        return coef, low, high
+
     if config.population:
         rho, adv = bandit.rho, roll.adv
-        ratio, ratio_k = pi / alpha, pi_k / alpha
         m2 = None
         if mode.step_mask:  # the batch's mask in the limit: every prompt's actions, weighted rho alpha
             weight = rho[:, None] * alpha
-            m2 = mode.keep(np.log(ratio_k).ravel(), np.broadcast_to(adv, alpha.shape).ravel(), weight.ravel(),
+            m2 = mode.keep(np.log(pi_k / alpha).ravel(), np.broadcast_to(adv, alpha.shape).ravel(), weight.ravel(),
                            mode.threshold(config.m2_threshold, config.rollout_rs_threshold)).reshape(alpha.shape)
-        slope, low, high = mode.slope(ratio, ratio_k, adv, keep=m2, **caps)
-        g_y = alpha * ratio * slope  # d/dr of the objective, times dr/dlogit's r, alpha-weighted, per action
+        coef, low, high = log_coefficient(pi, pi_k, alpha, adv, m2)
+        g_y = alpha * coef  # E_{y ~ alpha} of the sample's coefficient, per action
         g = g_y - pi * g_y.sum(axis=1, keepdims=True)  # chain rule through softmax
         grad += (rho * roll.keep)[:, None] * g
         clip_low = float(np.sum(rho[:, None] * alpha * low))
@@ -267,14 +313,13 @@ def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, 
         xs, ys, adv, keep = roll.xs, roll.ys, roll.adv, roll.keep
         B, G = ys.shape
         p_y, a_y, k_y = pi[xs[:, None], ys], alpha[xs[:, None], ys], pi_k[xs[:, None], ys]
-        ratio, ratio_k = p_y / a_y, k_y / a_y
         m2 = None
         if mode.step_mask:  # the plain mean over every sample of the step (the paper's batch; AReaL's loss mask
             # keeps zero-advantage groups), whatever the zero-variance mask then keeps in the objective
-            m2 = mode.keep(np.log(ratio_k).ravel(), np.broadcast_to(adv, (B, G)).ravel(), None,
+            m2 = mode.keep(np.log(k_y / a_y).ravel(), np.broadcast_to(adv, (B, G)).ravel(), None,
                            mode.threshold(config.m2_threshold, config.rollout_rs_threshold)).reshape(B, G)
-        slope, low, high = mode.slope(ratio, ratio_k, adv, keep=m2, **caps)
-        coef = slope * ratio * keep[:, None] / max(int(keep.sum()) * G, 1)  # (B, G)
+        coef, low, high = log_coefficient(p_y, k_y, a_y, adv, m2)
+        coef = coef * keep[:, None] / max(int(keep.sum()) * G, 1)  # (B, G)
         onehot_sum = np.zeros((B, theta.shape[1]))
         np.add.at(onehot_sum, (np.repeat(np.arange(B)[:, None], G, axis=1), ys), coef)
         g = onehot_sum - pi[xs] * coef.sum(axis=1, keepdims=True)

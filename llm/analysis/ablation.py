@@ -43,6 +43,7 @@ import numpy as np
 
 from grpo_theory.corrections import ICEPOP, ICEPOP_LABEL
 from grpo_theory.experiments import ABLATION
+from grpo_theory.loss_types import FRONTIER_OBJECTIVES
 from runkit.tables import mean_std
 from runkit.validation import require
 
@@ -67,15 +68,11 @@ CORRECTIONS = {
     "m2po_areal": dict(importance_sampling_mode="m2po_areal"),
     "seq_max_k2 (TRM)": dict(importance_sampling_mode="seq_max_k2"),
     ICEPOP_LABEL: dict(ICEPOP),
-    # TRL 1.16's objectives with its token truncation (docs/theory.md, 6.1), DPPO at verl's example thresholds, VCPO's step
-    "cispo (token_truncate, eps_high 5)": dict(loss_type="cispo", importance_sampling_mode="token_truncate",
-                                               epsilon_high=5.0),
-    "sapo (token_truncate)": dict(loss_type="sapo", importance_sampling_mode="token_truncate"),
-    "vespo (token_truncate)": dict(loss_type="vespo", importance_sampling_mode="token_truncate"),
+    # TRL 1.16's objectives with its token truncation (docs/theory.md, 6.1), DPPO at verl's example thresholds (the
+    # bandit's frontier has the same rows), LUSPO, VCPO's step and baseline
+    **FRONTIER_OBJECTIVES,
     "luspo (token_truncate)": dict(loss_type="luspo", importance_sampling_mode="token_truncate",
                                    ratio_level="sequence_normalised"),
-    "dppo_tv (0.15)": dict(loss_type="dppo_tv", epsilon=0.15),
-    "dppo_kl (0.05)": dict(loss_type="dppo_kl", epsilon=0.05),
     "vcpo ess step (paper clip)": dict(ess_scaling="sqrt"),
     "vcpo baseline (paper clip)": dict(grad_baselining=True),
     "none (no correction)": dict(importance_sampling_mode="none"),  # TRL's vllm_importance_sampling_correction=False

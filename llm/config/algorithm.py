@@ -6,7 +6,8 @@ from typing import Annotated, Literal
 
 from grpo_theory.core import ScaleRewards
 from grpo_theory.corrections import ROLLOUT_RS_THRESHOLD, ImportanceSamplingMode, correction, require_correction_settings
-from grpo_theory.loss_types import LossTypeName, loss_type as registered_loss_type
+from grpo_theory.loss_types import (CLIP_RATIO_C, SAPO_TEMPERATURE_NEG, SAPO_TEMPERATURE_POS, VESPO_K_NEG, VESPO_K_POS,
+                                    VESPO_LAMBDA_NEG, VESPO_LAMBDA_POS, LossTypeName, require_loss_type_settings)
 from grpo_theory.validation import EPS_MAX
 from pydantic import model_validator
 
@@ -140,19 +141,19 @@ class ObjectiveConfig(ConfigGroup):
     log pi on the tokens whose probability moved from alpha's by at most epsilon_high up (A > 0) or epsilon down
     (A <= 0), normalised as dapo (verl's DPPO example: 0.15); dppo_kl = the same, the region the binary
     KL(alpha || pi) of the sampled token (verl's example: 0.05)."""
-    sapo_temperature_pos: float = 1.0
+    sapo_temperature_pos: float = SAPO_TEMPERATURE_POS
     """SAPO's gate temperature tau for tokens of positive advantage (loss_type sapo; TRL's name and default)."""
-    sapo_temperature_neg: float = 1.05
+    sapo_temperature_neg: float = SAPO_TEMPERATURE_NEG
     """SAPO's gate temperature tau for tokens of zero or negative advantage (loss_type sapo; TRL's)."""
-    vespo_k_pos: float = 2.0
+    vespo_k_pos: float = VESPO_K_POS
     """VESPO's power k in phi(W) = e^lambda W^k e^(-lambda W) where A >= 0 (loss_type vespo; TRL's)."""
-    vespo_lambda_pos: float = 3.0
+    vespo_lambda_pos: float = VESPO_LAMBDA_POS
     """VESPO's rate lambda where A >= 0 (loss_type vespo; TRL's)."""
-    vespo_k_neg: float = 3.0
+    vespo_k_neg: float = VESPO_K_NEG
     """VESPO's power k where A < 0 (loss_type vespo; TRL's)."""
-    vespo_lambda_neg: float = 2.0
+    vespo_lambda_neg: float = VESPO_LAMBDA_NEG
     """VESPO's rate lambda where A < 0 (loss_type vespo; TRL's)."""
-    clip_ratio_c: float = 10000.0
+    clip_ratio_c: float = CLIP_RATIO_C
     """DPPO (loss_type dppo_tv, dppo_kl): the ratio pi/alpha its objective weighs each token with is truncated here
     (verl's name; 10000, verl's DPPO example: none; the authors' code: 10; the paper finds truncation hurts)."""
     off_policy_mask_threshold: float | None = None
@@ -192,35 +193,7 @@ class ObjectiveConfig(ConfigGroup):
         require(self, self.ratio_level == "token" or self.loss_type in ("grpo", "sapo", "luspo"), "ratio_level",
                 f"sequence-level ratios (TRL's importance_sampling_level sequence) need loss_type grpo, sapo or luspo; "
                 f"{self.loss_type} would weight each sequence's one objective value by its length")
-        kind = registered_loss_type(self.loss_type)
-        dppo = kind.objective in ("dppo_tv", "dppo_kl")
-        mode = correction(self.importance_sampling_mode)
-        require(self, not dppo or self.importance_sampling_mode == "paper", "importance_sampling_mode",
-                f"loss_type {self.loss_type} is its own correction of alpha != pi (pi/alpha in a divergence trust "
-                "region): leave importance_sampling_mode at paper (vllm_importance_sampling_correction=False is none)")
-        require(self, kind.objective != "vespo" or self.importance_sampling_mode in ("token_truncate", "token_mask",
-                                                                                      "none"),
-                "importance_sampling_mode", "loss_type vespo folds TRL's token weights pi_k/alpha into its sequence "
-                "weight: it needs token_truncate or token_mask (as TRL), or none (TRL's correction off)")
-        require(self, kind.objective not in ("cispo", "sapo") or mode.trl, "importance_sampling_mode",
-                f"loss_type {self.loss_type} is TRL's objective of pi/pi_k times TRL's weight pi_k/alpha: it needs a "
-                "TRL mode (TRL's vllm_importance_sampling_mode: token_truncate, token_mask, sequence_truncate or "
-                "sequence_mask, TRL's default, where this project's default is paper), or none (correction off)")
-        band_holds_one = self.importance_sampling_cap >= 1 and self.importance_sampling_cap_min <= 1
-        require(self, kind.objective != "vespo" or band_holds_one, "importance_sampling_cap",
-                "loss_type vespo needs a band [importance_sampling_cap_min, importance_sampling_cap] around 1 (TRL "
-                "sums the log of its clamped ratio over the padding too, where a band without 1 adds to each "
-                "sequence's weight; here padding adds nothing, so the two would differ)")
-        require(self, self.clip_ratio_c > 0, "clip_ratio_c", "must be > 0")
-        require(self, self.sapo_temperature_pos > 0, "sapo_temperature_pos", "SAPO's temperatures must be > 0")
-        require(self, self.sapo_temperature_neg > 0, "sapo_temperature_neg", "SAPO's temperatures must be > 0")
-        require(self, self.vespo_k_pos >= 0, "vespo_k_pos", "VESPO's powers k must be >= 0")
-        require(self, self.vespo_k_neg >= 0, "vespo_k_neg", "VESPO's powers k must be >= 0")
-        require(self, self.vespo_lambda_pos > 0, "vespo_lambda_pos", "VESPO's rates lambda must be > 0")
-        require(self, self.vespo_lambda_neg > 0, "vespo_lambda_neg", "VESPO's rates lambda must be > 0")
-        require(self, self.epsilon_high is None or 0 <= self.epsilon_high < 10 or (
-                    kind.objective == "cispo" and self.epsilon_high > 0), "epsilon_high",
-                "must lie in [0, 10), or be None for epsilon (with cispo, a cap on pi/pi_k: any value > 0)")
+        require_loss_type_settings(self)
         require(self, self.delta == 0 or self.delta > 1 + self.clip_high, "delta",
                 f"must exceed 1 + epsilon_high = {1 + self.clip_high} (or be 0: off)")
         require_correction_settings(self)

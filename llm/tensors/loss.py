@@ -42,6 +42,8 @@ import torch
 from grpo_theory.corrections import MODES, REGISTRY, ROLLOUT_RS_THRESHOLD, Correction, ImportanceSamplingMode
 
 from grpo_theory.loss_types import LossTypeName, Objective
+from grpo_theory.objectives import (  # the conventions the torch twins share with the tabular forms
+    DPPO_KL_GUARD, DPPO_LOG_CEIL, LOG_RATIO_MAX, VESPO_LOG_CEIL, VESPO_LOG_FLOOR)
 from grpo_theory.loss_types import loss_type as registered_loss_type
 
 LossType = LossTypeName  # declared once, in grpo_theory.loss_types
@@ -71,9 +73,6 @@ def clip_objective_torch(ratio: torch.Tensor, ratio_k: torch.Tensor, adv: torch.
     return torch.minimum(free * adv, clipped * adv)
 
 
-#: Largest log-ratio exponentiated: float32 overflows above e^88.7, and a margin of e^8 keeps a ratio times an
-#: advantage, summed over a step's tokens with the loss weights (which add up to at most 1), finite.
-LOG_RATIO_MAX = 80.0
 #: Cap of each of the KL term's exponents (log pi_ref/pi in k3 and log pi/alpha in its correction), so that
 #: their product stays below e^LOG_RATIO_MAX.
 KL_LOG_MAX = LOG_RATIO_MAX / 2
@@ -362,13 +361,14 @@ def dppo_objective(logp, logp_k, logp_alpha, adv, spec: "Clip"):
     The mask, like PPO's clip, stops a token's gradient once pi has left the region in the direction its advantage
     pushes. Returns (minus the objective, log pi/alpha, log pi_k/alpha, no band, (low, high) the tokens masked)."""
     logp_k, logp_alpha = logp_k.detach(), logp_alpha.detach()
-    log_r = (logp.detach() - logp_alpha).clamp(max=20.0)
+    log_r = (logp.detach() - logp_alpha).clamp(max=DPPO_LOG_CEIL)
     ratio = torch.exp(log_r).clamp(max=spec.clip_ratio_c)
     p, q = torch.exp(logp.detach()), torch.exp(logp_alpha)
     if spec.objective == "dppo_tv":
         out_pos, out_neg = (p - q) > spec.high, (p - q) < -spec.epsilon
     else:
-        kl = q * (logp_alpha - logp.detach()) + (1 - q) * torch.log((1.0 - q + 1e-8) / (1.0 - p + 1e-8))
+        kl = q * (logp_alpha - logp.detach()) + (1 - q) * torch.log(
+            (1.0 - q + DPPO_KL_GUARD) / (1.0 - p + DPPO_KL_GUARD))
         out_pos, out_neg = (kl > spec.high) & (p > q), (kl > spec.epsilon) & (p < q)
     positive = adv > 0
     out = torch.where(positive, out_pos, out_neg)
@@ -393,11 +393,10 @@ def trl_objective(logp, logp_k, logp_alpha, adv, real, spec: "Clip", level: str)
     w, log_w, above = trl_weight(logp_k, logp_alpha, real, spec)
     none = torch.zeros_like(real, dtype=torch.bool)
     if spec.objective == "vespo":
-        floor = math.log(1e-8)
         token = (logp.detach() - logp_k).clamp(-20.0, 20.0)
-        log_big_w = (token * real).sum(dim=1, keepdim=True) + (torch.log(w).clamp(floor, 20.0) * real).sum(
-            dim=1, keepdim=True)
-        log_big_w = log_big_w.clamp(floor, 20.0)
+        log_big_w = (token * real).sum(dim=1, keepdim=True) + (
+            torch.log(w).clamp(VESPO_LOG_FLOOR, VESPO_LOG_CEIL) * real).sum(dim=1, keepdim=True)
+        log_big_w = log_big_w.clamp(VESPO_LOG_FLOOR, VESPO_LOG_CEIL)
         pos = adv >= 0
         k = torch.where(pos, spec.vespo_k_pos, spec.vespo_k_neg)
         lam = torch.where(pos, spec.vespo_lambda_pos, spec.vespo_lambda_neg).clamp(min=1e-4)

@@ -1,0 +1,150 @@
+"""The bandit's tabular forms of TRL 1.16's objectives and DPPO's trust regions (``grpo_theory.objectives``) against
+their torch twins in the LLM loss: on one-token rows, the coefficient of each sample is the autograd gradient of
+``grpo_loss`` in log pi, and the bandit simulator's whole step gradient in the logits is the gradient of the LLM loss
+over the table's rows weighted as the simulator weighs them (population and sampled)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import grpo_theory as gt
+from grpo_theory.corrections import correction
+from grpo_theory.loss_types import loss_type
+from grpo_theory.objectives import log_slope, off_policy_keep
+from grpo_theory.simulate import SimConfig, make_bandit, objective_gradient, sample_rollout
+from llm.tensors.loss import Clip, grpo_loss
+
+#: Each objective with the importance-sampling modes it combines with (``require_loss_type_settings``) and an upper
+#: width of its own (CISPO's is a cap on pi/pi_k; DPPO's a trust region).
+CASES = [
+    ("cispo", "token_truncate", 5.0), ("cispo", "token_mask", 2.0), ("cispo", "sequence_truncate", 0.2),
+    ("cispo", "none", 5.0),
+    ("sapo", "token_truncate", None), ("sapo", "sequence_mask", None), ("sapo", "none", None),
+    ("vespo", "token_truncate", None), ("vespo", "token_mask", None), ("vespo", "none", None),
+    ("dppo_tv", "paper", 0.15), ("dppo_tv", "paper", 0.05), ("dppo_kl", "paper", 0.05), ("dppo_kl", "paper", None),
+    ("grpo", "paper", 0.28), ("grpo", "token_truncate", None),
+]
+
+
+def _spec(objective_type, mode, high, threshold, cap=1.5):
+    return Clip(epsilon=0.2, epsilon_high=high, importance_sampling_mode=mode, importance_sampling_cap=cap,
+                objective=loss_type(objective_type).objective, off_policy_mask_threshold=threshold)
+
+
+def _table(seed, n=9):
+    """One prompt's table: alpha, pi_k and pi far enough apart that caps, gates and trust regions bind somewhere."""
+    rng = np.random.default_rng(seed)
+    alpha = gt.softmax(rng.normal(size=n))
+    pi_k = gt.softmax(np.log(alpha) + 0.8 * rng.normal(size=n))
+    pi = gt.softmax(np.log(pi_k) + 0.6 * rng.normal(size=n))
+    adv = rng.normal(size=n)
+    adv[:2] = 1.3, -1.1
+    return pi, pi_k, alpha, adv
+
+
+@pytest.mark.parametrize("kind, mode, high", CASES)
+@pytest.mark.parametrize("threshold", [None, 0.1])
+@pytest.mark.parametrize("seed", range(3))
+def test_each_samples_coefficient_is_the_torch_losss_gradient_in_log_pi(kind, mode, high, threshold, seed):
+    """Rows = the table's responses (one token each), loss weights 1: minus the gradient of ``grpo_loss`` in log pi(y)
+    is ``log_slope``'s coefficient times TRL's off-policy mask, and the flags agree with the loss's clip counts."""
+    pi, pi_k, alpha, adv = _table(seed)
+    spec = _spec(kind, mode, high, threshold)
+    logp = torch.tensor(np.log(pi))[:, None].requires_grad_(True)
+    loss, stats = grpo_loss(logp, torch.tensor(np.log(pi_k))[:, None], torch.tensor(np.log(alpha))[:, None],
+                            torch.tensor(adv), torch.ones(len(pi), 1, dtype=torch.float64), clip=spec)
+    (grad,) = torch.autograd.grad(loss, logp)
+    mode_ = correction(mode)
+    if spec.objective == "clip":
+        slope, low, high_flags = mode_.slope(pi / alpha, pi_k / alpha, adv, 0.2, 1.5, clip_high=high)
+        coef = slope * pi / alpha
+    else:
+        cfg = SimConfig(loss_type=kind, importance_sampling_mode=mode, epsilon_high=high, importance_sampling_cap=1.5,
+                        off_policy_mask_threshold=threshold)
+        coef, low, high_flags = log_slope(spec.objective, np.log(pi), np.log(pi_k), np.log(alpha), adv,
+                                          mode_.weight(pi_k / alpha, 1.5), cfg)
+    coef = coef * off_policy_keep(np.log(pi), np.log(alpha), adv, threshold)
+    np.testing.assert_allclose(-grad.numpy()[:, 0], coef, rtol=1e-6, atol=1e-12)
+    metrics = stats.metrics()
+    assert metrics["clip_ratio/low_mean"] == pytest.approx(low.mean())
+    assert metrics["clip_ratio/high_mean"] == pytest.approx(high_flags.mean())
+
+
+def test_the_cases_reach_every_branch():
+    """The tables above bind CISPO's cap, DPPO's regions and the off-policy mask somewhere (a parity over samples no
+    branch reaches would prove nothing)."""
+    cfg = SimConfig(loss_type="dppo_tv", epsilon_high=0.05)
+    hits = {"cispo cap": 0, "dppo out": 0, "mask drops": 0, "vespo truncated weight": 0}
+    for seed in range(3):
+        pi, pi_k, alpha, adv = _table(seed)
+        lp, lk, la = np.log(pi), np.log(pi_k), np.log(alpha)
+        cispo = dataclasses.replace(cfg, loss_type="cispo", importance_sampling_mode="none", epsilon_high=1.2)
+        _, _, high = log_slope("cispo", lp, lk, la, adv, np.ones_like(pi), cispo)
+        hits["cispo cap"] += int(high.sum())
+        _, low, high = log_slope("dppo_tv", lp, lk, la, adv, np.ones_like(pi), cfg)
+        hits["dppo out"] += int((low | high).sum())
+        hits["mask drops"] += int((~off_policy_keep(lp, la, adv, 0.1)).sum())
+        hits["vespo truncated weight"] += int((pi_k / alpha > 1.5).sum())
+    assert all(hits.values()), hits
+
+
+def _torch_step_gradient(config, bandit, roll, theta, pi_k, alpha):
+    """Minus the gradient in the logits of the LLM loss over the step's rows (one token each), weighted as the
+    simulator weighs its samples: population, rho(x) alpha(y|x) per (x, y); sampled, 1/(kept groups x G)."""
+    theta_t = torch.tensor(theta, requires_grad=True)
+    logp_all = torch.log_softmax(theta_t, dim=1)
+    if config.population:
+        P, n = theta.shape
+        xs, ys = np.repeat(np.arange(P), n), np.tile(np.arange(n), P)
+        adv = roll.adv[xs, ys]
+        weights = bandit.rho[xs] * alpha[xs, ys] * roll.keep[xs]
+    else:
+        B, G = roll.ys.shape
+        xs, ys = np.repeat(roll.xs, G), roll.ys.ravel()
+        adv = roll.adv.ravel()
+        weights = np.repeat(roll.keep, G) / max(int(roll.keep.sum()) * G, 1)
+    col = lambda a: torch.tensor(a)[:, None]  # noqa: E731
+    spec = Clip(epsilon=config.epsilon, epsilon_high=config.epsilon_high,
+                importance_sampling_mode=config.importance_sampling_mode,
+                importance_sampling_cap=config.importance_sampling_cap,
+                objective=loss_type(config.loss_type).objective,
+                off_policy_mask_threshold=config.off_policy_mask_threshold)
+    loss, _ = grpo_loss(logp_all[xs, ys][:, None], col(np.log(pi_k[xs, ys])), col(np.log(alpha[xs, ys])),
+                        torch.tensor(adv), col(weights), clip=spec)
+    (grad,) = torch.autograd.grad(loss, theta_t)
+    return -grad.numpy()
+
+
+@pytest.mark.parametrize("kind, mode, high", CASES)
+@pytest.mark.parametrize("population", [True, False])
+def test_the_simulators_step_gradient_is_the_llm_losss(kind, mode, high, population):
+    """``simulate.objective_gradient`` for each loss type equals autograd of the LLM loss through the softmax, on
+    the same bandit, rollout, pi_k and alpha, with TRL's off-policy mask on."""
+    config = SimConfig(n_prompts=4, n_actions=6, prompts_per_step=3, num_generations=5, population=population,
+                       loss_type=kind, importance_sampling_mode=mode, epsilon_high=high, importance_sampling_cap=1.5,
+                       off_policy_mask_threshold=0.1, seed=3)
+    bandit = make_bandit(config)
+    rng = np.random.default_rng(7)
+    theta = bandit.logits0 + 0.5 * rng.normal(size=bandit.logits0.shape)
+    pi_k = gt.softmax(theta + 0.4 * rng.normal(size=theta.shape))
+    alpha = gt.softmax(theta + 0.9 * rng.normal(size=theta.shape))
+    roll = sample_rollout(config, bandit, alpha, rng)
+    grad, _, _ = objective_gradient(config, bandit, roll, theta, pi_k, alpha, alpha)
+    np.testing.assert_allclose(grad, _torch_step_gradient(config, bandit, roll, theta, pi_k, alpha),
+                               rtol=1e-6, atol=1e-12)
+    assert np.abs(grad).max() > 1e-4  # a step that moves
+
+
+@pytest.mark.parametrize("bad, field", [
+    (dict(loss_type="cispo"), "importance_sampling_mode"),
+    (dict(loss_type="dppo_kl", importance_sampling_mode="token_truncate"), "importance_sampling_mode"),
+    (dict(loss_type="vespo", importance_sampling_mode="sequence_mask"), "importance_sampling_mode"),
+    (dict(loss_type="sapo", importance_sampling_mode="none", sapo_temperature_neg=0.0), "sapo_temperature_neg"),
+    (dict(loss_type="ppo"), "loss_type"),
+    (dict(epsilon_high=-0.1), "epsilon_high"),
+])
+def test_the_simulator_refuses_what_the_trainer_refuses(bad, field):
+    with pytest.raises(ValueError, match=field):
+        SimConfig(**bad)

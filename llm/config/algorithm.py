@@ -11,7 +11,7 @@ from grpo_theory.loss_types import (CLIP_RATIO_C, SAPO_TEMPERATURE_NEG, SAPO_TEM
 from grpo_theory.validation import EPS_MAX
 from pydantic import model_validator
 
-from llm.config.fields import WAS_MINUS_ONE, ConfigGroup, require, resumable
+from llm.config.fields import WAS_MINUS_ONE, ConfigGroup, none_reads, require, resumable
 
 
 class SyncConfig(ConfigGroup):
@@ -89,7 +89,7 @@ class ObjectiveConfig(ConfigGroup):
     """Upper clip width (TRL's name, DAPO's clip-higher): the window is [r' - epsilon, r' + epsilon_high] with the
     paper's clip, [1 - epsilon, 1 + epsilon_high] for pi/pi_k with a TRL importance-sampling mode. None: epsilon (TRL's;
     ``-1``, the spelling before 2026-12-07, reads as None)."""
-    delta: float = 0.0
+    delta: Annotated[float, none_reads(0.0)] = 0.0
     """Two-sided clip (TRL's name): for negative advantages the unclipped ratio is capped too, pi/pi_k <= delta
     (paper clip: pi/alpha <= r' + delta - 1). 0: off; else must exceed 1 + epsilon_high."""
     importance_sampling_mode: ImportanceSamplingMode = "paper"
@@ -116,7 +116,7 @@ class ObjectiveConfig(ConfigGroup):
     importance_sampling_cap: float = 3.0
     """The cap C of the TRL importance-sampling modes (TRL's vllm_importance_sampling_clip_max, formerly
     vllm_importance_sampling_cap)."""
-    importance_sampling_cap_min: float = 0.0
+    importance_sampling_cap_min: Annotated[float, none_reads(0.0)] = 0.0
     """The lower cap c of the TRL modes (TRL's vllm_importance_sampling_clip_min): *_truncate clamps the weight to
     [c, C], *_mask zeroes it outside [c, C] (token_mask with [0.5, 5] is IcePop's two-sided mask). 0: none."""
     beta: float = 0.04

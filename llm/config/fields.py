@@ -46,6 +46,13 @@ def _minus_one_is_none(value):
 WAS_MINUS_ONE = BeforeValidator(_minus_one_is_none)
 
 
+def none_reads(off):
+    """TRL's None for an option whose None means what ``off`` means here (no two-sided clip, no floor, no URL...):
+    ``GRPOConfig(delta=None)``, TRL's default as a TRL user writes it, reads ``off``; the config and its config.json
+    keep the value (``llm.config.trl_names.TRL_NONE`` lists them)."""
+    return BeforeValidator(lambda value: off if value is None else value)
+
+
 def is_resumable(info) -> bool:
     """Whether a field (its pydantic ``FieldInfo``) was declared ``resumable``."""
     return bool((info.json_schema_extra or {}).get("resumable"))

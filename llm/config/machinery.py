@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from grpo_theory.truncation import TokenFilter
 
 from pydantic import model_validator
 
-from llm.config.fields import ConfigGroup, MAX_TEMPERATURE, MIN_TEMPERATURE, require, resumable
+from llm.config.fields import ConfigGroup, none_reads, MAX_TEMPERATURE, MIN_TEMPERATURE, require, resumable
 
 
 class SamplingConfig(ConfigGroup):
@@ -32,7 +32,7 @@ class SamplingConfig(ConfigGroup):
     top_p: float = 1.0
     """Nucleus sampling (TRL's name): the smallest set of most likely tokens with probability >= top_p, renormalised
     (1: off). The trainer's pi_theta is that filtered distribution of its own logits (docs/theory.md, §1.1)."""
-    min_p: float = 0.0
+    min_p: Annotated[float, none_reads(0.0)] = 0.0
     """Drop tokens whose probability is below min_p times the most likely one's (TRL's name; 0: off). Applied
     before top_k and top_p, in vLLM's order."""
     filter_groups: bool = False
@@ -74,7 +74,7 @@ class SamplingConfig(ConfigGroup):
     vllm_kv_cache_gb: float = 0.0
     """On a CPU, the in-process engine's KV cache in GiB (0: sized to a window's completions, llm.sampling.
     vllm_settings)."""
-    server_url: str = resumable("")
+    server_url: Annotated[str, none_reads("")] = resumable("")
     """URL of the inference server for sampler 'server' (e.g. http://127.0.0.1:8000)."""
     server_timeout: float = resumable(120.0)
     """Seconds any request to the server may take (a generation call, one step of a weight sync)."""

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import field_validator, model_validator
 
-from llm.config.fields import ConfigGroup, require, resumable
+from llm.config.fields import ConfigGroup, none_reads, require, resumable
 from llm.config.user_code import as_specs, spec_validator
 
 
@@ -80,7 +80,7 @@ class DataConfig(ConfigGroup):
     ``rewards/<function>/mean|std``; an async one is awaited. The reward is their weighted sum (None counts as 0; a
     completion every source gives None stops the run), any finite number; its range is declared with --reward-range
     (a function with TRL's signature declares none). Replaces the task's own reward; excludes ``reward_fn``."""
-    reward_weights: tuple[float, ...] = ()
+    reward_weights: Annotated[tuple[float, ...], none_reads(())] = ()
     """One weight per reward function (TRL's name); empty: 1 each."""
     reward_range: tuple[float, float] | None = None
     """LOW HIGH: the range of the total reward, declared before the first step (``--reward-range 0 1``). Theorem 1's

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from grpo_theory.estimators import DEFAULT_LCB_METHOD, IMPROVEMENT_WEIGHT_CAP, LcbMethod, lcb_method
 
 from pydantic import field_validator, model_validator
 
-from llm.config.fields import ConfigGroup, MAX_TEMPERATURE, MIN_TEMPERATURE, require, resumable
+from llm.config.fields import ConfigGroup, none_reads, MAX_TEMPERATURE, MIN_TEMPERATURE, require, resumable
 
 
 class DiagnosticsConfig(ConfigGroup):
@@ -127,7 +127,7 @@ class OutputConfig(ConfigGroup):
     """Every logging_steps steps, show the step's prompts, completions (an agent's episode whole: turns, calls and the
     tools' answers), rewards, each reward function's value and advantages: a table on the console, rows in
     <output_dir>/completions.jsonl and a table in the trackers (TensorBoard text, W&B table; TRL's name)."""
-    num_completions_to_print: int = 0
+    num_completions_to_print: Annotated[int, none_reads(0)] = 0
     """Completions of a step that log_completions prints on the console, drawn at random as TRL draws them (TRL's
     name; 0: all); completions.jsonl and the trackers get every completion."""
     save_steps: int = resumable(50)

@@ -178,9 +178,9 @@ def from_trl(**kwargs) -> GRPOConfig:
     if "bf16" in kwargs and kwargs["bf16"] is None:
         raise ValueError("bf16: None is TRL's 'on unless fp16' (bfloat16); here the default dtype is float32: give "
                          "bf16=True or False")
-    for name, ours in TRL_NONE.items():  # TRL's defaults, given as TRL writes them
-        if name in kwargs and kwargs[name] is None:
-            kwargs[name] = ours
+    for name in TRL_NONE:  # TRL's defaults, given as TRL writes them: this config's defaults, as if not given (so a
+        if name in kwargs and kwargs[name] is None:  # None cap is no cap given, and warns of nothing)
+            del kwargs[name]
     if "vllm_importance_sampling_cap" in kwargs and kwargs["vllm_importance_sampling_cap"] is None:
         del kwargs["vllm_importance_sampling_cap"]
     if isinstance(kwargs.get("scale_rewards"), bool):  # TRL 1.16's GRPOConfig maps True and False so

@@ -245,6 +245,21 @@ def test_trls_none_defaults_read_as_what_they_mean_here(name):
     assert from_trl(num_generations=4, num_generations_eval=None).num_generations_eval is None
 
 
+@pytest.mark.parametrize("name", [n for n in TRL_NONE_DEFAULTS if TRL_NONE_DEFAULTS[n][1] is not None
+                                  and n != "vllm_importance_sampling_cap"])
+def test_grpoconfig_itself_reads_trls_none_as_what_it_means(name):
+    """GRPOConfig(delta=None), TRL's default as a TRL user writes it on the constructor, was refused ('must be a
+    number') where from_trl took it; now the field reads None as its value here, on construction and on flat
+    assignment, and the config equals the default one (config.json keeps the value)."""
+    field, ours = TRL_NONE_DEFAULTS[name]
+    cfg = GRPOConfig(**{field: None})
+    assert getattr(cfg, field) == ours and cfg == GRPOConfig()
+    cfg = GRPOConfig()
+    setattr(cfg, field, None)
+    assert getattr(cfg, field) == ours and cfg == GRPOConfig()
+    assert json.loads(cfg.to_json())[field] == (list(ours) if isinstance(ours, tuple) else ours)
+
+
 @pytest.mark.parametrize("build", [from_trl, GRPOConfig], ids=["from_trl", "GRPOConfig"])
 def test_the_evaluation_takes_num_generations_when_num_generations_eval_is_none(build):
     """TRL's num_generations_eval defaults to None, i.e. num_generations. from_trl(num_generations=4) evaluated with

@@ -148,3 +148,32 @@ def test_the_simulators_step_gradient_is_the_llm_losss(kind, mode, high, populat
 def test_the_simulator_refuses_what_the_trainer_refuses(bad, field):
     with pytest.raises(ValueError, match=field):
         SimConfig(**bad)
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "sequence_mask", "none"])
+@pytest.mark.parametrize("seed", range(3))
+def test_at_pi_equal_pi_k_cispo_and_sapo_have_the_truncated_clips_gradient(mode, seed):
+    """The trainer's first inner step takes the loss at pi = pi_k (pi_k is that pass's own log-probs, detached), where
+    CISPO (cap above 1) and SAPO have the gradient of PPO's clip times TRL's weight, on multi-token completions too:
+    CISPO with dapo's normaliser, SAPO with grpo's. At num_iterations 1 the frontier's CISPO and SAPO rows are then
+    the TRL mode's rows but for the runs' rounding (and SAPO's normaliser)."""
+    g = torch.Generator().manual_seed(seed)
+    B, T = 6, 5
+    logp_alpha = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+    logp = (logp_alpha + 0.5 * torch.randn(B, T, generator=g, dtype=torch.float64)).clamp(max=-1e-3)
+    adv = torch.randn(B, generator=g, dtype=torch.float64)
+    mask = torch.ones(B, T, dtype=torch.float64)
+    mask[1, 3:] = 0
+
+    def grad(kind, normaliser, high):
+        from llm.tensors.loss import loss_weights
+
+        x = logp.clone().requires_grad_(True)
+        spec = Clip(epsilon=0.2, epsilon_high=high, importance_sampling_mode=mode,
+                    objective=loss_type(kind).objective)
+        loss, _ = grpo_loss(x, x.detach(), logp_alpha, adv, loss_weights(mask, normaliser, T), clip=spec)
+        return torch.autograd.grad(loss, x)[0]
+
+    torch.testing.assert_close(grad("cispo", "dapo", 5.0), grad("dapo", "dapo", None), rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(grad("sapo", "grpo", None), grad("grpo", "grpo", None), rtol=1e-12, atol=1e-15)
+    assert not torch.allclose(grad("sapo", "grpo", None), grad("dapo", "dapo", None))  # the normalisers differ

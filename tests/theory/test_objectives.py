@@ -49,3 +49,21 @@ def test_the_bandit_learns_under_every_objective(name, v):
     assert final_j(rows) - rows[0]["j/pi_k"] >= 0.2, final_j(rows)
     if v > 1:
         assert max(r["tv/pi_k_alpha"] for r in rows) > 0.005  # the samples were stale
+
+
+@pytest.mark.parametrize("population", [True, False])
+def test_at_one_gradient_step_per_batch_cispo_and_sapo_are_trls_truncation(population):
+    """At i = 1 each step's gradient is taken at pi = pi_k, where CISPO's (min(rho, 5) = 1), SAPO's (gate slope 1)
+    and the truncated clip's coefficients are all w A: the runs agree to rounding (the bandit frontier's rows are
+    equal to the digit). At i = 3 pi leaves pi_k within the step and the three part."""
+    base = dict(max_steps=40, population=population, learning_rate=2.0, sync_period=8, seed=1)
+    truncate = dict(importance_sampling_mode="token_truncate", importance_sampling_cap=3.0)
+    runs = {}
+    for i in (1, 3):
+        for name, kw in (("truncate", truncate), ("cispo", FRONTIER_OBJECTIVES["cispo (token_truncate, eps_high 5)"]),
+                         ("sapo", FRONTIER_OBJECTIVES["sapo (token_truncate)"])):
+            runs[name, i] = np.array([r["j/pi_k"] for r in simulate(SimConfig(num_iterations=i, **base, **kw))])
+    np.testing.assert_allclose(runs["cispo", 1], runs["truncate", 1], rtol=1e-9)
+    np.testing.assert_allclose(runs["sapo", 1], runs["truncate", 1], rtol=1e-9)
+    assert np.abs(runs["sapo", 3] - runs["truncate", 3]).max() > 1e-4
+    assert np.abs(runs["cispo", 3] - runs["truncate", 3]).max() > 1e-6

@@ -7,7 +7,11 @@ processors, the stop checks) is added to the device's instead of overlapping it.
 nothing read back per token:
 
 - one prefill of the call's left-padded prompts into a ``StaticCache`` sized to prompt width + ``max_tokens`` (kept
-  across calls of one shape and reset, so a CUDA graph's addresses stay put);
+  across calls of one shape and reset, so a CUDA graph's addresses stay put); the width is first left-padded up to a
+  multiple of ``width_bucket`` (masked columns), so that one compiled step serves every prompt width in a bucket:
+  each new shape of the step is a new compilation (seconds on a CPU, a new CUDA graph on a GPU). The transformers
+  sampler pads a task's prompts to its longest, but an agent's later turns (the conversation so far) are wider than
+  that and differ from call to call;
 - every draw of the call taken up front from the call's seeded stream (``torch.rand`` of shape (steps, rows), on the
   device), so the step is a pure function of tensors;
 - one step = the model's forward for one token per row, the temperature and the run's kept set
@@ -32,6 +36,7 @@ import torch
 from llm.tensors.token_filter import NO_FILTER, TokenFilter, filtered_logits
 
 CHECK_EVERY = 16  # steps between the loop's reads of the finished flags: at most 15 wasted steps per call
+WIDTH_BUCKET = 32  # prompt widths are rounded up to a multiple of this: at most 31 masked columns per call
 
 
 def inverse_cdf(logp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -74,13 +79,18 @@ def _step(model, draw: Draw, cache, token, position, mask, u, done):
 
 class StaticDecoder:
     """The loop above for one model. ``compile=False`` runs the same step eagerly (the tests count its host reads
-    op by op); ``check_every``: steps between reads of the finished flags."""
+    op by op); ``check_every``: steps between reads of the finished flags; ``width_bucket``: prompt widths are
+    left-padded up to a multiple of it (1: as given). ``shapes`` holds the (rows, cache length) of every call: each is
+    one compilation of the step."""
 
-    def __init__(self, model: torch.nn.Module, compile: bool = True, check_every: int = CHECK_EVERY):
+    def __init__(self, model: torch.nn.Module, compile: bool = True, check_every: int = CHECK_EVERY,
+                 width_bucket: int = WIDTH_BUCKET):
         if check_every < 1:
             raise ValueError(f"check_every must be at least 1, not {check_every}")
-        self.model, self.compile, self.check_every = model, compile, check_every
-        self.cache, self.cache_key, self.steps, self.host_reads = None, None, {}, 0
+        if width_bucket < 1:
+            raise ValueError(f"width_bucket must be at least 1, not {width_bucket}")
+        self.model, self.compile, self.check_every, self.width_bucket = model, compile, check_every, width_bucket
+        self.cache, self.cache_key, self.steps, self.host_reads, self.shapes = None, None, {}, 0, set()
 
     def _cache(self, rows: int, length: int, device: torch.device):
         from transformers import StaticCache
@@ -109,7 +119,13 @@ class StaticDecoder:
         """Tokens and their log alpha, both (rows, steps), for left-padded ``ids`` and their ``mask``; rows padded
         after their EOS; ``steps`` is ``max_tokens`` or fewer when every row finished early."""
         rows, width = ids.shape
+        extra = -width % self.width_bucket
+        if extra:  # masked columns on the left, as for a shorter prompt: the same positions, the same draws
+            ids = torch.cat([ids.new_full((rows, extra), draw.pad), ids], dim=1)
+            mask = torch.cat([mask.new_zeros(rows, extra), mask], dim=1)
+            width += extra
         device = ids.device
+        self.shapes.add((rows, width + max_tokens))
         cache = self._cache(rows, width + max_tokens, device)
         full = torch.cat([mask, mask.new_ones(rows, max_tokens)], dim=1)
         u = (torch.zeros(max_tokens, rows, dtype=torch.float64, device=device) if draw.greedy else

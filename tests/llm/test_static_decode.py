@@ -81,3 +81,25 @@ def test_the_inverse_cdf_never_draws_a_token_of_probability_zero():
     assert inverse_cdf(logp, torch.tensor([0.0, 0.0], dtype=torch.float64)).tolist() == [1, 2]
     assert inverse_cdf(logp, torch.tensor([1 - 1e-12, 1 - 1e-12], dtype=torch.float64)).tolist() == [3, 2]
     assert inverse_cdf(logp, torch.tensor([0.49, 0.51], dtype=torch.float64)).tolist() == [1, 2]
+
+
+def test_prompt_widths_in_one_bucket_share_one_compiled_step(setup):
+    """Each shape of the compiled step is a compilation of its own (seconds on a CPU, a CUDA graph on a GPU), and an
+    agent's later turns are prompts of a new width at every call. Widths 8, 11 and 13 are left-padded to one bucket
+    of 32: one shape, one graph, and the same tokens and log alpha as the unbucketed loop."""
+    from torch._dynamo.utils import counters
+
+    model, tok, ids, mask = setup
+    draw = Draw(1.3, eos=tok.eos_token_id, pad=tok.pad_token_id)
+    bucketed, plain = StaticDecoder(model), StaticDecoder(model, compile=False, width_bucket=1)
+    graphs = counters["stats"]["unique_graphs"]
+    for extra in (0, 3, 5):
+        wide_ids = torch.cat([ids.new_full((len(ids), extra), tok.pad_token_id), ids], dim=1)
+        wide_mask = torch.cat([mask.new_zeros(len(ids), extra), mask], dim=1)
+        got, got_lp = bucketed(wide_ids, wide_mask, 12, draw, torch.Generator().manual_seed(extra))
+        want, want_lp = plain(wide_ids, wide_mask, 12, draw, torch.Generator().manual_seed(extra))
+        assert torch.equal(got, want) and (got_lp - want_lp).abs().max() < 1e-5
+    assert bucketed.shapes == {(len(ids), 32 + 12)} and plain.shapes == {(len(ids), w + 12) for w in (8, 11, 13)}
+    assert counters["stats"]["unique_graphs"] - graphs == 1
+    with pytest.raises(ValueError, match="width_bucket must be at least 1"):
+        StaticDecoder(model, width_bucket=0)

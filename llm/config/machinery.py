@@ -58,7 +58,7 @@ class SamplingConfig(ConfigGroup):
     cache_implementation: Literal["dynamic", "static"] | None = None
     """The transformers sampler's KV cache (TRL's name): None or 'dynamic' (grown as tokens come; each run of equal
     prompts, a group's G completions, prefilled once), 'static' (preallocated for the call, prompts padded to the
-    task's longest, and the project's own decode loop, ``llm.sampling.static_decode``: one step per token compiled
+    task's longest (and wider ones, an agent's later turns, to a multiple of 32), and the project's own decode loop, ``llm.sampling.static_decode``: one step per token compiled
     whole, under CUDA graphs on a GPU, by inductor on a CPU, reading the device back once every 16 steps instead of
     every token as generate does; minutes of compiling at the first call of each shape). log alpha is what was sampled either way (tested
     against the trainer's recomputation). With 'static' a call's draws come from one seeded stream, not one per

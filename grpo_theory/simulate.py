@@ -293,7 +293,8 @@ def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, 
         else:
             weight = mode.weight(ratio_k, config.importance_sampling_cap, config.importance_sampling_cap_min)
             coef, low, high = log_slope(objective, np.log(p), np.log(p_k), np.log(a), adv, weight, config)
-        coef = coef * off_policy_keep(np.log(p), np.log(a), adv, config.off_policy_mask_threshold)
+        if config.off_policy_mask_threshold is not None:
+            coef = coef * off_policy_keep(np.log(p), np.log(a), adv, config.off_policy_mask_threshold)
         return coef, low, high
 
     if config.population:

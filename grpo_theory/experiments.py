@@ -1,4 +1,4 @@
-"""Bandit experiments: ``python -m grpo_theory.experiments {ablation,vsweep,staleness,all}``.
+"""Bandit experiments: --experiment ablation, vsweep, staleness, frontier, syncpolicy or all.
 
 - ablation: the paper's four GRPO configurations in bandit form, on-policy (v=1, i=1), on-policy +
   zero-variance mask, off-policy (v=10, i=1), sample reuse (v=1, i=10): final J, steps to reach a
@@ -102,12 +102,15 @@ class ExperimentConfig:
     def __post_init__(self):
         require(self, self.seeds >= 1, "seeds", "must be >= 1")
         unknown = [c for c in self.frontier_corrections if c not in FRONTIER_CORRECTIONS]
-        require(self, not unknown, "frontier_corrections",
-                f"expected names among {', '.join(map(repr, FRONTIER_CORRECTIONS))}")
+        require(self, bool(self.frontier_corrections) and not unknown, "frontier_corrections",
+                f"expected one or more names among {', '.join(map(repr, FRONTIER_CORRECTIONS))}")
+        require(self, len(set(self.frontier_corrections)) == len(self.frontier_corrections), "frontier_corrections",
+                "each name once")
         require(self, self.max_steps >= 1, "max_steps", "must be >= 1")
         require(self, 0 < self.target_j <= 1, "target_j", "must lie in (0, 1]")
-        require(self, bool(self.frontier_v) and all(v >= 0 for v in self.frontier_v), "frontier_v",
-                "must be one or more sync periods >= 1, or 0 for never")
+        require(self, bool(self.frontier_v) and all(v >= 0 for v in self.frontier_v)
+                and len(set(self.frontier_v)) == len(self.frontier_v), "frontier_v",
+                "must be one or more distinct sync periods >= 1, or 0 for never")
         require(self, self.frontier_num_iterations >= 1, "frontier_num_iterations", "must be >= 1")
 
 

@@ -5,6 +5,7 @@ weights of each normaliser are ``llm.tensors.loss.loss_weights``; the trainer's 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -115,5 +116,13 @@ def require_loss_type_settings(config) -> None:
     require(config, config.vespo_lambda_pos > 0, "vespo_lambda_pos", "VESPO's rates lambda must be > 0")
     require(config, config.vespo_lambda_neg > 0, "vespo_lambda_neg", "VESPO's rates lambda must be > 0")
     high = config.epsilon_high
-    require(config, high is None or 0 <= high < 10 or (kind.objective == "cispo" and high > 0), "epsilon_high",
-            "must lie in [0, 10), or be None for epsilon (with cispo, a cap on pi/pi_k: any value > 0)")
+    cispo = kind.objective == "cispo"
+    require(config, high is None or (high > 0 if cispo else 0 <= high < 10), "epsilon_high",
+            "with cispo, a cap on pi/pi_k: must be > 0 (0 would zero every gradient) or None for epsilon"
+            if cispo else "must lie in [0, 10), or be None for epsilon")
+    cap = config.epsilon if high is None else high
+    if cispo and cap < 1:
+        warnings.warn(f"loss_type cispo caps pi/pi_k at epsilon_high, a ratio: {cap} (epsilon_high "
+                      f"{'None, so epsilon' if high is None else 'as given'}) is below 1, so every token's gradient is "
+                      f"scaled by at most {cap} even at pi = pi_k (as TRL computes it); give a cap above 1, e.g. "
+                      "epsilon_high 5", UserWarning, stacklevel=2)

@@ -416,7 +416,9 @@ def simulate(config: SimConfig, progress: bool = False) -> list[dict]:
         if not np.all(np.isfinite(theta)):
             bar.close()  # the error line starts on a line of its own
             raise ValueError(f"learning_rate: the logits diverged at step {step} (non-finite after the update with "
-                             f"learning_rate={config.learning_rate!r}, beta={config.beta!r}); lower either")
+                             f"learning_rate={config.learning_rate!r}, loss_type={config.loss_type!r}, "
+                             f"beta={config.beta!r}): lower the learning rate, or the objective's own scale (VESPO's "
+                             "k and lambda, SAPO's temperatures)")
         # ---- exact diagnostics (Theorem 1 per prompt, prompt-weighted)
         row = {"step": step, "lag": step - last_sync, "sync": float(bool(reason)), "sync/reason": reason,
                "sync/tv_estimate": tv_before, "reward": roll.reward, "frac_reward_zero_std": roll.frac_zero_std,

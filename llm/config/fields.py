@@ -46,6 +46,10 @@ def _minus_one_is_none(value):
 WAS_MINUS_ONE = BeforeValidator(_minus_one_is_none)
 
 
+#: TRL's ``report_to="wandb"``: one name, given as a string, is the tuple of that one name.
+ONE_NAME_IS_A_TUPLE = BeforeValidator(lambda value: (value,) if isinstance(value, str) else value)
+
+
 def none_reads(off):
     """TRL's None for an option whose None means what ``off`` means here (no two-sided clip, no floor, no URL...):
     ``GRPOConfig(delta=None)``, TRL's default as a TRL user writes it, reads ``off``; the config and its config.json

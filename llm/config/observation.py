@@ -8,7 +8,8 @@ from grpo_theory.estimators import DEFAULT_LCB_METHOD, IMPROVEMENT_WEIGHT_CAP, L
 
 from pydantic import field_validator, model_validator
 
-from llm.config.fields import ConfigGroup, none_reads, MAX_TEMPERATURE, MIN_TEMPERATURE, require, resumable
+from llm.config.fields import (ONE_NAME_IS_A_TUPLE, ConfigGroup, MAX_TEMPERATURE, MIN_TEMPERATURE, none_reads, require,
+                               resumable)
 
 
 class DiagnosticsConfig(ConfigGroup):
@@ -84,7 +85,7 @@ class DiagnosticsConfig(ConfigGroup):
 class EvaluationConfig(ConfigGroup):
     """The test prompts' evaluation: how often, and sampled how."""
 
-    eval_steps: int = 0
+    eval_steps: Annotated[int, none_reads(0)] = 0
     """Evaluate the policy on the test prompts every this many steps, before the first and after the last (0: never):
     exact J (built-in task), sampled accuracy, pass@k and maj@k, and greedy accuracy (``eval/*``)."""
     num_generations_eval: int | None = None
@@ -132,7 +133,8 @@ class OutputConfig(ConfigGroup):
     name; 0: all); completions.jsonl and the trackers get every completion."""
     save_steps: int = resumable(50)
     """Checkpoint every this many steps (and at the end, and on Ctrl-C). 0: only at the end."""
-    report_to: tuple[Literal["none", "tensorboard", "wandb", "trackio"], ...] = resumable(("none",))
+    report_to: Annotated[tuple[Literal["none", "tensorboard", "wandb", "trackio"], ...], ONE_NAME_IS_A_TUPLE] = \
+        resumable(("none",))
     """Experiment trackers that get every metrics.jsonl row under the same names, step for step (TRL's name;
     several allowed: ``--report-to tensorboard wandb``). Each needs its package (an optional install); TensorBoard
     writes to <output_dir>/tensorboard. ``llm.run.trackers`` has the details."""

@@ -31,11 +31,12 @@ TRL_SWITCHES: dict[str, tuple[str, str | bool, str | bool | None]] = {
     "vllm_importance_sampling_correction": ("importance_sampling_mode", "", "none"),
 }
 #: TRL's None (its default for these fields) where this config writes the same meaning as a value: delta None no
-#: two-sided clip, min_p None no floor, num_completions_to_print None all, reward_weights None 1 each, vllm_importance_
+#: two-sided clip, min_p None no floor, num_completions_to_print None all, reward_weights None 1 each, eval_steps None
+#: no evaluation (under TRL's default eval_strategy "no"; eval_strategy itself is refused here), vllm_importance_
 #: sampling_clip_min None no lower cap, vllm_server_base_url None no URL; vllm_importance_sampling_cap None (the older
 #: name's default) is not given. epsilon_high and num_generations_eval hold TRL's None themselves (since 2026-12-07);
 #: the fields of the others read None as their value here in GRPOConfig too (``fields.none_reads``, since 2026-12-08).
-TRL_NONE = {"delta": 0.0, "min_p": 0.0, "num_completions_to_print": 0, "reward_weights": (),
+TRL_NONE = {"delta": 0.0, "min_p": 0.0, "num_completions_to_print": 0, "reward_weights": (), "eval_steps": 0,
             "vllm_importance_sampling_clip_min": 0.0, "vllm_server_base_url": ""}
 #: TRL options with no field of their name here, and what does their work here (docs/trl.md's table says more): said
 #: instead of the nearest name, which would point at an unrelated option.

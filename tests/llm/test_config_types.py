@@ -7,6 +7,7 @@ import json
 import pickle
 import re
 import typing
+import warnings
 
 import numpy as np
 import pytest
@@ -230,7 +231,7 @@ def test_a_renamed_choice_warns_where_a_user_sees_it(capsys):
 #: from_trl knows, with the value meaning the same here.
 TRL_NONE_DEFAULTS = {"epsilon_high": ("epsilon_high", None), "num_generations_eval": ("num_generations_eval", None),
                      "delta": ("delta", 0.0), "min_p": ("min_p", 0.0),
-                     "num_completions_to_print": ("num_completions_to_print", 0),
+                     "num_completions_to_print": ("num_completions_to_print", 0), "eval_steps": ("eval_steps", 0),
                      "reward_weights": ("reward_weights", ()),
                      "vllm_importance_sampling_clip_min": ("importance_sampling_cap_min", 0.0),
                      "vllm_server_base_url": ("server_url", ""),
@@ -421,3 +422,24 @@ def test_a_trl_cap_without_a_mode_warns_that_nothing_reads_it(capsys):
             main(argv + ["--max-steps", "0"])
         err = capsys.readouterr().err
         assert ("warning: --vllm-importance-sampling-clip-max 2 is read by TRL's default mode" in err) == warned, err
+
+
+def test_one_tracker_given_as_a_string_is_a_tuple_of_it():
+    """TRL's GRPOConfig(report_to="wandb"): from_trl took it, GRPOConfig refused it ('must be a tuple')."""
+    assert GRPOConfig(report_to="wandb").report_to == ("wandb",) == from_trl(report_to="wandb").report_to
+    with pytest.raises(ValueError, match="report_to"):
+        GRPOConfig(report_to="wanbd")
+
+
+def test_cispo_refuses_a_zero_cap_and_warns_of_one_below_1():
+    """CISPO's epsilon_high caps pi/pi_k: 0 zeroes every gradient (it was accepted); None leaves it at epsilon = 0.2,
+    TRL's computation too, which scales every gradient by 0.2: a warning, not a change of meaning."""
+    cispo = dict(loss_type="cispo", importance_sampling_mode="token_truncate")
+    with pytest.raises(ValueError, match="epsilon_high: with cispo"):
+        GRPOConfig(epsilon_high=0.0, **cispo)
+    with pytest.warns(UserWarning, match="below 1"):
+        assert GRPOConfig(**cispo).clip_high == 0.2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert GRPOConfig(epsilon_high=5.0, **cispo).clip_high == 5.0
+        assert GRPOConfig(epsilon_high=0.0).clip_high == 0.0  # the clip's own upper width may be 0

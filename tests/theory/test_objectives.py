@@ -67,3 +67,26 @@ def test_at_one_gradient_step_per_batch_cispo_and_sapo_are_trls_truncation(popul
     np.testing.assert_allclose(runs["sapo", 1], runs["truncate", 1], rtol=1e-9)
     assert np.abs(runs["sapo", 3] - runs["truncate", 3]).max() > 1e-4
     assert np.abs(runs["cispo", 3] - runs["truncate", 3]).max() > 1e-6
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--frontier-corrections"], "frontier_corrections: expected one or more names"),
+    (["--frontier-corrections", "paper clip", "paper clip"], "each name once"),
+    (["--frontier-v", "1", "1"], "distinct sync periods"),
+])
+def test_the_frontier_grid_refuses_an_empty_or_repeated_axis(args, needle, capsys):
+    """An empty list of corrections wrote an empty table and exited 0; a repeated v or name repeated its rows and
+    reused their run directories."""
+    from grpo_theory.experiments import ExperimentConfig
+    from runkit.cli import parse
+
+    with pytest.raises(SystemExit) as exit_info:
+        parse(ExperimentConfig, ["--experiment", "frontier", *args], prog="python -m grpo_theory.experiments")
+    assert exit_info.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_cispo_with_a_zero_cap_is_refused_and_one_below_1_warns():
+    with pytest.raises(ValueError, match="epsilon_high: with cispo"):
+        SimConfig(loss_type="cispo", importance_sampling_mode="token_truncate", epsilon_high=0.0)
+    with pytest.warns(UserWarning, match="below 1"):
+        SimConfig(loss_type="cispo", importance_sampling_mode="token_truncate")

@@ -165,8 +165,7 @@ class SimConfig:
                 f"expected one of {', '.join(MODES)}")
         require(self, self.loss_type in LOSS_TYPES, "loss_type", f"expected one of {', '.join(LOSS_TYPES)}")
         require_correction_settings(self)
-        require_loss_type_settings(self)
-        require(self, self.epsilon_high is None or self.epsilon_high >= 0, "epsilon_high", "must be >= 0 or None")
+        require_loss_type_settings(self)  # epsilon_high's range too
         require(self, self.beta >= 0, "beta", "must be >= 0")
         require(self, self.ref_sync_steps >= 0, "ref_sync_steps", "must be >= 0")
         require(self, 0 <= self.variance_eps <= EPS_MAX, "variance_eps", "must lie in [0, 3/4] (Theorem 1)")

@@ -71,6 +71,35 @@ SAPO_TEMPERATURE_NEG = 1.05
 VESPO_K_POS, VESPO_LAMBDA_POS = 2.0, 3.0
 VESPO_K_NEG, VESPO_LAMBDA_NEG = 3.0, 2.0
 CLIP_RATIO_C = 10000.0
+
+
+@dataclass(frozen=True)
+class ObjectiveSettings:
+    """The settings of TRL 1.16's objectives, verl's DPPO truncation and TRL's off-policy mask, under their names and
+    defaults, declared once: the bandit simulator's config inherits them (``grpo_theory.simulate.SimConfig``), the
+    LLM trainer's objective group is built from them (``llm.config.fields.group_of``). On a table a completion is one
+    token, so "a completion's tokens" below is that one action."""
+
+    sapo_temperature_pos: float = SAPO_TEMPERATURE_POS
+    """SAPO's gate temperature tau where A > 0 (loss_type sapo; TRL's name and default)."""
+    sapo_temperature_neg: float = SAPO_TEMPERATURE_NEG
+    """SAPO's gate temperature tau where A <= 0 (loss_type sapo; TRL's)."""
+    vespo_k_pos: float = VESPO_K_POS
+    """VESPO's power k in phi(W) = e^lambda W^k e^(-lambda W) where A >= 0 (loss_type vespo; TRL's)."""
+    vespo_lambda_pos: float = VESPO_LAMBDA_POS
+    """VESPO's rate lambda where A >= 0 (loss_type vespo; TRL's)."""
+    vespo_k_neg: float = VESPO_K_NEG
+    """VESPO's power k where A < 0 (loss_type vespo; TRL's)."""
+    vespo_lambda_neg: float = VESPO_LAMBDA_NEG
+    """VESPO's rate lambda where A < 0 (loss_type vespo; TRL's)."""
+    clip_ratio_c: float = CLIP_RATIO_C
+    """DPPO (loss_type dppo_tv, dppo_kl): the ratio pi/alpha its objective weighs each token with is truncated here
+    (verl's name; 10000, verl's DPPO example: none; the authors' code: 10; the paper finds truncation hurts)."""
+    off_policy_mask_threshold: float | None = None
+    """TRL's off-policy sequence mask (DeepSeek-V3.2's): a completion of negative advantage leaves the policy term
+    when the mean over its tokens of log alpha - log pi exceeds this (a sample KL(alpha || pi)); with every loss type
+    and mode. None: off."""
+
 #: TRL 1.16's objectives with its token truncation (cap 3) as their weight pi_k/alpha, CISPO capping pi/pi_k at 5, and
 #: DPPO at verl's example thresholds (binary TV 0.15, binary KL 0.05): the bandit's and the language model's frontier
 #: tables both take them from here, under these labels.

@@ -32,9 +32,7 @@ from . import core
 from . import estimators as ge
 from .corrections import (M2_THRESHOLD, MODES, ROLLOUT_RS_THRESHOLD, ImportanceSamplingMode, correction,
                           require_correction_settings)
-from .loss_types import (CLIP_RATIO_C, LOSS_TYPES, SAPO_TEMPERATURE_NEG, SAPO_TEMPERATURE_POS, VESPO_K_NEG,
-                         VESPO_K_POS, VESPO_LAMBDA_NEG, VESPO_LAMBDA_POS, LossTypeName, loss_type,
-                         require_loss_type_settings)
+from .loss_types import LOSS_TYPES, LossTypeName, ObjectiveSettings, loss_type, require_loss_type_settings
 from .numerics import rounding_tolerance
 from .objectives import log_slope, off_policy_keep
 from .sync_policy import SyncPolicy, projected_tv
@@ -42,8 +40,9 @@ from .validation import EPS_MAX
 
 
 @dataclasses.dataclass(frozen=True)
-class SimConfig:
-    """Off-policy GRPO (Algorithm 1) on a tabular bandit, with exact Theorem 1 logging."""
+class SimConfig(ObjectiveSettings):
+    """Off-policy GRPO (Algorithm 1) on a tabular bandit, with exact Theorem 1 logging (TRL's objectives' settings:
+    ``grpo_theory.loss_types.ObjectiveSettings``)."""
 
     n_prompts: int = 16
     """Number of prompts x (uniformly weighted)."""
@@ -88,22 +87,6 @@ class SimConfig:
     every normaliser is the mean over the samples: grpo, dapo, dr_grpo, bnpo and luspo are the clipped objective of
     ``importance_sampling_mode``; cispo, sapo and vespo are TRL 1.16's objectives of pi/pi_k times the TRL mode's
     weight; dppo_tv and dppo_kl DPPO's trust regions around alpha (mode paper)."""
-    sapo_temperature_pos: float = SAPO_TEMPERATURE_POS
-    """SAPO's gate temperature where A > 0 (loss_type sapo; TRL's name and default)."""
-    sapo_temperature_neg: float = SAPO_TEMPERATURE_NEG
-    """SAPO's gate temperature where A <= 0."""
-    vespo_k_pos: float = VESPO_K_POS
-    """VESPO's power k where A >= 0 (loss_type vespo; TRL's)."""
-    vespo_lambda_pos: float = VESPO_LAMBDA_POS
-    """VESPO's rate lambda where A >= 0."""
-    vespo_k_neg: float = VESPO_K_NEG
-    """VESPO's power k where A < 0."""
-    vespo_lambda_neg: float = VESPO_LAMBDA_NEG
-    """VESPO's rate lambda where A < 0."""
-    clip_ratio_c: float = CLIP_RATIO_C
-    """DPPO: pi/alpha truncated here (verl's name and its example's value: none)."""
-    off_policy_mask_threshold: float | None = None
-    """TRL's off-policy mask: a sample of negative advantage leaves when log alpha - log pi exceeds this (None: off)."""
     importance_sampling_mode: ImportanceSamplingMode = "paper"
     """The off-policy correction, as the LLM trainer's option of this name (``grpo_theory.corrections``): paper:
     f_eps(pi/alpha, pi_k/alpha, A); token_* / sequence_* (TRL's modes; on a table a response is one action, so the

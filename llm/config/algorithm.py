@@ -6,12 +6,11 @@ from typing import Annotated, Literal
 
 from grpo_theory.core import ScaleRewards
 from grpo_theory.corrections import ROLLOUT_RS_THRESHOLD, ImportanceSamplingMode, correction, require_correction_settings
-from grpo_theory.loss_types import (CLIP_RATIO_C, SAPO_TEMPERATURE_NEG, SAPO_TEMPERATURE_POS, VESPO_K_NEG, VESPO_K_POS,
-                                    VESPO_LAMBDA_NEG, VESPO_LAMBDA_POS, LossTypeName, require_loss_type_settings)
+from grpo_theory.loss_types import LossTypeName, ObjectiveSettings, require_loss_type_settings
 from grpo_theory.validation import EPS_MAX
 from pydantic import model_validator
 
-from llm.config.fields import WAS_MINUS_ONE, ConfigGroup, none_reads, require, resumable
+from llm.config.fields import WAS_MINUS_ONE, ConfigGroup, group_of, none_reads, require, resumable
 
 
 class SyncConfig(ConfigGroup):
@@ -80,8 +79,11 @@ class SyncConfig(ConfigGroup):
         return self.sync_period if self.generates_windows else 1
 
 
-class ObjectiveConfig(ConfigGroup):
-    """The loss: the clipped surrogate, its importance weights, advantages, normaliser and KL term."""
+class ObjectiveConfig(group_of(ObjectiveSettings)):
+    """The loss: the clipped surrogate, its importance weights, advantages, normaliser and KL term.
+
+    The settings of TRL's other objectives come first, declared once with the bandit simulator's
+    (``grpo_theory.loss_types.ObjectiveSettings``)."""
 
     epsilon: float = 0.2
     """Clip width of f_eps: pi/alpha may move at most epsilon away from pi_k/alpha."""
@@ -141,25 +143,6 @@ class ObjectiveConfig(ConfigGroup):
     log pi on the tokens whose probability moved from alpha's by at most epsilon_high up (A > 0) or epsilon down
     (A <= 0), normalised as dapo (verl's DPPO example: 0.15); dppo_kl = the same, the region the binary
     KL(alpha || pi) of the sampled token (verl's example: 0.05)."""
-    sapo_temperature_pos: float = SAPO_TEMPERATURE_POS
-    """SAPO's gate temperature tau for tokens of positive advantage (loss_type sapo; TRL's name and default)."""
-    sapo_temperature_neg: float = SAPO_TEMPERATURE_NEG
-    """SAPO's gate temperature tau for tokens of zero or negative advantage (loss_type sapo; TRL's)."""
-    vespo_k_pos: float = VESPO_K_POS
-    """VESPO's power k in phi(W) = e^lambda W^k e^(-lambda W) where A >= 0 (loss_type vespo; TRL's)."""
-    vespo_lambda_pos: float = VESPO_LAMBDA_POS
-    """VESPO's rate lambda where A >= 0 (loss_type vespo; TRL's)."""
-    vespo_k_neg: float = VESPO_K_NEG
-    """VESPO's power k where A < 0 (loss_type vespo; TRL's)."""
-    vespo_lambda_neg: float = VESPO_LAMBDA_NEG
-    """VESPO's rate lambda where A < 0 (loss_type vespo; TRL's)."""
-    clip_ratio_c: float = CLIP_RATIO_C
-    """DPPO (loss_type dppo_tv, dppo_kl): the ratio pi/alpha its objective weighs each token with is truncated here
-    (verl's name; 10000, verl's DPPO example: none; the authors' code: 10; the paper finds truncation hurts)."""
-    off_policy_mask_threshold: float | None = None
-    """TRL's off-policy sequence mask (DeepSeek-V3.2's): a completion of negative advantage leaves the policy term
-    when the mean over its tokens of log alpha - log pi exceeds this (a sample KL(alpha || pi)); with every loss type
-    and mode. None: off."""
     scale_rewards: ScaleRewards = "group"
     """group: A = (r - mean)/sqrt(var + variance_eps) per group (the paper's whitening); batch: (r - group mean) over
     the standard deviation of the step's rewards (TRL's batch); none: r - mean."""

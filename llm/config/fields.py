@@ -18,7 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from runkit.validation import require
 
-__all__ = ["ConfigGroup", "Options", "UnknownOption", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "STRICT", "is_resumable", "nearest_name", "one_line",
+__all__ = ["ConfigGroup", "group_of", "Options", "UnknownOption", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "STRICT", "is_resumable", "nearest_name", "one_line",
            "plain", "resumable", "require"]
 
 #: Sampling temperatures accepted (vLLM treats lower ones as greedy decoding, which has no log-probabilities to
@@ -164,3 +164,29 @@ class ConfigGroup(Options):
         raise AttributeError(f"{type(self).__name__} is frozen: set config.{name} = ... (the config takes a new "
                              f"group, validated with the rest), or build one ({type(self).__name__}(...), "
                              "model_copy, GRPOConfig.replace)")
+
+
+def attribute_docstrings(cls) -> dict[str, str]:
+    """Each field's docstring in ``cls``'s source (the string under its declaration), as pydantic reads a model's."""
+    import ast
+    import inspect
+    import textwrap
+
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    return {a.target.id: inspect.cleandoc(b.value.value) for a, b in zip(body, body[1:])
+            if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr)
+            and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)}
+
+
+def group_of(settings: type) -> type[ConfigGroup]:
+    """A config group holding the fields of the frozen dataclass ``settings`` (a declaration ``grpo_theory`` shares
+    with the bandit simulator): their types, defaults and docstrings. A group derived from it adds its own fields
+    and rules."""
+    import dataclasses
+    import typing
+
+    from pydantic import create_model
+
+    hints, docs = typing.get_type_hints(settings), attribute_docstrings(settings)
+    return create_model(settings.__name__, __base__=ConfigGroup, __module__=__name__, **{
+        f.name: (hints[f.name], Field(f.default, description=docs.get(f.name))) for f in dataclasses.fields(settings)})

@@ -150,6 +150,26 @@ def test_the_simulator_refuses_what_the_trainer_refuses(bad, field):
         SimConfig(**bad)
 
 
+def test_the_objectives_settings_are_one_declaration_in_both_configs():
+    """SAPO's, VESPO's, DPPO's and the off-policy mask's settings: the simulator's config and the trainer's objective
+    group hold the fields of ``ObjectiveSettings``, with its defaults and its docstrings as their help."""
+    from grpo_theory.loss_types import ObjectiveSettings
+    from llm.config import GRPOConfig
+    from llm.config.algorithm import ObjectiveConfig
+    from llm.config.fields import attribute_docstrings
+
+    docs = attribute_docstrings(ObjectiveSettings)
+    shared = dataclasses.fields(ObjectiveSettings)
+    assert [f.name for f in shared] == list(docs) and len(shared) == 8
+    sim, trainer = SimConfig(), GRPOConfig()
+    for f in shared:
+        assert getattr(sim, f.name) == getattr(trainer, f.name) == f.default
+        assert ObjectiveConfig.model_fields[f.name].description == docs[f.name]
+        assert f.name in {g.name for g in dataclasses.fields(SimConfig)}
+    # each still takes its own value, under the same name, in both
+    assert SimConfig(vespo_k_neg=1.5).vespo_k_neg == GRPOConfig(vespo_k_neg=1.5).vespo_k_neg == 1.5
+
+
 @pytest.mark.parametrize("mode", ["token_truncate", "sequence_mask", "none"])
 @pytest.mark.parametrize("seed", range(3))
 def test_at_pi_equal_pi_k_cispo_and_sapo_have_the_truncated_clips_gradient(mode, seed):

@@ -317,6 +317,22 @@ def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, 
     return grad, clip_low, clip_high
 
 
+def off_policy_masked(config: SimConfig, bandit: Bandit, roll: Rollout, pi, alpha) -> float:
+    """The share of the step's samples in the objective (the zero-variance mask's kept prompts) that TRL's off-policy
+    mask drops at ``pi``: ``off_policy_mask/frac_masked``, as the LLM trainer logs it over its loss tokens (population
+    mode: exact, weighted rho alpha; nan where no prompt is kept)."""
+    threshold, kept = config.off_policy_mask_threshold, roll.keep > 0
+    if config.population:
+        dropped = 1.0 - off_policy_keep(np.log(pi), np.log(alpha), roll.adv, threshold)
+        weight = (bandit.rho * kept)[:, None] * alpha
+    else:
+        ys = (roll.xs[:, None], roll.ys)
+        dropped = 1.0 - off_policy_keep(np.log(pi[ys]), np.log(alpha[ys]), roll.adv, threshold)
+        weight = np.broadcast_to(kept[:, None], dropped.shape).astype(float)
+    total = float(np.sum(weight))
+    return float(np.sum(weight * dropped) / total) if total > 0 else float("nan")
+
+
 def exact_diagnostics(bandit: Bandit, pi_new, pi_k, alpha, ref, eps: float) -> dict[str, float]:
     """J(pi_k), the realised improvement J(pi_{k+1}) - J(pi_k) and every Theorem 1 term, exact and
     rho-weighted, with the float64 allowance of each bound (docs/theory.md, §3 and §10)."""
@@ -394,6 +410,8 @@ def simulate(config: SimConfig, progress: bool = False) -> list[dict]:
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a divergence is reported below
             for _ in range(config.num_iterations):
                 grad, clip_low, clip_high = objective_gradient(config, bandit, roll, theta, pi_k, alpha, ref)
+                if config.off_policy_mask_threshold is not None:  # at the last inner step's pi, as the clip's flags
+                    masked = off_policy_masked(config, bandit, roll, core.softmax(theta), alpha)
                 theta = theta + config.learning_rate * grad
         if not np.all(np.isfinite(theta)):
             bar.close()  # the error line starts on a line of its own
@@ -405,6 +423,8 @@ def simulate(config: SimConfig, progress: bool = False) -> list[dict]:
         row = {"step": step, "lag": step - last_sync, "sync": float(bool(reason)), "sync/reason": reason,
                "sync/tv_estimate": tv_before, "reward": roll.reward, "frac_reward_zero_std": roll.frac_zero_std,
                "clip_ratio/low_mean": clip_low, "clip_ratio/high_mean": clip_high}
+        if config.off_policy_mask_threshold is not None:
+            row["off_policy_mask/frac_masked"] = masked
         row.update(exact_diagnostics(bandit, core.softmax(theta), pi_k, alpha, ref, config.variance_eps))
         if config.heldout_prompts:
             row.update(heldout_improvement(config, bandit, core.softmax(theta), pi_k, alpha, heldout_rng))

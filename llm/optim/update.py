@@ -280,9 +280,9 @@ def reduce_stats(ranks: Ranks, stats: LossStats) -> LossStats:
     """The step's loss statistics over every rank's tokens (sums added)."""
     if not ranks.active:
         return stats
-    kl_names, n = sorted(stats.kl), len(LossStats.SUMS)
-    sums = torch.tensor([*(getattr(stats, k) for k in LossStats.SUMS), *(stats.kl[k] for k in kl_names)],
+    names, n = sorted(stats.optional), len(LossStats.SUMS)
+    sums = torch.tensor([*(getattr(stats, k) for k in LossStats.SUMS), *(stats.optional[k] for k in names)],
                         dtype=torch.float64)
     ranks.sum(sums)
     v = sums.tolist()
-    return LossStats(**dict(zip(LossStats.SUMS, v[:n])), kl=dict(zip(kl_names, v[n:])))
+    return LossStats(**dict(zip(LossStats.SUMS, v[:n])), optional=dict(zip(names, v[n:])))

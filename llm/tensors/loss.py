@@ -224,17 +224,20 @@ class LossStats:
     clip_low: float = 0.0
     clip_high: float = 0.0
     above_cap: float = 0.0
-    kl: dict = field(default_factory=dict)  # name -> sum over loss tokens
+    optional: dict = field(default_factory=dict)  # name -> sum over loss tokens, of the terms a config switches on
 
     SUMS = ("loss", "tokens", "clip_low", "clip_high", "above_cap")
 
     def merge(self, other: "LossStats") -> "LossStats":
-        kl = {k: self.kl.get(k, 0.0) + other.kl.get(k, 0.0) for k in {**self.kl, **other.kl}}  # keys in order
-        return LossStats(**{k: getattr(self, k) + getattr(other, k) for k in self.SUMS}, kl=kl)
+        optional = {k: self.optional.get(k, 0.0) + other.optional.get(k, 0.0)
+                    for k in {**self.optional, **other.optional}}  # keys in order
+        return LossStats(**{k: getattr(self, k) + getattr(other, k) for k in self.SUMS}, optional=optional)
 
     def metrics(self) -> dict[str, float]:
         """TRL's names where they exist: loss, clip_ratio/*, kl; plus ``is_correction/frac_above_cap`` (loss tokens
-        whose weight a TRL mode truncated or masked; 0 with the paper's clip). Shares and means over the loss tokens:
+        whose weight a TRL mode truncated or masked; 0 with the paper's clip) and, where they are on, the KL term's
+        means and ``off_policy_mask/frac_masked`` (loss tokens whose completion TRL's off-policy mask dropped; TRL logs
+        no such share). Shares and means over the loss tokens:
         nan on a step with none (every group masked, or dropped for staleness), where there is nothing to average.
         The importance weights and the mismatch KL are over every completion token (``llm.tensors.diagnostics.
         weight_metrics``), not these."""
@@ -247,7 +250,7 @@ class LossStats:
             "clip_ratio/region_mean": share(self.clip_low + self.clip_high),
             "is_correction/frac_above_cap": share(self.above_cap),
         }
-        out.update({k: share(v) for k, v in self.kl.items()})
+        out.update({k: share(v) for k, v in self.optional.items()})
         return out
 
 
@@ -304,24 +307,25 @@ def grpo_loss(
     else:
         per_token, log_ratio, log_ratio_k, above, flags = trl_objective(logp, logp_k, logp_alpha, adv,
                                                                         on.to(logp.dtype), spec, level)
+    optional = {}
     if spec.off_policy_mask_threshold is not None:
-        per_token = per_token * off_policy_mask(logp, logp_alpha, adv, on.to(logp.dtype),
-                                                spec.off_policy_mask_threshold)
+        kept = off_policy_mask(logp, logp_alpha, adv, on.to(logp.dtype), spec.off_policy_mask_threshold)
+        per_token = per_token * kept
+        optional["off_policy_mask/frac_masked"] = float(((kept == 0) & on).sum())
     if entropy_mask is not None:
         per_token = per_token * entropy_mask
     if spec.correction.step_mask and token_keep is not None:
         per_token = per_token * token_keep.to(per_token.dtype)
         above = ~token_keep.bool()
-    kl_sums = {}
     if beta > 0:
         k3 = k3_kl(logp, logp_ref.detach())
         k3_is = torch.exp(token_log_ratio.clamp(max=KL_LOG_MAX)) * k3  # pi/alpha (with gradient) times k3
         per_token = per_token + beta * (k3_is if use_bias_correction_kl else k3)
         with torch.no_grad():
-            kl_sums = {"kl": float(((k3_is if use_bias_correction_kl else k3) * on).sum()),
-                       "kl/k3": float((k3 * on).sum()), "kl/k3_is": float((k3_is * on).sum())}
+            optional.update({"kl": float(((k3_is if use_bias_correction_kl else k3) * on).sum()),
+                             "kl/k3": float((k3 * on).sum()), "kl/k3_is": float((k3_is * on).sum())})
     loss = (per_token * weights).sum()
-    return loss, loss_stats(loss, log_ratio, log_ratio_k, adv, spec, on, above, kl_sums, flags)
+    return loss, loss_stats(loss, log_ratio, log_ratio_k, adv, spec, on, above, optional, flags)
 
 
 def off_policy_mask(logp: torch.Tensor, logp_alpha: torch.Tensor, adv: torch.Tensor, real: torch.Tensor,
@@ -491,10 +495,11 @@ def clipped_objective(logp: torch.Tensor, logp_k: torch.Tensor, logp_alpha: torc
 
 @torch.no_grad()
 def loss_stats(loss: torch.Tensor, log_ratio: torch.Tensor, log_ratio_k: torch.Tensor, adv: torch.Tensor, spec: Clip,
-               on: torch.Tensor, above: torch.Tensor, kl_sums: dict, flags=None) -> LossStats:
+               on: torch.Tensor, above: torch.Tensor, optional: dict, flags=None) -> LossStats:
     """The statistics of a loss over its tokens ``on``: of the unbounded ratios (inf where they overflow). The clip
     flags are the mode's (``CorrectionLoss.flags``: the paper's window around r', PPO's around 1 for rho = pi/pi_k,
     none for M2PO)."""
     low, high = spec.loss.flags(log_ratio, log_ratio_k, adv, spec) if flags is None else flags
     return LossStats(loss=float(loss.detach()), tokens=float(on.sum()), clip_low=float((low & on).sum()),
-                     clip_high=float((high & on).sum()), above_cap=float((above & on).sum()), kl=kl_sums)
+                     clip_high=float((high & on).sum()), above_cap=float((above & on).sum()),
+                     optional=optional)

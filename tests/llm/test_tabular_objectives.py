@@ -65,9 +65,14 @@ def test_each_samples_coefficient_is_the_torch_losss_gradient_in_log_pi(kind, mo
                         off_policy_mask_threshold=threshold)
         coef, low, high_flags = log_slope(spec.objective, np.log(pi), np.log(pi_k), np.log(alpha), adv,
                                           mode_.weight(pi_k / alpha, 1.5), cfg)
-    coef = coef * off_policy_keep(np.log(pi), np.log(alpha), adv, threshold)
+    kept = off_policy_keep(np.log(pi), np.log(alpha), adv, threshold)
+    coef = coef * kept
     np.testing.assert_allclose(-grad.numpy()[:, 0], coef, rtol=1e-6, atol=1e-12)
     metrics = stats.metrics()
+    if threshold is None:
+        assert "off_policy_mask/frac_masked" not in metrics
+    else:
+        assert metrics["off_policy_mask/frac_masked"] == pytest.approx(1 - kept.mean())
     assert metrics["clip_ratio/low_mean"] == pytest.approx(low.mean())
     assert metrics["clip_ratio/high_mean"] == pytest.approx(high_flags.mean())
 
@@ -148,6 +153,40 @@ def test_the_simulators_step_gradient_is_the_llm_losss(kind, mode, high, populat
 def test_the_simulator_refuses_what_the_trainer_refuses(bad, field):
     with pytest.raises(ValueError, match=field):
         SimConfig(**bad)
+
+
+@pytest.mark.parametrize("population", [False, True])
+def test_the_simulator_logs_the_share_the_off_policy_mask_drops(population):
+    """Never syncing, pi leaves alpha and the mask drops some negative-advantage samples: the logged share is the
+    samples' (the LLM loss's, rows of one token each, in sampled mode), 0 with a threshold nothing exceeds, and
+    absent with the mask off."""
+    from grpo_theory.simulate import off_policy_masked, simulate
+
+    base = dict(sync_period=1000, max_steps=40, learning_rate=2.0, population=population, seed=1,
+                mask_zero_std_groups=True)
+    rows = simulate(SimConfig(off_policy_mask_threshold=0.05, **base))
+    shares = np.array([r["off_policy_mask/frac_masked"] for r in rows])
+    assert shares[0] == 0 and 0 < np.nanmax(shares) <= 1  # pi = alpha at step 0
+    # nan exactly at the steps where no group has varied rewards (no sample in the objective), as the LLM's share
+    np.testing.assert_array_equal(np.isnan(shares), [r["frac_reward_zero_std"] == 1 for r in rows])
+    none = np.array([r["off_policy_mask/frac_masked"] for r in simulate(SimConfig(off_policy_mask_threshold=1e3, **base))])
+    assert np.all(none[~np.isnan(none)] == 0) and not np.all(np.isnan(none))
+    assert "off_policy_mask/frac_masked" not in simulate(SimConfig(**base))[0]
+    if not population:  # one sampled step against the LLM loss's count over its loss tokens
+        config = SimConfig(off_policy_mask_threshold=0.05, **{**base, "prompts_per_step": 16})
+        bandit, rng = make_bandit(config), np.random.default_rng(0)
+        alpha = gt.softmax(bandit.logits0)
+        pi = gt.softmax(bandit.logits0 + rng.normal(size=bandit.logits0.shape))
+        roll = sample_rollout(config, bandit, alpha, rng)
+        ys = (roll.xs[:, None], roll.ys)
+        logp = torch.tensor(np.log(pi[ys])).reshape(-1, 1)
+        weights = torch.tensor(np.repeat(roll.keep > 0, roll.ys.shape[1]), dtype=torch.float64)[:, None]
+        _, stats = grpo_loss(logp, logp, torch.tensor(np.log(alpha[ys])).reshape(-1, 1),
+                             torch.tensor(np.broadcast_to(roll.adv, roll.ys.shape).ravel()), weights,
+                             clip=_spec("grpo", "paper", None, 0.05))
+        expected = stats.metrics()["off_policy_mask/frac_masked"]
+        assert expected > 0
+        assert off_policy_masked(config, bandit, roll, pi, alpha) == pytest.approx(expected)
 
 
 def test_the_objectives_settings_are_one_declaration_in_both_configs():

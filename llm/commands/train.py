@@ -25,10 +25,10 @@ def main(args: list[str] | None = None) -> int:
     given = sys.argv[1:] if args is None else list(args)
     argv = translate_trl_args(given)  # TRL's option names accepted too
     said = trl_flags_said(given)  # an error names a TRL flag as typed
-    if (warning := unread_cap_in_argv(given)) is not None:
-        print(f"{PROG}: warning: {warning}", file=sys.stderr)
     config = parse(GRPOConfig, argv, prog=PROG, description=DESCRIPTION,
                    explain=lambda message: str(as_said(ValueError(message), said)))
+    if (warning := unread_cap_in_argv(given)) is not None:  # of a command line that parses: a refusal says enough
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
     from llm.run.trainer import train  # torch and transformers load here, not for --help or a bad option
 
     run_dir = train(config)

@@ -194,9 +194,10 @@ def from_trl(**kwargs) -> GRPOConfig:
     both = sorted(set(translated) & set(kwargs))
     if both:
         raise ValueError(f"{both[0]}: given both under its own name and under TRL's; give one")
-    if (warning := unread_cap_in_python(trl, kwargs)) is not None:
-        warnings.warn(warning, UserWarning, stacklevel=2)
     try:
-        return GRPOConfig(**kwargs, **translated)
+        config = GRPOConfig(**kwargs, **translated)
     except ValueError as exc:
         raise as_said(exc, {field: (name, f"={trl[name]!r}") for name, field in trl_fields(trl)}) from None
+    if (warning := unread_cap_in_python(trl, kwargs)) is not None:  # of a config that builds: a refusal says enough
+        warnings.warn(warning, UserWarning, stacklevel=2)
+    return config

@@ -398,7 +398,7 @@ def test_every_trl_option_on_the_trl_page_is_known_to_the_config():
             GRPOConfig(**{name: 1})
 
 
-def test_a_trl_cap_without_a_mode_warns_that_nothing_reads_it(capsys):
+def test_a_trl_cap_without_a_mode_warns_that_nothing_reads_it(capsys, monkeypatch):
     """TRL's vllm_importance_sampling_clip_max acts under TRL's default mode sequence_mask; here the default is the
     paper's exact weight, which reads no cap, so the cap silently changed nothing. It still loads (a saved from_trl
     dict of this shape, tests/data/before_groups), with a warning, in Python and on the command line; with a mode
@@ -415,13 +415,25 @@ def test_a_trl_cap_without_a_mode_warns_that_nothing_reads_it(capsys):
         from_trl(vllm_importance_sampling_clip_max=2.0, vllm_importance_sampling_mode="sequence_mask")
         from_trl(vllm_importance_sampling_cap=2.0, importance_sampling_mode="token_truncate")
         from_trl(importance_sampling_cap=2.0)  # this project's own name: its meaning is this project's
+        with pytest.raises(ValueError, match="must lie in"):  # a refused cap: the refusal alone, no warning before it
+            from_trl(vllm_importance_sampling_clip_min=-1.0)
+    import llm.run.trainer
+
+    def stop(config):  # the command line parsed: no run
+        raise SystemExit(0)
+
+    monkeypatch.setattr(llm.run.trainer, "train", stop)
     for argv, warned in [(["--vllm-importance-sampling-clip-max", "2"], True),
                          (["--vllm_importance_sampling_clip_max=2", "--vllm-importance-sampling-mode", "token_mask"], False),
                          (["--vllm-importance-sampling-cap", "2", "--no-vllm-importance-sampling-correction"], False)]:
         with pytest.raises(SystemExit):
-            main(argv + ["--max-steps", "0"])
+            main(argv)
         err = capsys.readouterr().err
         assert ("warning: --vllm-importance-sampling-clip-max 2 is read by TRL's default mode" in err) == warned, err
+    with pytest.raises(SystemExit):
+        main(["--vllm-importance-sampling-clip-min", "-1"])
+    err = capsys.readouterr().err
+    assert "error: --vllm-importance-sampling-clip-min -1" in err and "warning" not in err, err
 
 
 def test_one_tracker_given_as_a_string_is_a_tuple_of_it():

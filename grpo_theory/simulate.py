@@ -32,7 +32,8 @@ from . import core
 from . import estimators as ge
 from .corrections import (M2_THRESHOLD, MODES, ROLLOUT_RS_THRESHOLD, ImportanceSamplingMode, correction,
                           require_correction_settings)
-from .loss_types import LOSS_TYPES, LossTypeName, ObjectiveSettings, loss_type, require_loss_type_settings
+from .loss_types import (LOSS_TYPES, EssStepSettings, LossTypeName, ObjectiveSettings, loss_type,
+                         require_ess_step_settings, require_loss_type_settings)
 from .numerics import rounding_tolerance
 from .objectives import log_slope, off_policy_keep
 from .sync_policy import SyncPolicy, projected_tv
@@ -40,9 +41,9 @@ from .validation import EPS_MAX
 
 
 @dataclasses.dataclass(frozen=True)
-class SimConfig(ObjectiveSettings):
-    """Off-policy GRPO (Algorithm 1) on a tabular bandit, with exact Theorem 1 logging (TRL's objectives' settings:
-    ``grpo_theory.loss_types.ObjectiveSettings``)."""
+class SimConfig(EssStepSettings, ObjectiveSettings):
+    """Off-policy GRPO (Algorithm 1) on a tabular bandit, with exact Theorem 1 logging (TRL's objectives' settings and
+    VCPO's step, as the LLM trainer's: ``grpo_theory.loss_types.ObjectiveSettings``, ``EssStepSettings``)."""
 
     n_prompts: int = 16
     """Number of prompts x (uniformly weighted)."""
@@ -149,6 +150,7 @@ class SimConfig(ObjectiveSettings):
         require(self, self.loss_type in LOSS_TYPES, "loss_type", f"expected one of {', '.join(LOSS_TYPES)}")
         require_correction_settings(self)
         require_loss_type_settings(self)  # epsilon_high's range too
+        require_ess_step_settings(self)
         require(self, self.beta >= 0, "beta", "must be >= 0")
         require(self, self.ref_sync_steps >= 0, "ref_sync_steps", "must be >= 0")
         require(self, 0 <= self.variance_eps <= EPS_MAX, "variance_eps", "must lie in [0, 3/4] (Theorem 1)")
@@ -333,6 +335,16 @@ def off_policy_masked(config: SimConfig, bandit: Bandit, roll: Rollout, pi, alph
     return float(np.sum(weight * dropped) / total) if total > 0 else float("nan")
 
 
+def step_ess_fraction(config: SimConfig, bandit: Bandit, roll: Rollout, pi_k, alpha) -> float:
+    """The Kish ESS fraction of the step's weights pi_k/alpha that VCPO's step reads: over the step's B x G samples
+    (every group, zero-variance ones included, as the LLM trainer's ``ess_lr_factor``), or in population mode its
+    limit 1 / E_{x ~ rho, y ~ alpha} (pi_k/alpha)^2 (``ess/pi_k_alpha``)."""
+    if config.population:
+        return float(1.0 / np.sum(bandit.rho * np.sum(pi_k**2 / alpha, axis=1)))
+    ys = (roll.xs[:, None], roll.ys)
+    return float(ge.kish_ess_fraction(pi_k[ys] / alpha[ys]))
+
+
 def exact_diagnostics(bandit: Bandit, pi_new, pi_k, alpha, ref, eps: float) -> dict[str, float]:
     """J(pi_k), the realised improvement J(pi_{k+1}) - J(pi_k) and every Theorem 1 term, exact and
     rho-weighted, with the float64 allowance of each bound (docs/theory.md, §3 and §10)."""
@@ -406,13 +418,16 @@ def simulate(config: SimConfig, progress: bool = False) -> list[dict]:
         pi_k, alpha, ref = core.softmax(theta), core.softmax(theta_alpha), core.softmax(theta_ref)
         # ---- rollout + score + advantages
         roll = sample_rollout(config, bandit, alpha, rng)
-        # ---- optimise: i gradient-ascent steps on L^c - beta KL
+        # ---- optimise: i gradient-ascent steps on L^c - beta KL (VCPO's step: the rate times the ESS factor)
+        lr_factor = ge.ess_step_factor(step_ess_fraction(config, bandit, roll, pi_k, alpha), config.ess_scaling,
+                                       config.ess_scaling_base_ess_ratio)
+        lr = config.learning_rate * lr_factor
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a divergence is reported below
             for _ in range(config.num_iterations):
                 grad, clip_low, clip_high = objective_gradient(config, bandit, roll, theta, pi_k, alpha, ref)
                 if config.off_policy_mask_threshold is not None:  # at the last inner step's pi, as the clip's flags
                     masked = off_policy_masked(config, bandit, roll, core.softmax(theta), alpha)
-                theta = theta + config.learning_rate * grad
+                theta = theta + lr * grad
         if not np.all(np.isfinite(theta)):
             bar.close()  # the error line starts on a line of its own
             raise ValueError(f"learning_rate: the logits diverged at step {step} (non-finite after the update with "
@@ -425,6 +440,8 @@ def simulate(config: SimConfig, progress: bool = False) -> list[dict]:
                "clip_ratio/low_mean": clip_low, "clip_ratio/high_mean": clip_high}
         if config.off_policy_mask_threshold is not None:
             row["off_policy_mask/frac_masked"] = masked
+        if config.ess_scaling != "none":
+            row["ess_scaling/lr_factor"] = lr_factor
         row.update(exact_diagnostics(bandit, core.softmax(theta), pi_k, alpha, ref, config.variance_eps))
         if config.heldout_prompts:
             row.update(heldout_improvement(config, bandit, core.softmax(theta), pi_k, alpha, heldout_rng))

@@ -6,7 +6,8 @@ from typing import Annotated, Literal
 
 from grpo_theory.core import ScaleRewards
 from grpo_theory.corrections import ROLLOUT_RS_THRESHOLD, ImportanceSamplingMode, correction, require_correction_settings
-from grpo_theory.loss_types import LossTypeName, ObjectiveSettings, require_loss_type_settings
+from grpo_theory.loss_types import (EssStepSettings, LossTypeName, ObjectiveSettings, require_ess_step_settings,
+                                    require_loss_type_settings)
 from grpo_theory.validation import EPS_MAX
 from pydantic import model_validator
 
@@ -193,8 +194,11 @@ class ObjectiveConfig(group_of(ObjectiveSettings)):
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
 
-class OptimConfig(ConfigGroup):
-    """The optimiser: i steps of AdamW per batch on a learning-rate schedule."""
+class OptimConfig(group_of(EssStepSettings)):
+    """The optimiser: i steps of AdamW per batch on a learning-rate schedule.
+
+    VCPO's ESS-guided step comes first, declared once with the bandit simulator's
+    (``grpo_theory.loss_types.EssStepSettings``)."""
 
     num_iterations: int = 1
     """i: optimiser steps on each batch (TRL's num_iterations; i > 1 is sample reuse)."""
@@ -219,13 +223,6 @@ class OptimConfig(ConfigGroup):
     """AdamW weight decay."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip (0 disables)."""
-    ess_scaling: Literal["none", "sqrt", "linear"] = "none"
-    """VCPO's ESS-guided step (Huang et al., arXiv 2602.17616; its code mit-han-lab/vcpo, its actor config's names):
-    each optimiser step's rate times sqrt (or linear) of min(1, rho / ess_scaling_base_ess_ratio), rho the Kish ESS
-    fraction of the step's sequence weights pi_k/alpha (zero-variance groups included, as the authors' minibatch);
-    the schedule is untouched. Logged as ``ess_scaling/lr_factor``. none: off."""
-    ess_scaling_base_ess_ratio: float = 1.0
-    """VCPO's base ESS fraction: the step is scaled only below it (the authors' default 1: any ESS below n)."""
     grad_baselining: bool = False
     """VCPO's off-policy optimal baseline (its authors' grad_baselining.*): advantages about b* = sum W R / sum W,
     W_i = ||g_i||^2 w_i^2 (g_i completion i's gradient at unit advantage, w_i = pi_k/alpha), not the group's mean;
@@ -252,5 +249,5 @@ class OptimConfig(ConfigGroup):
         require(self, self.weight_decay >= 0, "weight_decay", "must be >= 0")
         require(self, self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0")
         require(self, self.max_consecutive_skipped_updates >= 1, "max_consecutive_skipped_updates", "must be >= 1")
-        require(self, 0 < self.ess_scaling_base_ess_ratio <= 1, "ess_scaling_base_ess_ratio", "must lie in (0, 1]")
+        require_ess_step_settings(self)
         return self

@@ -20,7 +20,7 @@ import torch
 
 from runkit.host_memory import micro_batches
 
-from grpo_theory.estimators import kish_ess_fraction
+from grpo_theory.estimators import ess_step_factor, kish_ess_fraction
 from llm.tensors.batch import Batch
 from llm.tensors.diagnostics import sequence_log_ratio
 from llm.tensors.logprobs import Forward, TokenDists, idle_passes
@@ -87,9 +87,7 @@ def ess_lr_factor(logp_k: torch.Tensor, logp_alpha: torch.Tensor | None, mask: t
     if logp_alpha is None or not bool(rows.any()):
         return 1.0
     log_w = sequence_log_ratio(logp_k, logp_alpha, mask.to(logp_k.dtype), mask.shape[0], 1)[rows.cpu().numpy(), 0]
-    rho = float(kish_ess_fraction(np.exp(log_w - log_w.max())))
-    scale = min(1.0, rho / base)
-    return math.sqrt(scale) if rule == "sqrt" else scale
+    return ess_step_factor(kish_ess_fraction(np.exp(log_w - log_w.max())), rule, base)
 
 
 def optimise(passes: Passes, objective: Objective, policy: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -189,6 +189,25 @@ def test_the_simulator_logs_the_share_the_off_policy_mask_drops(population):
         assert off_policy_masked(config, bandit, roll, pi, alpha) == pytest.approx(expected)
 
 
+def test_the_simulators_vcpo_step_is_the_trainers_on_the_same_samples():
+    """The sampled step's ESS factor: the simulator's, over its B x G samples, equals the LLM trainer's
+    ``ess_lr_factor`` over the same samples as one-token completions (zero-variance groups included in both)."""
+    from grpo_theory.estimators import ess_step_factor
+    from grpo_theory.simulate import step_ess_fraction
+    from llm.optim.update import ess_lr_factor
+
+    config = SimConfig(ess_scaling="sqrt", ess_scaling_base_ess_ratio=0.9, prompts_per_step=16)
+    bandit, rng = make_bandit(config), np.random.default_rng(4)
+    alpha = gt.softmax(bandit.logits0)
+    pi_k = gt.softmax(bandit.logits0 + rng.normal(size=bandit.logits0.shape))
+    roll = sample_rollout(config, bandit, alpha, rng)
+    ys = (roll.xs[:, None], roll.ys)
+    ours = ess_step_factor(step_ess_fraction(config, bandit, roll, pi_k, alpha), "sqrt", 0.9)
+    trainer = ess_lr_factor(torch.tensor(np.log(pi_k[ys])).reshape(-1, 1), torch.tensor(np.log(alpha[ys])).reshape(-1, 1),
+                            torch.ones(roll.ys.size, 1), "sqrt", 0.9)
+    assert ours < 0.95 and ours == pytest.approx(trainer, rel=1e-12)
+
+
 def test_the_objectives_settings_are_one_declaration_in_both_configs():
     """SAPO's, VESPO's, DPPO's and the off-policy mask's settings: the simulator's config and the trainer's objective
     group hold the fields of ``ObjectiveSettings``, with its defaults and its docstrings as their help."""

@@ -1,6 +1,6 @@
-"""grpo_theory.objectives: TRL 1.16's CISPO, SAPO and VESPO and DPPO's trust regions on a table. Their torch twins
-are held equal to them in tests/llm/test_tabular_objectives.py; here, what each must be on its own: the policy
-gradient where pi = pi_k = alpha, and a bandit that learns under each of them, stale or not."""
+"""grpo_theory.objectives: TRL 1.16's CISPO, SAPO and VESPO and DPPO's trust regions on a table, and VCPO's ESS step.
+Their torch twins are held equal to them in tests/llm/test_tabular_objectives.py; here, what each must be on its own:
+the policy gradient where pi = pi_k = alpha, and a bandit that learns under each of them, stale or not."""
 
 import numpy as np
 import pytest
@@ -11,10 +11,14 @@ from grpo_theory.core import softmax
 from grpo_theory.corrections import correction
 from grpo_theory.loss_types import FRONTIER_OBJECTIVES, loss_type
 from grpo_theory.objectives import log_slope, off_policy_keep
+from grpo_theory.estimators import ess_step_factor, kish_ess_fraction
 from grpo_theory.simulate import SimConfig, final_j, simulate
 
+#: The frontier's rows whose objective is one of a loss type's own (VCPO's row is a step size on the paper's clip).
+OWN_OBJECTIVES = sorted(name for name, kw in FRONTIER_OBJECTIVES.items() if "loss_type" in kw)
 
-@given(st.integers(0, 2**32 - 1), st.sampled_from(sorted(FRONTIER_OBJECTIVES)), st.integers(2, 12))
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from(OWN_OBJECTIVES), st.integers(2, 12))
 def test_on_policy_every_objective_is_the_policy_gradient(seed, name, n):
     """At pi = pi_k = alpha every sample's coefficient in log pi(y) is its advantage (CISPO's cap min(1, 5) = 1,
     SAPO's gate slope 4 s(0)(1 - s(0)) = 1, VESPO's phi(1) = 1, DPPO inside its region with pi/alpha = 1), so the
@@ -90,3 +94,37 @@ def test_cispo_with_a_zero_cap_is_refused_and_one_below_1_warns():
         SimConfig(loss_type="cispo", importance_sampling_mode="token_truncate", epsilon_high=0.0)
     with pytest.warns(UserWarning, match="below 1"):
         SimConfig(loss_type="cispo", importance_sampling_mode="token_truncate")
+
+
+@given(st.lists(st.floats(1e-6, 1e6), min_size=1, max_size=64), st.floats(0.01, 1.0))
+def test_vcpos_step_factor_is_its_papers_rule(weights, base):
+    """sqrt (or linear) of min(1, rho / base), rho the Kish ESS fraction (sum w)^2 / (n sum w^2): in (0, 1], 1 with
+    equal weights, and never above sqrt of the ESS fraction over the base."""
+    w = np.array(weights)
+    rho = float(np.sum(w) ** 2 / (w.size * np.sum(w**2)))
+    assert kish_ess_fraction(w) == pytest.approx(rho, rel=1e-12)
+    assert ess_step_factor(rho, "sqrt", base) == pytest.approx(min(1.0, rho / base) ** 0.5, rel=1e-12)
+    assert ess_step_factor(rho, "linear", base) == pytest.approx(min(1.0, rho / base), rel=1e-12)
+    assert ess_step_factor(rho, "none", base) == 1.0
+    assert 0 < ess_step_factor(rho, "sqrt", base) <= 1
+    assert ess_step_factor(kish_ess_fraction(np.full(w.size, w[0])), "sqrt", base) == pytest.approx(1.0)
+
+
+def test_vcpos_step_on_the_bandit():
+    """Population mode: each step's factor is sqrt of the exact ESS fraction of pi_k/alpha the step logs; in sync
+    (v = 1: pi_k = alpha) it is 1 and the run is the plain clip's to the bit, as it is never syncing with a base so
+    small that no ESS falls below it; never syncing it slows the steps (factor < 1) and the bandit still learns."""
+    base = dict(max_steps=120, population=True, learning_rate=2.0, seed=3)
+    stale = simulate(SimConfig(sync_period=1000, ess_scaling="sqrt", **base))
+    factor = np.array([r["ess_scaling/lr_factor"] for r in stale])
+    np.testing.assert_allclose(factor, np.sqrt([r["ess/pi_k_alpha"] for r in stale]), rtol=1e-12)
+    assert factor[0] == 1.0 and factor.min() < 0.9
+    assert final_j(stale) - stale[0]["j/pi_k"] >= 0.2
+    j = lambda rows: [r["j/pi_k"] for r in rows]  # noqa: E731
+    assert j(simulate(SimConfig(sync_period=1, ess_scaling="sqrt", **base))) == j(simulate(SimConfig(sync_period=1,
+                                                                                                     **base)))
+    assert j(simulate(SimConfig(sync_period=1000, ess_scaling="linear", ess_scaling_base_ess_ratio=1e-9, **base))) \
+        == j(simulate(SimConfig(sync_period=1000, **base)))
+    assert j(stale) != j(simulate(SimConfig(sync_period=1000, **base)))
+    with pytest.raises(ValueError, match="ess_scaling_base_ess_ratio"):
+        SimConfig(ess_scaling="sqrt", ess_scaling_base_ess_ratio=0.0)

@@ -26,7 +26,6 @@ estimates and its bias are stated in its docstring and pinned by exact-expectati
 
 from __future__ import annotations
 
-import math
 from typing import Literal, get_args
 
 import numpy as np
@@ -261,17 +260,6 @@ def kish_ess_fraction(w, axis=None) -> np.ndarray:
     n = w.size if axis is None else w.shape[axis]
     with np.errstate(invalid="ignore", over="ignore"):
         return np.sum(w, axis=axis) ** 2 / (n * np.sum(w**2, axis=axis))
-
-
-def ess_step_factor(ess_fraction: float, rule: str, base: float = 1.0) -> float:
-    """VCPO's ESS-guided factor on the learning rate (arXiv 2602.17616; mit-han-lab/vcpo's actor): sqrt (``rule``
-    sqrt) or the value (linear) of min(1, ``ess_fraction`` / ``base``), the Kish ESS fraction of the step's sequence
-    weights pi_k/alpha; 1 with rule none. The trainer (``llm.optim.update.ess_lr_factor``) and the bandit simulator
-    both take their factor from here."""
-    if rule == "none":
-        return 1.0
-    scale = min(1.0, float(ess_fraction) / base)
-    return math.sqrt(scale) if rule == "sqrt" else scale
 
 
 def bound_estimates(r, w_new, w_k, eps, c):

@@ -62,7 +62,7 @@ FRONTIER_CORRECTIONS = {
     "M2PO, AReaL's mask (tau=0.04)": dict(importance_sampling_mode="m2po_areal", m2_threshold=0.04),
     "TRM seq_max_k2 (k2 <= 0.24)": dict(importance_sampling_mode="seq_max_k2"),
     "none (no correction)": dict(importance_sampling_mode="none"),  # TRL's vllm_importance_sampling_correction=False
-    # TRL 1.16's CISPO, SAPO, VESPO, DPPO's trust regions (``grpo_theory.objectives``), VCPO's step
+    # TRL 1.16's CISPO, SAPO, VESPO, DPPO's trust regions (``grpo_theory.objectives``), VCPO's step and baseline
     **FRONTIER_OBJECTIVES,
 }
 #: Held-out prompts per step in the frontier runs (the certificate's sample: its fewest, below which it abstains).

@@ -101,34 +101,9 @@ class ObjectiveSettings:
     and mode. None: off."""
 
 
-EssScalingRule = Literal["none", "sqrt", "linear"]
-
-
-@dataclass(frozen=True)
-class EssStepSettings:
-    """VCPO's ESS-guided step (Huang et al., arXiv 2602.17616; its code mit-han-lab/vcpo, its actor config's names),
-    declared once: the bandit simulator's config inherits it, the LLM trainer's optimiser group is built on it. The
-    factor is ``grpo_theory.estimators.ess_step_factor``."""
-
-    ess_scaling: EssScalingRule = "none"
-    """VCPO's ESS-guided step (Huang et al., arXiv 2602.17616; its code mit-han-lab/vcpo, its actor config's names):
-    each optimiser step's rate times sqrt (or linear) of min(1, rho / ess_scaling_base_ess_ratio), rho the Kish ESS fraction of the step's sequence weights pi_k/alpha (zero-variance
-    groups included, as the authors' minibatch); the schedule is untouched. Logged as ``ess_scaling/lr_factor``.
-    none: off."""
-    ess_scaling_base_ess_ratio: float = 1.0
-    """VCPO's base ESS fraction: the step is scaled only below it (the authors' default 1: any ESS below n)."""
-
-
-def require_ess_step_settings(config) -> None:
-    """VCPO's rule (one of three) and its base ESS fraction's range (the trainer's and the simulator's configs)."""
-    require(config, config.ess_scaling in get_args(EssScalingRule), "ess_scaling",
-            f"expected one of {', '.join(get_args(EssScalingRule))}")
-    require(config, 0 < config.ess_scaling_base_ess_ratio <= 1, "ess_scaling_base_ess_ratio", "must lie in (0, 1]")
-
-
 #: TRL 1.16's objectives with its token truncation (cap 3) as their weight pi_k/alpha, CISPO capping pi/pi_k at 5, and
-#: DPPO at verl's example thresholds (binary TV 0.15, binary KL 0.05), and VCPO's ESS step on the paper's clip: the
-#: bandit's and the language model's frontier tables both take them from here, under these labels.
+#: DPPO at verl's example thresholds (binary TV 0.15, binary KL 0.05), and VCPO's step and baseline on the paper's
+#: clip: the bandit's and the language model's frontier tables both take them from here, under these labels.
 FRONTIER_OBJECTIVES = {
     "cispo (token_truncate, eps_high 5)": dict(loss_type="cispo", importance_sampling_mode="token_truncate",
                                                epsilon_high=5.0),
@@ -136,7 +111,8 @@ FRONTIER_OBJECTIVES = {
     "vespo (token_truncate)": dict(loss_type="vespo", importance_sampling_mode="token_truncate"),
     "dppo_tv (0.15)": dict(loss_type="dppo_tv", epsilon=0.15),
     "dppo_kl (0.05)": dict(loss_type="dppo_kl", epsilon=0.05),
-    "vcpo ess step (paper clip)": dict(ess_scaling="sqrt"),  # VCPO's step on the paper's clip (``EssStepSettings``)
+    "vcpo ess step (paper clip)": dict(ess_scaling="sqrt"),  # VCPO's step and baseline (``grpo_theory.vcpo``)
+    "vcpo baseline (paper clip)": dict(grad_baselining=True),
 }
 
 

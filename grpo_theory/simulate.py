@@ -32,18 +32,19 @@ from . import core
 from . import estimators as ge
 from .corrections import (M2_THRESHOLD, MODES, ROLLOUT_RS_THRESHOLD, ImportanceSamplingMode, correction,
                           require_correction_settings)
-from .loss_types import (LOSS_TYPES, EssStepSettings, LossTypeName, ObjectiveSettings, loss_type,
-                         require_ess_step_settings, require_loss_type_settings)
+from .loss_types import LOSS_TYPES, LossTypeName, ObjectiveSettings, loss_type, require_loss_type_settings
 from .numerics import rounding_tolerance
 from .objectives import log_slope, off_policy_keep
 from .sync_policy import SyncPolicy, projected_tv
 from .validation import EPS_MAX
+from .vcpo import (Baselining, VcpoSettings, baseline_log_weights, ess_step_factor, require_vcpo_settings,
+                   shift_advantages)
 
 
 @dataclasses.dataclass(frozen=True)
-class SimConfig(EssStepSettings, ObjectiveSettings):
+class SimConfig(VcpoSettings, ObjectiveSettings):
     """Off-policy GRPO (Algorithm 1) on a tabular bandit, with exact Theorem 1 logging (TRL's objectives' settings and
-    VCPO's step, as the LLM trainer's: ``grpo_theory.loss_types.ObjectiveSettings``, ``EssStepSettings``)."""
+    VCPO's, as the LLM trainer's: ``grpo_theory.loss_types.ObjectiveSettings``, ``grpo_theory.vcpo.VcpoSettings``)."""
 
     n_prompts: int = 16
     """Number of prompts x (uniformly weighted)."""
@@ -150,7 +151,7 @@ class SimConfig(EssStepSettings, ObjectiveSettings):
         require(self, self.loss_type in LOSS_TYPES, "loss_type", f"expected one of {', '.join(LOSS_TYPES)}")
         require_correction_settings(self)
         require_loss_type_settings(self)  # epsilon_high's range too
-        require_ess_step_settings(self)
+        require_vcpo_settings(self)
         require(self, self.beta >= 0, "beta", "must be >= 0")
         require(self, self.ref_sync_steps >= 0, "ref_sync_steps", "must be >= 0")
         require(self, 0 <= self.variance_eps <= EPS_MAX, "variance_eps", "must lie in [0, 3/4] (Theorem 1)")
@@ -250,6 +251,50 @@ def kl_gradient(pi, ref):
     return pi * (np.log(pi) - np.log(ref) - kl)
 
 
+def sample_coefficients(config: SimConfig, p, p_k, a, adv, m2=None):
+    """d objective / d log pi(y) of each sample (pi(y) = ``p``, pi_k(y), alpha(y), its advantage, M2PO's keep), with
+    the clip flags: the importance-sampling mode's clipped objective or the loss type's own, TRL's off-policy mask
+    applied."""
+    mode, objective = correction(config.importance_sampling_mode), loss_type(config.loss_type).objective
+    ratio, ratio_k = p / a, p_k / a
+    if objective == "clip":
+        slope, low, high = mode.slope(ratio, ratio_k, adv, keep=m2, clip=config.epsilon, clip_high=config.epsilon_high,
+                                      cap=config.importance_sampling_cap, cap_min=config.importance_sampling_cap_min)
+        coef = slope * ratio
+    else:
+        weight = mode.weight(ratio_k, config.importance_sampling_cap, config.importance_sampling_cap_min)
+        coef, low, high = log_slope(objective, np.log(p), np.log(p_k), np.log(a), adv, weight, config)
+    if config.off_policy_mask_threshold is not None:
+        coef = coef * off_policy_keep(np.log(p), np.log(a), adv, config.off_policy_mask_threshold)
+    return coef, low, high
+
+
+def baselined_advantages(config: SimConfig, bandit: Bandit, roll: Rollout, pi_k, alpha) -> tuple[np.ndarray, float]:
+    """VCPO's off-policy optimal baseline on the table (``grpo_theory.vcpo``): the step's advantages shifted, and the
+    mean |shift|. A response is one token, so sample i's gradient at unit advantage, at pi = pi_k, is
+    c_i (e_{y_i} - pi_k(.|x_i)) in its prompt's logits, c_i its coefficient in log pi at A = 1 (``sample_coefficients``,
+    the objective's, as the trainer's ``completion_gradient_norms``): ||g_i||^2 = c_i^2 (1 - 2 pi_k(y_i) +
+    ||pi_k(.|x_i)||^2), log w_i = log pi_k(y_i)/alpha(y_i), length 1. Sampled: over the samples in the objective (the
+    zero-variance mask's groups; with scope group those whose advantages vary), as the trainer. Population mode:
+    each prompt's G -> infinity limit, every action weighted by alpha (and rho over prompts with scope minibatch)."""
+    settings = Baselining(config.grad_baselining_scope, config.grad_baselining_use_is_weights,
+                          config.grad_baselining_normalize_by_length)
+    if config.population:
+        p_k, a, adv, rows = pi_k, alpha, roll.adv, pi_k
+        mass = np.log(bandit.rho)[:, None] + np.log(alpha)  # the limit's sample weights
+    else:
+        ys = (roll.xs[:, None], roll.ys)
+        p_k, a, adv, rows = pi_k[ys], alpha[ys], roll.adv, pi_k[roll.xs]
+        mass = np.zeros(adv.shape)
+    coef, _, _ = sample_coefficients(config, p_k, p_k, a, np.ones(adv.shape))
+    norm = np.abs(coef) * np.sqrt(np.maximum(1 - 2 * p_k + np.sum(rows**2, axis=1, keepdims=True), 0.0))
+    log_weights = baseline_log_weights(norm, np.log(p_k / a), np.ones(adv.shape), settings) + mass
+    live = np.broadcast_to((roll.keep > 0)[:, None], adv.shape).copy()
+    if settings.scope == "group":
+        live &= (np.ptp(adv, axis=1) > 0)[:, None]
+    return shift_advantages(adv, log_weights, live, settings.scope)
+
+
 def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, pi_k, alpha, ref):
     """Gradient w.r.t. the logits ``theta`` of the step's objective, and the clip fractions.
 
@@ -264,22 +309,6 @@ def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, 
     pi = core.softmax(theta)
     grad = np.zeros_like(theta)
     mode = correction(config.importance_sampling_mode)
-    objective = loss_type(config.loss_type).objective
-    caps = dict(clip=config.epsilon, clip_high=config.epsilon_high, cap=config.importance_sampling_cap,
-                cap_min=config.importance_sampling_cap_min)
-
-    def log_coefficient(p, p_k, a, adv, m2):
-        """d objective / d log pi(y) per sample, with the clip flags, TRL's off-policy mask applied."""
-        ratio, ratio_k = p / a, p_k / a
-        if objective == "clip":
-            slope, low, high = mode.slope(ratio, ratio_k, adv, keep=m2, **caps)
-            coef = slope * ratio
-        else:
-            weight = mode.weight(ratio_k, config.importance_sampling_cap, config.importance_sampling_cap_min)
-            coef, low, high = log_slope(objective, np.log(p), np.log(p_k), np.log(a), adv, weight, config)
-        if config.off_policy_mask_threshold is not None:
-            coef = coef * off_policy_keep(np.log(p), np.log(a), adv, config.off_policy_mask_threshold)
-        return coef, low, high
 
     if config.population:
         rho, adv = bandit.rho, roll.adv
@@ -288,7 +317,7 @@ def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, 
             weight = rho[:, None] * alpha
             m2 = mode.keep(np.log(pi_k / alpha).ravel(), np.broadcast_to(adv, alpha.shape).ravel(), weight.ravel(),
                            mode.threshold(config.m2_threshold, config.rollout_rs_threshold)).reshape(alpha.shape)
-        coef, low, high = log_coefficient(pi, pi_k, alpha, adv, m2)
+        coef, low, high = sample_coefficients(config, pi, pi_k, alpha, adv, m2)
         g_y = alpha * coef  # E_{y ~ alpha} of the sample's coefficient, per action
         g = g_y - pi * g_y.sum(axis=1, keepdims=True)  # chain rule through softmax
         grad += (rho * roll.keep)[:, None] * g
@@ -303,7 +332,7 @@ def objective_gradient(config: SimConfig, bandit: Bandit, roll: Rollout, theta, 
             # keeps zero-advantage groups), whatever the zero-variance mask then keeps in the objective
             m2 = mode.keep(np.log(k_y / a_y).ravel(), np.broadcast_to(adv, (B, G)).ravel(), None,
                            mode.threshold(config.m2_threshold, config.rollout_rs_threshold)).reshape(B, G)
-        coef, low, high = log_coefficient(p_y, k_y, a_y, adv, m2)
+        coef, low, high = sample_coefficients(config, p_y, k_y, a_y, adv, m2)
         coef = coef * keep[:, None] / max(int(keep.sum()) * G, 1)  # (B, G)
         onehot_sum = np.zeros((B, theta.shape[1]))
         np.add.at(onehot_sum, (np.repeat(np.arange(B)[:, None], G, axis=1), ys), coef)
@@ -419,9 +448,12 @@ def simulate(config: SimConfig, progress: bool = False) -> list[dict]:
         # ---- rollout + score + advantages
         roll = sample_rollout(config, bandit, alpha, rng)
         # ---- optimise: i gradient-ascent steps on L^c - beta KL (VCPO's step: the rate times the ESS factor)
-        lr_factor = ge.ess_step_factor(step_ess_fraction(config, bandit, roll, pi_k, alpha), config.ess_scaling,
+        lr_factor = ess_step_factor(step_ess_fraction(config, bandit, roll, pi_k, alpha), config.ess_scaling,
                                        config.ess_scaling_base_ess_ratio)
         lr = config.learning_rate * lr_factor
+        if config.grad_baselining:  # VCPO's baseline, at pi_k before the step's first inner step (as the trainer)
+            adv, shift = baselined_advantages(config, bandit, roll, pi_k, alpha)
+            roll = dataclasses.replace(roll, adv=adv)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a divergence is reported below
             for _ in range(config.num_iterations):
                 grad, clip_low, clip_high = objective_gradient(config, bandit, roll, theta, pi_k, alpha, ref)
@@ -442,6 +474,8 @@ def simulate(config: SimConfig, progress: bool = False) -> list[dict]:
             row["off_policy_mask/frac_masked"] = masked
         if config.ess_scaling != "none":
             row["ess_scaling/lr_factor"] = lr_factor
+        if config.grad_baselining:
+            row["grad_baselining/advantage_shift"] = shift
         row.update(exact_diagnostics(bandit, core.softmax(theta), pi_k, alpha, ref, config.variance_eps))
         if config.heldout_prompts:
             row.update(heldout_improvement(config, bandit, core.softmax(theta), pi_k, alpha, heldout_rng))

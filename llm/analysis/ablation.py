@@ -69,11 +69,10 @@ CORRECTIONS = {
     "seq_max_k2 (TRM)": dict(importance_sampling_mode="seq_max_k2"),
     ICEPOP_LABEL: dict(ICEPOP),
     # TRL 1.16's objectives with its token truncation (docs/theory.md, 6.1), DPPO at verl's example thresholds (the
-    # bandit's frontier has the same rows) and VCPO's step; LUSPO, VCPO's baseline
+    # bandit's frontier has the same rows) and VCPO's step and baseline; LUSPO
     **FRONTIER_OBJECTIVES,
     "luspo (token_truncate)": dict(loss_type="luspo", importance_sampling_mode="token_truncate",
                                    ratio_level="sequence_normalised"),
-    "vcpo baseline (paper clip)": dict(grad_baselining=True),
     "none (no correction)": dict(importance_sampling_mode="none"),  # TRL's vllm_importance_sampling_correction=False
 }
 CORRECTIONS_V = 4

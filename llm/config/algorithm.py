@@ -6,8 +6,8 @@ from typing import Annotated, Literal
 
 from grpo_theory.core import ScaleRewards
 from grpo_theory.corrections import ROLLOUT_RS_THRESHOLD, ImportanceSamplingMode, correction, require_correction_settings
-from grpo_theory.loss_types import (EssStepSettings, LossTypeName, ObjectiveSettings, require_ess_step_settings,
-                                    require_loss_type_settings)
+from grpo_theory.loss_types import LossTypeName, ObjectiveSettings, require_loss_type_settings
+from grpo_theory.vcpo import VcpoSettings, require_vcpo_settings
 from grpo_theory.validation import EPS_MAX
 from pydantic import model_validator
 
@@ -194,11 +194,11 @@ class ObjectiveConfig(group_of(ObjectiveSettings)):
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
 
-class OptimConfig(group_of(EssStepSettings)):
+class OptimConfig(group_of(VcpoSettings)):
     """The optimiser: i steps of AdamW per batch on a learning-rate schedule.
 
-    VCPO's ESS-guided step comes first, declared once with the bandit simulator's
-    (``grpo_theory.loss_types.EssStepSettings``)."""
+    VCPO's settings (its ESS-guided step and its baseline) come first, declared once with the bandit simulator's
+    (``grpo_theory.vcpo.VcpoSettings``)."""
 
     num_iterations: int = 1
     """i: optimiser steps on each batch (TRL's num_iterations; i > 1 is sample reuse)."""
@@ -223,16 +223,6 @@ class OptimConfig(group_of(EssStepSettings)):
     """AdamW weight decay."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip (0 disables)."""
-    grad_baselining: bool = False
-    """VCPO's off-policy optimal baseline (its authors' grad_baselining.*): advantages about b* = sum W R / sum W,
-    W_i = ||g_i||^2 w_i^2 (g_i completion i's gradient at unit advantage, w_i = pi_k/alpha), not the group's mean;
-    one more backward pass per completion, one process (``grad_baselining/advantage_shift``; docs/theory.md, 6.1)."""
-    grad_baselining_scope: Literal["group", "minibatch"] = "group"
-    """VCPO's baseline over each prompt's group (the authors' default) or over the step's completions."""
-    grad_baselining_use_is_weights: bool = True
-    """VCPO's baseline: W_i includes w_i^2 (the authors' code); off: W_i = ||g_i||^2, the paper's (g_i carries w_i)."""
-    grad_baselining_normalize_by_length: bool = False
-    """VCPO's baseline: W_i divided by the completion's squared length (the authors' option; off)."""
     max_consecutive_skipped_updates: int = resumable(3)
     """An inner step whose loss or gradient is not finite takes no optimiser step (counted in ``skipped_updates``);
     the run stops with an error after this many steps in a row had such a skip."""
@@ -249,5 +239,5 @@ class OptimConfig(group_of(EssStepSettings)):
         require(self, self.weight_decay >= 0, "weight_decay", "must be >= 0")
         require(self, self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0")
         require(self, self.max_consecutive_skipped_updates >= 1, "max_consecutive_skipped_updates", "must be >= 1")
-        require_ess_step_settings(self)
+        require_vcpo_settings(self)
         return self

@@ -20,7 +20,7 @@ import torch
 
 from runkit.host_memory import micro_batches
 
-from grpo_theory.estimators import ess_step_factor, kish_ess_fraction
+from grpo_theory.estimators import kish_ess_fraction
 from llm.tensors.batch import Batch
 from llm.tensors.diagnostics import sequence_log_ratio
 from llm.tensors.logprobs import Forward, TokenDists, idle_passes
@@ -28,7 +28,8 @@ from grpo_theory.loss_types import loss_type
 from llm.tensors.loss import Clip, LossStats, grpo_loss, loss_weights, step_mask_torch
 from llm.tensors.passes import Passes
 from llm.models.distributed import Ranks, clip_gradients
-from llm.optim.baseline import Baselining, baseline_log_weights, completion_gradient_norms, shift_advantages
+from grpo_theory.vcpo import Baselining, baseline_log_weights, ess_step_factor, shift_advantages
+from llm.optim.baseline import completion_gradient_norms
 
 
 @dataclass(frozen=True)

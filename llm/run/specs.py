@@ -16,7 +16,7 @@ from llm.tensors.token_filter import TokenFilter
 from llm.evaluation.policy_eval import EvalSpec
 from llm.models.distributed import SINGLE, Ranks
 from llm.models.model import Precision
-from llm.optim.baseline import Baselining
+from grpo_theory.vcpo import Baselining
 from llm.optim.update import Objective
 from llm.rewards import RewardContext
 from llm.sampling import SamplerSpec

@@ -12,7 +12,7 @@ LAYERS = [
      "runkit.tables", "runkit.validation"],
     ["grpo_theory.validation", "grpo_theory.numerics", "grpo_theory.core", "grpo_theory.betting", "grpo_theory.estimators",
      "grpo_theory.amplification", "grpo_theory.instances", "grpo_theory.symbolic", "grpo_theory.corrections", "grpo_theory.trm",
-     "grpo_theory.sync_policy", "grpo_theory.truncation", "grpo_theory.loss_types", "grpo_theory.objectives", "grpo_theory"],
+     "grpo_theory.sync_policy", "grpo_theory.truncation", "grpo_theory.loss_types", "grpo_theory.objectives", "grpo_theory.vcpo", "grpo_theory"],
     ["grpo_theory.simulate", "grpo_theory.check", "grpo_theory.sigma_bias", "grpo_theory.experiments",
      "grpo_theory.certificate"],
     # llm/, its folders in the order of a step's data flow

@@ -192,7 +192,7 @@ def test_the_simulator_logs_the_share_the_off_policy_mask_drops(population):
 def test_the_simulators_vcpo_step_is_the_trainers_on_the_same_samples():
     """The sampled step's ESS factor: the simulator's, over its B x G samples, equals the LLM trainer's
     ``ess_lr_factor`` over the same samples as one-token completions (zero-variance groups included in both)."""
-    from grpo_theory.estimators import ess_step_factor
+    from grpo_theory.vcpo import ess_step_factor
     from grpo_theory.simulate import step_ess_fraction
     from llm.optim.update import ess_lr_factor
 
@@ -206,6 +206,30 @@ def test_the_simulators_vcpo_step_is_the_trainers_on_the_same_samples():
     trainer = ess_lr_factor(torch.tensor(np.log(pi_k[ys])).reshape(-1, 1), torch.tensor(np.log(alpha[ys])).reshape(-1, 1),
                             torch.ones(roll.ys.size, 1), "sqrt", 0.9)
     assert ours < 0.95 and ours == pytest.approx(trainer, rel=1e-12)
+
+
+@pytest.mark.parametrize("kind, mode, high", [("grpo", "paper", None), ("grpo", "token_truncate", None),
+                                              ("cispo", "token_truncate", 5.0), ("dppo_kl", "paper", 0.05)])
+def test_the_simulators_baseline_weights_are_the_trainers_gradient_norms(kind, mode, high):
+    """VCPO's W_i = ||g_i||^2 w_i^2 needs each sample's own gradient at unit advantage (the trainer's
+    ``completion_gradient_norms``: one backward of ``grpo_loss`` per completion): the simulator's closed form
+    |c_i| sqrt(1 - 2 pi_k(y_i) + ||pi_k||^2) equals autograd's norm through the softmax of the prompt's logits."""
+    from grpo_theory.simulate import sample_coefficients
+
+    config = SimConfig(loss_type=kind, importance_sampling_mode=mode, epsilon_high=high, grad_baselining=True)
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=9)
+    pi_k, alpha = gt.softmax(logits), gt.softmax(logits + 0.7 * rng.normal(size=9))
+    coef, _, _ = sample_coefficients(config, pi_k, pi_k, alpha, np.ones(9))
+    closed = np.abs(coef) * np.sqrt(1 - 2 * pi_k + np.sum(pi_k**2))
+    spec = _spec(kind, mode, high, None, cap=3.0)
+    for y in range(9):
+        theta = torch.tensor(logits, requires_grad=True)
+        logp = torch.log_softmax(theta, 0)[y].reshape(1, 1)
+        loss, _ = grpo_loss(logp, logp.detach(), torch.tensor(np.log(alpha[y])).reshape(1, 1), torch.ones(1),
+                            torch.ones(1, 1, dtype=torch.float64), clip=spec)
+        (grad,) = torch.autograd.grad(loss, theta)
+        assert float(grad.norm()) == pytest.approx(closed[y], rel=1e-9)
 
 
 def test_the_objectives_settings_are_one_declaration_in_both_configs():

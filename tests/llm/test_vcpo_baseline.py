@@ -1,4 +1,4 @@
-"""VCPO's off-policy optimal baseline (``llm.optim.baseline``, ``--grad-baselining``) against the paper's formula
+"""VCPO's off-policy optimal baseline (``grpo_theory.vcpo``, ``llm.optim.baseline``, ``--grad-baselining``) against the paper's formula
 and a transcription of the authors' code (mit-han-lab/vcpo: ``compute_opob_baseline`` in
 recipe/fully_async_policy/staleness_utils.py, and the actor's ``_update_grad_buffers``, which accumulates
 sum_i R_i g_i / sigma and sum_i g_i / sigma per group and subtracts b* times the second)."""
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize_scalar
 
-from llm.optim.baseline import Baselining, baseline_log_weights, shift_advantages
+from grpo_theory.vcpo import Baselining, baseline_log_weights, shift_advantages
 from tests.helpers import same_gradient
 
 

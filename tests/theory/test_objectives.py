@@ -11,7 +11,8 @@ from grpo_theory.core import softmax
 from grpo_theory.corrections import correction
 from grpo_theory.loss_types import FRONTIER_OBJECTIVES, loss_type
 from grpo_theory.objectives import log_slope, off_policy_keep
-from grpo_theory.estimators import ess_step_factor, kish_ess_fraction
+from grpo_theory.estimators import kish_ess_fraction
+from grpo_theory.vcpo import ess_step_factor
 from grpo_theory.simulate import SimConfig, final_j, simulate
 
 #: The frontier's rows whose objective is one of a loss type's own (VCPO's row is a step size on the paper's clip).
@@ -128,3 +129,32 @@ def test_vcpos_step_on_the_bandit():
     assert j(stale) != j(simulate(SimConfig(sync_period=1000, **base)))
     with pytest.raises(ValueError, match="ess_scaling_base_ess_ratio"):
         SimConfig(ess_scaling="sqrt", ess_scaling_base_ess_ratio=0.0)
+
+
+def test_vcpos_baseline_on_the_bandit():
+    """VCPO's baseline, b* = sum W R / sum W with W_i = ||g_i||^2 w_i^2, moves a sampled group's advantages to
+    (R - b*) / s (checked by hand on one step's first varied group), and leaves the exact gradient of population mode
+    unchanged at i = 1, however far it moves the advantages: a baseline constant over a prompt's actions adds
+    b sum_y pi_k(y) (e_y - pi_k) = 0 to it."""
+    from grpo_theory.simulate import baselined_advantages, make_bandit, sample_rollout
+
+    base = dict(max_steps=60, population=True, learning_rate=2.0, sync_period=16, seed=2)
+    with_b = simulate(SimConfig(grad_baselining=True, **base))
+    j = lambda rows: np.array([r["j/pi_k"] for r in rows])  # noqa: E731
+    np.testing.assert_allclose(j(with_b), j(simulate(SimConfig(**base))), rtol=1e-9)
+    assert np.mean([r["grad_baselining/advantage_shift"] for r in with_b]) > 0.1
+
+    config = SimConfig(grad_baselining=True, prompts_per_step=16)
+    bandit, rng = make_bandit(config), np.random.default_rng(0)
+    alpha = softmax(bandit.logits0)
+    pi_k = softmax(bandit.logits0 + rng.normal(size=alpha.shape))
+    roll = sample_rollout(config, bandit, alpha, rng)
+    shifted, shift = baselined_advantages(config, bandit, roll, pi_k, alpha)
+    g = int(np.flatnonzero(np.ptp(roll.adv, axis=1) > 0)[0])
+    x, ys, adv = roll.xs[g], roll.ys[g], roll.adv[g]
+    w = pi_k[x, ys] / alpha[x, ys]  # the paper clip's coefficient at pi = pi_k, A = 1
+    big_w = w**2 * (1 - 2 * pi_k[x, ys] + np.sum(pi_k[x] ** 2)) * w**2
+    np.testing.assert_allclose(shifted[g], adv - np.sum(big_w * adv) / np.sum(big_w), rtol=1e-10)
+    flat = np.ptp(roll.adv, axis=1) == 0
+    np.testing.assert_array_equal(shifted[flat], roll.adv[flat])  # a group without varied advantages keeps them
+    assert shift > 0

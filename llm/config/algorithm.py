@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from grpo_theory.core import ScaleRewards
@@ -9,7 +10,7 @@ from grpo_theory.corrections import ROLLOUT_RS_THRESHOLD, ImportanceSamplingMode
 from grpo_theory.loss_types import LossTypeName, ObjectiveSettings, require_loss_type_settings
 from grpo_theory.vcpo import VcpoSettings, require_vcpo_settings
 from grpo_theory.validation import EPS_MAX
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from llm.config.fields import WAS_MINUS_ONE, ConfigGroup, group_of, none_reads, require, resumable
 
@@ -116,9 +117,10 @@ class ObjectiveConfig(group_of(ObjectiveSettings)):
     rollout_rs_threshold: float = ROLLOUT_RS_THRESHOLD
     """Trust Region Masking's gate (mode seq_max_k2; verl's name): a completion is masked when any token's
     (log pi_k/alpha)^2 / 2 exceeds this; the default 0.5 (ln 2)^2 = 0.24 masks a token ratio outside [1/2, 2]."""
-    importance_sampling_cap: float = 3.0
+    importance_sampling_cap: Annotated[Annotated[float, Field(allow_inf_nan=True)] | None, none_reads(math.inf)] = 3.0
     """The cap C of the TRL importance-sampling modes (TRL's vllm_importance_sampling_clip_max, formerly
-    vllm_importance_sampling_cap)."""
+    vllm_importance_sampling_cap). None (TRL's): no upper cap, held as inf (*_mask then drops only weights below
+    importance_sampling_cap_min, *_truncate only raises them to it)."""
     importance_sampling_cap_min: Annotated[float, none_reads(0.0)] = 0.0
     """The lower cap c of the TRL modes (TRL's vllm_importance_sampling_clip_min): *_truncate clamps the weight to
     [c, C], *_mask zeroes it outside [c, C] (token_mask with [0.5, 5] is IcePop's two-sided mask). 0: none."""

@@ -455,3 +455,38 @@ def test_cispo_refuses_a_zero_cap_and_warns_of_one_below_1():
         warnings.simplefilter("error")
         assert GRPOConfig(epsilon_high=5.0, **cispo).clip_high == 5.0
         assert GRPOConfig(epsilon_high=0.0).clip_high == 0.0  # the clip's own upper width may be 0
+
+
+def test_trls_clip_max_none_is_no_upper_cap(tmp_path):
+    """TRL 1.16: vllm_importance_sampling_clip_max=None masks (or truncates) below clip_min only, with no upper bound.
+    It was refused ("must be a number"); it reads as an infinite cap, kept through config.json, and the loss drops
+    only the weights below the lower cap."""
+    import json
+    import math
+
+    import torch
+
+    from llm.tensors.loss import Clip, grpo_loss
+
+    c = from_trl(vllm_importance_sampling_mode="token_mask", vllm_importance_sampling_clip_min=0.5,
+                 vllm_importance_sampling_clip_max=None)
+    assert c.importance_sampling_cap == math.inf and c.importance_sampling_cap_min == 0.5
+    assert GRPOConfig(**json.loads(c.to_json())) == c
+    assert GRPOConfig(importance_sampling_cap=None).importance_sampling_cap == math.inf
+    from llm.config.trl import translate_trl_args
+    from runkit.cli import parse
+
+    argv = translate_trl_args(["--vllm-importance-sampling-clip-max", "None", "--vllm-importance-sampling-mode",
+                               "token_mask", "--vllm-importance-sampling-clip-min", "0.5"])
+    assert parse(GRPOConfig, argv, prog="python -m llm train") == c  # the command line as TRL's CLI writes it
+    with pytest.raises(ValueError, match="importance_sampling_cap: must be > 0, got nan"):
+        GRPOConfig(importance_sampling_cap=float("nan"))
+    w = torch.tensor([0.3, 1.0, 50.0], dtype=torch.float64)
+    logp = torch.zeros(3, 1, dtype=torch.float64, requires_grad=True)
+    loss, stats = grpo_loss(logp, logp.detach(), -torch.log(w)[:, None], torch.ones(3, dtype=torch.float64),
+                            torch.ones(3, 1, dtype=torch.float64),
+                            clip=Clip(epsilon=0.2, importance_sampling_mode="token_mask",
+                                      importance_sampling_cap=math.inf, importance_sampling_cap_min=0.5))
+    (grad,) = torch.autograd.grad(loss, logp)
+    torch.testing.assert_close(-grad[:, 0], torch.tensor([0.0, 1.0, 50.0], dtype=torch.float64))
+    assert stats.metrics()["is_correction/frac_above_cap"] == pytest.approx(1 / 3)

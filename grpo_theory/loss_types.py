@@ -141,6 +141,9 @@ def require_loss_type_settings(config) -> None:
             "sums the log of its clamped ratio over the padding too, where a band without 1 adds to each "
             "sequence's weight; here padding adds nothing, so the two would differ)")
     require(config, config.clip_ratio_c > 0, "clip_ratio_c", "must be > 0")
+    require(config, config.off_policy_mask_threshold is None or config.off_policy_mask_threshold > 0,
+            "off_policy_mask_threshold", "must be > 0 (TRL's: a positive KL(alpha || pi) level, e.g. 0.5; at 0 or "
+            "below, on-policy completions of negative advantage are dropped by rounding alone), or None: off")
     require(config, config.sapo_temperature_pos > 0, "sapo_temperature_pos", "SAPO's temperatures must be > 0")
     require(config, config.sapo_temperature_neg > 0, "sapo_temperature_neg", "SAPO's temperatures must be > 0")
     require(config, config.vespo_k_pos >= 0, "vespo_k_pos", "VESPO's powers k must be >= 0")

@@ -149,10 +149,16 @@ def test_the_simulators_step_gradient_is_the_llm_losss(kind, mode, high, populat
     (dict(loss_type="sapo", importance_sampling_mode="none", sapo_temperature_neg=0.0), "sapo_temperature_neg"),
     (dict(loss_type="ppo"), "loss_type"),
     (dict(epsilon_high=-0.1), "epsilon_high"),
+    (dict(off_policy_mask_threshold=0.0), "off_policy_mask_threshold"),
+    (dict(off_policy_mask_threshold=-1.0), "off_policy_mask_threshold"),
 ])
 def test_the_simulator_refuses_what_the_trainer_refuses(bad, field):
+    from llm.config import GRPOConfig
+
     with pytest.raises(ValueError, match=field):
         SimConfig(**bad)
+    with pytest.raises(ValueError, match=field):
+        GRPOConfig(**bad)
 
 
 @pytest.mark.parametrize("population", [False, True])

@@ -369,9 +369,15 @@ def step_ess_fraction(config: SimConfig, bandit: Bandit, roll: Rollout, pi_k, al
     (every group, zero-variance ones included, as the LLM trainer's ``ess_lr_factor``), or in population mode its
     limit 1 / E_{x ~ rho, y ~ alpha} (pi_k/alpha)^2 (``ess/pi_k_alpha``)."""
     if config.population:
-        return float(1.0 / np.sum(bandit.rho * np.sum(pi_k**2 / alpha, axis=1)))
+        return exact_ess_fraction(bandit, pi_k, alpha)
     ys = (roll.xs[:, None], roll.ys)
     return float(ge.kish_ess_fraction(pi_k[ys] / alpha[ys]))
+
+
+def exact_ess_fraction(bandit: Bandit, pi_k, alpha) -> float:
+    """The ESS fraction of pi_k/alpha in the limit of a large batch: (E w)^2 / E w^2 = 1 / E_{x, y ~ alpha}[w^2]
+    (the LLM trainer's ess/pi_k_alpha estimates it)."""
+    return float(1.0 / np.sum(bandit.rho * np.sum(pi_k**2 / alpha, axis=1)))
 
 
 def exact_diagnostics(bandit: Bandit, pi_new, pi_k, alpha, ref, eps: float) -> dict[str, float]:
@@ -386,8 +392,8 @@ def exact_diagnostics(bandit: Bandit, pi_new, pi_k, alpha, ref, eps: float) -> d
            "tv/pi_k_alpha": float(np.sum(rho * core.tv_distance(pi_k, alpha))),
            "tv/pi_new_pi_k": float(np.sum(rho * core.tv_distance(pi_new, pi_k))),  # the step's drift
            # Kish's ESS fraction of the weights pi_k/alpha pooled over prompts and responses, in the limit of a large
-           # batch: (E w)^2 / E w^2 = 1 / E_{x, y ~ alpha}[w^2] (the LLM trainer's ess/pi_k_alpha estimates it)
-           "ess/pi_k_alpha": float(1.0 / np.sum(rho * np.sum(pi_k**2 / alpha, axis=1)))}
+           # batch (``exact_ess_fraction``)
+           "ess/pi_k_alpha": exact_ess_fraction(bandit, pi_k, alpha)}
     for suffix, tight in (("", False), ("_tight", True)):
         t = core.bound_terms(pi_new, pi_k, alpha, R, eps, tight=tight)
         tol = rounding_tolerance(alpha, R, eps, t, tight)
@@ -448,8 +454,8 @@ def simulate(config: SimConfig, progress: bool = False) -> list[dict]:
         # ---- rollout + score + advantages
         roll = sample_rollout(config, bandit, alpha, rng)
         # ---- optimise: i gradient-ascent steps on L^c - beta KL (VCPO's step: the rate times the ESS factor)
-        lr_factor = ess_step_factor(step_ess_fraction(config, bandit, roll, pi_k, alpha), config.ess_scaling,
-                                       config.ess_scaling_base_ess_ratio)
+        lr_factor = 1.0 if config.ess_scaling == "none" else ess_step_factor(
+            step_ess_fraction(config, bandit, roll, pi_k, alpha), config.ess_scaling, config.ess_scaling_base_ess_ratio)
         lr = config.learning_rate * lr_factor
         if config.grad_baselining:  # VCPO's baseline, at pi_k before the step's first inner step (as the trainer)
             adv, shift = baselined_advantages(config, bandit, roll, pi_k, alpha)
